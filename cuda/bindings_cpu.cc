@@ -1,0 +1,15 @@
+// nanobind module jcoccl._cpu: exposes the CPU XLA FFI handlers as capsules.
+#include <nanobind/nanobind.h>
+
+#include "cpu/registry.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_cpu, m) {
+  m.doc() = "jcoccl CPU custom calls (XLA FFI handlers)";
+  m.def("registrations", []() {
+    nb::dict d;
+    for (const auto& [name, fn] : jcoccl::cpu::Handlers()) d[name.c_str()] = nb::capsule(fn);
+    return d;
+  }, "Dict of FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
+}

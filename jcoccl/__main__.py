@@ -1,0 +1,25 @@
+"""Command line: ``python -m jcoccl info [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Entry point of ``python -m jcoccl`` and the ``jcoccl`` script."""
+  p = argparse.ArgumentParser(prog="jcoccl", description="jcoccl utilities")
+  sub = p.add_subparsers(dest="cmd", required=True)
+  i = sub.add_parser("info", help="versions, native extensions, devices")
+  i.add_argument("--json", action="store_true", help="print JSON instead of text")
+  args = p.parse_args(argv)
+  from jcoccl._src.info import format_info, info
+
+  d = info()
+  print(json.dumps(d, indent=2) if args.json else format_info(d))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,1 @@
+"""jcoccl internals. The public API lives in :mod:`jcoccl`."""

@@ -1,0 +1,73 @@
+"""``jcoccl.info()`` and ``python -m jcoccl info``: what this installation has."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from typing import Any
+
+import jax
+import jaxlib
+
+from jcoccl._src import _ffi
+
+
+def _version(dist: str) -> str | None:
+  try:
+    return md.version(dist)
+  except md.PackageNotFoundError:
+    return None
+
+
+def _nccl_version() -> str | None:
+  mod = _ffi.native_module("cuda")
+  fn = getattr(mod, "nccl_version", None) if mod is not None else None
+  if fn is not None:
+    try:
+      return fn()
+    except Exception as e:  # noqa: BLE001 - report, never fail
+      return f"unavailable ({e})"
+  return _version("nvidia-nccl-cu13")
+
+
+def info() -> dict[str, Any]:
+  """Versions, native extensions and devices of this installation.
+
+  Returns:
+    A dict with keys ``jcoccl``, ``jax``, ``jaxlib``, ``nccl``, ``extensions`` (module ->
+    {"loaded": bool, "targets": [...], "error": str | None}) and ``devices``.
+
+  Example:
+    >>> import jcoccl
+    >>> jcoccl.info()["extensions"]["cpu"]["loaded"]
+    True
+  """
+  exts = {}
+  for platform in ("cpu", "cuda"):
+    mod = _ffi.native_module(platform)
+    targets = sorted(mod.registrations()) if mod is not None else []
+    exts[platform] = {
+        "loaded": mod is not None,
+        "targets": targets,
+        "error": None if mod is not None else _ffi.native_import_error(platform),
+    }
+  return {
+      "jcoccl": _version("jcoccl"),
+      "jax": jax.__version__,
+      "jaxlib": jaxlib.__version__,
+      "nccl": _nccl_version(),
+      "extensions": exts,
+      "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+  }
+
+
+def format_info(d: dict[str, Any]) -> str:
+  """Renders :func:`info` as the text ``python -m jcoccl info`` prints."""
+  lines = [f"jcoccl   {d['jcoccl']}", f"jax      {d['jax']}", f"jaxlib   {d['jaxlib']}",
+           f"nccl     {d['nccl'] or 'not installed'}"]
+  for platform, e in d["extensions"].items():
+    state = f"loaded, {len(e['targets'])} FFI targets" if e["loaded"] else "not built"
+    if not e["loaded"] and e["error"]:
+      state += f" ({e['error']})"
+    lines.append(f"_{platform:<7} {state}")
+  lines.append(f"devices  {', '.join(d['devices'])}")
+  return "\n".join(lines)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Creates .venv (Python >= 3.12), installs jcoccl with its native extensions and the
+# test and training extras. The CUDA extension is built too where nvcc exists.
+# Environment: PYTHON (interpreter to use), JCOCCL_CUDA (AUTO|ON|OFF), VENV (default .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+
+pick_python() {
+  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
+  if command -v pyenv >/dev/null 2>&1 && PYENV_VERSION=3.12.1 python3.12 -c '' 2>/dev/null; then
+    echo "env PYENV_VERSION=3.12.1 python3.12"; return
+  fi
+  for c in python3.12 python3.13 python3; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+      echo "$c"; return
+    fi
+  done
+  echo "error: jcoccl needs Python >= 3.12 (set PYTHON=/path/to/python3.12)" >&2
+  exit 1
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  $(pick_python) -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade pip
+# Build requirements first: the project is installed without build isolation so that the
+# build sees the pinned jaxlib headers and, for the CUDA extension, NCCL's headers.
+build_deps=(scikit-build-core nanobind cmake ninja)
+if command -v nvcc >/dev/null 2>&1; then
+  build_deps+=(nvidia-nccl-cu13)
+fi
+"$PY" -m pip install -q -c constraints-ci.txt "jax==0.11.2" "jaxlib==0.11.2" "${build_deps[@]}"
+"$PY" -m pip install -q -c constraints-ci.txt --no-build-isolation -e ".[test,train]"
+"$PY" -m jcoccl info
