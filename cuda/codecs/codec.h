@@ -1,0 +1,127 @@
+// Codec API shared by the FFI handlers and the fused collective engine.
+//
+// A codec turns a row of n elements (float32, bfloat16 or float16; n a multiple of
+// Granule(spec)) into exactly PayloadBytes(spec, n, dtype) bytes, as fixed bit for bit by
+// cuda/WIRE_FORMAT.md. The CPU functions are single-threaded and synchronous; the CUDA
+// functions (codecs/codec_cuda.h) are asynchronous launches on a stream.
+//
+// Example (CPU):
+//   CodecSpec spec = CodecSpec::Int(8, 256, /*symmetric=*/true);
+//   std::vector<uint8_t> buf(PayloadBytes(spec, n, DType::kF32));
+//   EncodeRowCpu(spec, DType::kF32, x, n, buf.data());
+//   DecodeRowCpu(spec, DType::kF32, buf.data(), n, y);
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define JCOCCL_HD __host__ __device__ __forceinline__
+#else
+#define JCOCCL_HD inline
+#endif
+
+namespace jcoccl::codecs {
+
+// Element types of rows. Values are the FFI attribute encoding.
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// Codec families. Values are the FFI attribute "kind" encoding. A Hadamard rotation is not
+// a kind: it is CodecSpec::hadamard > 0 around any of these (the "inner" codec).
+enum class Kind : int32_t { kNone = 0, kCast = 1, kInt = 2, kFp8 = 3, kErrorBounded = 5 };
+
+// fp8 formats. Values are the FFI attribute "fp8" encoding.
+enum class Fp8Format : int32_t { kE4M3 = 0, kE5M2 = 1 };
+
+// A codec, flat: `kind` with its parameters, optionally wrapped by a Hadamard rotation of
+// `hadamard` elements (0 = no rotation). hadamard(inner=int4 B=128, size=256) is
+// {kind=kInt, bits=4, block=128, symmetric=true, hadamard=256}.
+struct CodecSpec {
+  Kind kind = Kind::kNone;
+  int32_t bits = 8;                     // kInt: 8, 4 or 2
+  int32_t block = 1;                    // kInt, kFp8, kErrorBounded: B (power of two, 32..4096)
+  bool symmetric = true;                // kInt
+  Fp8Format fp8 = Fp8Format::kE4M3;     // kFp8
+  DType cast_dtype = DType::kBF16;      // kCast: kBF16 or kF16
+  float abs_error = 0.0f;               // kErrorBounded
+  int32_t hadamard = 0;                 // 0, or H (power of two, 2..4096)
+
+  static CodecSpec None() { return CodecSpec{}; }
+  static CodecSpec Cast(DType to) {
+    CodecSpec s; s.kind = Kind::kCast; s.cast_dtype = to; return s;
+  }
+  static CodecSpec Int(int32_t bits, int32_t block, bool symmetric) {
+    CodecSpec s; s.kind = Kind::kInt; s.bits = bits; s.block = block; s.symmetric = symmetric;
+    return s;
+  }
+  static CodecSpec Fp8(Fp8Format f, int32_t block) {
+    CodecSpec s; s.kind = Kind::kFp8; s.fp8 = f; s.block = block; return s;
+  }
+  static CodecSpec ErrorBounded(float abs_error, int32_t block) {
+    CodecSpec s; s.kind = Kind::kErrorBounded; s.abs_error = abs_error; s.block = block;
+    return s;
+  }
+  CodecSpec WithHadamard(int32_t h) const { CodecSpec s = *this; s.hadamard = h; return s; }
+};
+
+// Returns nullptr if `spec` is valid, else a static message naming the bad field.
+const char* Validate(const CodecSpec& spec);
+
+JCOCCL_HD int64_t DTypeBytes(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+// Granule of the inner codec alone (1 for none/cast, else the block size).
+JCOCCL_HD int64_t InnerGranule(const CodecSpec& s) {
+  return (s.kind == Kind::kNone || s.kind == Kind::kCast) ? 1 : s.block;
+}
+
+// Row lengths must be multiples of this: lcm(H, inner granule); both are powers of two.
+JCOCCL_HD int64_t Granule(const CodecSpec& s) {
+  int64_t g = InnerGranule(s);
+  return s.hadamard > g ? s.hadamard : g;
+}
+
+// Byte offsets of the sections of a payload (see WIRE_FORMAT.md).
+struct Layout {
+  int64_t codes = 0;    // int: codes; fp8: codes; error_bounded: widths (padded)
+  int64_t scales = 0;   // int/fp8: f32 scales; error_bounded: uint32 words
+  int64_t mins = 0;     // int asymmetric: f32 mins
+  int64_t total = 0;
+};
+
+// Layout of a row of n elements of dtype `d` (the inner codec sees float32 under hadamard).
+JCOCCL_HD Layout RowLayout(const CodecSpec& s, int64_t n, DType d) {
+  Layout l;
+  if (s.hadamard > 0) d = DType::kF32;
+  const int64_t nb = s.block > 0 ? n / s.block : 0;
+  switch (s.kind) {
+    case Kind::kNone: l.total = n * DTypeBytes(d); break;
+    case Kind::kCast: l.total = n * DTypeBytes(s.cast_dtype); break;
+    case Kind::kInt:
+      l.scales = n * s.bits / 8;
+      l.mins = l.scales + 4 * nb;
+      l.total = l.mins + (s.symmetric ? 0 : 4 * nb);
+      break;
+    case Kind::kFp8: l.scales = n; l.total = n + 4 * nb; break;
+    case Kind::kErrorBounded: l.scales = (nb + 3) / 4 * 4; l.total = l.scales + 4 * n; break;
+  }
+  return l;
+}
+
+// Bytes of one encoded row of n elements of dtype d.
+JCOCCL_HD int64_t PayloadBytes(const CodecSpec& s, int64_t n, DType d) {
+  return RowLayout(s, n, d).total;
+}
+
+// ---- CPU (synchronous, single-threaded) -------------------------------------------------
+// x: n elements of `dtype`; out: PayloadBytes(spec, n, dtype) bytes.
+void EncodeRowCpu(const CodecSpec& spec, DType dtype, const void* x, int64_t n, uint8_t* out);
+// in: one payload of a row of n elements of `out_dtype`; out: n elements of out_dtype.
+void DecodeRowCpu(const CodecSpec& spec, DType out_dtype, const uint8_t* in, int64_t n, void* out);
+// Decodes nrows payloads (rows[r] each PayloadBytes(spec, n, dtype) bytes, any addresses),
+// sums them in float32 in row order, casts once to dtype into out (n elements).
+void DecodeSumCpu(const CodecSpec& spec, DType dtype, const uint8_t* const* rows, int nrows,
+                  int64_t n, void* out);
+// encode(decode_sum(rows)) into out (PayloadBytes(spec, n, dtype) bytes).
+void DecodeSumEncodeCpu(const CodecSpec& spec, DType dtype, const uint8_t* const* rows,
+                        int nrows, int64_t n, uint8_t* out);
+
+}  // namespace jcoccl::codecs
