@@ -63,8 +63,37 @@ struct CodecSpec {
   CodecSpec WithHadamard(int32_t h) const { CodecSpec s = *this; s.hadamard = h; return s; }
 };
 
+namespace detail {
+JCOCCL_HD bool IsPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+}  // namespace detail
+
 // Returns nullptr if `spec` is valid, else a static message naming the bad field.
-const char* Validate(const CodecSpec& spec);
+inline const char* Validate(const CodecSpec& s) {
+  switch (s.kind) {
+    case Kind::kNone: break;
+    case Kind::kCast:
+      if (s.cast_dtype != DType::kBF16 && s.cast_dtype != DType::kF16)
+        return "cast_dtype must be bfloat16 (1) or float16 (2)";
+      break;
+    case Kind::kInt:
+      if (s.bits != 8 && s.bits != 4 && s.bits != 2) return "bits must be 8, 4 or 2";
+      [[fallthrough]];
+    case Kind::kFp8:
+      if (s.kind == Kind::kFp8 && s.fp8 != Fp8Format::kE4M3 && s.fp8 != Fp8Format::kE5M2)
+        return "fp8 must be e4m3 (0) or e5m2 (1)";
+      [[fallthrough]];
+    case Kind::kErrorBounded:
+      if (!detail::IsPow2(s.block) || s.block < 32 || s.block > 4096)
+        return "block must be a power of two in [32, 4096]";
+      if (s.kind == Kind::kErrorBounded && !(s.abs_error > 0.0f && s.abs_error < 3.0e38f))
+        return "abs_error must be a positive finite float32";
+      break;
+    default: return "kind must be none (0), cast (1), int (2), fp8 (3) or error_bounded (5)";
+  }
+  if (s.hadamard != 0 && (!detail::IsPow2(s.hadamard) || s.hadamard < 2 || s.hadamard > 4096))
+    return "hadamard must be 0 or a power of two in [2, 4096]";
+  return nullptr;
+}
 
 JCOCCL_HD int64_t DTypeBytes(DType d) { return d == DType::kF32 ? 4 : 2; }
 

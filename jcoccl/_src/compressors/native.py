@@ -1,7 +1,7 @@
 """Native (C++ on CPU, CUDA on GPU) implementations of the codec row operations.
 
 The jnp code in this package is the specification; these custom calls compute the same
-bytes. Each function here mirrors a row method of ``Compressor``.
+bytes (cuda/WIRE_FORMAT.md). Each function here mirrors a row method of ``Compressor``.
 
 Interface (used by ``Compressor`` when ``impl`` is "native" or "auto"):
   available(c, op, dtype) -> bool
@@ -9,14 +9,224 @@ Interface (used by ``Compressor`` when ``impl`` is "native" or "auto"):
   decode_rows(c, buf, n, dtype) -> dtype[rows, n]
   decode_sum(c, buf, n, dtype) -> dtype[n]
   decode_sum_encode(c, buf, n, dtype) -> uint8[c.payload_nbytes(n, dtype)]
+
+The codec reaches C++ as scalar FFI attributes (see cuda/codecs/ffi_attrs.h): kind, bits,
+block, symmetric, fp8, cast_dtype, hadamard (0 or the rotation size), abs_error. Every
+call works under jit, vmap (leading batch dimensions are folded into rows) and
+``jax.shard_map(..., check_vma=True)`` (outputs carry the inputs' varying axes).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jcoccl._src import _ffi
+
+_KINDS = {"none": 0, "cast": 1, "int": 2, "fp8": 3, "error_bounded": 5}
+_DTYPES = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}
+_OPS = ("encode", "decode", "decode_sum", "decode_sum_encode")
+_TARGETS = {
+    "encode": "jcoccl_encode_rows",
+    "decode": "jcoccl_decode_rows",
+    "decode_sum": "jcoccl_decode_sum",
+    "decode_sum_encode": "jcoccl_decode_sum_encode",
+}
+
+
+def _platform() -> str | None:
+  """The native platform of the default backend ("cpu" or "cuda"), or None."""
+  backend = jax.default_backend()
+  if backend == "cpu":
+    return "cpu"
+  if backend in ("gpu", "cuda"):
+    try:
+      if not jax.devices("gpu"):
+        return None
+    except RuntimeError:
+      return None
+    return "cuda"
+  return None
+
+
+def _fp8_code(fmt: Any) -> int:
+  f = str(fmt).lower()
+  if "e4m3" in f:
+    return 0
+  if "e5m2" in f:
+    return 1
+  raise ValueError(f"fmt must be 'e4m3' or 'e5m2', got {fmt!r}")
+
+
+def _pow2(v: Any, lo: int, hi: int) -> bool:
+  return isinstance(v, (int, np.integer)) and lo <= v <= hi and not v & (v - 1)
+
+
+def codec_attrs(c: Any) -> dict[str, np.generic]:
+  """The FFI attributes describing compressor ``c``.
+
+  Args:
+    c: a ``Compressor`` whose kind is none, cast, int, fp8, error_bounded, or hadamard
+      around one of those.
+
+  Returns:
+    A dict of numpy scalars for ``jax.ffi.ffi_call``.
+
+  Raises:
+    ValueError: if ``c`` has no native kernel.
+
+  Example:
+    >>> codec_attrs(jc.int4(block_size=64))["bits"]
+    np.int32(4)
+  """
+  had = 0
+  if c.kind == "hadamard":
+    had = int(c.size)
+    c = c.inner
+  if c.kind not in _KINDS:
+    raise ValueError(f"compressor {c} (kind {c.kind!r}) has no native kernel; native kinds: "
+                     f"{sorted(_KINDS)} and hadamard around them")
+  cast_dtype = 1
+  if c.kind == "cast":
+    cd = jnp.dtype(c.dtype)
+    if cd not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+      raise ValueError(f"cast dtype must be bfloat16 or float16, got {cd}")
+    cast_dtype = _DTYPES[cd]
+  return {
+      "kind": np.int32(_KINDS[c.kind]),
+      "bits": np.int32(getattr(c, "bits", 8) if c.kind == "int" else 8),
+      "block": np.int32(getattr(c, "block_size", 1) if c.kind in ("int", "fp8", "error_bounded")
+                        else 1),
+      "symmetric": np.int32(bool(getattr(c, "symmetric", True))),
+      "fp8": np.int32(_fp8_code(c.fmt) if c.kind == "fp8" else 0),
+      "cast_dtype": np.int32(cast_dtype),
+      "hadamard": np.int32(had),
+      "abs_error": np.float32(c.abs_error if c.kind == "error_bounded" else 0.0),
+  }
+
+
+def _supported(c: Any) -> bool:
+  parts = [c]
+  if c.kind == "hadamard":
+    if not _pow2(getattr(c, "size", None), 2, 4096):
+      return False
+    parts.append(c.inner)
+  inner = parts[-1]
+  if inner.kind not in _KINDS:
+    return False
+  if any(getattr(p, "rounding", "nearest") != "nearest" for p in parts):
+    return False
+  if inner.kind == "int" and getattr(inner, "bits", None) not in (2, 4, 8):
+    return False
+  if inner.kind in ("int", "fp8", "error_bounded"):
+    if not _pow2(getattr(inner, "block_size", None), 32, 4096):
+      return False
+  if inner.kind == "error_bounded":
+    e = float(inner.abs_error)
+    if not (0.0 < np.float32(e) < np.float32(3e38)):
+      return False
+  try:
+    codec_attrs(c)
+  except (ValueError, TypeError, AttributeError):
+    return False
+  return True
+
 
 def available(c: Any, op: str, dtype: Any) -> bool:
-  """True if a native kernel implements ``op`` for compressor ``c`` on the default backend."""
-  del c, op, dtype
-  return False
+  """True if a native kernel implements ``op`` for compressor ``c`` on the default backend.
+
+  Args:
+    c: a ``Compressor``.
+    op: one of "encode", "decode", "decode_sum", "decode_sum_encode".
+    dtype: the row dtype.
+
+  Returns:
+    True when ``c`` rounds to nearest, ``dtype`` is float32/bfloat16/float16 and the native
+    module of the default backend ("cpu" or "cuda") registered the target.
+
+  Example:
+    >>> available(jc.int8(), "encode", jnp.float32)  # on a CPU machine with jcoccl._cpu
+    True
+  """
+  if op not in _OPS:
+    raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+  try:
+    if jnp.dtype(dtype) not in _DTYPES:
+      return False
+  except TypeError:
+    return False
+  if not _supported(c):
+    return False
+  platform = _platform()
+  return platform is not None and _ffi.has_target(_TARGETS[op], platform)
+
+
+def _result(x: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+  del x
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _vary_like(out: jax.Array, x: jax.Array) -> jax.Array:
+  """Gives ``out`` the varying manual axes of ``x`` (ffi_call outputs carry none)."""
+  vma = getattr(jax.typeof(x), "vma", frozenset())
+  missing = tuple(sorted(set(vma) - set(getattr(jax.typeof(out), "vma", frozenset()))))
+  if not missing:
+    return out
+  return jax.lax.pcast(out, missing, to="varying")
+
+
+def _call(op: str, c: Any, arg: jax.Array, shape: tuple[int, ...], out_dtype: Any,
+          **extra: np.generic) -> jax.Array:
+  platform = _platform()
+  if platform is None or not _ffi.has_target(_TARGETS[op], platform):
+    raise ValueError(f"no native kernel for op {op!r} on backend {jax.default_backend()!r}")
+  fn = jax.ffi.ffi_call(_TARGETS[op], _result(arg, shape, out_dtype), vmap_method="broadcast_all")
+  return _vary_like(fn(arg, **codec_attrs(c), **extra), arg)
+
+
+def encode_rows(c: Any, x2d: jax.Array) -> jax.Array:
+  """Native ``c.encode_rows``: ``x2d[rows, n]`` -> ``uint8[rows, payload_nbytes(n)]``.
+
+  Example:
+    >>> encode_rows(jc.int8(), jnp.ones((2, 256))).shape
+    (2, 260)
+  """
+  rows, n = x2d.shape
+  p = c.payload_nbytes(n, x2d.dtype)
+  return _call("encode", c, x2d, (rows, p), jnp.uint8)
+
+
+def decode_rows(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
+  """Native ``c.decode_rows``: ``uint8[rows, P]`` -> ``dtype[rows, n]``.
+
+  Example:
+    >>> c = jc.int8(); decode_rows(c, encode_rows(c, jnp.ones((2, 256))), 256, jnp.float32)[0, 0]
+    Array(1., dtype=float32)
+  """
+  return _call("decode", c, buf, (buf.shape[0], int(n)), jnp.dtype(dtype))
+
+
+def decode_sum(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
+  """Native ``c.decode_sum``: float32 left fold of the decoded rows, cast once to ``dtype[n]``.
+
+  Example:
+    >>> c = jc.int8(); decode_sum(c, encode_rows(c, jnp.ones((3, 256))), 256, jnp.float32)[0]
+    Array(3., dtype=float32)
+  """
+  return _call("decode_sum", c, buf, (int(n),), jnp.dtype(dtype))
+
+
+def decode_sum_encode(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
+  """Native ``c.decode_sum_encode``: ``encode(decode_sum(buf))`` as ``uint8[P]``.
+
+  Example:
+    >>> c = jc.int8(); decode_sum_encode(c, encode_rows(c, jnp.ones((3, 256))), 256, jnp.float32).shape
+    (260,)
+  """
+  d = jnp.dtype(dtype)
+  p = c.payload_nbytes(n, d)
+  return _call("decode_sum_encode", c, buf, (p,), jnp.uint8, dtype=np.int32(_DTYPES[d]),
+               n=np.int64(n))
