@@ -1,0 +1,400 @@
+"""Compressor base class, the Payload pytree, and helpers shared by the codec families.
+
+Every codec is a frozen (hashable) dataclass: its fields are the codec's parameters and its
+methods are pure jnp functions of arrays, so a compressor can be a static ``jax.jit``
+argument or a primitive parameter. Subclasses implement four hooks on 2-D float32 rows:
+
+  _encode_f32(x2d, key)    float32[rows, n] -> uint8[rows, payload_nbytes]
+  _decode_f32(buf, n)      uint8[rows, P] -> float32[rows, n]
+  _payload_bytes(n, dtype) exact bytes of one row
+  _bound_f32(x2d)          per-element error bound of a float32 round trip
+
+and the base class adds input checks, padding, output casts, reductions and the choice of
+implementation ("jnp" or "native").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+IMPLS = ("auto", "jnp", "native")
+OPS = ("encode", "decode", "decode_sum", "decode_sum_encode")
+# Smallest normal float32. XLA:CPU runs with flush-to-zero and denormals-are-zero, so any
+# float32 intermediate below this may become 0; error bounds carry absolute terms in its units.
+TINY = float(np.finfo(np.float32).tiny)
+U32 = 2.0**-24  # unit roundoff of float32
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _accepted_dtypes() -> str:
+  return ", ".join(str(d) for d in FLOAT_DTYPES)
+
+
+def check_float_dtype(dtype: Any, who: str) -> jnp.dtype:
+  """Returns ``dtype`` canonicalised; TypeError unless float32, bfloat16 or float16."""
+  d = jnp.dtype(dtype)
+  if d not in FLOAT_DTYPES:
+    raise TypeError(f"{who}: dtype {d} is not supported; accepted dtypes: {_accepted_dtypes()}")
+  return d
+
+
+def check_block_size(block_size: Any, lo: int = 32, hi: int = 4096) -> int:
+  """ValueError unless ``block_size`` is a power of two in [lo, hi]."""
+  if (isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer))
+      or block_size < lo or block_size > hi or block_size & (block_size - 1)):
+    raise ValueError(f"block_size must be a power of two in {lo}..{hi} "
+                     f"(32, 64, ..., {hi}), got {block_size!r}")
+  return int(block_size)
+
+
+def barrier(x: jax.Array) -> jax.Array:
+  """Stops XLA from rewriting arithmetic across this point.
+
+  Used (1) on every product that is later added to something, because XLA:GPU may contract
+  ``a * b + c`` into a fused multiply-add and the wire format rounds the product first, and
+  (2) on divisors, because XLA rewrites ``a / broadcast(b)`` into ``a * broadcast(1 / b)``
+  (seen on CPU), which rounds twice.
+  """
+  return lax.optimization_barrier(x)
+
+
+def div(a: jax.Array, b: jax.Array) -> jax.Array:
+  """IEEE float32 ``a / b`` with ``b`` broadcast to ``a``'s shape, never a reciprocal multiply."""
+  return a / barrier(jnp.broadcast_to(b, a.shape))
+
+
+def f32_to_bytes(x: jax.Array) -> jax.Array:
+  """float32[..., k] -> uint8[..., 4k], little-endian (the byte order of every jax backend)."""
+  b = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint8)
+  return b.reshape(*x.shape[:-1], x.shape[-1] * 4)
+
+
+def bytes_to_f32(b: jax.Array) -> jax.Array:
+  """uint8[..., 4k] -> float32[..., k] (inverse of :func:`f32_to_bytes`)."""
+  return lax.bitcast_convert_type(b.reshape(*b.shape[:-1], b.shape[-1] // 4, 4), jnp.float32)
+
+
+def u32_to_bytes(x: jax.Array) -> jax.Array:
+  """uint32[..., k] -> uint8[..., 4k], little-endian."""
+  b = lax.bitcast_convert_type(x.astype(jnp.uint32), jnp.uint8)
+  return b.reshape(*x.shape[:-1], x.shape[-1] * 4)
+
+
+def bytes_to_u32(b: jax.Array) -> jax.Array:
+  """uint8[..., 4k] -> uint32[..., k]."""
+  return lax.bitcast_convert_type(b.reshape(*b.shape[:-1], b.shape[-1] // 4, 4), jnp.uint32)
+
+
+def pack_bits(codes: jax.Array, bits: int) -> jax.Array:
+  """uint8 codes < 2**bits, [..., n] -> uint8[..., n*bits/8], LSB first."""
+  if bits == 8:
+    return codes.astype(jnp.uint8)
+  per = 8 // bits
+  c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // per, per)
+  shifts = (jnp.arange(per, dtype=jnp.uint8) * bits).astype(jnp.uint8)
+  # Fields do not overlap, so the sum is the bitwise or.
+  return jnp.sum(c << shifts, axis=-1, dtype=jnp.uint8)
+
+
+def unpack_bits(packed: jax.Array, bits: int, n: int) -> jax.Array:
+  """Inverse of :func:`pack_bits`: uint8[..., n*bits/8] -> uint8[..., n]."""
+  if bits == 8:
+    return packed
+  per = 8 // bits
+  shifts = (jnp.arange(per, dtype=jnp.uint8) * bits).astype(jnp.uint8)
+  c = (packed[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
+  return c.reshape(*packed.shape[:-1], n)
+
+
+def blocks(x: jax.Array, block: int) -> jax.Array:
+  """[rows, n] -> [rows, n // block, block]."""
+  return x.reshape(x.shape[0], x.shape[1] // block, block)
+
+
+def block_finite(xb: jax.Array) -> jax.Array:
+  """[rows, nb, B] -> bool[rows, nb, 1]: True where every element is finite."""
+  return jnp.all(jnp.isfinite(xb), axis=-1, keepdims=True)
+
+
+def cast_term(xhat_abs: jax.Array, dtype: jnp.dtype) -> jax.Array:
+  """Bound on the error of rounding a float32 value of magnitude ``xhat_abs`` to ``dtype``."""
+  if dtype == jnp.float32:
+    return jnp.zeros_like(xhat_abs)
+  fi = jnp.finfo(dtype)
+  u = 2.0**-(fi.nmant + 1)
+  sub = max(float(fi.smallest_subnormal) / 2, TINY)
+  over = xhat_abs > float(fi.max)
+  return jnp.where(over, jnp.inf, xhat_abs * np.float32(u) + np.float32(sub))
+
+
+def round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def _payload_flatten(p: "Payload"):
+  return (p.data,), (p.shape, p.dtype)
+
+
+def _payload_unflatten(aux, children) -> "Payload":
+  return Payload(children[0], *aux)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Payload:
+  """An encoded array: ``data`` is one uint8 row of ``payload_nbytes`` bytes.
+
+  A pytree with one leaf (``data``) and static ``shape`` and ``dtype`` of the original array.
+
+  Example:
+    >>> import jax.numpy as jnp, jcoccl.compressors as jc
+    >>> p = jc.int8().encode(jnp.ones((3, 100)))
+    >>> p.data.shape, p.shape
+    ((260,), (3, 100))
+  """
+
+  data: jax.Array
+  shape: tuple[int, ...]
+  dtype: Any
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes on the wire."""
+    return int(self.data.shape[-1])
+
+
+jax.tree_util.register_pytree_node(Payload, _payload_flatten, _payload_unflatten)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compressor:
+  """Base class of every codec. Build instances with the factories in ``jcoccl.compressors``.
+
+  Public fields of the subclasses (the native glue maps them to kernel attributes):
+  ``kind`` (class constant), ``bits``, ``block_size``, ``symmetric``, ``rounding``, ``fmt``,
+  ``dtype``, ``inner``, ``size``, ``abs_error``; see the package docstring.
+  """
+
+  kind: ClassVar[str] = "abstract"
+  lossless: ClassVar[bool] = False
+
+  # ---- hooks -------------------------------------------------------------------------------
+  @property
+  def granule(self) -> int:
+    """Elements a row length must be a multiple of."""
+    raise NotImplementedError
+
+  def _payload_bytes(self, n: int, dtype: jnp.dtype) -> int:
+    raise NotImplementedError
+
+  def _encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+    raise NotImplementedError
+
+  def _decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+    raise NotImplementedError
+
+  def _bound_f32(self, x2d: jax.Array) -> jax.Array:
+    raise NotImplementedError
+
+  # Overridden by `none` (any dtype, native-dtype arithmetic).
+  def _check_dtype(self, dtype: Any) -> jnp.dtype:
+    return check_float_dtype(dtype, f"compressor {self}")
+
+  def _encode_jnp(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+    return self._encode_f32(x2d.astype(jnp.float32), key)
+
+  def _decode_wide(self, buf: jax.Array, n: int, dtype: jnp.dtype) -> jax.Array:
+    """Decoded rows in the accumulation dtype (float32 for float inputs)."""
+    return self._decode_f32(buf, n)
+
+  @property
+  def stochastic(self) -> bool:
+    return getattr(self, "rounding", "nearest") == "stochastic"
+
+  # ---- public API --------------------------------------------------------------------------
+  @property
+  def name(self) -> str:
+    """The spec string (``parse(c.name) == c``)."""
+    return str(self)
+
+  def __str__(self) -> str:
+    from jcoccl._src.compressors import spec
+    return spec.to_string(self)
+
+  def payload_nbytes(self, num_elements: int, dtype: Any) -> int:
+    """Exact bytes on the wire for a row of ``num_elements`` (rounded up to the granule).
+
+    Example:
+      >>> jc.int8().payload_nbytes(1024, jnp.float32)
+      1040
+    """
+    d = self._check_dtype(dtype)
+    if num_elements < 0:
+      raise ValueError(f"num_elements must be >= 0, got {num_elements}")
+    return self._payload_bytes(round_up(int(num_elements), self.granule), d)
+
+  def _check_n(self, n: int, what: str) -> int:
+    if not isinstance(n, (int, np.integer)) or n <= 0 or n % self.granule:
+      raise ValueError(f"{what} must be a positive multiple of the granule {self.granule} of "
+                       f"compressor {self}, got {n!r}; pad the row (encode() pads for you)")
+    return int(n)
+
+  def _impl(self, impl: str, op: str, dtype: jnp.dtype) -> str:
+    if impl not in IMPLS:
+      raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "jnp" or (op in ("encode", "decode_sum_encode") and self.stochastic):
+      return "jnp"
+    from jcoccl._src.compressors import native
+    ok = native.available(self, op, dtype)
+    if impl == "native" and not ok:
+      raise ValueError(f"impl='native': no native kernel for compressor {self}, op {op!r}, dtype "
+                       f"{dtype} on backend {jax.default_backend()!r}; use impl='jnp' or 'auto'")
+    return "native" if ok else "jnp"
+
+  def _check_key(self, key: jax.Array | None) -> None:
+    if self.stochastic and key is None:
+      raise ValueError(f"key is required for compressor {self} (rounding='stochastic'); "
+                       "pass key=jax.random.key(...)")
+
+  def encode_rows(self, x2d: jax.Array, *, key: jax.Array | None = None,
+                  impl: str = "auto") -> jax.Array:
+    """Encodes each row of ``x2d``.
+
+    Args:
+      x2d: ``[rows, n]`` array, ``n`` a multiple of ``granule``.
+      key: PRNG key, required for stochastic rounding (ignored otherwise).
+      impl: "jnp", "native" or "auto".
+
+    Returns:
+      ``uint8[rows, payload_nbytes(n, x2d.dtype)]``.
+
+    Example:
+      >>> jc.int8().encode_rows(jnp.ones((2, 256))).shape
+      (2, 260)
+    """
+    x2d = jnp.asarray(x2d)
+    if x2d.ndim != 2:
+      raise ValueError(f"x2d must be 2-D [rows, n], got shape {x2d.shape}")
+    d = self._check_dtype(x2d.dtype)
+    self._check_n(x2d.shape[1], "x2d.shape[1] (the row length n)")
+    if self._impl(impl, "encode", d) == "native":
+      from jcoccl._src.compressors import native
+      return native.encode_rows(self, x2d)
+    self._check_key(key)
+    return self._encode_jnp(x2d, key)
+
+  def _check_buf(self, buf: jax.Array, n: int, dtype: Any, ndim: int = 2) -> jnp.dtype:
+    d = self._check_dtype(dtype)
+    self._check_n(n, "n")
+    want = self._payload_bytes(n, d)
+    if buf.ndim != ndim or buf.shape[-1] != want or buf.dtype != jnp.uint8:
+      raise ValueError(f"buf must be uint8{'[rows, ' if ndim == 2 else '['}{want}] for n={n}, "
+                       f"dtype={d} and compressor {self}; got {buf.dtype}{list(buf.shape)}")
+    return d
+
+  def decode_rows(self, buf: jax.Array, n: int, dtype: Any, *, impl: str = "auto") -> jax.Array:
+    """Decodes ``uint8[rows, payload_nbytes(n, dtype)]`` to ``dtype[rows, n]``.
+
+    Example:
+      >>> c = jc.int8(); c.decode_rows(c.encode_rows(jnp.ones((2, 256))), 256, jnp.float32)[0, 0]
+      Array(1., dtype=float32)
+    """
+    buf = jnp.asarray(buf)
+    d = self._check_buf(buf, n, dtype)
+    if self._impl(impl, "decode", d) == "native":
+      from jcoccl._src.compressors import native
+      return native.decode_rows(self, buf, n, d)
+    return self._decode_wide(buf, n, d).astype(d)
+
+  def decode_sum(self, buf: jax.Array, n: int, dtype: Any, *, impl: str = "auto") -> jax.Array:
+    """Decodes every row and sums them: float32 left fold in row order, cast once.
+
+    Example:
+      >>> c = jc.int8(); c.decode_sum(c.encode_rows(jnp.ones((3, 256))), 256, jnp.float32)[0]
+      Array(3., dtype=float32)
+    """
+    buf = jnp.asarray(buf)
+    d = self._check_buf(buf, n, dtype)
+    if self._impl(impl, "decode_sum", d) == "native":
+      from jcoccl._src.compressors import native
+      return native.decode_sum(self, buf, n, d)
+    return self._decode_sum_jnp(buf, n, d)
+
+  def _decode_sum_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
+    # The barrier keeps each decoded row's products rounded before the fold adds them.
+    rows = barrier(self._decode_wide(buf, n, d))
+    acc = rows[0]
+    for i in range(1, rows.shape[0]):
+      acc = acc + rows[i]
+    return acc.astype(d)
+
+  def decode_sum_encode(self, buf: jax.Array, n: int, dtype: Any, *, key: jax.Array | None = None,
+                        impl: str = "auto") -> jax.Array:
+    """``encode(decode_sum(buf))`` as one row: ``uint8[payload_nbytes(n, dtype)]``.
+
+    Example:
+      >>> c = jc.int8(); c.decode_sum_encode(c.encode_rows(jnp.ones((3, 256))), 256, jnp.float32).shape
+      (260,)
+    """
+    buf = jnp.asarray(buf)
+    d = self._check_buf(buf, n, dtype)
+    if self._impl(impl, "decode_sum_encode", d) == "native":
+      from jcoccl._src.compressors import native
+      return native.decode_sum_encode(self, buf, n, d)
+    self._check_key(key)
+    return self._encode_jnp(self._decode_sum_jnp(buf, n, d)[None], key)[0]
+
+  def _flat_row(self, x: jax.Array) -> tuple[jax.Array, int]:
+    flat = x.reshape(-1)
+    npad = round_up(max(flat.shape[0], 1), self.granule)
+    return jnp.pad(flat, (0, npad - flat.shape[0]))[None], npad
+
+  def encode(self, x: jax.Array, *, key: jax.Array | None = None, impl: str = "auto") -> Payload:
+    """Encodes an array of any shape: flattened, zero-padded to the granule, one row.
+
+    Example:
+      >>> p = jc.int4().encode(jnp.arange(10.0)); jc.int4().decode(p).shape
+      (10,)
+    """
+    x = jnp.asarray(x)
+    self._check_dtype(x.dtype)
+    row, _ = self._flat_row(x)
+    return Payload(self.encode_rows(row, key=key, impl=impl)[0], tuple(x.shape), jnp.dtype(x.dtype))
+
+  def decode(self, payload: Payload, *, impl: str = "auto") -> jax.Array:
+    """Decodes a :class:`Payload` to an array of the original shape and dtype."""
+    if not isinstance(payload, Payload):
+      raise TypeError(f"payload must be a jcoccl Payload (from encode), got {type(payload).__name__}")
+    size = math.prod(payload.shape)
+    npad = round_up(max(size, 1), self.granule)
+    out = self.decode_rows(payload.data[None], npad, payload.dtype, impl=impl)[0]
+    return out[:size].reshape(payload.shape)
+
+  def error_bound(self, x: jax.Array) -> jax.Array:
+    """Per-element bound: ``|x - decode(encode(x))| <= error_bound(x)`` (float32, x's shape).
+
+    The bound is computed in float32 and then rounded up (times 1 + 2**-16) so that its own
+    rounding cannot make it smaller than the true bound. Elements of blocks that contain
+    NaN/Inf (which decode to NaN/Inf, never to a finite value) get ``inf``.
+    """
+    x = jnp.asarray(x)
+    d = self._check_dtype(x.dtype)
+    size = x.size
+    row, _ = self._flat_row(x)
+    return self._bound_rows(row, d)[0, :size].reshape(x.shape)
+
+  def _bound_rows(self, x2d: jax.Array, d: jnp.dtype) -> jax.Array:
+    if self.lossless:
+      return jnp.zeros(x2d.shape, jnp.float32)
+    xf = x2d.astype(jnp.float32)
+    b = self._bound_f32(xf)
+    b = b + cast_term(jnp.abs(xf) + b, d)
+    b = jnp.where(jnp.isnan(b), jnp.inf, b)
+    return b * np.float32(1 + 2.0**-16)

@@ -1,0 +1,23 @@
+"""Compressors for jcoccl's collectives (public API).
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> from jcoccl import compressors as jc
+  >>> c = jc.parse("int8:block=128")
+  >>> x = jnp.linspace(-1, 1, 1000)
+  >>> x_hat = c.decode(c.encode(x))
+  >>> bool(jnp.all(jnp.abs(x - x_hat) <= c.error_bound(x)))
+  True
+"""
+
+from jcoccl._src.compressors import Compressor as Compressor
+from jcoccl._src.compressors import Payload as Payload
+from jcoccl._src.compressors import cast as cast
+from jcoccl._src.compressors import error_bounded as error_bounded
+from jcoccl._src.compressors import fp8 as fp8
+from jcoccl._src.compressors import hadamard as hadamard
+from jcoccl._src.compressors import int2 as int2
+from jcoccl._src.compressors import int4 as int4
+from jcoccl._src.compressors import int8 as int8
+from jcoccl._src.compressors import none as none
+from jcoccl._src.compressors import parse as parse
