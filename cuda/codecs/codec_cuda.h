@@ -22,4 +22,14 @@ cudaError_t DecodeSumEncodeCuda(const CodecSpec& spec, DType dtype, const uint8_
                                 int nrows, int64_t row_stride, int64_t n, uint8_t* out,
                                 cudaStream_t stream);
 
+// Batched forms (what the FFI handlers use): `outs` independent reductions; reduction o reads
+// the nrows payloads at in + (o * nrows + r) * row_stride and writes output row o
+// (n elements of dtype, or PayloadBytes(spec, n, dtype) bytes).
+cudaError_t DecodeSumBatch(const CodecSpec& spec, DType dtype, const uint8_t* in, int nrows,
+                           int64_t row_stride, int64_t outs, int64_t n, void* out,
+                           cudaStream_t stream);
+cudaError_t DecodeSumEncodeBatch(const CodecSpec& spec, DType dtype, const uint8_t* in,
+                                 int nrows, int64_t row_stride, int64_t outs, int64_t n,
+                                 uint8_t* out, cudaStream_t stream);
+
 }  // namespace jcoccl::codecs

@@ -1,0 +1,538 @@
+// CUDA codecs (cuda/WIRE_FORMAT.md) and their XLA FFI handlers.
+//
+// Kernels: int/fp8/error_bounded encode with one warp per codec block (two passes over the
+// block: statistics, then codes; 16-byte loads of 4 elements); elementwise decode and
+// decode-sum; Hadamard variants with one CUDA block per granule staged in shared memory.
+// The handlers may call cudaMemcpyAsync (codec `none`), so none is declared
+// command-buffer compatible.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "codecs/codec.h"
+#include "codecs/codec_cuda.h"
+#include "codecs/ffi_attrs.h"
+#include "codecs/format.h"
+#include "gpu/registry.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jcoccl::codecs {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int64_t kMaxGrid = 1 << 20;
+
+int GridFor(int64_t work, int per_block) {
+  int64_t g = (work + per_block - 1) / per_block;
+  if (g < 1) g = 1;
+  return static_cast<int>(g < kMaxGrid ? g : kMaxGrid);
+}
+
+// ---- element sources (row-relative indices) --------------------------------------------------
+struct GlobalSrc {
+  DType d;
+  const void* x;  // row start
+  __device__ float get(int64_t i) const { return LoadElem(d, x, i); }
+  __device__ void get4(int64_t i, float v[4]) const {
+    if (d == DType::kF32) {
+      const float4 f = reinterpret_cast<const float4*>(x)[i >> 2];
+      v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+    } else {
+      const uint2 h = reinterpret_cast<const uint2*>(x)[i >> 2];
+      const uint16_t e[4] = {static_cast<uint16_t>(h.x & 0xffffu), static_cast<uint16_t>(h.x >> 16),
+                             static_cast<uint16_t>(h.y & 0xffffu), static_cast<uint16_t>(h.y >> 16)};
+      for (int t = 0; t < 4; ++t) v[t] = d == DType::kBF16 ? BF16ToF32(e[t]) : F16ToF32(e[t]);
+    }
+  }
+};
+
+// decode_sum of nrows payloads, rounded through the row dtype (non-Hadamard codecs).
+struct SumSrc {
+  CodecSpec s;
+  DType d;
+  const uint8_t* in;  // first payload
+  int nrows;
+  int64_t stride, n;
+  __device__ float get(int64_t i) const {
+    float acc = DecodeElem(s, d, in, n, i);
+    for (int r = 1; r < nrows; ++r) acc = acc + DecodeElem(s, d, in + r * stride, n, i);
+    return RoundTrip(d, acc);
+  }
+  __device__ void get4(int64_t i, float v[4]) const {
+    for (int t = 0; t < 4; ++t) v[t] = get(i + t);
+  }
+};
+
+struct SmemSrc {
+  const float* v;  // tile start
+  int64_t base;    // row index of v[0]
+  __device__ float get(int64_t i) const { return v[i - base]; }
+  __device__ void get4(int64_t i, float o[4]) const {
+    for (int t = 0; t < 4; ++t) o[t] = v[i - base + t];
+  }
+};
+
+// ---- one codec block per warp -----------------------------------------------------------------
+__device__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ float WarpMin(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ uint32_t WarpMaxU(uint32_t v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Encodes codec block b of a row (all 32 lanes call it). `out` is the row's payload.
+template <class Src>
+__device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& src, int64_t b,
+                                int64_t nb, uint8_t* out, int lane) {
+  const int64_t B = s.block, base = b * B, quads = B / 4;
+  if (s.kind == Kind::kErrorBounded) {
+    const float step = 2.0f * s.abs_error;
+    bool ok = true;
+    uint32_t zmax = 0;
+    for (int64_t q = lane; q < quads; q += 32) {
+      float v[4];
+      src.get4(base + 4 * q, v);
+      for (int t = 0; t < 4; ++t) {
+        const float qq = EbQuant(v[t], step);
+        const bool good = EbElementOk(v[t], qq, step, s.abs_error);
+        ok = ok && good;
+        if (good) zmax = max(zmax, ZigZag(static_cast<int32_t>(qq)));
+      }
+    }
+    ok = __all_sync(0xffffffffu, ok);
+    zmax = WarpMaxU(zmax);
+    const int w = ok ? BitLength(zmax) : kRawWidth;
+    uint32_t* words = reinterpret_cast<uint32_t*>(out + l.scales) + base;
+    const int64_t used = ok ? (static_cast<int64_t>(w) * B + 31) / 32 : B;
+    for (int64_t k = lane; k < B; k += 32) {
+      uint32_t word = 0;
+      if (!ok) {
+        word = FloatBits(src.get(base + k));
+      } else if (k < used) {
+        const int64_t first = (32 * k) / w;
+        int64_t last = (32 * k + 31) / w;
+        if (last > B - 1) last = B - 1;
+        for (int64_t j = first; j <= last; ++j) {
+          const uint64_t z = ZigZag(static_cast<int32_t>(EbQuant(src.get(base + j), step)));
+          const int64_t sh = j * w - 32 * k;
+          word |= static_cast<uint32_t>(sh >= 0 ? (z << sh) : (z >> -sh));
+        }
+      }
+      words[k] = word;
+    }
+    if (lane == 0) {
+      out[b] = static_cast<uint8_t>(w);
+      if (b == nb - 1) {
+        for (int64_t p = nb; p < l.scales; ++p) out[p] = 0;
+      }
+    }
+    return;
+  }
+  // int / fp8: statistics.
+  bool finite = true;
+  float amax = 0.0f, lo = 3.4028235e38f, hi = -3.4028235e38f;
+  for (int64_t q = lane; q < quads; q += 32) {
+    float v[4];
+    src.get4(base + 4 * q, v);
+    for (int t = 0; t < 4; ++t) {
+      finite = finite && IsFinite(v[t]);
+      amax = fmaxf(amax, fabsf(v[t]));
+      lo = fminf(lo, v[t]);
+      hi = fmaxf(hi, v[t]);
+    }
+  }
+  finite = __all_sync(0xffffffffu, finite);
+  amax = WarpMax(amax);
+  lo = WarpMin(lo);
+  hi = WarpMax(hi);
+  const float qnan = BitsFloat(0x7fc00000u);
+  if (s.kind == Kind::kFp8) {
+    const Fp8Params p = Fp8Of(s.fp8);
+    const float sc = finite ? amax * p.r : qnan;
+    uint32_t* codes = reinterpret_cast<uint32_t*>(out + base);
+    for (int64_t q = lane; q < quads; q += 32) {
+      float v[4];
+      src.get4(base + 4 * q, v);
+      uint32_t word = 0;
+      for (int t = 0; t < 4; ++t) {
+        const uint32_t c = sc > 0.0f ? F32ToFp8(ClampF(v[t] / sc, -p.fmax, p.fmax), p) : 0u;
+        word |= c << (8 * t);
+      }
+      codes[q] = word;
+    }
+    if (lane == 0) reinterpret_cast<float*>(out + l.scales)[b] = sc;
+    return;
+  }
+  const int bits = s.bits;
+  const float R = IntR(bits, s.symmetric);
+  const float sc = finite ? (s.symmetric ? amax * R : (hi - lo) * R) : qnan;
+  const float mn = finite ? lo : qnan;
+  uint8_t* codes = out + base * bits / 8;
+  for (int64_t q = lane; q < quads; q += 32) {
+    float v[4];
+    src.get4(base + 4 * q, v);
+    uint32_t word = 0;
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t c = s.symmetric ? IntCodeSym(v[t], sc, bits) : IntCodeAsym(v[t], mn, sc, bits);
+      word |= c << (bits * t);
+    }
+    if (bits == 8) reinterpret_cast<uint32_t*>(codes)[q] = word;
+    else if (bits == 4) reinterpret_cast<uint16_t*>(codes)[q] = static_cast<uint16_t>(word);
+    else codes[q] = static_cast<uint8_t>(word);
+  }
+  if (lane == 0) {
+    reinterpret_cast<float*>(out + l.scales)[b] = sc;
+    if (!s.symmetric) reinterpret_cast<float*>(out + l.mins)[b] = mn;
+  }
+}
+
+// Warp-per-block encode of rows*nb blocks. mode 0: x rows; mode 1: decode-sum of nrows
+// payloads per output row (in + o * nrows * stride).
+__global__ void EncodeBlocksKernel(CodecSpec s, DType d, const void* x, const uint8_t* in,
+                                   int nrows, int64_t stride, int64_t rows, int64_t n,
+                                   uint8_t* out, int64_t p) {
+  const Layout l = RowLayout(s, n, d);
+  const int64_t nb = n / s.block;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t w = warp0; w < rows * nb; w += nwarps) {
+    const int64_t r = w / nb, b = w - r * nb;
+    if (x != nullptr) {
+      const GlobalSrc src{d, static_cast<const uint8_t*>(x) + r * n * DTypeBytes(d)};
+      EncodeBlockWarp(s, l, src, b, nb, out + r * p, lane);
+    } else {
+      const SumSrc src{s, d, in + r * nrows * stride, nrows, stride, n};
+      EncodeBlockWarp(s, l, src, b, nb, out + r * p, lane);
+    }
+  }
+}
+
+// Elementwise: out row o = decode-sum of the nrows payloads at in + o * nrows * stride
+// (nrows = 1: plain decode), or, when `x` is non-null, row o of x. The value is rounded
+// through `via`, then stored as `od` (the row dtype, or the none/cast payload type).
+__global__ void ElementwiseKernel(CodecSpec s, DType d, const void* x, const uint8_t* in,
+                                  int nrows, int64_t stride, int64_t rows, int64_t n,
+                                  void* out, DType via, DType od, int64_t out_row_bytes) {
+  const int64_t total = rows * n;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = k / n, i = k - o * n;
+    float v;
+    if (x != nullptr) {
+      v = LoadElem(d, x, k);
+    } else {
+      const uint8_t* row = in + o * nrows * stride;
+      v = DecodeElem(s, d, row, n, i);
+      for (int r = 1; r < nrows; ++r) v = v + DecodeElem(s, d, row + r * stride, n, i);
+    }
+    StoreElem(od, static_cast<uint8_t*>(out) + o * out_row_bytes, i, RoundTrip(via, v));
+  }
+}
+
+// In-place normalised Walsh-Hadamard transform of every run of h in t[0, g).
+__device__ void BlockHadamard(float* t, int g, int h, float scale) {
+  for (int len = 1; len < h; len <<= 1) {
+    __syncthreads();
+    for (int pidx = threadIdx.x; pidx < g / 2; pidx += blockDim.x) {
+      const int run = pidx / len, j = pidx - run * len;
+      const int a = run * 2 * len + j;
+      const float x = t[a], y = t[a + len];
+      t[a] = x + y;
+      t[a + len] = x - y;
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < g; j += blockDim.x) t[j] = t[j] * scale;
+  __syncthreads();
+}
+
+// One CUDA block per granule tile of g elements, for Hadamard codecs.
+// mode 0 (encode): x rows -> payloads. mode 1 (decode-sum): nrows payloads per output row ->
+// od values. mode 2 (decode-sum-encode): nrows payloads per output row -> payload.
+__global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, const uint8_t* in,
+                               int nrows, int64_t stride, int64_t rows, int64_t n, void* out,
+                               int64_t out_row_bytes, float scale) {
+  extern __shared__ float smem[];
+  const int g = static_cast<int>(Granule(s));
+  float* acc = smem;
+  float* tmp = smem + g;
+  const int64_t tiles = n / g;
+  const Layout l = RowLayout(s, n, d);
+  const int64_t nb = s.block > 0 ? n / s.block : 0;
+  for (int64_t t = blockIdx.x; t < rows * tiles; t += gridDim.x) {
+    const int64_t o = t / tiles, base = (t - o * tiles) * g;
+    if (mode == 0) {
+      for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = LoadElem(d, x, o * n + base + j);
+      BlockHadamard(acc, g, s.hadamard, scale);
+    } else {
+      const uint8_t* row0 = in + o * nrows * stride;
+      for (int r = 0; r < nrows; ++r) {
+        float* dst = r == 0 ? acc : tmp;
+        for (int j = threadIdx.x; j < g; j += blockDim.x)
+          dst[j] = DecodeElem(s, d, row0 + r * stride, n, base + j);
+        BlockHadamard(dst, g, s.hadamard, scale);
+        if (r > 0) {
+          for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = acc[j] + tmp[j];
+        }
+      }
+      __syncthreads();
+      if (mode == 1) {
+        uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
+        for (int j = threadIdx.x; j < g; j += blockDim.x) StoreElem(d, orow, base + j, acc[j]);
+        __syncthreads();
+        continue;
+      }
+      for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = RoundTrip(d, acc[j]);
+      BlockHadamard(acc, g, s.hadamard, scale);
+    }
+    // Inner encode of the rotated float32 tile.
+    uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
+    if (s.kind == Kind::kNone || s.kind == Kind::kCast) {
+      const DType pd = s.kind == Kind::kNone ? DType::kF32 : s.cast_dtype;
+      for (int j = threadIdx.x; j < g; j += blockDim.x) StoreElem(pd, orow, base + j, acc[j]);
+    } else {
+      const SmemSrc src{acc, base};
+      const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+      for (int64_t b = base / s.block + warp; b < (base + g) / s.block; b += blockDim.x / 32)
+        EncodeBlockWarp(s, l, src, b, nb, orow, lane);
+    }
+    __syncthreads();
+  }
+}
+
+cudaError_t CheckArgs(const CodecSpec& s, int64_t n) {
+  if (Validate(s) != nullptr || n <= 0 || n % Granule(s) != 0) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+size_t HadamardSmem(const CodecSpec& s) { return 2 * sizeof(float) * Granule(s); }
+
+}  // namespace
+
+// Decode-sum of `outs` output rows, each the sum of nrows payloads (decode_rows: nrows = 1).
+cudaError_t DecodeSumBatch(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
+                           int64_t stride, int64_t outs, int64_t n, void* out,
+                           cudaStream_t stream) {
+  if (cudaError_t e = CheckArgs(s, n); e != cudaSuccess) return e;
+  if (nrows < 1 || outs < 1) return cudaErrorInvalidValue;
+  const int64_t ob = n * DTypeBytes(d);
+  if (s.hadamard > 0) {
+    const int64_t tiles = outs * (n / Granule(s));
+    HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
+        1, s, d, nullptr, in, nrows, stride, outs, n, out, ob, HadamardScale(s.hadamard));
+  } else if (s.kind == Kind::kNone && nrows == 1 && stride == ob) {
+    return cudaMemcpyAsync(out, in, outs * ob, cudaMemcpyDeviceToDevice, stream);
+  } else {
+    ElementwiseKernel<<<GridFor(outs * n, kThreads), kThreads, 0, stream>>>(
+        s, d, nullptr, in, nrows, stride, outs, n, out, DType::kF32, d, ob);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t DecodeSumEncodeBatch(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
+                                 int64_t stride, int64_t outs, int64_t n, uint8_t* out,
+                                 cudaStream_t stream) {
+  if (cudaError_t e = CheckArgs(s, n); e != cudaSuccess) return e;
+  if (nrows < 1 || outs < 1) return cudaErrorInvalidValue;
+  const int64_t p = PayloadBytes(s, n, d);
+  if (s.hadamard > 0) {
+    const int64_t tiles = outs * (n / Granule(s));
+    HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
+        2, s, d, nullptr, in, nrows, stride, outs, n, out, p, HadamardScale(s.hadamard));
+  } else if (s.kind == Kind::kNone || s.kind == Kind::kCast) {
+    // The sum is rounded to d first, then (cast) to the payload type.
+    const DType pd = s.kind == Kind::kNone ? d : s.cast_dtype;
+    ElementwiseKernel<<<GridFor(outs * n, kThreads), kThreads, 0, stream>>>(
+        s, d, nullptr, in, nrows, stride, outs, n, out, d, pd, p);
+  } else {
+    EncodeBlocksKernel<<<GridFor(outs * (n / s.block) * 32, kThreads), kThreads, 0, stream>>>(
+        s, d, nullptr, in, nrows, stride, outs, n, out, p);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t EncodeRowsCuda(const CodecSpec& s, DType d, const void* x, int64_t rows, int64_t n,
+                           uint8_t* out, cudaStream_t stream) {
+  if (cudaError_t e = CheckArgs(s, n); e != cudaSuccess) return e;
+  if (rows < 1) return cudaSuccess;
+  const int64_t p = PayloadBytes(s, n, d);
+  if (s.hadamard > 0) {
+    const int64_t tiles = rows * (n / Granule(s));
+    HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
+        0, s, d, x, nullptr, 1, 0, rows, n, out, p, HadamardScale(s.hadamard));
+  } else if (s.kind == Kind::kNone) {
+    return cudaMemcpyAsync(out, x, rows * p, cudaMemcpyDeviceToDevice, stream);
+  } else if (s.kind == Kind::kCast) {
+    ElementwiseKernel<<<GridFor(rows * n, kThreads), kThreads, 0, stream>>>(
+        s, d, x, nullptr, 1, 0, rows, n, out, DType::kF32, s.cast_dtype, p);
+  } else {
+    EncodeBlocksKernel<<<GridFor(rows * (n / s.block) * 32, kThreads), kThreads, 0, stream>>>(
+        s, d, x, nullptr, 1, 0, rows, n, out, p);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t DecodeRowsCuda(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows,
+                           int64_t n, void* out, cudaStream_t stream) {
+  if (rows < 1) return CheckArgs(s, n);
+  return DecodeSumBatch(s, d, in, 1, PayloadBytes(s, n, d), rows, n, out, stream);
+}
+
+cudaError_t DecodeSumCuda(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
+                          int64_t row_stride, int64_t n, void* out, cudaStream_t stream) {
+  return DecodeSumBatch(s, d, in, nrows, row_stride, 1, n, out, stream);
+}
+
+cudaError_t DecodeSumEncodeCuda(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
+                                int64_t row_stride, int64_t n, uint8_t* out,
+                                cudaStream_t stream) {
+  return DecodeSumEncodeBatch(s, d, in, nrows, row_stride, 1, n, out, stream);
+}
+
+}  // namespace jcoccl::codecs
+
+// ---- XLA FFI handlers ----------------------------------------------------------------------
+namespace ffi = xla::ffi;
+namespace jc = jcoccl::codecs;
+
+namespace {
+
+int64_t LastDim(const ffi::AnyBuffer& b) {
+  auto dims = b.dimensions();
+  return dims.size() == 0 ? 1 : dims.back();
+}
+
+ffi::Error BadArg(const std::string& what) {
+  return ffi::Error::InvalidArgument("jcoccl codec: " + what);
+}
+
+ffi::Error CudaStatus(cudaError_t e) {
+  if (e == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("jcoccl codec: CUDA error ") + cudaGetErrorString(e));
+}
+
+ffi::Error CheckRow(const jc::CodecSpec& s, int64_t n) {
+  if (n <= 0 || n % jc::Granule(s) != 0) {
+    return BadArg("row length " + std::to_string(n) + " is not a positive multiple of the granule " +
+                  std::to_string(jc::Granule(s)));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error EncodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Dictionary attrs) {
+  auto spec = jc::SpecFromAttrs(attrs);
+  if (spec.has_error()) return spec.error();
+  jc::DType d;
+  if (!jc::DTypeFromFfi(x.element_type(), &d)) return BadArg("x must be float32, bfloat16 or float16");
+  const int64_t n = LastDim(x);
+  if (auto e = CheckRow(*spec, n); e.failure()) return e;
+  const int64_t rows = static_cast<int64_t>(x.element_count()) / n;
+  const int64_t p = jc::PayloadBytes(*spec, n, d);
+  if (out->element_type() != ffi::DataType::U8 ||
+      static_cast<int64_t>(out->element_count()) != rows * p) {
+    return BadArg("output must be uint8[rows, " + std::to_string(p) + "]");
+  }
+  return CudaStatus(jc::EncodeRowsCuda(*spec, d, x.untyped_data(), rows, n,
+                                       static_cast<uint8_t*>(out->untyped_data()), stream));
+}
+
+ffi::Error DecodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Dictionary attrs) {
+  auto spec = jc::SpecFromAttrs(attrs);
+  if (spec.has_error()) return spec.error();
+  jc::DType d;
+  if (!jc::DTypeFromFfi(out->element_type(), &d)) return BadArg("output must be float32, bfloat16 or float16");
+  const int64_t n = LastDim(*out);
+  if (auto e = CheckRow(*spec, n); e.failure()) return e;
+  const int64_t rows = static_cast<int64_t>(out->element_count()) / n;
+  const int64_t p = jc::PayloadBytes(*spec, n, d);
+  if (buf.element_type() != ffi::DataType::U8 || LastDim(buf) != p ||
+      static_cast<int64_t>(buf.element_count()) != rows * p) {
+    return BadArg("payload must be uint8[rows, " + std::to_string(p) + "]");
+  }
+  return CudaStatus(jc::DecodeRowsCuda(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
+                                       rows, n, out->untyped_data(), stream));
+}
+
+struct SumShape {
+  int64_t batch = 0, nrows = 0, p = 0;
+};
+
+ffi::Error SumShapeOf(const jc::CodecSpec& s, jc::DType d, const ffi::AnyBuffer& buf, int64_t n,
+                      SumShape* sh) {
+  if (auto e = CheckRow(s, n); e.failure()) return e;
+  auto dims = buf.dimensions();
+  sh->p = jc::PayloadBytes(s, n, d);
+  if (buf.element_type() != ffi::DataType::U8 || dims.size() < 2 || dims.back() != sh->p ||
+      dims[dims.size() - 2] < 1) {
+    return BadArg("payload must be uint8[..., nrows >= 1, " + std::to_string(sh->p) + "]");
+  }
+  sh->nrows = dims[dims.size() - 2];
+  sh->batch = static_cast<int64_t>(buf.element_count()) / (sh->nrows * sh->p);
+  return ffi::Error::Success();
+}
+
+ffi::Error DecodeSumImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
+                         ffi::Dictionary attrs) {
+  auto spec = jc::SpecFromAttrs(attrs);
+  if (spec.has_error()) return spec.error();
+  jc::DType d;
+  if (!jc::DTypeFromFfi(out->element_type(), &d)) return BadArg("output must be float32, bfloat16 or float16");
+  const int64_t n = LastDim(*out);
+  SumShape sh;
+  if (auto e = SumShapeOf(*spec, d, buf, n, &sh); e.failure()) return e;
+  if (static_cast<int64_t>(out->element_count()) != sh.batch * n) return BadArg("output must be dtype[..., n]");
+  if (sh.nrows > (1 << 30)) return BadArg("too many rows");
+  return CudaStatus(jc::DecodeSumBatch(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
+                                   static_cast<int>(sh.nrows), sh.p, sh.batch, n,
+                                   out->untyped_data(), stream));
+}
+
+ffi::Error DecodeSumEncodeImpl(cudaStream_t stream, ffi::AnyBuffer buf,
+                               ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
+  auto spec = jc::SpecFromAttrs(attrs);
+  if (spec.has_error()) return spec.error();
+  auto dt = attrs.get<int32_t>("dtype");
+  auto n = attrs.get<int64_t>("n");
+  if (dt.has_error()) return dt.error();
+  if (n.has_error()) return n.error();
+  if (*dt < 0 || *dt > 2) return BadArg("dtype must be 0 (float32), 1 (bfloat16) or 2 (float16)");
+  const jc::DType d = static_cast<jc::DType>(*dt);
+  SumShape sh;
+  if (auto e = SumShapeOf(*spec, d, buf, *n, &sh); e.failure()) return e;
+  if (out->element_type() != ffi::DataType::U8 ||
+      static_cast<int64_t>(out->element_count()) != sh.batch * sh.p) {
+    return BadArg("output must be uint8[..., " + std::to_string(sh.p) + "]");
+  }
+  if (sh.nrows > (1 << 30)) return BadArg("too many rows");
+  return CudaStatus(jc::DecodeSumEncodeBatch(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
+                                         static_cast<int>(sh.nrows), sh.p, sh.batch, *n,
+                                         static_cast<uint8_t*>(out->untyped_data()), stream));
+}
+
+}  // namespace
+
+#define JCOCCL_CODEC_BINDING                                   \
+  ffi::Ffi::Bind()                                             \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()                \
+      .Arg<ffi::AnyBuffer>()                                   \
+      .Ret<ffi::AnyBuffer>()                                   \
+      .Attrs()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuEncodeRows, EncodeRowsImpl, JCOCCL_CODEC_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuDecodeRows, DecodeRowsImpl, JCOCCL_CODEC_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuDecodeSum, DecodeSumImpl, JCOCCL_CODEC_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuDecodeSumEncode, DecodeSumEncodeImpl, JCOCCL_CODEC_BINDING);
+JCOCCL_GPU_REGISTER("jcoccl_encode_rows", JcocclGpuEncodeRows);
+JCOCCL_GPU_REGISTER("jcoccl_decode_rows", JcocclGpuDecodeRows);
+JCOCCL_GPU_REGISTER("jcoccl_decode_sum", JcocclGpuDecodeSum);
+JCOCCL_GPU_REGISTER("jcoccl_decode_sum_encode", JcocclGpuDecodeSumEncode);
