@@ -2,6 +2,8 @@
 #include <nanobind/nanobind.h>
 
 #include "cpu/registry.h"
+#include "engine/bind_fused.h"
+#include "engine/bind_host.h"
 
 namespace nb = nanobind;
 
@@ -12,4 +14,6 @@ NB_MODULE(_cpu, m) {
     for (const auto& [name, fn] : jcoccl::cpu::Handlers()) d[name.c_str()] = nb::capsule(fn);
     return d;
   }, "Dict of FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
+  jcoccl::engine::BindFusedCommon(m);
+  jcoccl::engine::BindHostComms(m);
 }

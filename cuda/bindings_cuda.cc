@@ -3,6 +3,8 @@
 #include <nanobind/nanobind.h>
 
 #include "gpu/registry.h"
+#include "engine/bind_fused.h"
+#include "engine/bind_nccl.h"
 
 namespace nb = nanobind;
 
@@ -18,4 +20,6 @@ NB_MODULE(_cuda, m) {
     cudaRuntimeGetVersion(&v);
     return v;
   });
+  jcoccl::engine::BindFusedCommon(m);
+  jcoccl::engine::BindNcclComms(m);
 }

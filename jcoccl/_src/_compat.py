@@ -5,3 +5,33 @@ from ``jax._src`` elsewhere in jcoccl.
 """
 
 from __future__ import annotations
+
+
+# --- fused engine: result types with varying axes; jax.distributed key-value store --------
+
+def shape_dtype_with_vma(shape, dtype, vma) -> "_jax.ShapeDtypeStruct":
+  """A ShapeDtypeStruct whose value varies over the manual axes ``vma`` (for ffi_call
+  results inside ``shard_map(check_vma=True)``, which do not inherit the inputs' axes)."""
+  from jax._src import core as _core
+  sharding = _core.get_cur_mesh_sharding(_jax.P(*([None] * len(shape))))
+  return _jax.ShapeDtypeStruct(shape, dtype, sharding=sharding,
+                               manual_axis_type=_core.ManualAxisType(varying=frozenset(vma)))
+
+
+def _kv_client():
+  from jax._src import distributed as _dist
+  client = _dist.global_state.client
+  if client is None:
+    raise RuntimeError("jax.distributed is not initialised: call jax.distributed.initialize() "
+                       "in every process before jcoccl.init(mesh)")
+  return client
+
+
+def kv_set(key: str, value: str) -> None:
+  """Stores ``value`` under ``key`` in jax.distributed's key-value store."""
+  _kv_client().key_value_set(key, value)
+
+
+def kv_get(key: str, timeout_ms: int) -> str:
+  """Waits (at most ``timeout_ms``) for ``key`` in jax.distributed's key-value store."""
+  return _kv_client().blocking_key_value_get(key, timeout_ms)

@@ -1,0 +1,133 @@
+// Shared by the CPU and CUDA fused handlers: reads a fused call's attributes.
+//
+// Attributes (Python: jcoccl/_src/fused.py):
+//   op: int32 (engine::Op), k: int64 slices, m: int64 row length, comm: int64 id,
+//   outer_comm: int64 id (hierarchical; else -1), perm: int32[size] destination of each
+//   rank or -1 (ppermute; else empty), the codec attributes of codecs/ffi_attrs.h, and the
+//   outer codec's with an "o_" prefix (hierarchical only).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "codecs/ffi_attrs.h"
+#include "engine/comms.h"
+#include "engine/engine.h"
+
+namespace jcoccl::engine {
+
+namespace ffi = xla::ffi;
+
+template <class T>
+inline ffi::ErrorOr<T> Attr(const ffi::Dictionary& a, const std::string& name) {
+  auto v = a.get<T>(name);
+  if (v.has_error()) return ffi::Unexpected(v.error());
+  return *v;
+}
+
+// The outer codec of a hierarchical all-reduce, from the "o_"-prefixed attributes.
+inline ffi::ErrorOr<CodecSpec> OuterSpec(const ffi::Dictionary& a) {
+  CodecSpec s;
+  auto kind = Attr<int32_t>(a, "o_kind");
+  auto bits = Attr<int32_t>(a, "o_bits");
+  auto block = Attr<int32_t>(a, "o_block");
+  auto sym = Attr<int32_t>(a, "o_symmetric");
+  auto fp8 = Attr<int32_t>(a, "o_fp8");
+  auto cast = Attr<int32_t>(a, "o_cast_dtype");
+  auto had = Attr<int32_t>(a, "o_hadamard");
+  auto eps = Attr<float>(a, "o_abs_error");
+  for (const auto* e : {&kind, &bits, &block, &sym, &fp8, &cast, &had}) {
+    if (e->has_error()) return ffi::Unexpected(e->error());
+  }
+  if (eps.has_error()) return ffi::Unexpected(eps.error());
+  s.kind = static_cast<codecs::Kind>(*kind);
+  s.bits = *bits;
+  s.block = *block;
+  s.symmetric = *sym != 0;
+  s.fp8 = static_cast<codecs::Fp8Format>(*fp8);
+  s.cast_dtype = static_cast<DType>(*cast);
+  s.hadamard = *had;
+  s.abs_error = *eps;
+  if (const char* msg = codecs::Validate(s))
+    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("jcoccl outer codec: ") + msg));
+  return s;
+}
+
+inline ffi::Error Fail(const std::string& msg) { return ffi::Error::Internal(msg); }
+
+// Everything a handler resolves before running the engine.
+struct Resolved {
+  Call call;
+  CodecSpec spec, outer_spec;
+  DType dtype = DType::kF32;
+  std::shared_ptr<Transport> comm, outer_comm;
+};
+
+// Reads attributes, looks up this device's communicators, checks the buffer sizes.
+inline ffi::Error Resolve(const ffi::Dictionary& a, int32_t device, ffi::DataType in_type,
+                          int64_t in_elems, int64_t out_elems, Resolved* r) {
+  auto op = Attr<int32_t>(a, "op");
+  auto k = Attr<int64_t>(a, "k");
+  auto m = Attr<int64_t>(a, "m");
+  auto comm = Attr<int64_t>(a, "comm");
+  if (op.has_error()) return op.error();
+  if (k.has_error()) return k.error();
+  if (m.has_error()) return m.error();
+  if (comm.has_error()) return comm.error();
+  if (!codecs::DTypeFromFfi(in_type, &r->dtype))
+    return ffi::Error::InvalidArgument("jcoccl fused: dtype must be float32, bfloat16 or float16");
+  auto spec = codecs::SpecFromAttrs(a);
+  if (spec.has_error()) return spec.error();
+  r->spec = *spec;
+  Call& c = r->call;
+  c.op = static_cast<Op>(*op);
+  c.k = *k;
+  c.m = *m;
+  r->comm = Comms().Find(*comm, device);
+  if (!r->comm) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
+        "jcoccl fused: device " + std::to_string(device) + " has no communicator " +
+        std::to_string(*comm) + "; call jcoccl.init(mesh) before using backend='fused'");
+  }
+  c.comm = r->comm.get();
+  const int n = c.comm->size();
+  if (c.m <= 0 || c.k <= 0 || c.m % codecs::Granule(r->spec) != 0)
+    return ffi::Error::InvalidArgument("jcoccl fused: m must be a positive multiple of the granule");
+  int64_t in_rows = 1, out_rows = 1;
+  switch (c.op) {
+    case Op::kAllReduceOneShot: case Op::kPpermute: break;
+    case Op::kAllReduceTwoShot: case Op::kAllReduceHierarchical: case Op::kAllToAll:
+      in_rows = out_rows = n; break;
+    case Op::kReduceScatter: in_rows = n; break;
+    case Op::kAllGather: out_rows = n; break;
+    default: return ffi::Error::InvalidArgument("jcoccl fused: unknown op");
+  }
+  if (in_elems != c.k * in_rows * c.m || out_elems != c.k * out_rows * c.m)
+    return ffi::Error::InvalidArgument("jcoccl fused: buffer sizes do not match k, m and the group size");
+  if (c.op == Op::kAllReduceHierarchical) {
+    auto oc = Attr<int64_t>(a, "outer_comm");
+    if (oc.has_error()) return oc.error();
+    r->outer_comm = Comms().Find(*oc, device);
+    if (!r->outer_comm)
+      return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "jcoccl fused: device " + std::to_string(device) +
+                                            " has no outer communicator " + std::to_string(*oc));
+    auto os = OuterSpec(a);
+    if (os.has_error()) return os.error();
+    r->outer_spec = *os;
+    if (c.m % codecs::Granule(r->outer_spec) != 0)
+      return ffi::Error::InvalidArgument("jcoccl fused: m must be a multiple of the outer granule");
+    c.outer_comm = r->outer_comm.get();
+  }
+  if (c.op == Op::kPpermute) {
+    auto perm = a.get<ffi::Span<const int32_t>>("perm");
+    if (perm.has_error()) return perm.error();
+    if (static_cast<int64_t>(perm->size()) != n)
+      return ffi::Error::InvalidArgument("jcoccl fused: perm must have one entry per rank");
+    const int me = c.comm->rank();
+    c.send_to = (*perm)[me];
+    for (int s = 0; s < n; ++s)
+      if ((*perm)[s] == me) c.recv_from = s;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace jcoccl::engine

@@ -1,0 +1,180 @@
+// CUDA fused collectives: the engine (engine/engine.h) over NCCL, one XLA custom call per
+// collective. Work runs on three streams per device -- encode, communicate (high
+// priority) and decode -- ordered by events, so slice s+1's encode overlaps slice s's
+// communication (COCCL-style pipeline, depth = the number of slices `k`). The workspace
+// for in-flight payloads is an extra output of the custom call: FFI scratch memory would be
+// released when the handler returns, before the streams are done with it.
+//
+// Not command-buffer compatible (NCCL must not be captured into XLA's CUDA graphs).
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "codecs/codec_cuda.h"
+#include "engine/ffi_call.h"
+#include "gpu/registry.h"
+#include "transport/nccl.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jcoccl::engine {
+namespace {
+
+Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Error(std::string("jcoccl CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+// The three lanes of one device, created once per device (never inside a collective's
+// communication, and without any peer involvement).
+struct DeviceStreams {
+  cudaStream_t s[3] = {nullptr, nullptr, nullptr};
+};
+
+Status StreamsFor(int device, DeviceStreams** out) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<DeviceStreams>> table;
+  std::lock_guard<std::mutex> lk(mu);
+  if (device >= static_cast<int>(table.size())) table.resize(device + 1);
+  if (!table[device]) {
+    auto ds = std::make_unique<DeviceStreams>();
+    int lo = 0, hi = 0;
+    JCOCCL_RETURN_IF_ERROR(Cuda(cudaDeviceGetStreamPriorityRange(&lo, &hi), "priority range"));
+    JCOCCL_RETURN_IF_ERROR(
+        Cuda(cudaStreamCreateWithPriority(&ds->s[kEncode], cudaStreamNonBlocking, lo), "stream"));
+    JCOCCL_RETURN_IF_ERROR(
+        Cuda(cudaStreamCreateWithPriority(&ds->s[kComm], cudaStreamNonBlocking, hi), "stream"));
+    JCOCCL_RETURN_IF_ERROR(
+        Cuda(cudaStreamCreateWithPriority(&ds->s[kDecode], cudaStreamNonBlocking, lo), "stream"));
+    table[device] = std::move(ds);
+  }
+  *out = table[device].get();
+  return Status::Ok();
+}
+
+// Makes `to` wait for everything enqueued on `from` so far.
+Status StreamWait(cudaStream_t from, cudaStream_t to) {
+  cudaEvent_t ev;
+  JCOCCL_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "event"));
+  Status s = Cuda(cudaEventRecord(ev, from), "event record");
+  if (s.ok()) s = Cuda(cudaStreamWaitEvent(to, ev, 0), "stream wait");
+  cudaEventDestroy(ev);  // legal after the wait is enqueued
+  return s;
+}
+
+class GpuLanes final : public Lanes {
+ public:
+  explicit GpuLanes(DeviceStreams* ds) : ds_(ds) {}
+  void* stream(Lane l) override { return ds_->s[l]; }
+  Status Handoff(Lane from, Lane to) override {
+    if (from == to) return Status::Ok();
+    return StreamWait(ds_->s[from], ds_->s[to]);
+  }
+  Status Zero(Lane l, void* p, int64_t bytes) override {
+    return Cuda(cudaMemsetAsync(p, 0, bytes, ds_->s[l]), "memset");
+  }
+
+ private:
+  DeviceStreams* ds_;
+};
+
+class GpuCodec final : public Codec {
+ public:
+  using Codec::Codec;
+  Status EncodeRows(void* s, const void* x, int64_t rows, int64_t n, uint8_t* out) override {
+    return Cuda(codecs::EncodeRowsCuda(spec_, dtype_, x, rows, n, out, St(s)), "encode");
+  }
+  Status DecodeRows(void* s, const uint8_t* in, int64_t rows, int64_t n, void* out) override {
+    return Cuda(codecs::DecodeRowsCuda(spec_, dtype_, in, rows, n, out, St(s)), "decode");
+  }
+  Status DecodeSum(void* s, const uint8_t* in, int nrows, int64_t n, void* out) override {
+    return Cuda(codecs::DecodeSumCuda(spec_, dtype_, in, nrows, Payload(n), n, out, St(s)),
+                "decode_sum");
+  }
+  Status DecodeSumEncode(void* s, const uint8_t* in, int nrows, int64_t n, uint8_t* out) override {
+    return Cuda(codecs::DecodeSumEncodeCuda(spec_, dtype_, in, nrows, Payload(n), n, out, St(s)),
+                "decode_sum_encode");
+  }
+
+ private:
+  static cudaStream_t St(void* s) { return static_cast<cudaStream_t>(s); }
+};
+
+// JCOCCL_NCCL_WAIT=0 returns as soon as the work is enqueued (fully asynchronous, but a
+// lost peer then hangs the stream); the default waits for completion, polling NCCL's
+// asynchronous error, and aborts the communicator after JCOCCL_TIMEOUT_S.
+bool WaitForCompletion() {
+  const char* v = std::getenv("JCOCCL_NCCL_WAIT");
+  return v == nullptr || std::string(v) != "0";
+}
+
+Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
+              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws) {
+  JCOCCL_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "set device"));
+  DeviceStreams* ds = nullptr;
+  JCOCCL_RETURN_IF_ERROR(StreamsFor(device, &ds));
+  GpuCodec codec(r.spec, r.dtype);
+  GpuCodec outer(r.outer_spec, r.dtype);
+  Call& c = r.call;
+  c.x = x.untyped_data();
+  c.out = out->untyped_data();
+  c.codec = &codec;
+  c.outer_codec = c.op == Op::kAllReduceHierarchical ? &outer : nullptr;
+  GpuLanes lanes(ds);
+  // Inputs are ready on XLA's stream; XLA may reuse outputs once its stream passes the join.
+  for (int l = 0; l < 3; ++l) JCOCCL_RETURN_IF_ERROR(StreamWait(xla, ds->s[l]));
+  JCOCCL_RETURN_IF_ERROR(Run(c, &lanes, static_cast<uint8_t*>(ws->untyped_data()),
+                             static_cast<int64_t>(ws->size_bytes())));
+  for (int l = 0; l < 3; ++l) JCOCCL_RETURN_IF_ERROR(StreamWait(ds->s[l], xla));
+  if (!WaitForCompletion()) return Status::Ok();
+  cudaEvent_t done;
+  JCOCCL_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event"));
+  Status s = Cuda(cudaEventRecord(done, xla), "event record");
+  for (Transport* t : {c.comm, c.outer_comm}) {
+    if (s.ok() && t != nullptr) s = static_cast<transport::NcclTransport*>(t)->Wait(done);
+  }
+  cudaEventDestroy(done);
+  return s;
+}
+
+ffi::Error FusedGpuImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device, ffi::AnyBuffer x,
+                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws,
+                        ffi::Dictionary attrs) {
+  if (x.element_type() != out->element_type())
+    return ffi::Error::InvalidArgument("jcoccl fused: output dtype must equal the input dtype");
+  Resolved r;
+  if (ffi::Error e = Resolve(attrs, device, x.element_type(), x.element_count(),
+                             out->element_count(), &r);
+      e.failure())
+    return e;
+  r.call.ctx.run_id = run_id.run_id;
+  Status s = RunGpu(stream, r, device, x, out, ws);
+  if (!s.ok()) return Fail(s.msg);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jcoccl::engine
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclFusedGpu, jcoccl::engine::FusedGpuImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::RunId>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attrs());
+JCOCCL_GPU_REGISTER("jcoccl_fused_all_reduce", JcocclFusedGpu);
+static ::jcoccl::gpu::Register jcoccl_reg_fused_rs("jcoccl_fused_reduce_scatter",
+                                                   reinterpret_cast<void*>(JcocclFusedGpu));
+static ::jcoccl::gpu::Register jcoccl_reg_fused_ag("jcoccl_fused_all_gather",
+                                                   reinterpret_cast<void*>(JcocclFusedGpu));
+static ::jcoccl::gpu::Register jcoccl_reg_fused_a2a("jcoccl_fused_all_to_all",
+                                                    reinterpret_cast<void*>(JcocclFusedGpu));
+static ::jcoccl::gpu::Register jcoccl_reg_fused_pp("jcoccl_fused_ppermute",
+                                                   reinterpret_cast<void*>(JcocclFusedGpu));

@@ -1,0 +1,84 @@
+#include "transport/host.h"
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+namespace jcoccl::transport {
+
+void HostGroup::Break(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (broken_.empty()) broken_ = why;
+  cv_.notify_all();
+}
+
+Status HostGroup::WaitLocked(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Slot>& slot,
+                             bool leaving, int64_t run_id, int64_t seq) {
+  const double timeout = TimeoutSeconds();
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(timeout));
+  auto done = [&] {
+    return !broken_.empty() || (leaving ? slot->left : slot->arrived) == size_;
+  };
+  if (!cv_.wait_until(lk, deadline, done)) {
+    int have = leaving ? slot->left : slot->arrived;
+    broken_ = "jcoccl host transport: timed out after " + std::to_string(timeout) +
+              " s (JCOCCL_TIMEOUT_S) waiting for peers in collective #" + std::to_string(seq) +
+              " of run " + std::to_string(run_id) + ": " + std::to_string(have) + " of " +
+              std::to_string(size_) +
+              " ranks arrived. The communicator is now unusable; call jcoccl.shutdown() "
+              "and jcoccl.init(mesh) again.";
+    cv_.notify_all();
+    return Status::Error(broken_);
+  }
+  // A rank that has already consumed its data succeeds even if the group broke later.
+  if ((leaving ? slot->left : slot->arrived) == size_) return Status::Ok();
+  return Status::Error(broken_);
+}
+
+HostTransport::HostTransport(std::shared_ptr<HostGroup> group, int rank)
+    : group_(std::move(group)), rank_(rank) {}
+
+int HostTransport::size() const { return group_->size(); }
+
+int64_t HostTransport::NextSeq(int64_t run_id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // Executions finish in launch order on one device; keep only recent counters.
+  while (seq_.size() > 256) seq_.erase(seq_.begin());
+  return seq_[run_id]++;
+}
+
+// Tags catch mismatched programs: op kind in the low bits, byte count above.
+static int64_t Tag(int kind, int64_t bytes) { return bytes * 4 + kind; }
+
+Status HostTransport::AllGather(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) {
+  const int n = size();
+  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send, Tag(0, bytes),
+                          [&](const std::vector<const void*>& ptr) {
+                            for (int r = 0; r < n; ++r)
+                              std::memcpy(static_cast<char*>(recv) + r * bytes, ptr[r], bytes);
+                          });
+}
+
+Status HostTransport::AllToAll(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) {
+  const int n = size();
+  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send, Tag(1, bytes),
+                          [&](const std::vector<const void*>& ptr) {
+                            for (int r = 0; r < n; ++r)
+                              std::memcpy(static_cast<char*>(recv) + r * bytes,
+                                          static_cast<const char*>(ptr[r]) + rank_ * bytes,
+                                          bytes);
+                          });
+}
+
+Status HostTransport::SendRecv(const CallCtx& ctx, const void* send, int dst, void* recv, int src,
+                               int64_t bytes) {
+  (void)dst;  // the receiver reads from its source; the sender only has to be present
+  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send, Tag(2, bytes),
+                          [&](const std::vector<const void*>& ptr) {
+                            if (src >= 0) std::memcpy(recv, ptr[src], bytes);
+                          });
+}
+
+}  // namespace jcoccl::transport

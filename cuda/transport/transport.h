@@ -1,0 +1,59 @@
+// Byte-level group communication used by the fused engine (cuda/engine/engine.h).
+//
+// A Transport is one rank's handle on a communicator of `size()` ranks. Every op moves
+// opaque byte buffers; all members must issue the same ops in the same order (SPMD).
+// On CPU the host transport runs each op synchronously; on GPU the NCCL transport
+// enqueues the op on `ctx.stream` and returns.
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace jcoccl::transport {
+
+// Empty message = success. Kept trivial so engine code reads like the algorithm.
+struct Status {
+  std::string msg;
+  bool ok() const { return msg.empty(); }
+  static Status Ok() { return {}; }
+  static Status Error(std::string m) { return {m.empty() ? std::string("unknown error") : m}; }
+};
+
+#define JCOCCL_RETURN_IF_ERROR(expr)     \
+  do {                                   \
+    ::jcoccl::transport::Status _s = (expr); \
+    if (!_s.ok()) return _s;             \
+  } while (0)
+
+// Per custom call facts the transports need.
+struct CallCtx {
+  void* stream = nullptr;   // cudaStream_t of the communication lane (NCCL only)
+  int64_t run_id = 0;       // XLA RunId: equal on every device of one execution
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // recv[r * bytes, (r + 1) * bytes) = rank r's send[0, bytes).
+  virtual Status AllGather(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) = 0;
+  // recv[r * bytes, ...) = rank r's send[rank() * bytes, (rank() + 1) * bytes).
+  virtual Status AllToAll(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) = 0;
+  // Sends `send` to rank `dst` and receives `recv` from rank `src` (-1: none).
+  // Every rank takes part in the call, even one that neither sends nor receives.
+  virtual Status SendRecv(const CallCtx& ctx, const void* send, int dst, void* recv, int src,
+                          int64_t bytes) = 0;
+};
+
+// Seconds a rank waits for its peers before failing the call: JCOCCL_TIMEOUT_S, default 300.
+// Read on every call, so a process can change it between collectives.
+inline double TimeoutSeconds() {
+  const char* v = std::getenv("JCOCCL_TIMEOUT_S");
+  if (v == nullptr || *v == '\0') return 300.0;
+  char* end = nullptr;
+  double s = std::strtod(v, &end);
+  return (end != v && s > 0) ? s : 300.0;
+}
+
+}  // namespace jcoccl::transport

@@ -1,0 +1,378 @@
+"""The fused backend: each compressed collective is ONE XLA custom call run by jcoccl's engine.
+
+The engine (cuda/engine/) runs the same algorithms as the "xla" backend (encode, move the
+uint8 payloads, decode_sum as an f32 left fold over source ranks in rank order, cast once)
+inside a single custom call, over jcoccl's own communicators:
+
+  CPU  an in-process host transport: XLA runs each CPU device's program on its own thread,
+       and the ranks of a group meet in a rendezvous keyed by the FFI RunId and a per-rank
+       op counter (every device issues collectives in the same order).
+  GPU  NCCL (libnccl.so.2 opened with dlopen), one communicator per mesh axis tuple, with
+       encode / communicate / decode on three CUDA streams ordered by per-slice events.
+
+Results are bit-identical to backend="xla" for the same compressor, algorithm and chunks,
+because the slicing and padding come from the same canonicalisation
+(:mod:`jcoccl._src._common`) and the codecs are the same native kernels.
+
+Lifecycle: :func:`init` creates communicators for every ordered tuple of the mesh's axes
+(nothing is ever created inside a running collective) and registers the backend;
+:func:`shutdown` destroys them. ``backend="auto"`` picks "fused" while the communicators for
+the op's axes exist.
+
+Environment:
+  JCOCCL_TIMEOUT_S  seconds a rank waits for its peers before the collective fails with an
+                    exception (default 300). On timeout the communicator is marked broken
+                    (NCCL: aborted); call :func:`shutdown` and :func:`init` again.
+
+Example:
+  >>> import jax, jcoccl
+  >>> mesh = jax.make_mesh((8,), ("data",))  # doctest: +SKIP
+  >>> jcoccl.init(mesh)                      # doctest: +SKIP
+  >>> # inside jax.shard_map over mesh:
+  >>> # y = jcoccl.all_reduce(x, "data", compressor="int8", backend="fused", min_bytes=0)
+  >>> jcoccl.shutdown()                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jcoccl._src import _backend
+from jcoccl._src import _common as C
+from jcoccl._src import _compat
+from jcoccl._src import _ffi
+
+# engine::Op codes (cuda/engine/engine.h).
+_OP = {"one_shot": 0, "two_shot": 1, "hierarchical": 2, "reduce_scatter": 3,
+       "all_gather": 4, "all_to_all": 5, "ppermute": 6}
+_TARGET = {"all_reduce": "jcoccl_fused_all_reduce", "reduce_scatter": "jcoccl_fused_reduce_scatter",
+           "all_gather": "jcoccl_fused_all_gather", "all_to_all": "jcoccl_fused_all_to_all",
+           "ppermute": "jcoccl_fused_ppermute"}
+_DTYPE_CODE = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}
+_NONE_ATTRS = {"kind": np.int32(0), "bits": np.int32(8), "block": np.int32(1),
+               "symmetric": np.int32(1), "fp8": np.int32(0), "cast_dtype": np.int32(1),
+               "hadamard": np.int32(0), "abs_error": np.float32(0.0)}
+
+
+@dataclasses.dataclass
+class _State:
+  mesh: Any
+  platform: str                        # "cpu" or "cuda"
+  comms: dict[tuple[str, ...], int]    # axes tuple -> communicator id
+  sizes: dict[str, int]                # mesh axis sizes
+
+
+_lock = threading.Lock()
+_state: _State | None = None
+_next_comm = itertools.count(1)
+
+
+# ----------------------------------------------------------------------------------------
+# Lifecycle.
+
+def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
+  """Creates jcoccl's communicators for ``mesh`` and enables backend="fused".
+
+  One communicator per ordered tuple of distinct mesh axes (e.g. for axes (a, b): (a,),
+  (b,), (a, b), (b, a)); a collective over ``axis_name`` uses the one for that tuple. On CPU
+  they are in-process host groups; on GPU NCCL communicators (one process driving all GPUs,
+  or one process per GPU under ``jax.distributed``, where the NCCL unique ids travel through
+  jax.distributed's key-value store). Calling init again replaces the previous state.
+
+  Args:
+    mesh: a ``jax.sharding.Mesh`` (the one the shard_map programs use).
+    axes: optional list of axis tuples to create instead of all of them (names or tuples).
+
+  Raises:
+    RuntimeError: the native engine for the mesh's platform is missing, or NCCL failed.
+    ValueError: ``axes`` names something that is not an axis of ``mesh``.
+
+  Example:
+    >>> jcoccl.init(jax.make_mesh((8,), ("data",)))  # doctest: +SKIP
+  """
+  global _state
+  names = tuple(mesh.axis_names)
+  platform = _platform_of(mesh)
+  tuples = _axis_tuples(names, axes)
+  shutdown()
+  comms: dict[tuple[str, ...], int] = {}
+  try:
+    for t in tuples:
+      cid = next(_next_comm)
+      groups = _groups(mesh, t)
+      if platform == "cpu":
+        _create_host(cid, groups)
+      else:
+        _create_nccl(cid, groups)
+      comms[t] = cid
+  except Exception:
+    for cid in comms.values():
+      _destroy(platform, cid)
+    raise
+  with _lock:
+    _state = _State(mesh, platform, comms, dict(zip(names, mesh.devices.shape)))
+  for op in _backend.OPS:
+    _backend.register("fused", op, _IMPLS[op])
+  _backend.set_auto_hook(is_initialized)
+
+
+def shutdown() -> None:
+  """Destroys every communicator made by :func:`init`; backend="auto" goes back to "xla".
+
+  Safe to call when not initialised. Programs compiled while initialised fail (with an
+  error, never a hang) if run after shutdown.
+  """
+  global _state
+  with _lock:
+    st, _state = _state, None
+  _backend.set_auto_hook(None)
+  for op in _backend.OPS:
+    _backend.unregister("fused", op)
+  if st is not None:
+    for cid in st.comms.values():
+      _destroy(st.platform, cid)
+
+
+def is_initialized(axes: Sequence[str] | None = None) -> bool:
+  """True if :func:`init` ran (and, given ``axes``, made a communicator for that tuple)."""
+  st = _state
+  if st is None:
+    return False
+  return axes is None or tuple(axes) in st.comms
+
+
+def _platform_of(mesh: Any) -> str:
+  plats = {d.platform for d in mesh.devices.flat}
+  if len(plats) != 1:
+    raise ValueError(f"mesh must hold devices of one platform, got {sorted(plats)}")
+  p = plats.pop()
+  if p == "cpu":
+    if _ffi.native_module("cpu") is None:
+      raise RuntimeError(f"the fused engine needs jcoccl._cpu: {_ffi.native_import_error('cpu')}")
+    return "cpu"
+  if p in ("gpu", "cuda"):
+    if _ffi.native_module("cuda") is None:
+      raise RuntimeError("the fused engine on GPU needs jcoccl._cuda (build with "
+                         f"JCOCCL_CUDA=ON): {_ffi.native_import_error('cuda')}")
+    return "cuda"
+  raise ValueError(f"mesh platform must be cpu or gpu for the fused engine, got {p!r}")
+
+
+def _axis_tuples(names: tuple[str, ...], axes: Sequence[Any] | None) -> list[tuple[str, ...]]:
+  if axes is None:
+    return [t for r in range(1, len(names) + 1) for t in itertools.permutations(names, r)]
+  out = []
+  for a in axes:
+    t = C.canonical_axes(a)
+    bad = [x for x in t if x not in names]
+    if bad:
+      raise ValueError(f"axes: {bad} are not axes of the mesh {names}")
+    out.append(t)
+  return out
+
+
+def _groups(mesh: Any, axes: tuple[str, ...]) -> list[list[Any]]:
+  """Device groups of ``axes``: rank = linear index over ``axes`` (as lax.axis_index)."""
+  names = list(mesh.axis_names)
+  rest = [i for i, n in enumerate(names) if n not in axes]
+  order = rest + [names.index(a) for a in axes]
+  devs = np.transpose(mesh.devices, order)
+  size = int(np.prod([mesh.devices.shape[names.index(a)] for a in axes]))
+  return [list(row) for row in devs.reshape(-1, size)]
+
+
+def _ordinal(d: Any) -> int:
+  """The FFI DeviceOrdinal of device ``d`` (its index among this process's devices)."""
+  hw = getattr(d, "local_hardware_id", None)
+  return int(hw) if hw is not None else int(d.id)
+
+
+def _create_host(cid: int, groups: list[list[Any]]) -> None:
+  mod = _ffi.native_module("cpu")
+  for g in groups:
+    mod.fused_host_comm_create(cid, [_ordinal(d) for d in g])
+
+
+def _create_nccl(cid: int, groups: list[list[Any]]) -> None:
+  """One NCCL communicator per group; ids shared through jax.distributed when multi-process."""
+  mod = _ffi.native_module("cuda")
+  me = jax.process_index()
+  multi = jax.process_count() > 1
+  for gi, g in enumerate(groups):
+    local = [(r, d) for r, d in enumerate(g) if d.process_index == me]
+    if not local:
+      continue
+    key = f"jcoccl/nccl/{cid}/{gi}"
+    if not multi:
+      uid = mod.nccl_unique_id()
+    elif g[0].process_index == me:
+      uid = mod.nccl_unique_id()
+      _compat.kv_set(key, uid.hex())
+    else:
+      uid = bytes.fromhex(_compat.kv_get(key, timeout_ms=int(1000 * mod.fused_timeout_s())))
+    mod.nccl_comm_init(cid, uid, len(g), [(_ordinal(d), r) for r, d in local])
+
+
+def _destroy(platform: str, cid: int) -> None:
+  mod = _ffi.native_module(platform)
+  if mod is not None:
+    mod.fused_comm_destroy(cid)
+
+
+# ----------------------------------------------------------------------------------------
+# One custom call.
+
+def _codec_attrs(c: Any, prefix: str = "") -> dict[str, Any]:
+  from jcoccl._src.compressors import native
+  if c is None:
+    attrs = dict(_NONE_ATTRS)
+  else:
+    if getattr(c, "stochastic", False) or any(
+        getattr(p, "rounding", "nearest") != "nearest" for p in (c, getattr(c, "inner", c))):
+      raise ValueError(f"compressor {c}: the fused backend implements round-to-nearest only; "
+                       "use backend='xla' for stochastic rounding")
+    attrs = native.codec_attrs(c)
+  return {prefix + k: v for k, v in attrs.items()}
+
+
+def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
+  st = _state
+  if st is None or axes not in st.comms:
+    raise ValueError(
+        f"backend='fused' has no communicator for axes {axes}: call jcoccl.init(mesh) with the "
+        "mesh of this shard_map first (or use backend='xla' / 'auto')")
+  for a in axes:
+    if int(jax.lax.axis_size(a)) != st.sizes[a]:
+      raise ValueError(f"axis {a!r} has size {jax.lax.axis_size(a)} here but {st.sizes[a]} in the "
+                       "mesh given to jcoccl.init: call jcoccl.init with this shard_map's mesh")
+  return st, st.comms[axes]
+
+
+def _result_type(x: jax.Array, shape: tuple[int, ...], dtype: Any, vma: frozenset) -> Any:
+  if _compat.check_vma_enabled():
+    return _compat.shape_dtype_with_vma(shape, dtype, vma)
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _fused_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], axes: tuple,
+                compressor: Any, k: int, m: int, *, reduces: bool, outer: Any = None,
+                perm: np.ndarray | None = None) -> jax.Array:
+  """Binds one fused custom call; returns its output (the workspace output is dropped)."""
+  st, cid = _comm(axes)
+  dtype = jnp.dtype(x.dtype)
+  if dtype not in _DTYPE_CODE:
+    raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
+  n = C.group_size(axes)
+  attrs: dict[str, Any] = dict(op=np.int32(_OP[algo]), k=np.int64(k), m=np.int64(m),
+                               comm=np.int64(cid), outer_comm=np.int64(-1),
+                               perm=np.full((n,), -1, np.int32) if perm is None else perm)
+  attrs.update(_codec_attrs(compressor))
+  outer_size = 0
+  if algo == "hierarchical":
+    inner_axes, outer_axes = axes[-1:], axes[:-1]
+    _, attrs["comm"] = _comm(inner_axes)
+    _, ocid = _comm(outer_axes)
+    attrs["outer_comm"] = np.int64(ocid)
+    attrs.update(_codec_attrs(outer, "o_"))
+    n, outer_size = C.group_size(inner_axes), C.group_size(outer_axes)
+  codec = {k_: v for k_, v in attrs.items() if k_ in _NONE_ATTRS}
+  ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
+  ws = int(_ffi.native_module("cpu").fused_workspace_bytes(
+      _OP[algo], k, m, n, outer_size, codec, ocodec, _DTYPE_CODE[dtype]))
+  _ffi.register(st.platform)
+  vin = _compat.varying_axes(x) if _compat.check_vma_enabled() else frozenset()
+  vout = (vin - set(axes)) if reduces else (vin | set(axes))
+  call = jax.ffi.ffi_call(_TARGET[op], (_result_type(x, out_shape, dtype, vout),
+                                       _result_type(x, (max(ws, 1),), jnp.uint8, vout)))
+  out, _ = call(x, **attrs)
+  return out
+
+
+# ----------------------------------------------------------------------------------------
+# Backend implementations (signatures: jcoccl/_src/_backend.py).
+
+def _fused_all_reduce(x: jax.Array, *, axes: tuple, compressor: Any, algorithm: str,
+                      chunks: int, key: Any) -> jax.Array:
+  del key  # round-to-nearest only (checked in _codec_attrs)
+  axes = tuple(axes)
+  M, k = x.shape[0], chunks
+  if algorithm == "one_shot":
+    out = _fused_call("all_reduce", "one_shot", x.reshape(k, M // k), (k, M // k), axes,
+                      compressor, k, M // k, reduces=True)
+  elif algorithm == "two_shot":
+    n = C.group_size(axes)
+    m = M // (k * n)
+    out = _fused_call("all_reduce", "two_shot", x.reshape(k, n, m), (k, n, m), axes,
+                      compressor, k, m, reduces=True)
+  elif algorithm == "hierarchical":
+    if len(axes) < 2:
+      raise ValueError("algorithm='hierarchical' needs a tuple of at least two axes")
+    outer, inner = compressor
+    n = C.group_size(axes[-1:])
+    m = M // (k * n)
+    out = _fused_call("all_reduce", "hierarchical", x.reshape(k, n, m), (k, n, m), axes, inner,
+                      k, m, reduces=True, outer=outer)
+  else:
+    raise ValueError(f"algorithm must be one_shot, two_shot or hierarchical, got {algorithm!r}")
+  return out.reshape(M)
+
+
+def _fused_reduce_scatter(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
+                          key: Any) -> jax.Array:
+  del key
+  n, Cn = x.shape
+  k, m = chunks, Cn // chunks
+  xs = x.reshape(n, k, m).transpose(1, 0, 2)
+  out = _fused_call("reduce_scatter", "reduce_scatter", xs, (k, m), tuple(axes), compressor,
+                    k, m, reduces=False)
+  return out.reshape(Cn)
+
+
+def _fused_all_gather(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
+                      key: Any) -> jax.Array:
+  del key
+  axes = tuple(axes)
+  n = C.group_size(axes)
+  Cn = x.shape[0]
+  k, m = chunks, Cn // chunks
+  out = _fused_call("all_gather", "all_gather", x.reshape(k, m), (k, n, m), axes, compressor,
+                    k, m, reduces=False)
+  return out.transpose(1, 0, 2).reshape(n, Cn)
+
+
+def _fused_all_to_all(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
+                      key: Any) -> jax.Array:
+  del key
+  n, Cn = x.shape
+  k, m = chunks, Cn // chunks
+  xs = x.reshape(n, k, m).transpose(1, 0, 2)
+  out = _fused_call("all_to_all", "all_to_all", xs, (k, n, m), tuple(axes), compressor, k, m,
+                    reduces=False)
+  return out.transpose(1, 0, 2).reshape(n, Cn)
+
+
+def _fused_ppermute(x: jax.Array, *, axes: tuple, perm: Sequence[tuple[int, int]],
+                    compressor: Any, chunks: int, key: Any) -> jax.Array:
+  del key
+  axes = tuple(axes)
+  n = C.group_size(axes)
+  dst = np.full((n,), -1, np.int32)
+  for s, d in perm:
+    dst[int(s)] = int(d)
+  Cn = x.shape[0]
+  k, m = chunks, Cn // chunks
+  out = _fused_call("ppermute", "ppermute", x.reshape(k, m), (k, m), axes, compressor, k, m,
+                    reduces=False, perm=dst)
+  return out.reshape(Cn)
+
+
+_IMPLS = {"all_reduce": _fused_all_reduce, "reduce_scatter": _fused_reduce_scatter,
+          "all_gather": _fused_all_gather, "all_to_all": _fused_all_to_all,
+          "ppermute": _fused_ppermute}
