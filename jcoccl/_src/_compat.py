@@ -7,6 +7,26 @@ from ``jax._src`` elsewhere in jcoccl.
 from __future__ import annotations
 
 
+# --- collectives: shard_map varying-axes (vma) introspection -------------------------------
+
+import jax as _jax
+from jax._src import config as _jax_config
+
+
+def check_vma_enabled() -> bool:
+  """True while tracing inside a ``jax.shard_map(..., check_vma=True)`` body."""
+  return bool(_jax_config._check_vma.value)
+
+
+def varying_axes(x) -> frozenset:
+  """The manual mesh axes over which ``x``'s value varies (empty outside check_vma)."""
+  aval = _jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)
+  if mat is None:
+    return frozenset(getattr(aval, "vma", frozenset()))
+  return frozenset(mat.varying)
+
+
 # --- fused engine: result types with varying axes; jax.distributed key-value store --------
 
 def shape_dtype_with_vma(shape, dtype, vma) -> "_jax.ShapeDtypeStruct":

@@ -1,0 +1,308 @@
+"""Shared canonicalisation for the collectives: axes, compressors, padding, chunks, threshold,
+and the all_reduce algorithm cost model.
+
+The fused backend reuses these helpers so that both backends slice and pad identically.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jcoccl._src import _compat
+
+# ----------------------------------------------------------------------------------------
+# Threshold: messages (per pytree leaf, local bytes) under it go uncompressed.
+
+_ENV_MIN_BYTES = "JCOCCL_MIN_BYTES"
+_BUILTIN_MIN_BYTES = 4 * 1024 * 1024
+_default_min_bytes: int | None = None
+
+
+def set_default_min_bytes(nbytes: int | None) -> None:
+  """Sets the process-wide default ``min_bytes`` of every collective.
+
+  Messages (each pytree leaf's local size in bytes) smaller than this go uncompressed
+  through the plain lax collective. The built-in default is 4 MiB; the environment
+  variable ``JCOCCL_MIN_BYTES`` overrides it at first use; ``None`` restores that.
+
+  Args:
+    nbytes: non-negative int, or None.
+
+  Example:
+    >>> import jcoccl
+    >>> jcoccl.set_default_min_bytes(0)  # compress everything
+    >>> jcoccl.set_default_min_bytes(None)
+  """
+  global _default_min_bytes
+  if nbytes is not None and (not isinstance(nbytes, int) or nbytes < 0):
+    raise ValueError(f"min_bytes must be a non-negative int or None, got {nbytes!r}")
+  _default_min_bytes = nbytes
+
+
+def default_min_bytes() -> int:
+  """The current default ``min_bytes`` (see :func:`set_default_min_bytes`)."""
+  if _default_min_bytes is not None:
+    return _default_min_bytes
+  env = os.environ.get(_ENV_MIN_BYTES, "")
+  if env:
+    try:
+      value = int(env)
+    except ValueError:
+      raise ValueError(f"{_ENV_MIN_BYTES} must be a non-negative integer, got {env!r}") from None
+    if value < 0:
+      raise ValueError(f"{_ENV_MIN_BYTES} must be a non-negative integer, got {env!r}")
+    return value
+  return _BUILTIN_MIN_BYTES
+
+
+# ----------------------------------------------------------------------------------------
+# Axes.
+
+def canonical_axes(axis_name: Any) -> tuple[str, ...]:
+  """``axis_name`` (a name or a tuple/list of names) as a non-empty tuple."""
+  axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  if not axes:
+    raise ValueError("axis_name must be a mesh axis name or a non-empty tuple of them")
+  if len(set(axes)) != len(axes):
+    raise ValueError(f"axis_name has duplicate names: {axis_name!r}")
+  return axes
+
+
+def group_size(axes: Sequence[Any]) -> int:
+  """Product of the sizes of ``axes``; raises ValueError for names not bound by shard_map."""
+  size = 1
+  for a in axes:
+    try:
+      size *= lax.axis_size(a)
+    except (NameError, KeyError, ValueError) as e:
+      raise ValueError(
+          f"axis_name {a!r} is not a mesh axis bound here (call the op inside jax.shard_map "
+          f"over a mesh with that axis): {e}") from None
+  return int(size)
+
+
+def ensure_varying(x: jax.Array, axes: Sequence[str]) -> jax.Array:
+  """Marks ``x`` as varying over ``axes`` (as lax collectives do implicitly) under check_vma."""
+  if not _compat.check_vma_enabled():
+    return x
+  missing = tuple(a for a in axes if a not in _compat.varying_axes(x))
+  return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def vma_of(x: jax.Array) -> frozenset:
+  """The axes ``x`` varies over (empty outside check_vma)."""
+  return _compat.varying_axes(x) if _compat.check_vma_enabled() else frozenset()
+
+
+def match_vma(x: jax.Array, vma: frozenset) -> jax.Array:
+  """Marks ``x`` varying over the axes of ``vma`` it lacks (cotangents must carry the
+  primal's varying axes)."""
+  missing = tuple(sorted(a for a in vma if a not in _compat.varying_axes(x)))
+  return lax.pcast(x, missing, to="varying") if missing else x
+
+
+# Codec calls that keep the input's varying axes: native custom calls (ffi_call) return
+# results without them, which would make shard_map insert pvary/psum pairs around the op.
+
+def encode_rows(c: Any, x2d: jax.Array, key: Any = None) -> jax.Array:
+  return match_vma(c.encode_rows(x2d, key=key), vma_of(x2d))
+
+
+def decode_rows(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
+  return match_vma(c.decode_rows(buf, n, dtype), vma_of(buf))
+
+
+def decode_sum(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
+  return match_vma(c.decode_sum(buf, n, dtype), vma_of(buf))
+
+
+def decode_sum_encode(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
+  return match_vma(c.decode_sum_encode(buf, n, dtype), vma_of(buf))
+
+
+# ----------------------------------------------------------------------------------------
+# Compressors.
+
+def resolve_compressor(compressor: Any, argname: str = "compressor") -> Any:
+  """A Compressor from a Compressor, spec string or None; None for the exact path.
+
+  ``none()`` and None both mean "exact": the op calls the lax collective itself.
+  """
+  if compressor is None:
+    return None
+  if isinstance(compressor, str):
+    from jcoccl import compressors as _c
+    try:
+      compressor = _c.parse(compressor)
+    except ValueError as e:
+      raise ValueError(f"{argname}: {e}") from None
+  if not hasattr(compressor, "encode_rows") or not hasattr(compressor, "granule"):
+    raise TypeError(
+        f"{argname} must be a jcoccl Compressor, a spec string (e.g. 'int8') or None, "
+        f"got {compressor!r}")
+  if getattr(compressor, "kind", None) == "none":
+    return None
+  return compressor
+
+
+def check_dtype(dtype: Any, compressor: Any, argname: str = "compressor") -> None:
+  """Raises TypeError when a lossy ``compressor`` is given a non-floating ``dtype``."""
+  if compressor is None or compressor.lossless:
+    return
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                              jnp.dtype(jnp.float16)):
+    raise TypeError(
+        f"{argname} {compressor} is lossy and accepts float32, bfloat16 or float16 inputs; "
+        f"got dtype {jnp.dtype(dtype).name} (pass compressor=None for this leaf)")
+
+
+def effective_compressor(x: jax.Array, compressor: Any, min_bytes: int | None) -> Any:
+  """The compressor for leaf ``x`` after the size threshold (None = exact lax path)."""
+  if compressor is None:
+    return None
+  check_dtype(x.dtype, compressor)
+  threshold = default_min_bytes() if min_bytes is None else min_bytes
+  if not isinstance(threshold, int) or threshold < 0:
+    raise ValueError(f"min_bytes must be a non-negative int or None, got {min_bytes!r}")
+  nbytes = x.size * jnp.dtype(x.dtype).itemsize
+  return compressor if nbytes >= threshold else None
+
+
+SAME = "same"  # grad_compressor default: reuse the forward compressor
+
+
+def resolve_grad_compressor(grad_compressor: Any, forward: Any) -> Any:
+  """``grad_compressor`` resolved; the default ("same") is the forward compressor."""
+  if isinstance(grad_compressor, str) and grad_compressor == SAME:
+    return forward
+  return resolve_compressor(grad_compressor, "grad_compressor")
+
+
+def grad_for(x: jax.Array, grad_compressor: Any) -> Any:
+  """The backward compressor for leaf ``x`` (dtype-checked; threshold applied in bwd)."""
+  if grad_compressor is None or grad_compressor.lossless:
+    return grad_compressor
+  if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                                jnp.dtype(jnp.float16)):
+    return None  # integer leaves have no cotangent to compress
+  return grad_compressor
+
+
+def check_chunks(chunks: Any) -> int:
+  if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+    raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+  return chunks
+
+
+# ----------------------------------------------------------------------------------------
+# Padding and chunking.
+
+def padded_len(length: int, multiple: int) -> int:
+  """``length`` rounded up to a positive multiple of ``multiple``."""
+  return max(1, -(-length // multiple)) * multiple
+
+
+def pad_last(x: jax.Array, size: int) -> jax.Array:
+  """Zero-pads the last axis of ``x`` to ``size``."""
+  extra = size - x.shape[-1]
+  if extra == 0:
+    return x
+  widths = [(0, 0)] * (x.ndim - 1) + [(0, extra)]
+  return jnp.pad(x, widths)
+
+
+def chunked(fn: Callable[[jax.Array, int], jax.Array], x: jax.Array, chunks: int) -> jax.Array:
+  """Applies ``fn(slice, index)`` to ``chunks`` equal slices of x's last axis; concatenates.
+
+  Each slice runs its own encode -> collective -> decode, so XLA can overlap one slice's
+  communication with another's codec work.
+  """
+  if chunks == 1:
+    return fn(x, 0)
+  width = x.shape[-1] // chunks
+  outs = [fn(x[..., i * width:(i + 1) * width], i) for i in range(chunks)]
+  return jnp.concatenate(outs, axis=-1)
+
+
+def rank_key(key: Any, axes: Sequence[str], chunk: int) -> Any:
+  """A per-rank, per-chunk PRNG key (None stays None)."""
+  if key is None:
+    return None
+  idx = lax.axis_index(tuple(axes))
+  return jax.random.fold_in(jax.random.fold_in(key, idx), chunk)
+
+
+def lcm(*values: int) -> int:
+  out = 1
+  for v in values:
+    out = out * v // math.gcd(out, v)
+  return out
+
+
+# ----------------------------------------------------------------------------------------
+# Cost model for all_reduce algorithm="auto".
+
+ALPHA_S = 5e-6        # per collective step latency (s)
+BETA_BPS = 25e9       # link bandwidth per rank (bytes/s)
+GAMMA_BPS = 200e9     # codec throughput (input bytes/s)
+
+
+def all_reduce_cost(algorithm: str, nbytes: int, n: int, ratio: float) -> float:
+  """Modelled time (s) of a compressed all_reduce; see :func:`choose_all_reduce`.
+
+  Args:
+    algorithm: "one_shot" or "two_shot".
+    nbytes: message bytes S (uncompressed, local).
+    n: group size.
+    ratio: payload bytes / raw bytes r of the compressor.
+  """
+  s, r = float(nbytes), float(ratio)
+  if algorithm == "one_shot":
+    # all_gather of one payload: (n-1) ring steps, (n-1) r S bytes out; codec: encode S,
+    # decode-sum n rows of S.
+    return ALPHA_S * (n - 1) + (n - 1) * r * s / BETA_BPS + (1 + n) * s / GAMMA_BPS
+  # all_to_all + all_gather of 1/n payloads: 2(n-1)/n r S bytes; codec: encode S,
+  # decode-sum S, re-encode S/n, decode S.
+  return (2 * ALPHA_S * (n - 1) + 2 * (n - 1) / n * r * s / BETA_BPS
+          + (3 + 1 / n) * s / GAMMA_BPS)
+
+
+def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
+  """algorithm="auto" for a flat all_reduce: the cheaper of one_shot and two_shot.
+
+  Cost model (alpha-beta-gamma; constants ALPHA_S, BETA_BPS, GAMMA_BPS in this module):
+
+    T_one = alpha (n-1) + (n-1) r S / beta + (1 + n) S / gamma
+    T_two = 2 alpha (n-1) + 2 (n-1)/n r S / beta + (3 + 1/n) S / gamma
+
+  S = message bytes, r = compressed/raw size ratio, n = group size. one_shot quantizes once
+  and wins for small messages and n <= 2 (equal wire bytes, fewer steps); two_shot
+  quantizes twice but moves 2/n of one_shot's bytes, so it wins for large messages on
+  many ranks. Ties go to one_shot (fewer quantizations).
+
+  Example:
+    >>> choose_all_reduce(64 * 1024, 8, 0.26), choose_all_reduce(64 << 20, 8, 0.26)
+    ('one_shot', 'two_shot')
+  """
+  if n <= 2:
+    return "one_shot"
+  one = all_reduce_cost("one_shot", nbytes, n, ratio)
+  two = all_reduce_cost("two_shot", nbytes, n, ratio)
+  return "two_shot" if two < one else "one_shot"
+
+
+def compression_ratio(compressor: Any, n: int, dtype: Any) -> float:
+  """payload_nbytes / raw bytes for a row of ``n`` elements (granule-padded)."""
+  n = padded_len(n, compressor.granule)
+  return compressor.payload_nbytes(n, dtype) / (n * jnp.dtype(dtype).itemsize)
+
+
+def leaves_apply(fn: Callable[[jax.Array], jax.Array], tree: Any) -> Any:
+  """Applies ``fn`` to every leaf of ``tree``."""
+  return jax.tree_util.tree_map(fn, tree)
