@@ -8,3 +8,23 @@ plus a ``compressor``.
 from jcoccl._src.info import info as info
 
 __version__ = "0.1.0"
+
+# Collectives (used inside jax.shard_map; same arguments as their jax.lax counterparts).
+from jcoccl._src.all_reduce import all_reduce as all_reduce
+from jcoccl._src.all_gather import all_gather as all_gather
+from jcoccl._src.reduce_scatter import reduce_scatter as reduce_scatter
+from jcoccl._src.all_to_all import all_to_all as all_to_all
+from jcoccl._src.ppermute import ppermute as ppermute
+from jcoccl._src._common import set_default_min_bytes as set_default_min_bytes
+from jcoccl._src._common import default_min_bytes as default_min_bytes
+
+from jcoccl import compressors as compressors
+from jcoccl._src.error_feedback import ErrorFeedback as ErrorFeedback
+from jcoccl._src.error_feedback import error_feedback as error_feedback
+from jcoccl._src.error_feedback import ef_all_reduce as ef_all_reduce
+from jcoccl._src.error_feedback import ef_reduce_scatter as ef_reduce_scatter
+from jcoccl._src.wire_bytes import wire_bytes as wire_bytes
+
+# Fused backend: jcoccl's own communicators, one custom call per collective.
+from jcoccl._src.fused import init as init
+from jcoccl._src.fused import shutdown as shutdown
