@@ -1,0 +1,258 @@
+"""The fused backend (one custom call per collective, jcoccl's engine over the in-process host
+transport) against the XLA backend: outputs must be bit-identical for the same compressor,
+algorithm and chunks; the compiled HLO must hold one jcoccl custom call and no XLA
+collective; lifecycle, errors and timeouts must fail cleanly."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jcoccl
+from jcoccl import compressors as jc
+from jcoccl._src import _ffi
+from jcoccl._src import fused
+
+pytestmark = pytest.mark.skipif(
+    _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built")
+
+_COLLECTIVE_OPS = ("all-gather", "all-reduce", "all-to-all", "collective-permute",
+                   "reduce-scatter")
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+  fused.shutdown()
+  yield
+  fused.shutdown()
+
+
+def _mesh(shape, names):
+  return jax.make_mesh(shape, names, devices=jax.devices()[:int(np.prod(shape))])
+
+
+def _data(mesh, dtype, rows=8, cols=44, nonfinite=False, seed=0):
+  """A global [n_devices * rows, cols] array with outliers, sharded over every mesh axis."""
+  n = mesh.devices.size
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((n * rows, cols)).astype(np.float32)
+  x[rng.random(x.shape) < 0.01] *= 300.0
+  if nonfinite:
+    x[3, 5], x[rows + 1, 7], x[2 * rows - 1, 40] = np.nan, np.inf, -np.inf
+  spec = jax.P(tuple(mesh.axis_names))
+  return jax.device_put(jnp.asarray(x, dtype), jax.NamedSharding(mesh, spec))
+
+
+def _perm(n):
+  """A shift that leaves rank 0 receiving nothing (lax.ppermute gives it zeros)."""
+  return [(i, i + 1) for i in range(n - 1)]
+
+
+def _program(mesh, axes, comp, backend, chunks, ops):
+  n = int(np.prod([mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
+  kw = dict(compressor=comp, backend=backend, chunks=chunks, min_bytes=0)
+
+  def body(x):
+    out = []
+    for op in ops:
+      if op in ("one_shot", "two_shot"):
+        out.append(jcoccl.all_reduce(x, axes, algorithm=op, **kw))
+      elif op == "reduce_scatter":
+        out.append(jcoccl.reduce_scatter(x, axes, scatter_dimension=0, tiled=True, **kw))
+      elif op == "all_gather":
+        out.append(jcoccl.all_gather(x, axes, axis=0, tiled=True, **kw))
+      elif op == "all_to_all":
+        out.append(jcoccl.all_to_all(x, axes, 0, 0, tiled=True, **kw))
+      elif op == "ppermute":
+        out.append(jcoccl.ppermute(x, axes, _perm(n), **kw))
+    return tuple(out)
+
+  spec = jax.P(tuple(mesh.axis_names))
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+
+def _bits(a):
+  a = np.asarray(a)
+  return a.view(np.uint8).reshape(-1)
+
+
+def _assert_identical(mesh, axes, comp, chunks, ops, x):
+  ref = _program(mesh, axes, comp, "xla", chunks, ops)(x)
+  got = _program(mesh, axes, comp, "fused", chunks, ops)(x)
+  for op, r, g in zip(ops, ref, got):
+    assert r.shape == g.shape and r.dtype == g.dtype, op
+    np.testing.assert_array_equal(_bits(g), _bits(r), err_msg=f"{op}: fused != xla bits")
+
+
+ALL_OPS = ("one_shot", "two_shot", "reduce_scatter", "all_gather", "all_to_all", "ppermute")
+
+_CASES = [
+    (jc.int8(block_size=32), jnp.float32, 1, True),
+    (jc.int8(block_size=64), jnp.bfloat16, 2, False),
+    (jc.int4(block_size=32, symmetric=False), jnp.float32, 2, False),
+    (jc.fp8("e4m3", block_size=32), jnp.float16, 1, True),
+    (jc.fp8("e5m2", block_size=32), jnp.float32, 2, False),
+    (jc.hadamard(jc.int4(block_size=32)), jnp.float32, 1, False),
+    (jc.cast("bfloat16"), jnp.float32, 3, True),
+    (jc.error_bounded(1e-2, block_size=32), jnp.float32, 1, False),
+]
+
+
+@pytest.mark.parametrize("comp,dtype,chunks,nonfinite", _CASES, ids=lambda v: str(v))
+def test_bit_identical_8_ranks(comp, dtype, chunks, nonfinite):
+  mesh = _mesh((8,), ("x",))
+  jcoccl.init(mesh)
+  x = _data(mesh, dtype, nonfinite=nonfinite)
+  _assert_identical(mesh, "x", comp, chunks, ALL_OPS, x)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_bit_identical_small_meshes(n):
+  mesh = _mesh((n,), ("x",))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32, seed=n)
+  _assert_identical(mesh, "x", jc.int8(block_size=32), 2, ALL_OPS, x)
+
+
+@pytest.mark.parametrize("axes", ["b", "a", ("a", "b"), ("b", "a")], ids=str)
+def test_bit_identical_two_axis_mesh(axes):
+  mesh = _mesh((2, 4), ("a", "b"))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32, seed=3)
+  # lax.ppermute (the XLA backend's) rejects axis tuples out of mesh order.
+  ops = ALL_OPS if axes != ("b", "a") else ALL_OPS[:-1]
+  _assert_identical(mesh, axes, jc.int4(block_size=32), 1, ops, x)
+
+
+@pytest.mark.parametrize("levels", [(jc.int4(block_size=32), jc.int8(block_size=32)),
+                                    (jc.fp8("e4m3", block_size=64), jc.int8(block_size=32))],
+                         ids=str)
+def test_hierarchical_bit_identical(levels):
+  mesh = _mesh((2, 4), ("node", "gpu"))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32, seed=5)
+  axes = ("node", "gpu")
+
+  def prog(backend):
+    def body(v):
+      return jcoccl.all_reduce(v, axes, compressor=levels, algorithm="hierarchical",
+                               backend=backend, chunks=2, min_bytes=0)
+    spec = jax.P(axes)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+  ref, got = prog("xla")(x), prog("fused")(x)
+  np.testing.assert_array_equal(_bits(got), _bits(ref))
+
+
+def _hlo(fn, x):
+  return fn.lower(x).compile().as_text()
+
+
+def _count_collectives(text):
+  return {op: sum(1 for line in text.splitlines() if f" {op}(" in line or f" {op}-start(" in line)
+          for op in _COLLECTIVE_OPS}
+
+
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_hlo_one_custom_call_no_collective(op):
+  mesh = _mesh((8,), ("x",))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32)
+  text = _hlo(_program(mesh, "x", jc.int8(block_size=32), "fused", 2, (op,)), x)
+  calls = [l for l in text.splitlines() if "custom-call" in l and "jcoccl_fused_" in l]
+  assert len(calls) == 1, calls
+  assert sum(_count_collectives(text).values()) == 0, _count_collectives(text)
+  assert "jcoccl_encode_rows" not in text  # the codec runs inside the fused call
+
+
+def test_auto_uses_fused_after_init_and_xla_after_shutdown():
+  mesh = _mesh((8,), ("x",))
+  x = _data(mesh, jnp.float32)
+  prog = lambda: _program(mesh, "x", jc.int8(block_size=32), "auto", 1, ("one_shot",))
+  text = _hlo(prog(), x)
+  assert "jcoccl_fused_" not in text and _count_collectives(text)["all-gather"] >= 1
+  jcoccl.init(mesh)
+  text = _hlo(prog(), x)
+  assert "jcoccl_fused_all_reduce" in text and sum(_count_collectives(text).values()) == 0
+  jcoccl.shutdown()
+  text = _hlo(prog(), x)
+  assert "jcoccl_fused_" not in text
+
+
+def test_fused_without_init_raises():
+  mesh = _mesh((8,), ("x",))
+  x = _data(mesh, jnp.float32)
+  with pytest.raises(ValueError, match=r"jcoccl\.init\(mesh\)"):
+    _program(mesh, "x", jc.int8(block_size=32), "fused", 1, ("one_shot",))(x)
+
+
+def test_fused_axes_not_initialised_raises():
+  mesh = _mesh((2, 4), ("a", "b"))
+  jcoccl.init(mesh, axes=["a"])
+  x = _data(mesh, jnp.float32)
+  with pytest.raises(ValueError, match=r"jcoccl\.init"):
+    _program(mesh, "b", jc.int8(block_size=32), "fused", 1, ("one_shot",))(x)
+
+
+def test_grad_through_fused_matches_xla():
+  mesh = _mesh((4,), ("x",))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32)
+  spec = jax.P("x")
+
+  def loss(backend, v):
+    def body(u):
+      y = jcoccl.all_gather(u, "x", axis=0, tiled=True, compressor=jc.int8(block_size=32),
+                            backend=backend, min_bytes=0)
+      return jnp.sum(y * y)[None]
+    return jnp.sum(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(v))
+
+  g_ref = jax.jit(jax.grad(functools.partial(loss, "xla")))(x)
+  g_fused = jax.jit(jax.grad(functools.partial(loss, "fused")))(x)
+  np.testing.assert_array_equal(_bits(g_fused), _bits(g_ref))
+
+
+def test_rendezvous_timeout_fails_instead_of_hanging(monkeypatch):
+  """A 2-rank group whose second rank never arrives: the call must raise after the timeout."""
+  mod = _ffi.native_module("cpu")
+  _ffi.register("cpu")
+  cid = 10**12 + 7
+  devs = jax.devices()[:2]
+  mod.fused_host_comm_create(cid, [d.id for d in devs])
+  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "0.3")
+  from jcoccl._src.compressors import native
+  attrs = dict(op=np.int32(0), k=np.int64(1), m=np.int64(32), comm=np.int64(cid),
+               outer_comm=np.int64(-1), perm=np.full((2,), -1, np.int32),
+               **native.codec_attrs(jc.int8(block_size=32)))
+  ws = mod.fused_workspace_bytes(0, 1, 32, 2, 0,
+                                 {k: v for k, v in attrs.items() if k in fused._NONE_ATTRS}, {}, 0)
+  call = jax.ffi.ffi_call("jcoccl_fused_all_reduce",
+                          (jax.ShapeDtypeStruct((1, 32), jnp.float32),
+                           jax.ShapeDtypeStruct((ws,), jnp.uint8)))
+  f = jax.jit(lambda v: call(v, **attrs)[0])
+  x = jax.device_put(jnp.ones((1, 32), jnp.float32), devs[0])
+  try:
+    with pytest.raises(Exception, match="timed out"):
+      jax.block_until_ready(f(x))
+    # The group is now broken: later calls fail at once, also without hanging.
+    with pytest.raises(Exception, match="timed out"):
+      jax.block_until_ready(f(x + 1))
+  finally:
+    mod.fused_comm_destroy(cid)
+  assert mod.fused_timeout_s() == pytest.approx(0.3)
+
+
+def test_init_shutdown_registry():
+  mesh = _mesh((2, 4), ("a", "b"))
+  mod = _ffi.native_module("cpu")
+  jcoccl.init(mesh)
+  assert fused.is_initialized(("a", "b")) and fused.is_initialized(("b",))
+  # 4 axis tuples: (a), (b), (a, b), (b, a); every device is in one group of each.
+  assert len(mod.fused_comm_keys()) == 4 * 8
+  jcoccl.shutdown()
+  assert not fused.is_initialized() and mod.fused_comm_keys() == []
