@@ -1,0 +1,397 @@
+"""3D parallelism (mesh axes 'data', 'tensor', 'pipe') for GPT-2 and Qwen2 over jcoccl.
+
+Layout: the model's parameters become ``{"outer": embeddings and final norm, "blocks": every
+block parameter stacked on a leading layer axis}``. ``blocks`` is split over 'pipe' on that
+axis (stage s holds layers [s*L/P, (s+1)*L/P)) and Megatron-style over 'tensor' (attention
+heads and MLP columns); ``outer`` is replicated. Batches are split over 'data'.
+
+Inside ``jax.shard_map`` (``check_vma=False``: every value is per device, and every
+cross-device sum is an explicit collective):
+  * tensor: ``enter`` (identity, backward all_reduce) before each column-parallel projection,
+    ``exit`` (all_reduce, backward identity) after each row-parallel one;
+  * pipe: GPipe over ppermute (``models.pipeline``), whose transpose carries gradients back;
+    gradients of the replicated ``outer`` parameters are summed over 'pipe';
+  * data: gradients summed with all_reduce (optionally with error feedback).
+Every collective goes through :class:`Collectives`, which calls jcoccl with the compressor
+``policy.compressor(axis, op)``.
+
+Example:
+  >>> mesh = make_mesh(2, 2, 2)
+  >>> par = Parallel3D(model, mesh, Policy(), n_micro=2)
+  >>> params = par.shard(model)
+  >>> loss, grads = par.loss_and_grads(params, tokens, targets)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jcoccl
+from jcoccl.policy import Policy
+from models import gpt, pipeline, qwen
+from models.layers import LOCAL, Comm, cross_entropy
+
+AXES = ("data", "tensor", "pipe")
+
+
+# ------------------------------------------------------------------------------------------
+# The one place where models/ calls collectives.
+
+@dataclasses.dataclass
+class Collectives:
+  """Routes every collective of the models to jcoccl with the policy's compressor.
+
+  ``log`` records (axis, op, shape, dtype, compressor) of each call at trace time, which
+  :func:`wire_bytes` turns into bytes on the wire per step.
+  """
+
+  policy: Policy
+  sizes: dict = dataclasses.field(default_factory=dict)
+  log: list = dataclasses.field(default_factory=list)
+
+  def _record(self, axis: str, op: str, x: jax.Array, c: Any) -> None:
+    self.log.append((axis, op, tuple(x.shape), jnp.dtype(x.dtype), c))
+
+  def all_reduce(self, x: jax.Array, axis: str, *, exact: bool = False) -> jax.Array:
+    """Sum over ``axis``; ``exact`` forces the uncompressed path (metrics, norms)."""
+    c = None if exact else self.policy.compressor(axis, "all_reduce")
+    self._record(axis, "all_reduce", x, c)
+    return jcoccl.all_reduce(x, axis, compressor=c, **self.policy.options(axis))
+
+  def ef_all_reduce(self, grads: Any, state: Any, axis: str) -> tuple[Any, Any]:
+    """Sums a gradient pytree over ``axis`` with error feedback (jcoccl.error_feedback)."""
+    c = self.policy.compressor(axis, "all_reduce")
+    for g in jax.tree.leaves(grads):
+      self._record(axis, "all_reduce", g, c)
+    ef = jcoccl.error_feedback(c)
+    return ef.all_reduce(grads, state, axis, **self.policy.options(axis))
+
+  def ppermute(self, x: jax.Array, axis: str, perm: list[tuple[int, int]]) -> jax.Array:
+    """Sends ``x`` along ``perm``; its VJP sends the cotangent along the inverse permutation."""
+    c = self.policy.compressor(axis, "ppermute")
+    opts = {k: v for k, v in self.policy.options(axis).items() if k != "algorithm"}
+    inverse = [(b, a) for a, b in perm]
+
+    def send(v, p):
+      self._record(axis, "ppermute", v, c)
+      return jcoccl.ppermute(v, axis, p, compressor=c, **opts)
+
+    @jax.custom_vjp
+    def move(v):
+      return send(v, perm)
+
+    move.defvjp(lambda v: (send(v, perm), None), lambda _, g: (send(g, inverse),))
+    return move(x)
+
+  def wire_bytes(self) -> dict[str, dict[str, float]]:
+    """Bytes each device sends per traced program, by axis: compressed and uncompressed.
+
+    Computed from the logged shapes with ``compressor.payload_nbytes`` and the nccl-tests
+    per-device formulas (all_reduce 2(n-1)/n S, ppermute S per sending device, averaged).
+    """
+    out: dict[str, dict[str, float]] = {}
+    for axis, op, shape, dtype, c in self.log:
+      n = self.sizes.get(axis, 1)
+      size = int(np.prod(shape, dtype=np.int64))
+      raw = size * dtype.itemsize
+      eff = c if c is not None and raw >= self.min_bytes(axis) else None
+      sent = raw if eff is None else eff.payload_nbytes(size, dtype)
+      factor = 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+      row = out.setdefault(axis, {"compressed": 0.0, "uncompressed": 0.0})
+      row["compressed"] += factor * sent
+      row["uncompressed"] += factor * raw
+    return out
+
+  def min_bytes(self, axis: str) -> int:
+    return self.policy.options(axis).get("min_bytes", jcoccl.default_min_bytes())
+
+class TensorComm:
+  """Megatron's f/g operators over the 'tensor' axis, as custom VJPs (see ``models.layers``)."""
+
+  def __init__(self, coll: Collectives, axis: str = "tensor"):
+    @jax.custom_vjp
+    def enter(x):
+      return x
+
+    enter.defvjp(lambda x: (x, None), lambda _, g: (coll.all_reduce(g, axis),))
+
+    @jax.custom_vjp
+    def exit_(x):
+      return coll.all_reduce(x, axis)
+
+    exit_.defvjp(lambda x: (coll.all_reduce(x, axis), None), lambda _, g: (g,))
+    self.enter, self.exit = enter, exit_
+
+
+# ------------------------------------------------------------------------------------------
+# Parameter layout.
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+  layers_field: str
+  heads: Callable[[Any], tuple[int, ...]]  # sizes that 'tensor' must divide
+  tensor_axis: dict[tuple[str, str], int]
+
+
+_FAMILIES = {
+    gpt.GPT: _Family("n_layer", lambda c: (c.n_head,), gpt.TENSOR_AXIS),
+    qwen.Qwen: _Family("num_hidden_layers",
+                       lambda c: (c.num_attention_heads, c.num_key_value_heads,
+                                  c.intermediate_size), qwen.TENSOR_AXIS),
+}
+
+
+def _family(model: nnx.Module) -> _Family:
+  for cls, fam in _FAMILIES.items():
+    if isinstance(model, cls):
+      return fam
+  raise TypeError(f"model must be a models.gpt.GPT or models.qwen.Qwen, got "
+                  f"{type(model).__name__}")
+
+
+def stack_params(model: nnx.Module) -> dict:
+  """``{"outer": ..., "blocks": ...}`` with block parameters stacked on a leading layer axis."""
+  pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  blocks = pure.pop("blocks")
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[blocks[i] for i in range(len(blocks))])
+  return {"outer": pure, "blocks": stacked}
+
+
+def unstack_params(params: dict) -> dict:
+  """Inverse of :func:`stack_params` as a pure dict (``nnx.replace_by_pure_dict`` form)."""
+  n = jax.tree.leaves(params["blocks"])[0].shape[0]
+  blocks = {i: jax.tree.map(lambda a: a[i], params["blocks"]) for i in range(n)}
+  return {**params["outer"], "blocks": blocks}
+
+
+def param_specs(params: dict, tensor_axis: dict[tuple[str, str], int]) -> dict:
+  """PartitionSpecs: blocks over 'pipe' (layer axis) and 'tensor'; the rest replicated."""
+  def block_spec(path, leaf):
+    names = tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path)
+    spec = [None] * leaf.ndim
+    spec[0] = "pipe"
+    ax = tensor_axis.get(tuple(names[-2:]))
+    if ax is not None:
+      spec[1 + ax] = "tensor"
+    return P(*spec)
+
+  return {"outer": jax.tree.map(lambda _: P(), params["outer"]),
+          "blocks": jax.tree_util.tree_map_with_path(block_spec, params["blocks"])}
+
+
+# ------------------------------------------------------------------------------------------
+# The parallel model.
+
+def make_mesh(data: int, tensor: int, pipe: int) -> jax.sharding.Mesh:
+  """A ('data', 'tensor', 'pipe') mesh over the first data*tensor*pipe devices.
+
+  Example:
+    >>> mesh = make_mesh(2, 2, 2)  # 8 devices
+  """
+  n = data * tensor * pipe
+  if min(data, tensor, pipe) < 1 or n > jax.device_count():
+    raise ValueError(f"mesh {data}x{tensor}x{pipe} needs {n} devices (each size >= 1); "
+                     f"{jax.device_count()} are available")
+  return jax.make_mesh((data, tensor, pipe), AXES, devices=jax.devices()[:n],
+                       axis_types=(jax.sharding.AxisType.Explicit,) * 3)
+
+
+class Parallel3D:
+  """A GPT or Qwen split over a ('data', 'tensor', 'pipe') mesh.
+
+  Args:
+    model: the model (its weights are the initial parameters; see :meth:`shard`).
+    mesh: a mesh with axes ``AXES``.
+    policy: compressors per (axis, op).
+    n_micro: pipeline micro-batches per step (must divide the per-data-rank batch).
+  """
+
+  def __init__(self, model: nnx.Module, mesh: jax.sharding.Mesh, policy: Policy | None = None,
+               *, n_micro: int = 1):
+    if tuple(mesh.axis_names) != AXES:
+      raise ValueError(f"mesh axis names must be {AXES}, got {tuple(mesh.axis_names)}")
+    fam = _family(model)
+    self.mesh, self.policy, self.n_micro = mesh, policy or Policy(), int(n_micro)
+    self.sizes = {a: mesh.shape[a] for a in AXES}
+    n_layers = getattr(model.cfg, fam.layers_field)
+    t, p = self.sizes["tensor"], self.sizes["pipe"]
+    if n_layers % p:
+      raise ValueError(f"the 'pipe' axis size {p} must divide the number of layers {n_layers}")
+    for n in fam.heads(model.cfg):
+      if n % t:
+        raise ValueError(f"the 'tensor' axis size {t} must divide the head counts and MLP "
+                         f"width {fam.heads(model.cfg)} of the model")
+    if self.n_micro < 1:
+      raise ValueError(f"n_micro must be >= 1, got {n_micro}")
+    stage_cfg = dataclasses.replace(model.cfg, **{fam.layers_field: n_layers // p})
+    abstract = nnx.eval_shape(lambda: type(model)(stage_cfg, rngs=nnx.Rngs(0)))
+    self._graphdef, self._abstract_state = nnx.split(abstract)
+    self.specs = param_specs(jax.eval_shape(lambda: stack_params(model)), fam.tensor_axis)
+    self.coll = Collectives(self.policy, dict(self.sizes))
+
+  # -- placement ---------------------------------------------------------------------------
+  def sharding(self, spec_tree: Any) -> Any:
+    return jax.tree.map(lambda s: NamedSharding(self.mesh, s), spec_tree,
+                        is_leaf=lambda x: isinstance(x, P))
+
+  def shard(self, model: nnx.Module) -> dict:
+    """The model's parameters in the stacked layout, placed on the mesh."""
+    return jax.device_put(stack_params(model), self.sharding(self.specs))
+
+  def batch_sharding(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P("data"))
+
+  # -- local computation --------------------------------------------------------------------
+  def _stage(self, params: dict) -> nnx.Module:
+    state = jax.tree.map(lambda x: x, self._abstract_state)
+    nnx.replace_by_pure_dict(state, unstack_params(params))
+    return nnx.merge(self._graphdef, state)
+
+  def _comm(self) -> Comm:
+    return TensorComm(self.coll) if self.sizes["tensor"] > 1 else LOCAL
+
+  def _local_loss(self, params: dict, tokens: jax.Array, targets: jax.Array) -> jax.Array:
+    """This device's share of the global mean loss (zero off the last stage)."""
+    model, comm, n_pipe = self._stage(params), self._comm(), self.sizes["pipe"]
+    b, s = tokens.shape
+    if b % self.n_micro:
+      raise ValueError(f"n_micro={self.n_micro} must divide the per-data-rank batch {b}")
+    micro = tokens.reshape(self.n_micro, b // self.n_micro, s)
+    x = jax.vmap(model.embed)(micro)
+    y = pipeline.gpipe(lambda h: model.run_blocks(h, comm), x, axis_name="pipe",
+                       n_stages=n_pipe, permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm))
+    logits = model.head(y.reshape(b, s, -1))
+    loss = cross_entropy(logits, targets) / self.sizes["data"]
+    return jnp.where(pipeline.is_last_stage("pipe", n_pipe), loss, 0.0)
+
+  def _sum_loss(self, loss: jax.Array) -> jax.Array:
+    for axis in ("data", "pipe"):
+      if self.sizes[axis] > 1:
+        loss = self.coll.all_reduce(loss, axis, exact=True)
+    return loss
+
+  def uses_error_feedback(self) -> bool:
+    return (self.sizes["data"] > 1 and self.policy.error_feedback("data")
+            and self.policy.compressor("data", "all_reduce") is not None)
+
+  def _sync_grads(self, grads: dict, ef: Any = None) -> tuple[dict, Any]:
+    """Sums gradients over 'data' (all) and over 'pipe' (the replicated outer parameters)."""
+    if self.sizes["data"] > 1:
+      if ef is not None:
+        local_ef = jax.tree.map(lambda e: e[0], ef)
+        grads, local_ef = self.coll.ef_all_reduce(grads, local_ef, "data")
+        ef = jax.tree.map(lambda e: e[None], local_ef)
+      else:
+        grads = jax.tree.map(lambda g: self.coll.all_reduce(g, "data"), grads)
+    if self.sizes["pipe"] > 1:
+      grads = {**grads, "outer": jax.tree.map(lambda g: self.coll.all_reduce(g, "pipe"),
+                                              grads["outer"])}
+    return grads, ef
+
+  def _local_loss_and_grads(self, params, tokens, targets, ef=None):
+    loss, grads = jax.value_and_grad(self._local_loss)(params, tokens, targets)
+    grads, ef = self._sync_grads(grads, ef)
+    return self._sum_loss(loss), grads, ef
+
+  def ef_specs(self) -> dict:
+    """Error-feedback residuals: one per data rank (a leading 'data' axis), else as params."""
+    return jax.tree.map(lambda s: P("data", *s), self.specs, is_leaf=lambda x: isinstance(x, P))
+
+  def init_ef(self, params: dict) -> dict | None:
+    """Zero residuals for :meth:`train_step` when the policy asks for error feedback."""
+    if not self.uses_error_feedback():
+      return None
+    d = self.sizes["data"]
+    zeros = lambda p: jnp.zeros((d, *p.shape), jnp.float32)
+    return jax.jit(lambda ps: jax.tree.map(zeros, ps),
+                   out_shardings=self.sharding(self.ef_specs()))(params)
+
+  def _shard_map(self, f: Callable, in_specs: tuple, out_specs: Any) -> Callable:
+    return jax.shard_map(f, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=False)
+
+  def loss_and_grads(self, params: dict, tokens: jax.Array, targets: jax.Array):
+    """Global mean cross entropy and its gradient (stacked layout), computed 3D-parallel.
+
+    Args:
+      params: from :meth:`shard`.
+      tokens, targets: int32 [batch, seq]; 'data' must divide batch.
+
+    Returns:
+      (loss scalar, grads with the layout and sharding of ``params``).
+    """
+    f = self._shard_map(lambda *a: self._local_loss_and_grads(*a)[:2],
+                        (self.specs, P("data"), P("data")), (P(), self.specs))
+    batch = self.batch_sharding()
+    return jax.jit(f)(params, jax.device_put(tokens, batch), jax.device_put(targets, batch))
+
+  # -- training -----------------------------------------------------------------------------
+  def _global_norm(self, grads: dict) -> jax.Array:
+    """The gradient norm over all shards: each device adds its share, divided by replication."""
+    t, p = self.sizes["tensor"], self.sizes["pipe"]
+    total = jnp.float32(0.0)
+    for part, spec_tree in (("outer", self.specs["outer"]), ("blocks", self.specs["blocks"])):
+      for g, spec in zip(jax.tree.leaves(grads[part]),
+                         jax.tree.leaves(spec_tree, is_leaf=lambda x: isinstance(x, P))):
+        repl = (1 if "tensor" in spec else t) * (1 if "pipe" in spec else p)
+        total = total + jnp.sum(jnp.square(g.astype(jnp.float32))) / repl
+    for axis in ("tensor", "pipe"):
+      if self.sizes[axis] > 1:
+        total = self.coll.all_reduce(total, axis, exact=True)
+    return jnp.sqrt(total)
+
+  def opt_specs(self, tx: optax.GradientTransformation, params: dict) -> Any:
+    state = jax.eval_shape(tx.init, params)
+    return optax.tree_map_params(tx, lambda _, s: s, state, self.specs,
+                                 transform_non_params=lambda _: P(),
+                                 is_leaf=lambda x: isinstance(x, P))
+
+  def init_opt(self, tx: optax.GradientTransformation, params: dict) -> Any:
+    specs = self.opt_specs(tx, params)
+    f = self._shard_map(tx.init, (self.specs,), specs)
+    return jax.jit(f)(params)
+
+  def train_step(self, tx: optax.GradientTransformation, params: dict, *,
+                 clip_norm: float | None = 1.0) -> Callable:
+    """A jitted ``step(params, opt_state, ef, tokens, targets) -> (params, opt_state, ef, metrics)``.
+
+    ``ef`` is :meth:`init_ef`'s residuals (None without error feedback). Gradients are
+    clipped to ``clip_norm`` by their global norm (over all shards) before ``tx``; metrics
+    are ``loss`` and ``grad_norm``.
+    """
+    specs, ospecs = self.specs, self.opt_specs(tx, params)
+    espec = self.ef_specs() if self.uses_error_feedback() else None
+
+    def local(params, opt_state, ef, tokens, targets):
+      loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef)
+      norm = self._global_norm(grads)
+      if clip_norm is not None:
+        scale = jnp.minimum(1.0, clip_norm / (norm + 1e-6))
+        grads = jax.tree.map(lambda g: g * scale, grads)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state, ef,
+              {"loss": loss, "grad_norm": norm})
+
+    f = self._shard_map(local, (specs, ospecs, espec, P("data"), P("data")),
+                        (specs, ospecs, espec, {"loss": P(), "grad_norm": P()}))
+    return jax.jit(f, donate_argnums=(0, 1, 2))
+
+
+def reference_loss_and_grads(model: nnx.Module, tokens: jax.Array, targets: jax.Array):
+  """Single-device loss and gradients in the stacked layout, for comparison."""
+  def loss_fn(m):
+    return cross_entropy(m(tokens), targets)
+
+  loss, g = nnx.value_and_grad(loss_fn)(model)
+  gm = nnx.merge(nnx.graphdef(model), g)
+  return loss, stack_params(gm)
