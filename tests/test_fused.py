@@ -225,16 +225,8 @@ def test_rendezvous_timeout_fails_instead_of_hanging(monkeypatch):
   devs = jax.devices()[:2]
   mod.fused_host_comm_create(cid, [d.id for d in devs])
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", "0.3")
-  from jcoccl._src.compressors import native
-  attrs = dict(op=np.int32(0), k=np.int64(1), m=np.int64(32), comm=np.int64(cid),
-               outer_comm=np.int64(-1), perm=np.full((2,), -1, np.int32),
-               **native.codec_attrs(jc.int8(block_size=32)))
-  ws = mod.fused_workspace_bytes(0, 1, 32, 2, 0,
-                                 {k: v for k, v in attrs.items() if k in fused._NONE_ATTRS}, {}, 0)
-  call = jax.ffi.ffi_call("jcoccl_fused_all_reduce",
-                          (jax.ShapeDtypeStruct((1, 32), jnp.float32),
-                           jax.ShapeDtypeStruct((ws,), jnp.uint8)))
-  f = jax.jit(lambda v: call(v, **attrs)[0])
+  f = jax.jit(lambda v: fused.engine_call("all_reduce", "one_shot", v, v.shape, cid, 2,
+                                          jc.int8(block_size=32), 1, 32, platform="cpu"))
   x = jax.device_put(jnp.ones((1, 32), jnp.float32), devs[0])
   try:
     with pytest.raises(Exception, match="timed out"):

@@ -23,6 +23,10 @@ Environment:
   JCOCCL_TIMEOUT_S  seconds a rank waits for its peers before the collective fails with an
                     exception (default 300). On timeout the communicator is marked broken
                     (NCCL: aborted); call :func:`shutdown` and :func:`init` again.
+  JCOCCL_NCCL_WAIT  GPU only. "1" (default): each fused call waits for its NCCL work while
+                    polling ncclCommGetAsyncError, so a lost peer fails the call after
+                    JCOCCL_TIMEOUT_S instead of hanging the stream. "0": return once the work
+                    is enqueued (fully asynchronous; no hang protection).
 
 Example:
   >>> import jax, jcoccl
@@ -255,44 +259,78 @@ def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
   return st, st.comms[axes]
 
 
-def _result_type(x: jax.Array, shape: tuple[int, ...], dtype: Any, vma: frozenset) -> Any:
-  if _compat.check_vma_enabled():
-    return _compat.shape_dtype_with_vma(shape, dtype, vma)
-  return jax.ShapeDtypeStruct(shape, dtype)
+def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], comm: int,
+                n: int, compressor: Any, k: int, m: int, *, platform: str, outer: Any = None,
+                outer_comm: int = -1, outer_size: int = 0, perm: np.ndarray | None = None,
+                vma: frozenset | None = None) -> jax.Array:
+  """Binds one fused custom call over communicator id ``comm`` (``n`` ranks here).
+
+  The low-level entry point under the backend implementations; the GPU scripts use it to
+  drive communicators they created themselves. Shapes follow cuda/engine/engine.h ("Call").
+
+  Args:
+    op: collective name (picks the target "jcoccl_fused_<op>").
+    algo: engine algorithm: one_shot, two_shot, hierarchical, reduce_scatter, all_gather,
+      all_to_all or ppermute.
+    x: input laid out as the engine expects ([k, m] or [k, n, m]).
+    out_shape: output shape.
+    comm: communicator id (inner one for hierarchical).
+    n: ranks of ``comm``.
+    compressor: Compressor (or None for the identity codec).
+    k: slices; m: row length of a slice (multiple of the granule).
+    platform: "cpu" or "cuda".
+    outer, outer_comm, outer_size: hierarchical only.
+    perm: ppermute only: destination of each rank, or -1.
+    vma: varying manual axes of the result (inside shard_map with check_vma), else None.
+
+  Returns:
+    The output array (the workspace output is dropped).
+
+  Example:
+    >>> y = engine_call("all_reduce", "one_shot", x2d, x2d.shape, cid, 2, jc.int8(),
+    ...                 1, 256, platform="cuda")  # doctest: +SKIP
+  """
+  dtype = jnp.dtype(x.dtype)
+  if dtype not in _DTYPE_CODE:
+    raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
+  attrs: dict[str, Any] = dict(op=np.int32(_OP[algo]), k=np.int64(k), m=np.int64(m),
+                               comm=np.int64(comm), outer_comm=np.int64(outer_comm),
+                               perm=np.full((n,), -1, np.int32) if perm is None else perm)
+  attrs.update(_codec_attrs(compressor))
+  if algo == "hierarchical":
+    attrs.update(_codec_attrs(outer, "o_"))
+  codec = {k_: v for k_, v in attrs.items() if k_ in _NONE_ATTRS}
+  ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
+  ws = int(_ffi.native_module("cpu").fused_workspace_bytes(
+      _OP[algo], k, m, n, outer_size, codec, ocodec, _DTYPE_CODE[dtype]))
+  _ffi.register(platform)
+  if vma is None:
+    types = (jax.ShapeDtypeStruct(out_shape, dtype), jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
+  else:
+    types = (_compat.shape_dtype_with_vma(out_shape, dtype, vma),
+             _compat.shape_dtype_with_vma((max(ws, 1),), jnp.uint8, vma))
+  out, _ = jax.ffi.ffi_call(_TARGET[op], types)(x, **attrs)
+  return out
 
 
 def _fused_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], axes: tuple,
                 compressor: Any, k: int, m: int, *, reduces: bool, outer: Any = None,
                 perm: np.ndarray | None = None) -> jax.Array:
-  """Binds one fused custom call; returns its output (the workspace output is dropped)."""
+  """engine_call for a collective over mesh ``axes`` inside shard_map."""
   st, cid = _comm(axes)
-  dtype = jnp.dtype(x.dtype)
-  if dtype not in _DTYPE_CODE:
-    raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
   n = C.group_size(axes)
-  attrs: dict[str, Any] = dict(op=np.int32(_OP[algo]), k=np.int64(k), m=np.int64(m),
-                               comm=np.int64(cid), outer_comm=np.int64(-1),
-                               perm=np.full((n,), -1, np.int32) if perm is None else perm)
-  attrs.update(_codec_attrs(compressor))
-  outer_size = 0
+  kw: dict[str, Any] = {}
   if algo == "hierarchical":
-    inner_axes, outer_axes = axes[-1:], axes[:-1]
-    _, attrs["comm"] = _comm(inner_axes)
-    _, ocid = _comm(outer_axes)
-    attrs["outer_comm"] = np.int64(ocid)
-    attrs.update(_codec_attrs(outer, "o_"))
-    n, outer_size = C.group_size(inner_axes), C.group_size(outer_axes)
-  codec = {k_: v for k_, v in attrs.items() if k_ in _NONE_ATTRS}
-  ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
-  ws = int(_ffi.native_module("cpu").fused_workspace_bytes(
-      _OP[algo], k, m, n, outer_size, codec, ocodec, _DTYPE_CODE[dtype]))
-  _ffi.register(st.platform)
-  vin = _compat.varying_axes(x) if _compat.check_vma_enabled() else frozenset()
-  vout = (vin - set(axes)) if reduces else (vin | set(axes))
-  call = jax.ffi.ffi_call(_TARGET[op], (_result_type(x, out_shape, dtype, vout),
-                                       _result_type(x, (max(ws, 1),), jnp.uint8, vout)))
-  out, _ = call(x, **attrs)
-  return out
+    _, cid = _comm(axes[-1:])
+    _, kw["outer_comm"] = _comm(axes[:-1])
+    n, kw["outer_size"] = C.group_size(axes[-1:]), C.group_size(axes[:-1])
+    kw["outer"] = outer
+  vma = None
+  if _compat.check_vma_enabled():
+    vin = _compat.varying_axes(x)
+    vma = (vin - set(axes)) if reduces else (vin | set(axes))
+  return engine_call(op, algo, x, out_shape, cid, n, compressor, k, m, platform=st.platform,
+                     perm=perm, vma=vma, **kw)
 
 
 # ----------------------------------------------------------------------------------------
