@@ -149,7 +149,7 @@ class Policy:
     """One line per axis, e.g. ``data: all_reduce=int8 error_feedback``."""
     lines = []
     for axis, a in sorted(self.axes.items()):
-      ops = [f"{op}={c!r}" for op, c in a.compressors.items()]
+      ops = [f"{op}={c}" for op, c in a.compressors.items()]
       if a.error_feedback:
         ops.append("error_feedback")
       if a.min_bytes is not None:

