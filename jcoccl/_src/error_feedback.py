@@ -78,7 +78,9 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
                      f"{comp}")
 
   def init(grads: Any) -> Any:
-    return jax.tree_util.tree_map(lambda g: jnp.zeros(jnp.shape(g), jnp.float32), grads)
+    # The residual varies over the same axes as the gradients (it is per rank).
+    return jax.tree_util.tree_map(
+        lambda g: C.match_vma(jnp.zeros(jnp.shape(g), jnp.float32), C.vma_of(g)), grads)
 
   def compensate(grads: Any, state: Any, roundtrip: Any) -> tuple[Any, Any]:
     """y = g + e (cast to g's dtype); new e = y - roundtrip(y) in float32."""
