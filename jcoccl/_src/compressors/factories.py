@@ -116,6 +116,8 @@ def hadamard(inner: Compressor, size: int | None = None) -> HadamardCompressor:
     >>> hadamard(int4(block_size=128)).granule
     128
   """
+  if not isinstance(inner, Compressor):
+    raise TypeError(f"inner must be a jcoccl Compressor, got {type(inner).__name__}")
   return HadamardCompressor(inner=inner, size=default_size(inner) if size is None else size)
 
 
