@@ -1,0 +1,97 @@
+"""Shared benchmark harness: timing loop, nccl-tests-style table, JSON output."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import jax
+
+
+def time_fn(fn: Callable[..., Any], *args: Any, warmup: int = 2, iters: int = 5) -> float:
+  """Median wall time in seconds of ``fn(*args)`` (results waited on with block_until_ready).
+
+  Args:
+    fn: a (jitted) function.
+    args: its arguments.
+    warmup: untimed calls first (compilation, caches).
+    iters: timed calls; the median is returned.
+
+  Returns:
+    Seconds.
+
+  Example:
+    >>> time_fn(jax.jit(lambda x: x + 1), jax.numpy.ones(10)) > 0
+    True
+  """
+  if iters < 1:
+    raise ValueError(f"iters must be >= 1, got {iters}")
+  for _ in range(max(warmup, 0)):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def parse_list(text: str, conv: Callable[[str], Any] = str, what: str = "list") -> list[Any]:
+  """Splits a comma-separated command line value; ValueError naming ``what`` on bad items."""
+  items = [t.strip() for t in text.split(",") if t.strip()]
+  if not items:
+    raise ValueError(f"{what} must be a non-empty comma-separated list, got {text!r}")
+  out = []
+  for t in items:
+    try:
+      out.append(conv(t))
+    except ValueError as e:
+      raise ValueError(f"{what}: bad item {t!r} ({e})") from None
+  return out
+
+
+def _fmt(v: Any) -> str:
+  if isinstance(v, float):
+    return f"{v:.3f}" if abs(v) < 1e5 else f"{v:.4g}"
+  return str(v)
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, title: str = "",
+                out: TextIO = sys.stdout) -> None:
+  """Prints ``rows`` as an aligned, right-justified table with a '#'-prefixed header.
+
+  Example:
+    >>> print_table([{"size": 1, "GB/s": 2.0}], ["size", "GB/s"])  # doctest: +SKIP
+  """
+  cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+  widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+  if title:
+    print(f"# {title}", file=out)
+  print("#  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths)), file=out)
+  for row in cells:
+    print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths)), file=out)
+
+
+def print_json(rows: Sequence[dict[str, Any]], out: TextIO = sys.stdout) -> None:
+  """Prints ``rows`` as one JSON list."""
+  json.dump(list(rows), out, indent=1)
+  print(file=out)
+
+
+def device_line() -> str:
+  """A one-line description of the default device."""
+  d = jax.devices()[0]
+  return f"jax {jax.__version__}, backend {jax.default_backend()}, device {d.device_kind} x{jax.device_count()}"
+
+
+def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, as_json: bool, title: str) -> None:
+  """Table (with a device header) or JSON, as the ``--json`` flag asks."""
+  if as_json:
+    print_json(rows)
+  else:
+    print(f"# {device_line()}")
+    print_table(rows, columns, title=title)
