@@ -248,3 +248,33 @@ def test_init_shutdown_registry():
   assert len(mod.fused_comm_keys()) == 4 * 8
   jcoccl.shutdown()
   assert not fused.is_initialized() and mod.fused_comm_keys() == []
+
+
+def test_vmap_and_scan_match_xla():
+  mesh = _mesh((4,), ("x",))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32, rows=3, cols=64)
+  comp = jc.int8(block_size=32)
+  spec = jax.P("x")
+
+  def run(backend, kind):
+    ar = lambda v: jcoccl.all_reduce(v, "x", compressor=comp, backend=backend, min_bytes=0)
+    if kind == "vmap":
+      body = jax.vmap(ar)
+    else:
+      body = lambda v: jax.lax.scan(lambda c, _: (0.25 * ar(c) + 0.5 * c, None), v, None,
+                                    length=3)[0]
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))(x)
+
+  for kind in ("vmap", "scan"):
+    np.testing.assert_array_equal(_bits(run("fused", kind)), _bits(run("xla", kind)), err_msg=kind)
+
+
+def test_auto_falls_back_to_xla_on_a_mesh_of_another_size():
+  jcoccl.init(_mesh((4,), ("x",)))
+  mesh2 = _mesh((2,), ("x",))
+  x = _data(mesh2, jnp.float32)
+  text = _hlo(_program(mesh2, "x", jc.int8(block_size=32), "auto", 1, ("one_shot",)), x)
+  assert "jcoccl_fused_" not in text
+  with pytest.raises(ValueError, match="jcoccl.init"):
+    _program(mesh2, "x", jc.int8(block_size=32), "fused", 1, ("one_shot",))(x)

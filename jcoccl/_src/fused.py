@@ -124,7 +124,7 @@ def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
     _state = _State(mesh, platform, comms, dict(zip(names, mesh.devices.shape)))
   for op in _backend.OPS:
     _backend.register("fused", op, _IMPLS[op])
-  _backend.set_auto_hook(is_initialized)
+  _backend.set_auto_hook(_auto_ok)
 
 
 def shutdown() -> None:
@@ -150,6 +150,17 @@ def is_initialized(axes: Sequence[str] | None = None) -> bool:
   if st is None:
     return False
   return axes is None or tuple(axes) in st.comms
+
+
+def _auto_ok(axes: Sequence[str]) -> bool:
+  """backend="auto" hook: fused only when its communicators match the axes being traced."""
+  st = _state
+  if st is None or tuple(axes) not in st.comms:
+    return False
+  try:
+    return all(int(jax.lax.axis_size(a)) == st.sizes[a] for a in axes)
+  except (NameError, KeyError, ValueError):
+    return False
 
 
 def _platform_of(mesh: Any) -> str:
@@ -309,7 +320,8 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
   else:
     types = (_compat.shape_dtype_with_vma(out_shape, dtype, vma),
              _compat.shape_dtype_with_vma((max(ws, 1),), jnp.uint8, vma))
-  out, _ = jax.ffi.ffi_call(_TARGET[op], types)(x, **attrs)
+  # Under vmap each batch element is its own collective, issued in the same order everywhere.
+  out, _ = jax.ffi.ffi_call(_TARGET[op], types, vmap_method="sequential")(x, **attrs)
   return out
 
 
