@@ -9,6 +9,9 @@
 
 #include "codecs/codec.h"
 
+#if !defined(__CUDA_ARCH__) && (defined(__x86_64__) || defined(__i386__))
+#include <xmmintrin.h>
+#endif
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,6 +35,19 @@ JCOCCL_HD float BitsFloat(uint32_t u) {
 #endif
 }
 
+// x as an arithmetic operation sees it: XLA:CPU runs with denormals-are-zero (MXCSR.DAZ),
+// so its min/max reductions return a subnormal operand as a signed zero. Host only; the
+// device (and a host thread without DAZ) keeps x.
+inline float HostDazFlush(float x) {
+#if !defined(__CUDA_ARCH__) && (defined(__x86_64__) || defined(__i386__))
+  if ((_mm_getcsr() & 0x40u) != 0) {
+    uint32_t u; std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0) { u &= 0x80000000u; std::memcpy(&x, &u, 4); }
+  }
+#endif
+  return x;
+}
+
 JCOCCL_HD bool IsFinite(float x) { return (FloatBits(x) & 0x7f800000u) != 0x7f800000u; }
 
 // round-half-to-even in the current (nearest) rounding mode.
@@ -41,6 +57,12 @@ JCOCCL_HD float RoundEven(float x) {
 #else
   return std::nearbyint(x);
 #endif
+}
+
+// min with -0 < +0 (IEEE 754-2019 minimum on finite values), as XLA's min reductions give:
+// the block minimum of an asymmetric int code is stored bit for bit.
+JCOCCL_HD float MinZ(float a, float b) {
+  return (a < b || (a == b && (FloatBits(a) >> 31) != 0)) ? a : b;
 }
 
 JCOCCL_HD float ClampF(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }

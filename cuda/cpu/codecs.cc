@@ -48,11 +48,11 @@ void EncodeIntBlock(const CodecSpec& s, const float* x, int64_t b, const Layout&
   const int64_t B = s.block;
   const float* xb = x + b * B;
   bool finite = true;
-  float amax = 0.0f, lo = xb[0], hi = xb[0];
+  float amax = 0.0f, lo = HostDazFlush(xb[0]), hi = xb[0];
   for (int64_t j = 0; j < B; ++j) {
     finite &= IsFinite(xb[j]);
     amax = std::max(amax, std::fabs(xb[j]));
-    lo = std::min(lo, xb[j]);
+    lo = MinZ(lo, HostDazFlush(xb[j]));
     hi = std::max(hi, xb[j]);
   }
   const float R = IntR(s.bits, s.symmetric);

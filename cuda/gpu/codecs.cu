@@ -79,7 +79,7 @@ __device__ float WarpMax(float v) {
   return v;
 }
 __device__ float WarpMin(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = MinZ(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 __device__ uint32_t WarpMaxU(uint32_t v) {
@@ -144,7 +144,7 @@ __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& 
     for (int t = 0; t < 4; ++t) {
       finite = finite && IsFinite(v[t]);
       amax = fmaxf(amax, fabsf(v[t]));
-      lo = fminf(lo, v[t]);
+      lo = MinZ(lo, v[t]);
       hi = fmaxf(hi, v[t]);
     }
   }
