@@ -1,0 +1,197 @@
+"""``python -m jcoccl.bench collectives``: nccl-tests-style table of compressed collectives.
+
+For each op, message size and compressor (plus the uncompressed lax op side by side):
+time (median, us), algbw and busbw (GB/s, nccl-tests formulas), the wire-bytes ratio vs
+the lax op (from the compiled HLO, :func:`jcoccl.wire_bytes`) and the max abs / max
+relative error (max abs error / max |reference|) against the uncompressed result. ``--chunks`` compares slicing depths.
+
+nccl-tests formulas (S = bytes of the op's buffer, t = time, n = ranks):
+  algbw = S / t; busbw = algbw * 2(n-1)/n (all_reduce, S = message),
+  * (n-1)/n (all_gather: S = gathered buffer; reduce_scatter: S = input buffer;
+  all_to_all: S = buffer), * 1 (ppermute).
+
+Runs on every device of the default backend; with no accelerator it asks XLA for 8 host
+CPU devices (unless XLA_FLAGS already sets a count).
+
+Example:
+  python -m jcoccl.bench collectives --sizes 256K,4M --compressors int8,int4 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  # Only affects the host platform: harmless where an accelerator is the default backend.
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
+NAME = "collectives"
+HELP = "compressed vs lax collectives: time, algbw/busbw, wire bytes, error"
+
+
+def _size(text: str) -> int:
+  text = text.strip().upper()
+  mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+  return int(float(text.rstrip("KMG")) * mult)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+  """Registers the ``collectives`` subcommand."""
+  p = subparsers.add_parser(NAME, help=HELP, description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_arguments(p)
+  return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--sizes", default="256K,1M",
+                 help="per-rank message bytes, comma separated, K/M suffixes (default 256K,1M)")
+  p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter",
+                 help=f"comma separated among {','.join(OPS)}")
+  p.add_argument("--compressors", default="int8,int4",
+                 help="compressor specs (jcoccl.compressors.parse), comma separated; "
+                      "use ';' to separate specs that contain commas")
+  p.add_argument("--algorithms", default="auto",
+                 help="all_reduce algorithms: auto,one_shot,two_shot (comma separated)")
+  p.add_argument("--chunks", default="1", help="chunk counts to compare, e.g. 1,4")
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+  p.add_argument("--iters", type=int, default=5, help="timed runs (median reported)")
+  p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+
+
+def _specs(text: str) -> list[str]:
+  sep = ";" if ";" in text else ","
+  return [s.strip() for s in text.split(sep) if s.strip()]
+
+
+def _time(fn: Any, x: jax.Array, iters: int) -> float:
+  jax.block_until_ready(fn(x))  # compile + warm up
+  times = []
+  for _ in range(max(iters, 1)):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(x))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def _programs(op: str, mesh: Mesh, n: int, kw: dict) -> tuple[Any, Any, float]:
+  """(jcoccl program, lax program, nccl-tests busbw factor); input [n, m], one row a rank."""
+  import jcoccl
+  spec = dict(mesh=mesh, in_specs=jax.P("r"), out_specs=jax.P("r"))
+  perm = [(i, (i + 1) % n) for i in range(n)]
+  bodies = {
+      "all_reduce": (lambda v: jcoccl.all_reduce(v, "r", **kw), lambda v: lax.psum(v, "r"),
+                     2 * (n - 1) / n),
+      "all_gather": (lambda v: jcoccl.all_gather(v, "r", tiled=True, **_nokw(kw)),
+                     lambda v: lax.all_gather(v, "r", tiled=True), (n - 1) / n),
+      "reduce_scatter": (lambda v: jcoccl.reduce_scatter(v, "r", scatter_dimension=1,
+                                                         tiled=True, **_nokw(kw)),
+                         lambda v: lax.psum_scatter(v, "r", scatter_dimension=1, tiled=True),
+                         (n - 1) / n),
+      "all_to_all": (lambda v: jcoccl.all_to_all(v, "r", 1, 1, tiled=True, **_nokw(kw)),
+                     lambda v: lax.all_to_all(v, "r", 1, 1, tiled=True), (n - 1) / n),
+      "ppermute": (lambda v: jcoccl.ppermute(v, "r", perm, **_nokw(kw)),
+                   lambda v: lax.ppermute(v, "r", perm), 1.0),
+  }
+  j, l, factor = bodies[op]
+  return jax.jit(jax.shard_map(j, **spec)), jax.jit(jax.shard_map(l, **spec)), factor
+
+
+def _nokw(kw: dict) -> dict:
+  return {k: v for k, v in kw.items() if k != "algorithm"}
+
+
+def _algbw_bytes(op: str, nbytes: int, n: int) -> int:
+  """The S of nccl-tests for a per-rank message of ``nbytes``."""
+  return nbytes * n if op == "all_gather" else nbytes
+
+
+def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
+  """Runs the sweep; returns one dict per table row."""
+  import jcoccl
+  devices = jax.devices()
+  n = len(devices)
+  mesh = Mesh(np.array(devices), ("r",))
+  dtype = jnp.dtype(args.dtype)
+  rows = []
+  for op in [o.strip() for o in args.ops.split(",") if o.strip()]:
+    if op not in OPS:
+      raise ValueError(f"--ops: unknown op {op!r}; accepted: {', '.join(OPS)}")
+    for nbytes in [_size(s) for s in args.sizes.split(",") if s.strip()]:
+      m = max(n, nbytes // dtype.itemsize // n * n)  # divisible by n for scatter ops
+      x = jax.random.normal(jax.random.key(0), (n, m), jnp.float32).astype(dtype)
+      jfn, lfn, factor = _programs(op, mesh, n, {"compressor": None})
+      ref_out = lfn(x)
+      configs = [("lax", "-", 1, lfn)]
+      algos = _specs(args.algorithms) if op == "all_reduce" else ["one_shot"]
+      for spec in _specs(args.compressors):
+        for algo in algos:
+          for chunks in [int(c) for c in args.chunks.split(",")]:
+            kw = {"compressor": spec, "algorithm": algo, "chunks": chunks, "min_bytes": 0}
+            fn, _, _ = _programs(op, mesh, n, kw)
+            configs.append((spec, algo, chunks, fn))
+      for spec, algo, chunks, fn in configs:
+        t = _time(fn, x, args.iters)
+        out = fn(x)
+        err = np.abs(np.asarray(out, np.float64) - np.asarray(ref_out, np.float64))
+        ref_abs = np.abs(np.asarray(ref_out, np.float64))
+        wb = jcoccl.wire_bytes(fn, x, reference=lfn)
+        s = _algbw_bytes(op, m * dtype.itemsize, n)
+        algbw = s / t / 1e9
+        rows.append({
+            "op": op, "ranks": n, "bytes": m * dtype.itemsize, "dtype": dtype.name,
+            "compressor": spec, "algorithm": algo, "chunks": chunks, "time_us": t * 1e6,
+            "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
+            "wire_ratio": wb.get("ratio", float("nan")),
+            "max_abs_err": float(err.max()),
+            "max_rel_err": float(err.max() / max(ref_abs.max(), 1e-30)),
+            "platform": devices[0].platform})
+  return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+  head = (f"{'op':>14} {'bytes':>10} {'dtype':>8} {'compressor':>18} {'algorithm':>9} "
+          f"{'chunks':>6} {'time(us)':>10} {'algbw':>8} {'busbw':>8} {'wire':>6} "
+          f"{'max_abs':>9} {'max_rel':>9}")
+  lines = [f"# jcoccl collectives: {rows[0]['ranks'] if rows else 0} ranks on "
+           f"{rows[0]['platform'] if rows else '?'} (algbw/busbw in GB/s; wire = bytes sent "
+           f"/ lax's, from compiled HLO)", head]
+  for r in rows:
+    lines.append(
+        f"{r['op']:>14} {r['bytes']:>10} {r['dtype']:>8} {r['compressor']:>18} "
+        f"{r['algorithm']:>9} {r['chunks']:>6} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.3f} "
+        f"{r['busbw_GBps']:>8.3f} {r['wire_ratio']:>6.3f} {r['max_abs_err']:>9.2e} "
+        f"{r['max_rel_err']:>9.2e}")
+  return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+  """Runs the subcommand; prints a table or (``--json``) a JSON list."""
+  rows = bench(args)
+  print(json.dumps(rows, indent=1) if args.json else _table(rows))
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="python -m jcoccl.bench.collectives", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_arguments(p)
+  return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
