@@ -6,7 +6,6 @@ collective; lifecycle, errors and timeouts must fail cleanly."""
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -278,3 +277,16 @@ def test_auto_falls_back_to_xla_on_a_mesh_of_another_size():
   assert "jcoccl_fused_" not in text
   with pytest.raises(ValueError, match="jcoccl.init"):
     _program(mesh2, "x", jc.int8(block_size=32), "fused", 1, ("one_shot",))(x)
+
+
+def test_programs_survive_shutdown_and_reinit_of_the_same_mesh():
+  mesh = _mesh((4,), ("x",))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32)
+  f = _program(mesh, "x", jc.int8(block_size=32), "fused", 1, ("one_shot",))
+  first = f(x)
+  jcoccl.shutdown()
+  with pytest.raises(Exception, match=r"jcoccl\.init"):
+    jax.block_until_ready(f(x))  # compiled program, communicators gone: clean error
+  jcoccl.init(mesh)
+  np.testing.assert_array_equal(_bits(f(x)[0]), _bits(first[0]))

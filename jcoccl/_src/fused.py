@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import threading
 from typing import Any, Sequence
@@ -75,7 +76,7 @@ class _State:
 
 _lock = threading.Lock()
 _state: _State | None = None
-_next_comm = itertools.count(1)
+_generation = itertools.count(1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -106,16 +107,17 @@ def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
   platform = _platform_of(mesh)
   tuples = _axis_tuples(names, axes)
   shutdown()
+  generation = next(_generation)
   comms: dict[tuple[str, ...], int] = {}
   try:
     for t in tuples:
-      cid = next(_next_comm)
+      cid = _comm_id(platform, mesh, t)
+      comms[t] = cid
       groups = _groups(mesh, t)
       if platform == "cpu":
         _create_host(cid, groups)
       else:
-        _create_nccl(cid, groups)
-      comms[t] = cid
+        _create_nccl(cid, groups, generation)
   except Exception:
     for cid in comms.values():
       _destroy(platform, cid)
@@ -193,6 +195,14 @@ def _axis_tuples(names: tuple[str, ...], axes: Sequence[Any] | None) -> list[tup
   return out
 
 
+def _comm_id(platform: str, mesh: Any, axes: tuple[str, ...]) -> int:
+  """A communicator id fixed by (platform, mesh devices, axes): programs compiled before a
+  shutdown() + init() of the same mesh keep finding their communicators."""
+  ident = repr((platform, tuple(mesh.axis_names), mesh.devices.shape,
+                tuple(int(d.id) for d in mesh.devices.flat), axes))
+  return int.from_bytes(hashlib.sha256(ident.encode()).digest()[:8], "little") >> 1
+
+
 def _groups(mesh: Any, axes: tuple[str, ...]) -> list[list[Any]]:
   """Device groups of ``axes``: rank = linear index over ``axes`` (as lax.axis_index)."""
   names = list(mesh.axis_names)
@@ -215,7 +225,7 @@ def _create_host(cid: int, groups: list[list[Any]]) -> None:
     mod.fused_host_comm_create(cid, [_ordinal(d) for d in g])
 
 
-def _create_nccl(cid: int, groups: list[list[Any]]) -> None:
+def _create_nccl(cid: int, groups: list[list[Any]], generation: int) -> None:
   """One NCCL communicator per group; ids shared through jax.distributed when multi-process."""
   mod = _ffi.native_module("cuda")
   me = jax.process_index()
@@ -224,7 +234,7 @@ def _create_nccl(cid: int, groups: list[list[Any]]) -> None:
     local = [(r, d) for r, d in enumerate(g) if d.process_index == me]
     if not local:
       continue
-    key = f"jcoccl/nccl/{cid}/{gi}"
+    key = f"jcoccl/nccl/{cid}/{gi}/{generation}"
     if not multi:
       uid = mod.nccl_unique_id()
     elif g[0].process_index == me:
