@@ -93,16 +93,16 @@ def _row_len(c) -> int:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
-def _both(c, x, n, dtype, nrows):
-  """(jnp outputs, native outputs) of every row op on x."""
+def _both(c, x, n, dtype, nrows_list):
+  """(jnp outputs, native outputs) of every row op on x, for each reduction row count."""
   out = []
   for impl in ("jnp", "native"):
     buf = c.encode_rows(x, impl=impl)
     dec = c.decode_rows(buf, n, dtype, impl=impl)
     ref_buf = out[0][0] if out else buf  # reductions read the same (spec) payload
-    s = c.decode_sum(ref_buf[:nrows], n, dtype, impl=impl)
-    se = c.decode_sum_encode(ref_buf[:nrows], n, dtype, impl=impl)
-    out.append((buf, dec, s, se))
+    red = [(c.decode_sum(ref_buf[:k], n, dtype, impl=impl),
+            c.decode_sum_encode(ref_buf[:k], n, dtype, impl=impl)) for k in nrows_list]
+    out.append((buf, dec, red))
   return out
 
 
@@ -113,8 +113,10 @@ def test_bit_exact(c, dtype):
   for op in ("encode", "decode", "decode_sum", "decode_sum_encode"):
     assert native.available(c, op, dtype)
   x = jnp.asarray(_data(8, n, dtype, seed=n + len(str(c))))
-  for nrows in (1 + len(str(c)) % 5, 8):  # 1..5 and 8 rows across the codecs
-    ref, got = _both(c, x, n, jnp.dtype(dtype), nrows)
+  nrows_list = (1 + len(str(c)) % 5, 8)  # 1..5 and 8 rows across the codecs
+  (rb, rd, rred), (gb, gd, gred) = _both(c, x, n, jnp.dtype(dtype), nrows_list)
+  for nrows, (rs, rse), (gs, gse) in zip(nrows_list, rred, gred):
+    ref, got = (rb, rd, rs, rse), (gb, gd, gs, gse)
     for what, a, b in zip(("encode", "decode", "decode_sum", "decode_sum_encode"), ref, got):
       if what in ("encode", "decode_sum_encode"):
         a, b = _zero_sign_of_mins(c, a, n, dtype), _zero_sign_of_mins(c, b, n, dtype)
