@@ -40,12 +40,17 @@ def _data(seed: int, n: int, scale_exp: int, n_out: int, out_mag: float) -> np.n
   return x
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _roundtrip_and_bound(c, x):
+  return c.decode(c.encode(x, key=KEY, impl="jnp"), impl="jnp"), c.error_bound(x)
+
+
 def _check_bound(c, x) -> None:
-  x_hat = c.decode(c.encode(x, key=KEY, impl="jnp"), impl="jnp")
+  x_hat, bound = _roundtrip_and_bound(c, x)
   assert x_hat.shape == x.shape and x_hat.dtype == x.dtype
   xd = np.asarray(x, np.float64)
   err = np.abs(xd - np.asarray(x_hat, np.float64))
-  bound = np.asarray(c.error_bound(x), np.float64)
+  bound = np.asarray(bound, np.float64)
   assert bound.shape == x.shape
   bad = ~((err <= bound) | np.isposinf(bound))  # bound inf: NaN/Inf blocks (tested apart)
   assert not bad.any(), (f"{c} {x.dtype}: {bad.sum()} violations, e.g. x={xd[bad][:3]} "
@@ -54,7 +59,7 @@ def _check_bound(c, x) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("c", ALL, ids=IDS)
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(seed=st.integers(0, 2**31), scale_exp=st.integers(-20, 12), n_out=st.integers(0, 8),
        out_mag=st.sampled_from([1.0, 100.0, 1000.0, -700.0]))
 def test_roundtrip_within_error_bound(c, dtype, seed, scale_exp, n_out, out_mag):
@@ -100,13 +105,15 @@ def _expected_nbytes(c, n, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("c", ALL, ids=IDS)
 def test_payload_nbytes_exact(c, dtype):
-  n = 8192
+  n = 4096
   want = _expected_nbytes(c, n, dtype)
   assert c.payload_nbytes(n, dtype) == want
-  assert c.encode_rows(jnp.zeros((2, n), dtype), key=KEY, impl="jnp").shape == (2, want)
   # Rounded up to the granule.
   want1 = _expected_nbytes(c, -(-(n - 1) // c.granule) * c.granule, dtype)
   assert c.payload_nbytes(n - 1, dtype) == want1
+  if jnp.dtype(dtype) != jnp.float32:
+    return
+  assert c.encode_rows(jnp.zeros((2, n), dtype), key=KEY, impl="jnp").shape == (2, want)
   assert c.encode(jnp.zeros(n - 1, dtype), key=KEY, impl="jnp").nbytes == want1
 
 
@@ -124,11 +131,10 @@ def test_payload_ratios():
 
 
 @pytest.mark.parametrize("c", ALL, ids=IDS)
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_nonfinite_never_decodes_finite(c, bad):
+def test_nonfinite_never_decodes_finite(c):
   x = np.linspace(-1, 1, 4096).astype(np.float32)
-  pos = [0, 1000, 4095]
-  x[pos] = bad
+  pos = [0, 1000, 2100, 3000, 4095]  # NaN, +Inf, -Inf in different blocks (of >= 512)
+  x[pos] = [np.nan, np.inf, -np.inf, np.nan, np.inf]
   for dtype in DTYPES:
     xd = jnp.asarray(x, dtype)
     x_hat = np.asarray(c.decode(c.encode(xd, key=KEY, impl="jnp"), impl="jnp"), np.float32)
@@ -195,9 +201,7 @@ def test_hashable_static_jit_arg():
     return c.decode(c.encode(x, impl="jnp"), impl="jnp")
 
   x = jnp.linspace(-1, 1, 512)
-  for c in ALL:
-    if c.stochastic:
-      continue
+  for c in [jc.int8(), jc.fp8(), jc.hadamard(jc.int4(block_size=128)), jc.error_bounded(0.25, 32)]:
     assert hash(c) == hash(jc.parse(str(c)))
     np.testing.assert_array_equal(roundtrip(c, x), c.decode(c.encode(x, impl="jnp"), impl="jnp"))
   assert len({jc.int8(), jc.int8(), jc.int8(block_size=128)}) == 2
