@@ -203,7 +203,7 @@ def make_mesh(data: int, tensor: int, pipe: int) -> jax.sharding.Mesh:
     raise ValueError(f"mesh {data}x{tensor}x{pipe} needs {n} devices (each size >= 1); "
                      f"{jax.device_count()} are available")
   return jax.make_mesh((data, tensor, pipe), AXES, devices=jax.devices()[:n],
-                       axis_types=(jax.sharding.AxisType.Explicit,) * 3)
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
 class Parallel3D:
@@ -304,17 +304,25 @@ class Parallel3D:
     return self._sum_loss(loss), grads, ef
 
   def ef_specs(self) -> dict:
-    """Error-feedback residuals: one per data rank (a leading 'data' axis), else as params."""
-    return jax.tree.map(lambda s: P("data", *s), self.specs, is_leaf=lambda x: isinstance(x, P))
+    """Error-feedback residuals are per-device state (each rank's own compression error; the
+    'outer' ones even differ across 'pipe'): a leading axis over every device."""
+    return jax.tree.map(lambda s: P(AXES, *([None] * len(s))), self.specs,
+                        is_leaf=lambda x: isinstance(x, P))
+
+  def _local_shape(self, shape: tuple[int, ...], spec: P) -> tuple[int, ...]:
+    return tuple(n // (self.sizes[a] if a else 1)
+                 for n, a in zip(shape, tuple(spec) + (None,) * len(shape)))
 
   def init_ef(self, params: dict) -> dict | None:
     """Zero residuals for :meth:`train_step` when the policy asks for error feedback."""
     if not self.uses_error_feedback():
       return None
-    d = self.sizes["data"]
-    zeros = lambda p: jnp.zeros((d, *p.shape), jnp.float32)
-    return jax.jit(lambda ps: jax.tree.map(zeros, ps),
-                   out_shardings=self.sharding(self.ef_specs()))(params)
+    ndev = int(np.prod([self.sizes[a] for a in AXES]))
+    shapes = jax.tree.map(lambda p, s: (ndev, *self._local_shape(p.shape, s)), params,
+                          self.specs, is_leaf=lambda x: isinstance(x, P))
+    make = lambda: jax.tree.map(lambda sh: jnp.zeros(sh, jnp.float32), shapes,
+                                is_leaf=lambda x: isinstance(x, tuple))
+    return jax.jit(make, out_shardings=self.sharding(self.ef_specs()))()
 
   def _shard_map(self, f: Callable, in_specs: tuple, out_specs: Any) -> Callable:
     return jax.shard_map(f, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,

@@ -129,7 +129,7 @@ class State:
 
   def tree(self) -> dict:
     return {"params": self.params, "opt_state": self.opt_state, "ef": self.ef,
-            "step": np.int64(self.step)}
+            "step": jnp.asarray(self.step, jnp.int32)}
 
 
 def _checkpointer(out: pathlib.Path):
