@@ -6,6 +6,7 @@ The fused backend reuses these helpers so that both backends slice and pad ident
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Callable, Sequence
@@ -98,6 +99,30 @@ def ensure_varying(x: jax.Array, axes: Sequence[str]) -> jax.Array:
 def vma_of(x: jax.Array) -> frozenset:
   """The axes ``x`` varies over (empty outside check_vma)."""
   return _compat.varying_axes(x) if _compat.check_vma_enabled() else frozenset()
+
+
+def linear_collective(forward: Callable, transpose: Callable) -> Callable:
+  """Wraps a linear collective in a custom_vjp whose backward pass is its dual collective.
+
+  Args:
+    forward: ``forward(cfg, x, key) -> y``, the collective (``cfg`` static and hashable).
+    transpose: ``transpose(cfg, ct) -> ct_x``, the dual collective (e.g. all_gather's is a
+      reduce_scatter) run with ``cfg``'s grad compressor.
+
+  Returns:
+    ``op(cfg, x, key)``, differentiable in ``x``. Nothing is saved for the backward pass
+    (the op is linear); the cotangent gets the primal's varying axes, as shard_map needs.
+
+  Example:
+    >>> op = linear_collective(lambda cfg, x, key: x, lambda cfg, ct: ct)  # doctest: +SKIP
+  """
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+  def op(cfg: Any, x: jax.Array, key: Any) -> jax.Array:
+    return forward(cfg, x, key)
+
+  op.defvjp(lambda cfg, x, key: (forward(cfg, x, key), None),
+            lambda cfg, _, ct: (match_vma(transpose(cfg, ct), cfg.vma), None))
+  return op
 
 
 def match_vma(x: jax.Array, vma: frozenset) -> jax.Array:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -114,23 +113,13 @@ def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
   return moved.reshape(shape[:axis] + (n * shape[axis],) + shape[axis + 1:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _gather_vjp(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  return _gather_fwd_impl(cfg, x, key)
-
-
-def _gather_fwd(cfg, x, key):
-  return _gather_fwd_impl(cfg, x, key), None
-
-
-def _gather_bwd(cfg, _, ct):
+def _gather_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
   from jcoccl._src import reduce_scatter as rs
-  gx = rs.scatter_leaf(ct, cfg.axes, cfg.axis, cfg.tiled, cfg.grad_compressor,
-                       cfg.grad_compressor, cfg.backend, cfg.chunks, cfg.min_bytes, None)
-  return C.match_vma(gx, cfg.vma), None
+  return rs.scatter_leaf(ct, cfg.axes, cfg.axis, cfg.tiled, cfg.grad_compressor,
+                         cfg.grad_compressor, cfg.backend, cfg.chunks, cfg.min_bytes, None)
 
 
-_gather_vjp.defvjp(_gather_fwd, _gather_bwd)
+_gather_vjp = C.linear_collective(_gather_fwd_impl, _gather_transpose)
 
 
 # ----------------------------------------------------------------------------------------

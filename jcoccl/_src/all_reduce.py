@@ -4,7 +4,6 @@ ring), chosen by a documented cost model when algorithm="auto"."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -193,26 +192,16 @@ def _reduce_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   return out[:m].reshape(x.shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _reduce_vjp(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  return _reduce_fwd_impl(cfg, x, key)
-
-
-def _reduce_fwd(cfg, x, key):
-  return _reduce_fwd_impl(cfg, x, key), None
-
-
-def _reduce_bwd(cfg, _, ct):
+def _reduce_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
   if cfg.input_varying:
     # psum's transpose under check_vma: the invariant cotangent, marked varying.
-    return C.match_vma(ct, cfg.vma), None
+    return ct
   algo = cfg.algorithm if cfg.algorithm != "hierarchical" or cfg.grad_compressor else "auto"
-  gx = reduce_leaf(ct, cfg.axes, cfg.grad_compressor, cfg.grad_compressor, algo,
-                   cfg.backend, cfg.chunks, cfg.min_bytes, None)
-  return C.match_vma(gx, cfg.vma), None
+  return reduce_leaf(ct, cfg.axes, cfg.grad_compressor, cfg.grad_compressor, algo,
+                     cfg.backend, cfg.chunks, cfg.min_bytes, None)
 
 
-_reduce_vjp.defvjp(_reduce_fwd, _reduce_bwd)
+_reduce_vjp = C.linear_collective(_reduce_fwd_impl, _reduce_transpose)
 
 
 # ----------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ with one lax.all_to_all, decode each received chunk once."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -130,23 +129,13 @@ def _a2a_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   return jnp.moveaxis(blocks, 0, ca).reshape(shape[:ca] + (n * shape[ca],) + shape[ca + 1:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _a2a_vjp(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  return _a2a_fwd_impl(cfg, x, key)
+def _a2a_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
+  return a2a_leaf(ct, cfg.axes, cfg.concat_axis, cfg.split_axis, cfg.tiled,
+                  cfg.grad_compressor, cfg.grad_compressor, cfg.backend, cfg.chunks,
+                  cfg.min_bytes, None)
 
 
-def _a2a_fwd(cfg, x, key):
-  return _a2a_fwd_impl(cfg, x, key), None
-
-
-def _a2a_bwd(cfg, _, ct):
-  gx = a2a_leaf(ct, cfg.axes, cfg.concat_axis, cfg.split_axis, cfg.tiled,
-                cfg.grad_compressor, cfg.grad_compressor, cfg.backend, cfg.chunks,
-                cfg.min_bytes, None)
-  return C.match_vma(gx, cfg.vma), None
-
-
-_a2a_vjp.defvjp(_a2a_fwd, _a2a_bwd)
+_a2a_vjp = C.linear_collective(_a2a_fwd_impl, _a2a_transpose)
 
 
 # ----------------------------------------------------------------------------------------

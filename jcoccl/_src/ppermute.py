@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -108,23 +107,13 @@ def _permute_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   return got[:m].reshape(x.shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _permute_vjp(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  return _permute_fwd_impl(cfg, x, key)
-
-
-def _permute_fwd(cfg, x, key):
-  return _permute_fwd_impl(cfg, x, key), None
-
-
-def _permute_bwd(cfg, _, ct):
+def _permute_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
   inverse = tuple((d, s) for s, d in cfg.perm)
-  gx = permute_leaf(ct, cfg.axes, inverse, cfg.grad_compressor, cfg.grad_compressor,
-                    cfg.backend, cfg.chunks, cfg.min_bytes, None)
-  return C.match_vma(gx, cfg.vma), None
+  return permute_leaf(ct, cfg.axes, inverse, cfg.grad_compressor, cfg.grad_compressor,
+                      cfg.backend, cfg.chunks, cfg.min_bytes, None)
 
 
-_permute_vjp.defvjp(_permute_fwd, _permute_bwd)
+_permute_vjp = C.linear_collective(_permute_fwd_impl, _permute_transpose)
 
 
 # ----------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ payloads with one all_to_all, decode and sum in float32 in source-rank order."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -136,23 +135,13 @@ def _scatter_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   return from_block(out[:c], block, cfg.dim, cfg.tiled)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _scatter_vjp(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  return _scatter_fwd_impl(cfg, x, key)
-
-
-def _scatter_fwd(cfg, x, key):
-  return _scatter_fwd_impl(cfg, x, key), None
-
-
-def _scatter_bwd(cfg, _, ct):
+def _scatter_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
   from jcoccl._src import all_gather as ag
-  gx = ag.gather_leaf(ct, cfg.axes, cfg.dim, cfg.tiled, cfg.grad_compressor,
-                      cfg.grad_compressor, cfg.backend, cfg.chunks, cfg.min_bytes, None)
-  return C.match_vma(gx, cfg.vma), None
+  return ag.gather_leaf(ct, cfg.axes, cfg.dim, cfg.tiled, cfg.grad_compressor,
+                        cfg.grad_compressor, cfg.backend, cfg.chunks, cfg.min_bytes, None)
 
 
-_scatter_vjp.defvjp(_scatter_fwd, _scatter_bwd)
+_scatter_vjp = C.linear_collective(_scatter_fwd_impl, _scatter_transpose)
 
 
 # ----------------------------------------------------------------------------------------
