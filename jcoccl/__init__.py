@@ -28,3 +28,6 @@ from jcoccl._src.wire_bytes import wire_bytes as wire_bytes
 # Fused backend: jcoccl's own communicators, one custom call per collective.
 from jcoccl._src.fused import init as init
 from jcoccl._src.fused import shutdown as shutdown
+
+# Per-axis, per-op compression policy (used by models/ for 3D-parallel training).
+from jcoccl.policy import Policy as Policy
