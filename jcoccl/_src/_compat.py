@@ -55,3 +55,18 @@ def kv_set(key: str, value: str) -> None:
 def kv_get(key: str, timeout_ms: int) -> str:
   """Waits (at most ``timeout_ms``) for ``key`` in jax.distributed's key-value store."""
   return _kv_client().blocking_key_value_get(key, timeout_ms)
+
+
+# --- wire bytes: the device assignment of a compiled program --------------------------------
+
+def executable_device_ids(compiled) -> list[int] | None:
+  """Device ids of a ``jax.stages.Compiled`` in logical (partition) order, or None.
+
+  HLO replica groups name logical ids; this maps them to ``jax.Device.id``. Only the
+  devices of this process are listed, so multi-process programs return None.
+  """
+  try:
+    devices = compiled.runtime_executable().local_devices()
+  except Exception:  # noqa: BLE001 - a backend without the method: caller falls back
+    return None
+  return [d.id for d in devices]
