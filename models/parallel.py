@@ -51,12 +51,12 @@ AXES = ("data", "tensor", "pipe")
 class Collectives:
   """Routes every collective of the models to jcoccl with the policy's compressor.
 
-  ``log`` records (axis, op, shape, dtype, compressor) of each call at trace time, which
-  :func:`wire_bytes` turns into bytes on the wire per step.
+  ``log`` records (axis, op, shape, dtype, compressor) of each call at trace time: which
+  collectives the models issue. Bytes on the wire are measured on the compiled program
+  instead (``jcoccl.wire_bytes(step, ..., mesh=mesh)``: what XLA sends, by mesh axis).
   """
 
   policy: Policy
-  sizes: dict = dataclasses.field(default_factory=dict)
   log: list = dataclasses.field(default_factory=list)
 
   def _record(self, axis: str, op: str, x: jax.Array, c: Any) -> None:
@@ -93,27 +93,6 @@ class Collectives:
     move.defvjp(lambda v: (send(v, perm), None), lambda _, g: (send(g, inverse),))
     return move(x)
 
-  def wire_bytes(self) -> dict[str, dict[str, float]]:
-    """Bytes each device sends per traced program, by axis: compressed and uncompressed.
-
-    Computed from the logged shapes with ``compressor.payload_nbytes`` and the nccl-tests
-    per-device formulas (all_reduce 2(n-1)/n S, ppermute S per sending device, averaged).
-    """
-    out: dict[str, dict[str, float]] = {}
-    for axis, op, shape, dtype, c in self.log:
-      n = self.sizes.get(axis, 1)
-      size = int(np.prod(shape, dtype=np.int64))
-      raw = size * dtype.itemsize
-      eff = c if c is not None and raw >= self.min_bytes(axis) else None
-      sent = raw if eff is None else eff.payload_nbytes(size, dtype)
-      factor = 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
-      row = out.setdefault(axis, {"compressed": 0.0, "uncompressed": 0.0})
-      row["compressed"] += factor * sent
-      row["uncompressed"] += factor * raw
-    return out
-
-  def min_bytes(self, axis: str) -> int:
-    return self.policy.options(axis).get("min_bytes", jcoccl.default_min_bytes())
 
 class TensorComm:
   """Megatron's f/g operators over the 'tensor' axis, as custom VJPs (see ``models.layers``)."""
@@ -237,7 +216,7 @@ class Parallel3D:
     abstract = nnx.eval_shape(lambda: type(model)(stage_cfg, rngs=nnx.Rngs(0)))
     self._graphdef, self._abstract_state = nnx.split(abstract)
     self.specs = param_specs(jax.eval_shape(lambda: stack_params(model)), fam.tensor_axis)
-    self.coll = Collectives(self.policy, dict(self.sizes))
+    self.coll = Collectives(self.policy)
 
   # -- placement ---------------------------------------------------------------------------
   def sharding(self, spec_tree: Any) -> Any:

@@ -5,8 +5,11 @@
   python -m models.train --compress data.all_reduce=int4 --compress data.min_bytes=0
   python -m models.train --resume                         # continue runs/<name>
 
-Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation),
-loss.png, summary.json and orbax checkpoints under ckpt/. Without an accelerator and
+Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation, and
+one "wire" record), loss.png, summary.json and orbax checkpoints under ckpt/. Bytes on the
+wire per step and device, by mesh axis, are measured on the compiled train step with
+``jcoccl.wire_bytes(..., mesh=mesh)``, next to the same step compiled with the exact policy
+(summary.json "wire", with its "source"); ``--no-hlo-wire`` skips them. Without an accelerator and
 without XLA_FLAGS, it asks XLA for 8 host CPU devices.
 """
 
@@ -74,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--out", default=None, help="output dir (default runs/<name>)")
   p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
   p.add_argument("--no-hlo-wire", action="store_true",
-                 help="skip measuring wire bytes on the compiled step (saves a compile)")
+                 help="skip measuring bytes on the wire (saves two compiles; none are reported)")
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
   try:
@@ -112,12 +115,16 @@ def build_model(args: argparse.Namespace, vocab: int) -> nnx.Module:
   return qwen.Qwen(qwen.QwenConfig(vocab_size=vocab, **presets.QWEN[args.size]), rngs=rngs)
 
 
+def lr_schedule(args: argparse.Namespace) -> optax.Schedule:
+  """Linear warmup from lr/warmup (so the first step already moves) to lr, then cosine to 10%."""
+  warmup = min(args.warmup, max(args.steps - 1, 1))
+  return optax.warmup_cosine_decay_schedule(
+      args.lr / max(warmup, 1), args.lr, warmup, max(args.steps, 2), end_value=args.lr * 0.1)
+
+
 def make_optimizer(args: argparse.Namespace) -> optax.GradientTransformation:
-  """AdamW with linear warmup then cosine decay to 10% (clipping is done globally, in parallel)."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, args.lr, min(args.warmup, max(args.steps - 1, 1)), max(args.steps, 2),
-      end_value=args.lr * 0.1)
-  return optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=args.weight_decay)
+  """AdamW over :func:`lr_schedule` (clipping is done globally, in parallel)."""
+  return optax.adamw(lr_schedule(args), b1=0.9, b2=0.95, weight_decay=args.weight_decay)
 
 
 @dataclasses.dataclass
@@ -162,18 +169,43 @@ def batch_at(corpus: data.Corpus, args, split: str, step: int, i: int = 0):
   return corpus.batch(rng, split, batch=args.batch, seq_len=args.seq_len)
 
 
-def wire_report(par: parallel.Parallel3D, step_fn, state: State, x, measure: bool) -> dict:
-  """Bytes per step per device, by axis (from shapes) and in total (compiled HLO)."""
-  out: dict[str, Any] = {"by_axis": par.coll.wire_bytes(),
-                         "by_axis_source": "shapes x compressor.payload_nbytes (trace log)"}
-  if measure:
-    abstract = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                                                     sharding=a.sharding), t)
-    wb = jcoccl.wire_bytes(step_fn, abstract(state.params), abstract(state.opt_state),
-                           abstract(state.ef), abstract(x), abstract(x))
-    out["hlo_total"], out["hlo_by_op"] = wb["total"], wb["by_op"]
-    out["hlo_source"] = "jcoccl.wire_bytes on the compiled step"
-  return out
+NO_WIRE = {"source": None, "note": "bytes on the wire not measured (--no-hlo-wire)"}
+WIRE_SOURCE = ("measured: jcoccl.wire_bytes(..., mesh=mesh) on the compiled train step; "
+               "uncompressed = the same step compiled with the exact policy (no compression)")
+
+
+def wire_report(par: parallel.Parallel3D, exact: parallel.Parallel3D,
+                tx: optax.GradientTransformation, step_fn, state: State, x,
+                clip: float | None) -> dict:
+  """Bytes each device sends per train step, by mesh axis, read from the compiled HLO.
+
+  The step is measured as compiled; the uncompressed reference compiles the same step once
+  more with ``exact`` (the same model and mesh under the exact policy: about 3 s on CPU for
+  the default run), so both columns count what XLA actually sends, including the algorithms
+  jcoccl picks (one_shot = all_gather of payloads, two_shot = all_to_all + all_gather).
+
+  Returns:
+    {"source", "by_axis": {axes: {"compressed", "uncompressed"}}, "total": {...},
+    "by_op": {op: bytes}, "reference_by_op": {op: bytes}}; axes are mesh axis names joined
+    by commas, "?" for groups that match no mesh axes.
+  """
+  abstract = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                                   sharding=a.sharding), t)
+  p, o, xs = abstract(state.params), abstract(state.opt_state), abstract(x)
+  got = jcoccl.wire_bytes(step_fn, p, o, abstract(state.ef), xs, xs, mesh=par.mesh)
+  ref_step = exact.train_step(tx, state.params, clip_norm=clip)
+  ref = jcoccl.wire_bytes(ref_step, p, o, None, xs, xs, mesh=exact.mesh)
+  axes = sorted(set(got["by_axis"]) | set(ref["by_axis"]), key=_axis_order)
+  by_axis = {a: {"compressed": got["by_axis"].get(a, 0.0),
+                 "uncompressed": ref["by_axis"].get(a, 0.0)} for a in axes}
+  return {"source": WIRE_SOURCE, "by_axis": by_axis,
+          "total": {"compressed": got["total"], "uncompressed": ref["total"]},
+          "by_op": got["by_op"], "reference_by_op": ref["by_op"]}
+
+
+def _axis_order(key: str) -> tuple:
+  names = key.split(",")
+  return (len(names), [parallel.AXES.index(n) if n in parallel.AXES else 99 for n in names])
 
 
 def evaluate(par, eval_fn, state: State, corpus, args) -> float:
@@ -221,6 +253,9 @@ def main(argv: list[str] | None = None) -> dict:
   tx = make_optimizer(args)
   params = par.shard(model)
   state = State(params, par.init_opt(tx, params), par.init_ef(params))
+  # The uncompressed reference for the wire-bytes report: same model and mesh, exact policy.
+  exact = None if args.no_hlo_wire else parallel.Parallel3D(model, mesh, Policy(),
+                                                            n_micro=args.micro)
   args.out.mkdir(parents=True, exist_ok=True)
   mngr = _checkpointer(args.out)
   metrics_path = args.out / "metrics.jsonl"
@@ -230,10 +265,10 @@ def main(argv: list[str] | None = None) -> dict:
   else:
     records = []
   metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
-  return _train(args, par, tx, state, corpus, mngr, records, metrics_path, policy)
+  return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
 
 
-def _train(args, par, tx, state, corpus, mngr, records, metrics_path, policy) -> dict:
+def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy) -> dict:
   step_fn = par.train_step(tx, state.params, clip_norm=args.clip)
   eval_fn = jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
   batch = par.batch_sharding()
@@ -245,23 +280,24 @@ def _train(args, par, tx, state, corpus, mngr, records, metrics_path, policy) ->
   bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps,
              disable=args.no_progress, desc="train")
   tokens_per_step = args.batch * args.seq_len
-  wire, t_steady, n_steady = None, 0.0, 0
+  wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(args)
   with open(metrics_path, "a") as log:
     for step in bar:
       x, y = (jax.device_put(a, batch) for a in batch_at(corpus, args, "train", step))
       t0 = time.perf_counter()
-      par.coll.log.clear() if wire is None else None
       state.params, state.opt_state, state.ef, m = step_fn(
           state.params, state.opt_state, state.ef, x, y)
       loss = float(m["loss"])
       dt = time.perf_counter() - t0
       if wire is None:
-        wire = wire_report(par, step_fn, state, x, not args.no_hlo_wire)
+        wire = (NO_WIRE if exact is None
+                else wire_report(par, exact, tx, step_fn, state, x, args.clip))
+        log.write(json.dumps({"step": step + 1, "wire": wire}) + "\n")
       else:
         t_steady, n_steady = t_steady + dt, n_steady + 1
       state.step = step + 1
       rec = {"step": state.step, "loss": loss, "grad_norm": float(m["grad_norm"]),
-             "lr": float(tx_lr(args, step)), "step_s": dt}
+             "lr": float(lr(step)), "step_s": dt}
       if not np.isfinite(loss):
         raise FloatingPointError(f"loss became {loss} at step {state.step}")
       if state.step % args.eval_every == 0 or state.step == args.steps:
@@ -275,13 +311,20 @@ def _train(args, par, tx, state, corpus, mngr, records, metrics_path, policy) ->
         save(mngr, state)
   bar.close()
   tps = tokens_per_step * n_steady / t_steady if n_steady else float("nan")
-  return _finish(args, state, records, wire or {}, tps, start_step)
+  return _finish(args, state, records, wire or NO_WIRE, tps, start_step)
 
 
-def tx_lr(args, step: int) -> float:
-  return optax.warmup_cosine_decay_schedule(
-      0.0, args.lr, min(args.warmup, max(args.steps - 1, 1)), max(args.steps, 2),
-      end_value=args.lr * 0.1)(step)
+def print_wire(wire: dict) -> None:
+  """The by-axis table of :func:`wire_report` (or why there is none)."""
+  if not wire.get("source"):
+    print(wire.get("note", "bytes on the wire not measured"))
+    return
+  print(f"bytes on the wire per step per device, by mesh axis ({wire['source']}):")
+  rows = list(wire["by_axis"].items()) + [("total", wire["total"])]
+  for axis, row in rows:
+    ratio = row["compressed"] / row["uncompressed"] if row["uncompressed"] else float("nan")
+    print(f"  {axis:12s} compressed {row['compressed'] / 1e3:10.1f} kB   uncompressed "
+          f"{row['uncompressed'] / 1e3:10.1f} kB   ratio {ratio:.3f}")
 
 
 def _finish(args, state, records, wire, tps, start_step) -> dict:
@@ -296,15 +339,7 @@ def _finish(args, state, records, wire, tps, start_step) -> dict:
   print(f"\nloss {summary['loss_start']:.4f} -> {summary['loss_end']:.4f}"
         + (f" (val {vals[-1]:.4f})" if vals else "") + f" over steps {start_step}..{state.step}, "
         f"{tps:,.0f} tokens/s (steady state)")
-  if wire:
-    print(f"bytes on the wire per step per device, by axis ({wire['by_axis_source']}):")
-    for axis, row in sorted(wire["by_axis"].items()):
-      ratio = row["compressed"] / row["uncompressed"] if row["uncompressed"] else float("nan")
-      print(f"  {axis:6s} compressed {row['compressed'] / 1e3:10.1f} kB   uncompressed "
-            f"{row['uncompressed'] / 1e3:10.1f} kB   ratio {ratio:.3f}")
-    if "hlo_total" in wire:
-      print(f"  total from {wire['hlo_source']}: {wire['hlo_total'] / 1e3:.1f} kB "
-            f"({', '.join(f'{k} {v / 1e3:.1f} kB' for k, v in wire['hlo_by_op'].items())})")
+  print_wire(wire)
   print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, ckpt/)")
   return summary
 
