@@ -6,7 +6,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 import jax
@@ -54,24 +54,38 @@ def parse_list(text: str, conv: Callable[[str], Any] = str, what: str = "list") 
   return out
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, spec: str | None = None) -> str:
+  if spec is not None and isinstance(v, (int, float)):
+    return format(v, spec)
   if isinstance(v, float):
     return f"{v:.3f}" if abs(v) < 1e5 else f"{v:.4g}"
   return str(v)
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, title: str = "",
-                out: TextIO = sys.stdout) -> None:
+                headers: Mapping[str, str] | None = None,
+                formats: Mapping[str, str] | None = None, out: TextIO = sys.stdout) -> None:
   """Prints ``rows`` as an aligned, right-justified table with a '#'-prefixed header.
+
+  Args:
+    rows: one dict per row, keyed by column.
+    columns: the keys to print, in order.
+    title: an optional '#'-prefixed line above the header.
+    headers: optional header text per column key (default: the key).
+    formats: optional ``format()`` spec per column key for numbers (e.g. ".2e"); default
+      3 decimals (4 significant digits from 1e5 up).
+    out: the stream.
 
   Example:
     >>> print_table([{"size": 1, "GB/s": 2.0}], ["size", "GB/s"])  # doctest: +SKIP
   """
-  cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-  widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+  headers, formats = headers or {}, formats or {}
+  names = [headers.get(c, c) for c in columns]
+  cells = [[_fmt(r.get(c, ""), formats.get(c)) for c in columns] for r in rows]
+  widths = [max([len(n)] + [len(row[i]) for row in cells]) for i, n in enumerate(names)]
   if title:
     print(f"# {title}", file=out)
-  print("#  " + "  ".join(c.rjust(w) for c, w in zip(columns, widths)), file=out)
+  print("#  " + "  ".join(n.rjust(w) for n, w in zip(names, widths)), file=out)
   for row in cells:
     print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths)), file=out)
 
@@ -88,10 +102,15 @@ def device_line() -> str:
   return f"jax {jax.__version__}, backend {jax.default_backend()}, device {d.device_kind} x{jax.device_count()}"
 
 
-def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, as_json: bool, title: str) -> None:
-  """Table (with a device header) or JSON, as the ``--json`` flag asks."""
+def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, as_json: bool, title: str,
+         headers: Mapping[str, str] | None = None,
+         formats: Mapping[str, str] | None = None) -> None:
+  """Table (with a device header) or JSON, as the ``--json`` flag asks.
+
+  ``headers`` and ``formats`` are passed to :func:`print_table`; JSON keeps the row keys.
+  """
   if as_json:
     print_json(rows)
   else:
     print(f"# {device_line()}")
-    print_table(rows, columns, title=title)
+    print_table(rows, columns, title=title, headers=headers, formats=formats)

@@ -20,11 +20,8 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
 from typing import Any
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -38,9 +35,17 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
+from jcoccl.bench import _harness as H  # noqa: E402
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 NAME = "collectives"
 HELP = "compressed vs lax collectives: time, algbw/busbw, wire bytes, error"
+COLUMNS = ["op", "bytes", "dtype", "compressor", "algorithm", "chunks", "time_us", "algbw_GBps",
+           "busbw_GBps", "wire_ratio", "max_abs_err", "max_rel_err"]
+HEADERS = {"time_us": "time(us)", "algbw_GBps": "algbw", "busbw_GBps": "busbw",
+           "wire_ratio": "wire", "max_abs_err": "max_abs", "max_rel_err": "max_rel"}
+FORMATS = {"bytes": "d", "chunks": "d", "time_us": ".1f", "algbw_GBps": ".3f",
+           "busbw_GBps": ".3f", "wire_ratio": ".3f", "max_abs_err": ".2e", "max_rel_err": ".2e"}
 
 
 def _size(text: str) -> int:
@@ -76,16 +81,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _specs(text: str) -> list[str]:
   sep = ";" if ";" in text else ","
   return [s.strip() for s in text.split(sep) if s.strip()]
-
-
-def _time(fn: Any, x: jax.Array, iters: int) -> float:
-  jax.block_until_ready(fn(x))  # compile + warm up
-  times = []
-  for _ in range(max(iters, 1)):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(x))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
 
 
 def _programs(op: str, mesh: Mesh, n: int, kw: dict) -> tuple[Any, Any, float]:
@@ -128,10 +123,14 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
   mesh = Mesh(np.array(devices), ("r",))
   dtype = jnp.dtype(args.dtype)
   rows = []
-  for op in [o.strip() for o in args.ops.split(",") if o.strip()]:
+  ops = H.parse_list(args.ops, str, "--ops")
+  for op in ops:
     if op not in OPS:
       raise ValueError(f"--ops: unknown op {op!r}; accepted: {', '.join(OPS)}")
-    for nbytes in [_size(s) for s in args.sizes.split(",") if s.strip()]:
+  sizes = H.parse_list(args.sizes, _size, "--sizes")
+  chunk_counts = H.parse_list(args.chunks, int, "--chunks")
+  for op in ops:
+    for nbytes in sizes:
       m = max(n, nbytes // dtype.itemsize // n * n)  # divisible by n for scatter ops
       x = jax.random.normal(jax.random.key(0), (n, m), jnp.float32).astype(dtype)
       jfn, lfn, factor = _programs(op, mesh, n, {"compressor": None})
@@ -140,12 +139,12 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
       algos = _specs(args.algorithms) if op == "all_reduce" else ["one_shot"]
       for spec in _specs(args.compressors):
         for algo in algos:
-          for chunks in [int(c) for c in args.chunks.split(",")]:
+          for chunks in chunk_counts:
             kw = {"compressor": spec, "algorithm": algo, "chunks": chunks, "min_bytes": 0}
             fn, _, _ = _programs(op, mesh, n, kw)
             configs.append((spec, algo, chunks, fn))
       for spec, algo, chunks, fn in configs:
-        t = _time(fn, x, args.iters)
+        t = H.time_fn(fn, x, warmup=1, iters=args.iters)
         out = fn(x)
         err = np.abs(np.asarray(out, np.float64) - np.asarray(ref_out, np.float64))
         ref_abs = np.abs(np.asarray(ref_out, np.float64))
@@ -163,26 +162,13 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
   return rows
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-  head = (f"{'op':>14} {'bytes':>10} {'dtype':>8} {'compressor':>18} {'algorithm':>9} "
-          f"{'chunks':>6} {'time(us)':>10} {'algbw':>8} {'busbw':>8} {'wire':>6} "
-          f"{'max_abs':>9} {'max_rel':>9}")
-  lines = [f"# jcoccl collectives: {rows[0]['ranks'] if rows else 0} ranks on "
-           f"{rows[0]['platform'] if rows else '?'} (algbw/busbw in GB/s; wire = bytes sent "
-           f"/ lax's, from compiled HLO)", head]
-  for r in rows:
-    lines.append(
-        f"{r['op']:>14} {r['bytes']:>10} {r['dtype']:>8} {r['compressor']:>18} "
-        f"{r['algorithm']:>9} {r['chunks']:>6} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.3f} "
-        f"{r['busbw_GBps']:>8.3f} {r['wire_ratio']:>6.3f} {r['max_abs_err']:>9.2e} "
-        f"{r['max_rel_err']:>9.2e}")
-  return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> int:
   """Runs the subcommand; prints a table or (``--json``) a JSON list."""
   rows = bench(args)
-  print(json.dumps(rows, indent=1) if args.json else _table(rows))
+  n, platform = (rows[0]["ranks"], rows[0]["platform"]) if rows else (0, "?")
+  H.emit(rows, COLUMNS, as_json=args.json, headers=HEADERS, formats=FORMATS,
+         title=f"jcoccl collectives: {n} ranks on {platform} (algbw/busbw in GB/s; wire = "
+               f"bytes sent / lax's, from compiled HLO)")
   return 0
 
 
