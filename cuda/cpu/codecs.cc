@@ -2,8 +2,12 @@
 //
 // Single-threaded per call: XLA:CPU already runs each device's program on its own thread.
 // The handlers call no kernels of their own, so they declare no command-buffer traits.
-#include <algorithm>
+//
+// The row kernels (cpu/codec_kernels.inc) are compiled twice: for the baseline x86-64 ISA
+// and, on x86, for AVX2; the public entry points pick one at run time. Both builds compute
+// the same bits (IEEE float32 operations, no FMA: the build uses -ffp-contract=off).
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,209 +18,58 @@
 #include "cpu/registry.h"
 #include "xla/ffi/api/ffi.h"
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define JCOCCL_CPU_AVX2 1
+#endif
+
 namespace jcoccl::codecs {
+
+namespace base {
+#include "cpu/codec_kernels.inc"
+}  // namespace base
+
+#if defined(JCOCCL_CPU_AVX2)
+#pragma GCC push_options
+#pragma GCC target("avx2,bmi,bmi2,popcnt,lzcnt")
+namespace avx2 {
+#include "cpu/codec_kernels.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+#endif
+
 namespace {
-
-void ToF32(DType d, const void* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = LoadElem(d, x, i);
+bool UseAvx2() {
+#if defined(JCOCCL_CPU_AVX2)
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  return ok;
+#else
+  return false;
+#endif
 }
-
-void FromF32(DType d, const float* x, int64_t n, void* y) {
-  for (int64_t i = 0; i < n; ++i) StoreElem(d, y, i, x[i]);
-}
-
-// Unnormalised fast Walsh-Hadamard transform of every run of h elements, then * scale.
-void Hadamard(float* x, int64_t n, int h) {
-  const float scale = HadamardScale(h);
-  for (int64_t base = 0; base < n; base += h) {
-    float* v = x + base;
-    for (int len = 1; len < h; len <<= 1) {
-      for (int run = 0; run < h; run += 2 * len) {
-        for (int j = run; j < run + len; ++j) {
-          const float a = v[j], b = v[j + len];
-          v[j] = a + b;
-          v[j + len] = a - b;
-        }
-      }
-    }
-    for (int j = 0; j < h; ++j) v[j] = v[j] * scale;
-  }
-}
-
-void EncodeIntBlock(const CodecSpec& s, const float* x, int64_t b, const Layout& l,
-                    uint8_t* out) {
-  const int64_t B = s.block;
-  const float* xb = x + b * B;
-  bool finite = true;
-  float amax = 0.0f, lo = HostDazFlush(xb[0]), hi = xb[0];
-  for (int64_t j = 0; j < B; ++j) {
-    finite &= IsFinite(xb[j]);
-    amax = std::max(amax, std::fabs(xb[j]));
-    lo = MinZ(lo, HostDazFlush(xb[j]));
-    hi = std::max(hi, xb[j]);
-  }
-  const float R = IntR(s.bits, s.symmetric);
-  float sc, mn = 0.0f;
-  if (s.symmetric) {
-    sc = finite ? amax * R : BitsFloat(0x7fc00000u);
-  } else {
-    sc = finite ? (hi - lo) * R : BitsFloat(0x7fc00000u);
-    mn = finite ? lo : BitsFloat(0x7fc00000u);
-  }
-  const int bits = s.bits;
-  const int per_byte = 8 / bits;
-  uint8_t* codes = out + b * B * bits / 8;
-  for (int64_t k = 0; k < B / per_byte; ++k) {
-    uint32_t byte = 0;
-    for (int t = 0; t < per_byte; ++t) {
-      const float v = xb[k * per_byte + t];
-      const uint32_t u = s.symmetric ? IntCodeSym(v, sc, bits) : IntCodeAsym(v, mn, sc, bits);
-      byte |= u << (t * bits);
-    }
-    codes[k] = static_cast<uint8_t>(byte);
-  }
-  std::memcpy(out + l.scales + 4 * b, &sc, 4);
-  if (!s.symmetric) std::memcpy(out + l.mins + 4 * b, &mn, 4);
-}
-
-void EncodeFp8Block(const CodecSpec& s, const float* x, int64_t b, const Layout& l,
-                    uint8_t* out) {
-  const int64_t B = s.block;
-  const float* xb = x + b * B;
-  const Fp8Params p = Fp8Of(s.fp8);
-  bool finite = true;
-  float amax = 0.0f;
-  for (int64_t j = 0; j < B; ++j) {
-    finite &= IsFinite(xb[j]);
-    amax = std::max(amax, std::fabs(xb[j]));
-  }
-  const float sc = finite ? amax * p.r : BitsFloat(0x7fc00000u);
-  uint8_t* codes = out + b * B;
-  for (int64_t j = 0; j < B; ++j) {
-    codes[j] = sc > 0.0f ? F32ToFp8(ClampF(xb[j] / sc, -p.fmax, p.fmax), p) : 0;
-  }
-  std::memcpy(out + l.scales + 4 * b, &sc, 4);
-}
-
-void EncodeEbBlock(const CodecSpec& s, const float* x, int64_t b, const Layout& l,
-                   uint8_t* out) {
-  const int64_t B = s.block;
-  const float* xb = x + b * B;
-  const float step = 2.0f * s.abs_error;
-  uint32_t* words = reinterpret_cast<uint32_t*>(out + l.scales) + b * B;
-  bool ok = true;
-  uint32_t zmax = 0;
-  for (int64_t j = 0; j < B; ++j) {
-    const float q = EbQuant(xb[j], step);
-    const bool good = EbElementOk(xb[j], q, step, s.abs_error);
-    ok &= good;
-    if (good) zmax = std::max(zmax, ZigZag(static_cast<int32_t>(q)));
-  }
-  std::memset(words, 0, 4 * B);
-  if (!ok) {
-    out[b] = kRawWidth;
-    std::memcpy(words, xb, 4 * B);
-    return;
-  }
-  const int w = BitLength(zmax);
-  out[b] = static_cast<uint8_t>(w);
-  if (w == 0) return;
-  for (int64_t j = 0; j < B; ++j) {
-    const uint64_t z = ZigZag(static_cast<int32_t>(EbQuant(xb[j], step)));
-    const int64_t bit = j * w;
-    const int64_t k = bit >> 5;
-    const int off = static_cast<int>(bit & 31);
-    const uint64_t v = z << off;
-    words[k] |= static_cast<uint32_t>(v);
-    if (off + w > 32) words[k + 1] |= static_cast<uint32_t>(v >> 32);
-  }
-}
-
-// Encodes a float32 row; `d` is the row's dtype (the `none` payload is stored in it).
-void EncodeF32(const CodecSpec& s, DType d, const float* x, int64_t n, uint8_t* out) {
-  const Layout l = RowLayout(s, n, d);
-  const int64_t nb = s.block > 0 ? n / s.block : 0;
-  switch (s.kind) {
-    case Kind::kNone: FromF32(d, x, n, out); return;
-    case Kind::kCast: FromF32(s.cast_dtype, x, n, out); return;
-    case Kind::kInt:
-      for (int64_t b = 0; b < nb; ++b) EncodeIntBlock(s, x, b, l, out);
-      return;
-    case Kind::kFp8:
-      for (int64_t b = 0; b < nb; ++b) EncodeFp8Block(s, x, b, l, out);
-      return;
-    case Kind::kErrorBounded:
-      std::memset(out, 0, l.scales);
-      for (int64_t b = 0; b < nb; ++b) EncodeEbBlock(s, x, b, l, out);
-      return;
-  }
-}
-
-// Decodes a row to float32, inverse rotation included.
-void DecodeF32(const CodecSpec& s, DType d, const uint8_t* in, int64_t n, float* y) {
-  if (s.kind == Kind::kNone && s.hadamard == 0) {
-    ToF32(d, in, n, y);
-  } else if (s.kind == Kind::kCast) {
-    ToF32(s.cast_dtype, in, n, y);
-  } else {
-    for (int64_t i = 0; i < n; ++i) y[i] = DecodeElem(s, d, in, n, i);
-  }
-  if (s.hadamard > 0) Hadamard(y, n, s.hadamard);
-}
-
 }  // namespace
 
+#if defined(JCOCCL_CPU_AVX2)
+#define JCOCCL_DISPATCH(fn, ...) (UseAvx2() ? avx2::fn(__VA_ARGS__) : base::fn(__VA_ARGS__))
+#else
+#define JCOCCL_DISPATCH(fn, ...) base::fn(__VA_ARGS__)
+#endif
+
 void EncodeRowCpu(const CodecSpec& s, DType d, const void* x, int64_t n, uint8_t* out) {
-  if (s.kind == Kind::kNone && s.hadamard == 0) {
-    std::memcpy(out, x, n * DTypeBytes(d));
-    return;
-  }
-  std::vector<float> tmp(n);
-  ToF32(d, x, n, tmp.data());
-  if (s.hadamard > 0) Hadamard(tmp.data(), n, s.hadamard);
-  EncodeF32(s, d, tmp.data(), n, out);
+  JCOCCL_DISPATCH(EncodeRow, s, d, x, n, out);
 }
 
 void DecodeRowCpu(const CodecSpec& s, DType d, const uint8_t* in, int64_t n, void* out) {
-  if (s.kind == Kind::kNone && s.hadamard == 0) {
-    std::memcpy(out, in, n * DTypeBytes(d));
-    return;
-  }
-  std::vector<float> tmp(n);
-  DecodeF32(s, d, in, n, tmp.data());
-  FromF32(d, tmp.data(), n, out);
+  JCOCCL_DISPATCH(DecodeRow, s, d, in, n, out);
 }
-
-namespace {
-void SumF32(const CodecSpec& s, DType d, const uint8_t* const* rows, int nrows, int64_t n,
-            float* acc) {
-  std::vector<float> tmp(n);
-  DecodeF32(s, d, rows[0], n, acc);
-  for (int r = 1; r < nrows; ++r) {
-    DecodeF32(s, d, rows[r], n, tmp.data());
-    for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + tmp[i];
-  }
-}
-}  // namespace
 
 void DecodeSumCpu(const CodecSpec& s, DType d, const uint8_t* const* rows, int nrows,
                   int64_t n, void* out) {
-  std::vector<float> acc(n);
-  SumF32(s, d, rows, nrows, n, acc.data());
-  FromF32(d, acc.data(), n, out);
+  JCOCCL_DISPATCH(DecodeSum, s, d, rows, nrows, n, out);
 }
 
 void DecodeSumEncodeCpu(const CodecSpec& s, DType d, const uint8_t* const* rows, int nrows,
                         int64_t n, uint8_t* out) {
-  std::vector<float> acc(n);
-  SumF32(s, d, rows, nrows, n, acc.data());
-  for (int64_t i = 0; i < n; ++i) acc[i] = RoundTrip(d, acc[i]);
-  if (s.kind == Kind::kNone && s.hadamard == 0) {
-    FromF32(d, acc.data(), n, out);
-    return;
-  }
-  if (s.hadamard > 0) Hadamard(acc.data(), n, s.hadamard);
-  EncodeF32(s, d, acc.data(), n, out);
+  JCOCCL_DISPATCH(DecodeSumEncode, s, d, rows, nrows, n, out);
 }
 
 }  // namespace jcoccl::codecs
