@@ -9,9 +9,6 @@
 
 #include "codecs/codec.h"
 
-#if !defined(__CUDA_ARCH__) && (defined(__x86_64__) || defined(__i386__))
-#include <xmmintrin.h>
-#endif
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,18 +32,11 @@ JCOCCL_HD float BitsFloat(uint32_t u) {
 #endif
 }
 
-// x as an arithmetic operation sees it: XLA:CPU runs with denormals-are-zero (MXCSR.DAZ),
-// so its min/max reductions return a subnormal operand as a signed zero. Host only; the
-// device (and a host thread without DAZ) keeps x.
-inline float HostDazFlush(float x) {
-#if !defined(__CUDA_ARCH__) && (defined(__x86_64__) || defined(__i386__))
-  if ((_mm_getcsr() & 0x40u) != 0) {
-    uint32_t u; std::memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) == 0) { u &= 0x80000000u; std::memcpy(&x, &u, 4); }
-  }
-#endif
-  return x;
-}
+// `v + 0.0` in round-to-nearest: a zero of either sign becomes +0 (and, where the thread
+// treats subnormals as zero (XLA:CPU sets MXCSR.DAZ), a subnormal too: the comparison sees
+// zero). The asymmetric int codec stores its block minimum and maximum through this, so the
+// sign of a zero extreme does not depend on how a min/max reduction breaks ties.
+JCOCCL_HD float PlusZero(float v) { return v == 0.0f ? 0.0f : v; }
 
 JCOCCL_HD bool IsFinite(float x) { return (FloatBits(x) & 0x7f800000u) != 0x7f800000u; }
 
@@ -59,8 +49,7 @@ JCOCCL_HD float RoundEven(float x) {
 #endif
 }
 
-// min with -0 < +0 (IEEE 754-2019 minimum on finite values), as XLA's min reductions give:
-// the block minimum of an asymmetric int code is stored bit for bit.
+// min with -0 < +0 (IEEE 754-2019 minimum on finite values).
 JCOCCL_HD float MinZ(float a, float b) {
   return (a < b || (a == b && (FloatBits(a) >> 31) != 0)) ? a : b;
 }

@@ -172,6 +172,8 @@ __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& 
   }
   const int bits = s.bits;
   const float R = IntR(bits, s.symmetric);
+  lo = PlusZero(lo);
+  hi = PlusZero(hi);
   const float sc = finite ? (s.symmetric ? amax * R : (hi - lo) * R) : qnan;
   const float mn = finite ? lo : qnan;
   uint8_t* codes = out + base * bits / 8;

@@ -75,8 +75,11 @@ class IntCompressor(B.Compressor):
       v = B.div(xb, s)
       qlo, off = -lev, 2 ** (self.bits - 1)
     else:
-      lo = jnp.min(xb, axis=-1, keepdims=True)
-      s = (jnp.max(xb, axis=-1, keepdims=True) - lo) * r
+      # Zero extremes are stored as +0 (`v + 0.0`): XLA's min/max of a block mixing +-0 and
+      # (DAZ-flushed) subnormals returns either sign depending on the array layout.
+      lo = B.plus_zero(jnp.min(xb, axis=-1, keepdims=True))
+      hi = B.plus_zero(jnp.max(xb, axis=-1, keepdims=True))
+      s = (hi - lo) * r
       v = B.div(xb - lo, s)
       qlo, off = 0, 0
     q = jnp.clip(round_codes(v, key, self.stochastic), qlo, lev)
