@@ -364,11 +364,7 @@ def test_native_impl_unavailable_is_a_clear_error():
                                           impl="native")
 
 
-NATIVE_CASES = [
-    pytest.param(c, marks=pytest.mark.xfail(
-        strict=True, reason="native hadamard(none) encode of bf16/f16 rows does not write the "
-        "rotated float32 row that WIRE_FORMAT.md specifies (jnp does)"))
-    if str(c) == "hadamard(none)" else c for c in ALL if not c.stochastic]
+NATIVE_CASES = [c for c in ALL if not c.stochastic]
 
 
 @pytest.mark.parametrize("c", NATIVE_CASES, ids=[str(c) for c in ALL if not c.stochastic])

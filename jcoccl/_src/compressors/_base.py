@@ -67,8 +67,31 @@ def barrier(x: jax.Array) -> jax.Array:
 
 
 def div(a: jax.Array, b: jax.Array) -> jax.Array:
-  """IEEE float32 ``a / b`` with ``b`` broadcast to ``a``'s shape, never a reciprocal multiply."""
-  return a / barrier(jnp.broadcast_to(b, a.shape))
+  """IEEE float32 ``a / b`` with ``b`` broadcast to ``a``'s shape, never a reciprocal multiply.
+
+  The divisor behind the barrier is computed from ``a`` (a NaN ``a`` divides by 1, which gives
+  the same NaN), so it has ``a``'s full shape under ``vmap`` too: a divisor that does not
+  depend on ``a`` (a constant step) would be broadcast over the batch after the barrier, and
+  XLA would again see ``a / broadcast(c)`` and multiply by ``1 / c``.
+
+  Example:
+    >>> div(jnp.float32([3.0, 6.0]), np.float32(3.0))
+    Array([1., 2.], dtype=float32)
+  """
+  d = jnp.where(jnp.isnan(a), jnp.ones_like(a), jnp.broadcast_to(b, a.shape).astype(a.dtype))
+  return a / barrier(d)
+
+
+def plus_zero(x: jax.Array) -> jax.Array:
+  """``x + 0.0`` in round-to-nearest: a zero of either sign (and, under DAZ, a subnormal) -> +0.
+
+  Written as a select because XLA folds ``x + 0`` away.
+
+  Example:
+    >>> plus_zero(jnp.array([-0.0, -1.0]))
+    Array([ 0., -1.], dtype=float32)
+  """
+  return jnp.where(x == 0, jnp.zeros_like(x), x)
 
 
 def f32_to_bytes(x: jax.Array) -> jax.Array:
