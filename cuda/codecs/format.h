@@ -258,34 +258,57 @@ JCOCCL_HD float EbDecode(const uint32_t* block_words, int64_t j, int w, float st
 inline float HadamardScale(int h) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(h))); }
 
 // ---- one element of a decoded row (float32, before the cast to the row dtype) -------------
-// `d` is the row dtype (used by `none`); under hadamard the payload holds float32, and the
-// caller applies the inverse rotation afterwards.
-JCOCCL_HD float DecodeElem(const CodecSpec& s, DType d, const uint8_t* row, int64_t n,
-                           int64_t i) {
-  if (s.hadamard > 0) d = DType::kF32;
-  switch (s.kind) {
-    case Kind::kNone: return LoadElem(d, row, i);
-    case Kind::kCast: return LoadElem(s.cast_dtype, row, i);
-    case Kind::kInt: {
-      const Layout l = RowLayout(s, n, d);
-      const int64_t b = i / s.block;
-      const float sc = reinterpret_cast<const float*>(row + l.scales)[b];
-      const uint32_t u = UnpackCode(row, i, s.bits);
-      if (s.symmetric) return IntDecodeSym(u, sc, s.bits);
-      return IntDecodeAsym(u, reinterpret_cast<const float*>(row + l.mins)[b], sc);
-    }
-    case Kind::kFp8: {
-      const Layout l = RowLayout(s, n, d);
-      const float sc = reinterpret_cast<const float*>(row + l.scales)[i / s.block];
-      return Fp8ToF32(row[i], Fp8Of(s.fp8)) * sc;
-    }
-    default: {
-      const Layout l = RowLayout(s, n, d);
-      const int64_t b = i / s.block;
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(row + l.scales) + b * s.block;
-      return EbDecode(words, i - b * s.block, row[b], 2.0f * s.abs_error);
+// Everything DecodeElem needs that depends only on the codec and the row: built once per row
+// (or kernel), so decoding an element costs no layout arithmetic and no division. `d` is the
+// row dtype (used by `none`); under hadamard the payload holds float32, and the caller applies
+// the inverse rotation afterwards.
+struct ElemDecoder {
+  Kind kind;
+  DType pd;            // none: payload dtype; cast: cast dtype
+  int bits;            // int
+  bool symmetric;      // int
+  int block_shift;     // log2(block)
+  int64_t scales, mins;
+  float step;          // error_bounded
+  Fp8Params fp8;
+
+  JCOCCL_HD float operator()(const uint8_t* row, int64_t i) const {
+    switch (kind) {
+      case Kind::kNone:
+      case Kind::kCast: return LoadElem(pd, row, i);
+      case Kind::kInt: {
+        const int64_t b = i >> block_shift;
+        const float sc = reinterpret_cast<const float*>(row + scales)[b];
+        const uint32_t u = UnpackCode(row, i, bits);
+        if (symmetric) return IntDecodeSym(u, sc, bits);
+        return IntDecodeAsym(u, reinterpret_cast<const float*>(row + mins)[b], sc);
+      }
+      case Kind::kFp8: {
+        const float sc = reinterpret_cast<const float*>(row + scales)[i >> block_shift];
+        return Fp8ToF32(row[i], fp8) * sc;
+      }
+      default: {
+        const int64_t b = i >> block_shift;
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(row + scales) + (b << block_shift);
+        return EbDecode(words, i - (b << block_shift), row[b], step);
+      }
     }
   }
+};
+
+JCOCCL_HD ElemDecoder MakeElemDecoder(const CodecSpec& s, DType d, int64_t n) {
+  if (s.hadamard > 0) d = DType::kF32;
+  const Layout l = RowLayout(s, n, d);
+  int shift = 0;
+  while ((int64_t{1} << shift) < s.block) ++shift;
+  return ElemDecoder{s.kind, s.kind == Kind::kCast ? s.cast_dtype : d, s.bits, s.symmetric, shift,
+                     l.scales, l.mins, 2.0f * s.abs_error, Fp8Of(s.fp8)};
+}
+
+// One element, building the decoder on the spot (prefer MakeElemDecoder once per row).
+JCOCCL_HD float DecodeElem(const CodecSpec& s, DType d, const uint8_t* row, int64_t n,
+                           int64_t i) {
+  return MakeElemDecoder(s, d, n)(row, i);
 }
 
 }  // namespace jcoccl::codecs

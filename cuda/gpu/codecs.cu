@@ -49,14 +49,14 @@ struct GlobalSrc {
 
 // decode_sum of nrows payloads, rounded through the row dtype (non-Hadamard codecs).
 struct SumSrc {
-  CodecSpec s;
+  ElemDecoder dec;
   DType d;
   const uint8_t* in;  // first payload
   int nrows;
-  int64_t stride, n;
+  int64_t stride;
   __device__ float get(int64_t i) const {
-    float acc = DecodeElem(s, d, in, n, i);
-    for (int r = 1; r < nrows; ++r) acc = acc + DecodeElem(s, d, in + r * stride, n, i);
+    float acc = dec(in, i);
+    for (int r = 1; r < nrows; ++r) acc = acc + dec(in + r * stride, i);
     return RoundTrip(d, acc);
   }
   __device__ void get4(int64_t i, float v[4]) const {
@@ -201,6 +201,7 @@ __global__ void EncodeBlocksKernel(CodecSpec s, DType d, const void* x, const ui
                                    int nrows, int64_t stride, int64_t rows, int64_t n,
                                    uint8_t* out, int64_t p) {
   const Layout l = RowLayout(s, n, d);
+  const ElemDecoder dec = MakeElemDecoder(s, d, n);
   const int64_t nb = n / s.block;
   const int lane = threadIdx.x & 31;
   const int64_t warp0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -211,7 +212,7 @@ __global__ void EncodeBlocksKernel(CodecSpec s, DType d, const void* x, const ui
       const GlobalSrc src{d, static_cast<const uint8_t*>(x) + r * n * DTypeBytes(d)};
       EncodeBlockWarp(s, l, src, b, nb, out + r * p, lane);
     } else {
-      const SumSrc src{s, d, in + r * nrows * stride, nrows, stride, n};
+      const SumSrc src{dec, d, in + r * nrows * stride, nrows, stride};
       EncodeBlockWarp(s, l, src, b, nb, out + r * p, lane);
     }
   }
@@ -224,16 +225,17 @@ __global__ void ElementwiseKernel(CodecSpec s, DType d, const void* x, const uin
                                   int nrows, int64_t stride, int64_t rows, int64_t n,
                                   void* out, DType via, DType od, int64_t out_row_bytes) {
   const int64_t total = rows * n;
+  const ElemDecoder dec = MakeElemDecoder(s, d, n);
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = k / n, i = k - o * n;
+    const int64_t o = rows == 1 ? 0 : k / n, i = k - o * n;  // no 64-bit division per element
     float v;
     if (x != nullptr) {
       v = LoadElem(d, x, k);
     } else {
       const uint8_t* row = in + o * nrows * stride;
-      v = DecodeElem(s, d, row, n, i);
-      for (int r = 1; r < nrows; ++r) v = v + DecodeElem(s, d, row + r * stride, n, i);
+      v = dec(row, i);
+      for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);
     }
     StoreElem(od, static_cast<uint8_t*>(out) + o * out_row_bytes, i, RoundTrip(via, v));
   }
@@ -268,6 +270,7 @@ __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, co
   float* tmp = smem + g;
   const int64_t tiles = n / g;
   const Layout l = RowLayout(s, n, d);
+  const ElemDecoder dec = MakeElemDecoder(s, d, n);
   const int64_t nb = s.block > 0 ? n / s.block : 0;
   for (int64_t t = blockIdx.x; t < rows * tiles; t += gridDim.x) {
     const int64_t o = t / tiles, base = (t - o * tiles) * g;
@@ -279,7 +282,7 @@ __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, co
       for (int r = 0; r < nrows; ++r) {
         float* dst = r == 0 ? acc : tmp;
         for (int j = threadIdx.x; j < g; j += blockDim.x)
-          dst[j] = DecodeElem(s, d, row0 + r * stride, n, base + j);
+          dst[j] = dec(row0 + r * stride, base + j);
         BlockHadamard(dst, g, s.hadamard, scale);
         if (r > 0) {
           for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = acc[j] + tmp[j];
