@@ -4,7 +4,7 @@
 // The handlers call no kernels of their own, so they declare no command-buffer traits.
 //
 // The row kernels (cpu/codec_kernels.inc) are compiled twice: for the baseline x86-64 ISA
-// and, on x86, for AVX2; the public entry points pick one at run time. Both builds compute
+// and, on x86, for AVX2 (+F16C); the public entry points pick one at run time. Both builds compute
 // the same bits (IEEE float32 operations, no FMA: the build uses -ffp-contract=off).
 #include <cmath>
 #include <cstdint>
@@ -20,6 +20,7 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define JCOCCL_CPU_AVX2 1
+#include <immintrin.h>
 #endif
 
 namespace jcoccl::codecs {
@@ -30,17 +31,20 @@ namespace base {
 
 #if defined(JCOCCL_CPU_AVX2)
 #pragma GCC push_options
-#pragma GCC target("avx2,bmi,bmi2,popcnt,lzcnt")
+#pragma GCC target("avx2,f16c,bmi,bmi2,popcnt,lzcnt")
+#define JCOCCL_KERNELS_F16C 1  // GCC defines no __F16C__ under a target pragma
 namespace avx2 {
 #include "cpu/codec_kernels.inc"
 }  // namespace avx2
+#undef JCOCCL_KERNELS_F16C
 #pragma GCC pop_options
 #endif
 
 namespace {
 bool UseAvx2() {
 #if defined(JCOCCL_CPU_AVX2)
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
+                         __builtin_cpu_supports("f16c");
   return ok;
 #else
   return false;
