@@ -102,6 +102,22 @@ def test_bit_exact(c, dtype):
       _assert_same(b, a, f"{c} {jnp.dtype(dtype).name} nrows={nrows} {what}")
 
 
+@pytest.mark.parametrize("c", [jc.int4(block_size=128), jc.int8(symmetric=False),
+                               jc.fp8("e4m3", block_size=256), jc.cast(jnp.bfloat16),
+                               jc.hadamard(jc.int4(block_size=256)), jc.error_bounded(1e-2)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_rows_with_a_partial_last_tile(c, dtype):
+  # The CPU kernels work in tiles of 4096 elements: a row of 3 tiles and 768 more elements
+  # exercises the short last tile of every op (it once wrote past the end of the row).
+  n = 3 * 4096 + 768
+  x = jnp.asarray(_data(3, n, dtype, seed=11))
+  (rb, rd, rred), (gb, gd, gred) = _both(c, x, n, jnp.dtype(dtype), (3,))
+  for what, a, b in zip(("encode", "decode", "decode_sum", "decode_sum_encode"),
+                        (rb, rd, *rred[0]), (gb, gd, *gred[0])):
+    _assert_same(b, a, f"{c} {jnp.dtype(dtype).name} n={n} {what}")
+
+
 @pytest.mark.parametrize("c", [jc.int4(block_size=64, symmetric=False),
                                jc.hadamard(jc.fp8("e5m2", block_size=32), size=64),
                                jc.error_bounded(1e-3, block_size=32), jc.cast(jnp.float16)], ids=str)
