@@ -15,7 +15,7 @@
 #include "codecs/codec.h"
 #include "codecs/ffi_attrs.h"
 #include "codecs/format.h"
-#include "cpu/registry.h"
+#include "registry.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
@@ -220,7 +220,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclDecodeSum, DecodeSumImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attrs());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclDecodeSumEncode, DecodeSumEncodeImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attrs());
-JCOCCL_CPU_REGISTER("jcoccl_encode_rows", JcocclEncodeRows);
-JCOCCL_CPU_REGISTER("jcoccl_decode_rows", JcocclDecodeRows);
-JCOCCL_CPU_REGISTER("jcoccl_decode_sum", JcocclDecodeSum);
-JCOCCL_CPU_REGISTER("jcoccl_decode_sum_encode", JcocclDecodeSumEncode);
+JCOCCL_REGISTER_HANDLER(JcocclEncodeRows, "jcoccl_encode_rows");
+JCOCCL_REGISTER_HANDLER(JcocclDecodeRows, "jcoccl_decode_rows");
+JCOCCL_REGISTER_HANDLER(JcocclDecodeSum, "jcoccl_decode_sum");
+JCOCCL_REGISTER_HANDLER(JcocclDecodeSumEncode, "jcoccl_decode_sum_encode");

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "codecs/codec.h"
-#include "cpu/registry.h"
+#include "registry.h"
 #include "engine/ffi_call.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -96,12 +96,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclFusedCpu, jcoccl::engine::FusedImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attrs());
 // One handler, one target name per collective (the "op" attribute picks the algorithm).
-JCOCCL_CPU_REGISTER("jcoccl_fused_all_reduce", JcocclFusedCpu);
-static ::jcoccl::cpu::Register jcoccl_reg_fused_rs("jcoccl_fused_reduce_scatter",
-                                                   reinterpret_cast<void*>(JcocclFusedCpu));
-static ::jcoccl::cpu::Register jcoccl_reg_fused_ag("jcoccl_fused_all_gather",
-                                                   reinterpret_cast<void*>(JcocclFusedCpu));
-static ::jcoccl::cpu::Register jcoccl_reg_fused_a2a("jcoccl_fused_all_to_all",
-                                                    reinterpret_cast<void*>(JcocclFusedCpu));
-static ::jcoccl::cpu::Register jcoccl_reg_fused_pp("jcoccl_fused_ppermute",
-                                                   reinterpret_cast<void*>(JcocclFusedCpu));
+JCOCCL_REGISTER_HANDLER(JcocclFusedCpu, "jcoccl_fused_all_reduce", "jcoccl_fused_reduce_scatter",
+                        "jcoccl_fused_all_gather", "jcoccl_fused_all_to_all",
+                        "jcoccl_fused_ppermute");

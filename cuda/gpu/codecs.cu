@@ -13,7 +13,7 @@
 #include "codecs/codec_cuda.h"
 #include "codecs/ffi_attrs.h"
 #include "codecs/format.h"
-#include "gpu/registry.h"
+#include "registry.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jcoccl::codecs {
@@ -537,7 +537,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuEncodeRows, EncodeRowsImpl, JCOCCL_CODEC_
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuDecodeRows, DecodeRowsImpl, JCOCCL_CODEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuDecodeSum, DecodeSumImpl, JCOCCL_CODEC_BINDING);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuDecodeSumEncode, DecodeSumEncodeImpl, JCOCCL_CODEC_BINDING);
-JCOCCL_GPU_REGISTER("jcoccl_encode_rows", JcocclGpuEncodeRows);
-JCOCCL_GPU_REGISTER("jcoccl_decode_rows", JcocclGpuDecodeRows);
-JCOCCL_GPU_REGISTER("jcoccl_decode_sum", JcocclGpuDecodeSum);
-JCOCCL_GPU_REGISTER("jcoccl_decode_sum_encode", JcocclGpuDecodeSumEncode);
+JCOCCL_REGISTER_HANDLER(JcocclGpuEncodeRows, "jcoccl_encode_rows");
+JCOCCL_REGISTER_HANDLER(JcocclGpuDecodeRows, "jcoccl_decode_rows");
+JCOCCL_REGISTER_HANDLER(JcocclGpuDecodeSum, "jcoccl_decode_sum");
+JCOCCL_REGISTER_HANDLER(JcocclGpuDecodeSumEncode, "jcoccl_decode_sum_encode");

@@ -15,7 +15,7 @@
 
 #include "codecs/codec_cuda.h"
 #include "engine/ffi_call.h"
-#include "gpu/registry.h"
+#include "registry.h"
 #include "transport/nccl.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -169,12 +169,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclFusedGpu, jcoccl::engine::FusedGpuImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attrs());
-JCOCCL_GPU_REGISTER("jcoccl_fused_all_reduce", JcocclFusedGpu);
-static ::jcoccl::gpu::Register jcoccl_reg_fused_rs("jcoccl_fused_reduce_scatter",
-                                                   reinterpret_cast<void*>(JcocclFusedGpu));
-static ::jcoccl::gpu::Register jcoccl_reg_fused_ag("jcoccl_fused_all_gather",
-                                                   reinterpret_cast<void*>(JcocclFusedGpu));
-static ::jcoccl::gpu::Register jcoccl_reg_fused_a2a("jcoccl_fused_all_to_all",
-                                                    reinterpret_cast<void*>(JcocclFusedGpu));
-static ::jcoccl::gpu::Register jcoccl_reg_fused_pp("jcoccl_fused_ppermute",
-                                                   reinterpret_cast<void*>(JcocclFusedGpu));
+// One handler, one target name per collective (the "op" attribute picks the algorithm).
+JCOCCL_REGISTER_HANDLER(JcocclFusedGpu, "jcoccl_fused_all_reduce", "jcoccl_fused_reduce_scatter",
+                        "jcoccl_fused_all_gather", "jcoccl_fused_all_to_all",
+                        "jcoccl_fused_ppermute");

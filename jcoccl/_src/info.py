@@ -23,9 +23,11 @@ def _nccl_version() -> str | None:
   fn = getattr(mod, "nccl_version", None) if mod is not None else None
   if fn is not None:
     try:
-      return fn()
+      code = fn()
     except Exception as e:  # noqa: BLE001 - report, never fail
       return f"unavailable ({e})"
+    # NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch.
+    return f"{code // 10000}.{code % 10000 // 100}.{code % 100}" if isinstance(code, int) else code
   return _version("nvidia-nccl-cu13")
 
 
