@@ -1,4 +1,5 @@
-// The one place that turns XLA FFI attributes into a CodecSpec.
+// The one place that turns XLA FFI attributes into a CodecSpec, and the argument checks
+// the CPU and CUDA codec handlers share.
 //
 // Attributes (all scalars; Python: jcoccl/_src/compressors/native.py):
 //   kind: int32 (Kind), bits: int32, block: int32, symmetric: int32 (0/1),
@@ -51,6 +52,44 @@ inline bool DTypeFromFfi(xla::ffi::DataType t, DType* out) {
     case xla::ffi::DataType::F16: *out = DType::kF16; return true;
     default: return false;
   }
+}
+
+// The last dimension of a buffer (1 for a scalar).
+inline int64_t LastDim(const xla::ffi::AnyBuffer& b) {
+  auto dims = b.dimensions();
+  return dims.size() == 0 ? 1 : dims.back();
+}
+
+inline xla::ffi::Error BadArg(const std::string& what) {
+  return xla::ffi::Error::InvalidArgument("jcoccl codec: " + what);
+}
+
+// A row of n elements must be a positive multiple of the codec's granule.
+inline xla::ffi::Error CheckRow(const CodecSpec& s, int64_t n) {
+  if (n <= 0 || n % Granule(s) != 0) {
+    return BadArg("row length " + std::to_string(n) + " is not a positive multiple of the granule " +
+                  std::to_string(Granule(s)));
+  }
+  return xla::ffi::Error::Success();
+}
+
+// Shapes of a reduction: buf uint8[batch..., nrows, P], n elements per row.
+struct SumShape {
+  int64_t batch = 0, nrows = 0, p = 0;
+};
+
+inline xla::ffi::Error SumShapeOf(const CodecSpec& s, DType d, const xla::ffi::AnyBuffer& buf,
+                                  int64_t n, SumShape* sh) {
+  if (auto e = CheckRow(s, n); e.failure()) return e;
+  auto dims = buf.dimensions();
+  sh->p = PayloadBytes(s, n, d);
+  if (buf.element_type() != xla::ffi::DataType::U8 || dims.size() < 2 || dims.back() != sh->p ||
+      dims[dims.size() - 2] < 1) {
+    return BadArg("payload must be uint8[..., nrows >= 1, " + std::to_string(sh->p) + "]");
+  }
+  sh->nrows = dims[dims.size() - 2];
+  sh->batch = static_cast<int64_t>(buf.element_count()) / (sh->nrows * sh->p);
+  return xla::ffi::Error::Success();
 }
 
 }  // namespace jcoccl::codecs

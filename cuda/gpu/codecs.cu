@@ -407,29 +407,17 @@ cudaError_t DecodeSumEncodeCuda(const CodecSpec& s, DType d, const uint8_t* in, 
 // ---- XLA FFI handlers ----------------------------------------------------------------------
 namespace ffi = xla::ffi;
 namespace jc = jcoccl::codecs;
+using jc::BadArg;
+using jc::CheckRow;
+using jc::LastDim;
+using jc::SumShape;
+using jc::SumShapeOf;
 
 namespace {
-
-int64_t LastDim(const ffi::AnyBuffer& b) {
-  auto dims = b.dimensions();
-  return dims.size() == 0 ? 1 : dims.back();
-}
-
-ffi::Error BadArg(const std::string& what) {
-  return ffi::Error::InvalidArgument("jcoccl codec: " + what);
-}
 
 ffi::Error CudaStatus(cudaError_t e) {
   if (e == cudaSuccess) return ffi::Error::Success();
   return ffi::Error::Internal(std::string("jcoccl codec: CUDA error ") + cudaGetErrorString(e));
-}
-
-ffi::Error CheckRow(const jc::CodecSpec& s, int64_t n) {
-  if (n <= 0 || n % jc::Granule(s) != 0) {
-    return BadArg("row length " + std::to_string(n) + " is not a positive multiple of the granule " +
-                  std::to_string(jc::Granule(s)));
-  }
-  return ffi::Error::Success();
 }
 
 ffi::Error EncodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
@@ -466,24 +454,6 @@ ffi::Error DecodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<f
   }
   return CudaStatus(jc::DecodeRowsCuda(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
                                        rows, n, out->untyped_data(), stream));
-}
-
-struct SumShape {
-  int64_t batch = 0, nrows = 0, p = 0;
-};
-
-ffi::Error SumShapeOf(const jc::CodecSpec& s, jc::DType d, const ffi::AnyBuffer& buf, int64_t n,
-                      SumShape* sh) {
-  if (auto e = CheckRow(s, n); e.failure()) return e;
-  auto dims = buf.dimensions();
-  sh->p = jc::PayloadBytes(s, n, d);
-  if (buf.element_type() != ffi::DataType::U8 || dims.size() < 2 || dims.back() != sh->p ||
-      dims[dims.size() - 2] < 1) {
-    return BadArg("payload must be uint8[..., nrows >= 1, " + std::to_string(sh->p) + "]");
-  }
-  sh->nrows = dims[dims.size() - 2];
-  sh->batch = static_cast<int64_t>(buf.element_count()) / (sh->nrows * sh->p);
-  return ffi::Error::Success();
 }
 
 ffi::Error DecodeSumImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
