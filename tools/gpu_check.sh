@@ -5,8 +5,8 @@
 # jnp specification), and times compressed vs uncompressed collectives.
 #
 # Usage: tools/gpu_check.sh [OUT]   (OUT defaults to $OUT, else ./gpu_out)
-# Writes OUT/{build.log, codecs.json, single.json, world2.json, world4.json, summary.json,
-# summary.txt, *.log}. Each step has its own time limit; a failed step is recorded and the
+# Writes OUT/{codecs.json, single.json, world2.json, world4.json, summary.json, summary.txt,
+# logs.tgz (every step's log)}. Each step has its own time limit; a failed step is recorded and the
 # remaining steps still run; the exit status is non-zero if any step failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,4 +77,7 @@ step report 20 "$PY" tools/gpu_collectives.py report --dir "$OUT"
   echo "# steps"
   for s in "${STEPS[@]}"; do echo "$s"; done
 } | tee -a "$OUT/summary.txt"
+# The device tool returns at most 8 files from $OUT: keep the JSON and the summary as they
+# are and pack the logs into one archive.
+(cd "$OUT" && tar czf logs.tgz ./*.log nvidia-smi.txt 2>/dev/null && rm -f ./*.log nvidia-smi.txt) || true
 exit "$STATUS"
