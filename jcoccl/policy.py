@@ -7,6 +7,9 @@ not named) to a table of op -> compressor spec, plus per-axis options:
       a spec string for ``jcoccl.compressors.parse`` (``"int8"``, ``"int4:block=128,asym"``,
       ``"fp8"``), ``"hadamard(<inner spec>)"``, a Compressor, or ``"none"``/None (exact).
   ``error_feedback``: bool, keep the compression residual of gradient sums and add it back.
+  ``zero``: bool (the data axis), ZeRO-style data parallelism in ``models.parallel``: gradients
+      reduce-scattered over the axis (with ``reduce_scatter``'s compressor), the optimizer
+      state sharded over it, updated parameters all-gathered (with ``all_gather``'s).
   ``min_bytes``: int, messages under it go uncompressed (jcoccl's default otherwise).
   ``algorithm``: str, the all_reduce algorithm (``"auto"``, ``"one_shot"``, ...).
 
@@ -28,7 +31,7 @@ import tomllib
 from typing import Any, Mapping
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
-OPTIONS = ("error_feedback", "min_bytes", "algorithm")
+OPTIONS = ("error_feedback", "zero", "min_bytes", "algorithm")
 WILDCARD = "*"
 _WRAPPED = re.compile(r"^\s*hadamard\s*\((.*)\)\s*$")
 
@@ -59,6 +62,7 @@ class AxisPolicy:
 
   compressors: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   error_feedback: bool = False
+  zero: bool = False
   min_bytes: int | None = None
   algorithm: str = "auto"
 
@@ -81,7 +85,7 @@ class Policy:
     Args:
       table: axis name (or ``"*"``) -> mapping of ops (``all_reduce``, ``all_gather``,
         ``reduce_scatter``, ``all_to_all``, ``ppermute``) to compressor specs and options
-        (``error_feedback``, ``min_bytes``, ``algorithm``).
+        (``error_feedback``, ``zero``, ``min_bytes``, ``algorithm``).
 
     Returns:
       A Policy.
@@ -112,7 +116,7 @@ class Policy:
 
     Example:
       >>> Policy.from_specs(["data.all_reduce=int8", "pipe.ppermute=fp8",
-      ...                    "data.error_feedback=true"])
+      ...                    "data.error_feedback=true", "data.zero=true"])
     """
     table: dict[str, dict[str, Any]] = {}
     for s in specs:
@@ -137,6 +141,11 @@ class Policy:
     """Whether gradient sums over ``axis`` keep and re-add their compression residual."""
     return self._axis(axis).error_feedback
 
+  def zero(self, axis: str) -> bool:
+    """Whether ``axis`` (the data axis) runs ZeRO-style: reduce_scatter, sharded optimizer
+    state, all_gather."""
+    return self._axis(axis).zero
+
   def options(self, axis: str) -> dict[str, Any]:
     """Keyword arguments (``min_bytes``, ``algorithm``) for jcoccl collectives on ``axis``."""
     a = self._axis(axis)
@@ -152,6 +161,8 @@ class Policy:
       ops = [f"{op}={c}" for op, c in a.compressors.items()]
       if a.error_feedback:
         ops.append("error_feedback")
+      if a.zero:
+        ops.append("zero")
       if a.min_bytes is not None:
         ops.append(f"min_bytes={a.min_bytes}")
       lines.append(f"{axis}: " + (" ".join(ops) or "exact"))
@@ -159,9 +170,9 @@ class Policy:
 
 
 def _option_value(op: str, value: str) -> Any:
-  if op == "error_feedback":
+  if op in ("error_feedback", "zero"):
     if value.lower() not in ("true", "false", "1", "0"):
-      raise ValueError(f"error_feedback must be true or false, got {value!r}")
+      raise ValueError(f"{op} must be true or false, got {value!r}")
     return value.lower() in ("true", "1")
   if op == "min_bytes":
     try:
@@ -178,9 +189,9 @@ def _axis_policy(axis: str, entry: Mapping[str, Any]) -> AxisPolicy:
       c = _parse(value, f"policy[{axis!r}][{key!r}]")
       if c is not None:
         comps[key] = c
-    elif key == "error_feedback":
+    elif key in ("error_feedback", "zero"):
       if not isinstance(value, bool):
-        raise TypeError(f"policy[{axis!r}]['error_feedback'] must be a bool, got {value!r}")
+        raise TypeError(f"policy[{axis!r}][{key!r}] must be a bool, got {value!r}")
       kw[key] = value
     elif key == "min_bytes":
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:

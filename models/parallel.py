@@ -11,7 +11,10 @@ cross-device sum is an explicit collective):
     ``exit`` (all_reduce, backward identity) after each row-parallel one;
   * pipe: GPipe over ppermute (``models.pipeline``), whose transpose carries gradients back;
     gradients of the replicated ``outer`` parameters are summed over 'pipe';
-  * data: gradients summed with all_reduce (optionally with error feedback).
+  * data: gradients summed with all_reduce (optionally with error feedback); or, with the
+    policy's ``[data] zero = true``, ZeRO-style: each gradient leaf flattened, padded and
+    reduce-scattered, AdamW run on this rank's 1/data shard (optimizer state sharded over
+    'data'), and the updated shards all-gathered.
 Every collective goes through :class:`Collectives`, which calls jcoccl with the compressor
 ``policy.compressor(axis, op)``.
 
@@ -62,24 +65,47 @@ class Collectives:
   def _record(self, axis: str, op: str, x: jax.Array, c: Any) -> None:
     self.log.append((axis, op, tuple(x.shape), jnp.dtype(x.dtype), c))
 
+  def _options(self, axis: str, op: str) -> dict:
+    # The policy's algorithm names an all_reduce algorithm; the other ops take none.
+    opts = self.policy.options(axis)
+    return opts if op == "all_reduce" else {k: v for k, v in opts.items() if k != "algorithm"}
+
   def all_reduce(self, x: jax.Array, axis: str, *, exact: bool = False) -> jax.Array:
     """Sum over ``axis``; ``exact`` forces the uncompressed path (metrics, norms)."""
     c = None if exact else self.policy.compressor(axis, "all_reduce")
     self._record(axis, "all_reduce", x, c)
-    return jcoccl.all_reduce(x, axis, compressor=c, **self.policy.options(axis))
+    return jcoccl.all_reduce(x, axis, compressor=c, **self._options(axis, "all_reduce"))
 
-  def ef_all_reduce(self, grads: Any, state: Any, axis: str) -> tuple[Any, Any]:
-    """Sums a gradient pytree over ``axis`` with error feedback (jcoccl.error_feedback)."""
-    c = self.policy.compressor(axis, "all_reduce")
+  def reduce_scatter(self, x: jax.Array, axis: str) -> jax.Array:
+    """Sum over ``axis`` of a flat ``x``, this rank's 1/size slice (tiled on dimension 0)."""
+    c = self.policy.compressor(axis, "reduce_scatter")
+    self._record(axis, "reduce_scatter", x, c)
+    return jcoccl.reduce_scatter(x, axis, tiled=True, compressor=c,
+                                 **self._options(axis, "reduce_scatter"))
+
+  def all_gather(self, x: jax.Array, axis: str) -> jax.Array:
+    """Concatenation over ``axis`` of every rank's flat ``x`` (tiled on dimension 0)."""
+    c = self.policy.compressor(axis, "all_gather")
+    self._record(axis, "all_gather", x, c)
+    return jcoccl.all_gather(x, axis, tiled=True, compressor=c,
+                             **self._options(axis, "all_gather"))
+
+  def ef_reduce(self, grads: Any, state: Any, axis: str, op: str = "all_reduce"
+                ) -> tuple[Any, Any]:
+    """Sums a gradient pytree over ``axis`` with error feedback (jcoccl.error_feedback);
+    ``op`` is "all_reduce" or "reduce_scatter" (flat leaves, tiled)."""
+    c = self.policy.compressor(axis, op)
     for g in jax.tree.leaves(grads):
-      self._record(axis, "all_reduce", g, c)
-    ef = jcoccl.error_feedback(c)
-    return ef.all_reduce(grads, state, axis, **self.policy.options(axis))
+      self._record(axis, op, g, c)
+    ef, opts = jcoccl.error_feedback(c), self._options(axis, op)
+    if op == "reduce_scatter":
+      return ef.reduce_scatter(grads, state, axis, tiled=True, **opts)
+    return ef.all_reduce(grads, state, axis, **opts)
 
   def ppermute(self, x: jax.Array, axis: str, perm: list[tuple[int, int]]) -> jax.Array:
     """Sends ``x`` along ``perm``; its VJP sends the cotangent along the inverse permutation."""
     c = self.policy.compressor(axis, "ppermute")
-    opts = {k: v for k, v in self.policy.options(axis).items() if k != "algorithm"}
+    opts = self._options(axis, "ppermute")
     inverse = [(b, a) for a, b in perm]
 
     def send(v, p):
@@ -191,7 +217,8 @@ class Parallel3D:
   Args:
     model: the model (its weights are the initial parameters; see :meth:`shard`).
     mesh: a mesh with axes ``AXES``.
-    policy: compressors per (axis, op).
+    policy: compressors per (axis, op); its ``zero`` option on 'data' turns on ZeRO mode
+      (``self.zero``, when 'data' has more than one rank).
     n_micro: pipeline micro-batches per step (must divide the per-data-rank batch).
   """
 
@@ -217,6 +244,7 @@ class Parallel3D:
     self._graphdef, self._abstract_state = nnx.split(abstract)
     self.specs = param_specs(jax.eval_shape(lambda: stack_params(model)), fam.tensor_axis)
     self.coll = Collectives(self.policy)
+    self.zero = self.policy.zero("data") and self.sizes["data"] > 1
 
   # -- placement ---------------------------------------------------------------------------
   def sharding(self, spec_tree: Any) -> Any:
@@ -259,34 +287,45 @@ class Parallel3D:
         loss = self.coll.all_reduce(loss, axis, exact=True)
     return loss
 
+  def _data_op(self) -> str:
+    return "reduce_scatter" if self.zero else "all_reduce"
+
   def uses_error_feedback(self) -> bool:
     return (self.sizes["data"] > 1 and self.policy.error_feedback("data")
-            and self.policy.compressor("data", "all_reduce") is not None)
+            and self.policy.compressor("data", self._data_op()) is not None)
 
-  def _sync_grads(self, grads: dict, ef: Any = None) -> tuple[dict, Any]:
-    """Sums gradients over 'data' (all) and over 'pipe' (the replicated outer parameters)."""
+  def _sync_grads(self, grads: dict, ef: Any = None, zero: bool = False) -> tuple[dict, Any]:
+    """Sums gradients over 'data' (all) and over 'pipe' (the replicated outer parameters).
+
+    With ``zero``, each leaf is flattened, padded (:meth:`_pad_flat`) and reduce-scattered over
+    'data': the result is this rank's flat shard of the summed gradient.
+    """
+    op = "reduce_scatter" if zero else "all_reduce"
+    if zero:
+      grads = jax.tree.map(self._pad_flat, grads)
     if self.sizes["data"] > 1:
       if ef is not None:
         local_ef = jax.tree.map(lambda e: e[0], ef)
-        grads, local_ef = self.coll.ef_all_reduce(grads, local_ef, "data")
+        grads, local_ef = self.coll.ef_reduce(grads, local_ef, "data", op)
         ef = jax.tree.map(lambda e: e[None], local_ef)
       else:
-        grads = jax.tree.map(lambda g: self.coll.all_reduce(g, "data"), grads)
+        grads = jax.tree.map(lambda g: getattr(self.coll, op)(g, "data"), grads)
     if self.sizes["pipe"] > 1:
       grads = {**grads, "outer": jax.tree.map(lambda g: self.coll.all_reduce(g, "pipe"),
                                               grads["outer"])}
     return grads, ef
 
-  def _local_loss_and_grads(self, params, tokens, targets, ef=None):
+  def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False):
     loss, grads = jax.value_and_grad(self._local_loss)(params, tokens, targets)
-    grads, ef = self._sync_grads(grads, ef)
+    grads, ef = self._sync_grads(grads, ef, zero)
     return self._sum_loss(loss), grads, ef
 
   def ef_specs(self) -> dict:
     """Error-feedback residuals are per-device state (each rank's own compression error; the
-    'outer' ones even differ across 'pipe'): a leading axis over every device."""
-    return jax.tree.map(lambda s: P(AXES, *([None] * len(s))), self.specs,
-                        is_leaf=lambda x: isinstance(x, P))
+    'outer' ones even differ across 'pipe'): a leading axis over every device. In ZeRO mode
+    they are flat (the padded leaf that is reduce-scattered)."""
+    return jax.tree.map(lambda s: P(AXES, *([None] * (1 if self.zero else len(s)))),
+                        self.specs, is_leaf=lambda x: isinstance(x, P))
 
   def _local_shape(self, shape: tuple[int, ...], spec: P) -> tuple[int, ...]:
     return tuple(n // (self.sizes[a] if a else 1)
@@ -297,11 +336,40 @@ class Parallel3D:
     if not self.uses_error_feedback():
       return None
     ndev = int(np.prod([self.sizes[a] for a in AXES]))
-    shapes = jax.tree.map(lambda p, s: (ndev, *self._local_shape(p.shape, s)), params,
-                          self.specs, is_leaf=lambda x: isinstance(x, P))
+    local = lambda p, s: ((self._shard_len(p.shape, s) * self.sizes["data"],) if self.zero
+                          else self._local_shape(p.shape, s))
+    shapes = jax.tree.map(lambda p, s: (ndev, *local(p, s)), params, self.specs,
+                          is_leaf=lambda x: isinstance(x, P))
     make = lambda: jax.tree.map(lambda sh: jnp.zeros(sh, jnp.float32), shapes,
                                 is_leaf=lambda x: isinstance(x, tuple))
     return jax.jit(make, out_shardings=self.sharding(self.ef_specs()))()
+
+  # -- ZeRO: each rank's flat 1/data shard of every (local) parameter ----------------------
+  def _shard_len(self, shape: tuple[int, ...], spec: P) -> int:
+    """Length of a leaf's ZeRO shard: its local size, padded to a multiple of 'data', / data."""
+    return -(-int(np.prod(self._local_shape(shape, spec))) // self.sizes["data"])
+
+  def zero_specs(self) -> dict:
+    """Specs of ZeRO shards (the optimizer state's leaves): flat, split over 'data' and over
+    the axes that split the parameter, so each device holds [shard_len]."""
+    return jax.tree.map(lambda s: P(("data", *(a for a in s if a))), self.specs,
+                        is_leaf=lambda x: isinstance(x, P))
+
+  def _pad_flat(self, x: jax.Array) -> jax.Array:
+    return jnp.pad(x.reshape(-1), (0, -x.size % self.sizes["data"]))
+
+  def _local_shards(self, params: dict) -> dict:
+    """This rank's ZeRO shard of each local parameter (inside shard_map)."""
+    def leaf(x):
+      flat = self._pad_flat(x)
+      k = flat.size // self.sizes["data"]
+      return lax.dynamic_slice_in_dim(flat, lax.axis_index("data") * k, k)
+    return jax.tree.map(leaf, params)
+
+  def _gather(self, shards: dict, like: dict) -> dict:
+    """Local parameters (shaped like ``like``) from every rank's shard: all_gather 'data'."""
+    return jax.tree.map(lambda s, x: self.coll.all_gather(s, "data")[:x.size].reshape(x.shape),
+                        shards, like)
 
   def _shard_map(self, f: Callable, in_specs: tuple, out_specs: Any) -> Callable:
     return jax.shard_map(f, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
@@ -323,8 +391,9 @@ class Parallel3D:
     return jax.jit(f)(params, jax.device_put(tokens, batch), jax.device_put(targets, batch))
 
   # -- training -----------------------------------------------------------------------------
-  def _global_norm(self, grads: dict) -> jax.Array:
-    """The gradient norm over all shards: each device adds its share, divided by replication."""
+  def _global_norm(self, grads: dict, axes: tuple[str, ...] = ("tensor", "pipe")) -> jax.Array:
+    """The gradient norm over all shards: each device adds its share, divided by replication
+    over 'tensor'/'pipe', summed over ``axes`` (also 'data' for ZeRO shards, whose padding is 0)."""
     t, p = self.sizes["tensor"], self.sizes["pipe"]
     total = jnp.float32(0.0)
     for part, spec_tree in (("outer", self.specs["outer"]), ("blocks", self.specs["blocks"])):
@@ -332,20 +401,24 @@ class Parallel3D:
                          jax.tree.leaves(spec_tree, is_leaf=lambda x: isinstance(x, P))):
         repl = (1 if "tensor" in spec else t) * (1 if "pipe" in spec else p)
         total = total + jnp.sum(jnp.square(g.astype(jnp.float32))) / repl
-    for axis in ("tensor", "pipe"):
+    for axis in axes:
       if self.sizes[axis] > 1:
         total = self.coll.all_reduce(total, axis, exact=True)
     return jnp.sqrt(total)
 
   def opt_specs(self, tx: optax.GradientTransformation, params: dict) -> Any:
-    state = jax.eval_shape(tx.init, params)
-    return optax.tree_map_params(tx, lambda _, s: s, state, self.specs,
+    """Specs of ``tx``'s state: the parameters' (ZeRO mode: :meth:`zero_specs`), P() else."""
+    state = jax.eval_shape(tx.init, params)  # only its structure is used
+    return optax.tree_map_params(tx, lambda _, s: s, state,
+                                 self.zero_specs() if self.zero else self.specs,
                                  transform_non_params=lambda _: P(),
                                  is_leaf=lambda x: isinstance(x, P))
 
   def init_opt(self, tx: optax.GradientTransformation, params: dict) -> Any:
+    """``tx``'s initial state, placed on the mesh (ZeRO mode: of each rank's shards)."""
     specs = self.opt_specs(tx, params)
-    f = self._shard_map(tx.init, (self.specs,), specs)
+    init = (lambda p: tx.init(self._local_shards(p))) if self.zero else tx.init
+    f = self._shard_map(init, (self.specs,), specs)
     return jax.jit(f)(params)
 
   def train_step(self, tx: optax.GradientTransformation, params: dict, *,
@@ -354,19 +427,22 @@ class Parallel3D:
 
     ``ef`` is :meth:`init_ef`'s residuals (None without error feedback). Gradients are
     clipped to ``clip_norm`` by their global norm (over all shards) before ``tx``; metrics
-    are ``loss`` and ``grad_norm``.
+    are ``loss`` and ``grad_norm``. In ZeRO mode ``tx`` updates each rank's 1/data shard
+    (gradients reduce-scattered, state sharded) and the new shards are all-gathered.
     """
     specs, ospecs = self.specs, self.opt_specs(tx, params)
     espec = self.ef_specs() if self.uses_error_feedback() else None
 
     def local(params, opt_state, ef, tokens, targets):
-      loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef)
-      norm = self._global_norm(grads)
+      loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef, self.zero)
+      norm = self._global_norm(grads, AXES if self.zero else ("tensor", "pipe"))
       if clip_norm is not None:
         scale = jnp.minimum(1.0, clip_norm / (norm + 1e-6))
         grads = jax.tree.map(lambda g: g * scale, grads)
-      updates, opt_state = tx.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state, ef,
+      own = self._local_shards(params) if self.zero else params
+      updates, opt_state = tx.update(grads, opt_state, own)
+      new = optax.apply_updates(own, updates)
+      return (self._gather(new, params) if self.zero else new, opt_state, ef,
               {"loss": loss, "grad_norm": norm})
 
     f = self._shard_map(local, (specs, ospecs, espec, P("data"), P("data")),
