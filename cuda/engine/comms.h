@@ -75,6 +75,14 @@ class SizeOnlyTransport final : public transport::Transport {
                              int64_t) override {
     return transport::Status::Error("size-only transport");
   }
+  transport::Status AllReduceSum(const transport::CallCtx&, const float*, int64_t,
+                                 float*) override {
+    return transport::Status::Error("size-only transport");
+  }
+  transport::Status ReduceScatterSum(const transport::CallCtx&, const float*, int64_t,
+                                     float*) override {
+    return transport::Status::Error("size-only transport");
+  }
 
  private:
   int size_;

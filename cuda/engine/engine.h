@@ -89,6 +89,11 @@ enum class Op : int32_t {
   kAllGather = 4,
   kAllToAll = 5,
   kPpermute = 6,
+  // Uncompressed baselines: the transport's own collective, no codec and no workspace
+  // (on GPU ncclAllReduce / ncclReduceScatter / ncclAllGather). The reductions are float32.
+  kPlainAllReduce = 7,
+  kPlainReduceScatter = 8,
+  kPlainAllGather = 9,
 };
 
 // Everything one call needs. Shapes (elements) per op, k slices of rows of length m:
@@ -99,6 +104,10 @@ enum class Op : int32_t {
 //   all_gather:              x [k, m]          -> out [k, size, m]
 //   all_to_all:              x [k, size, m]    -> out [k, size, m]
 //   ppermute:                x [k, m]          -> out [k, m]  (zeros where no source)
+//   plain all_reduce:        x [k, m]          -> out [k, m]      (float32)
+//   plain reduce_scatter:    x [k, size, m]    -> out [k, m]      (float32)
+//   plain all_gather:        x [k, m]          -> out [k, size, m]
+// The plain ops ignore `codec` except for its element type.
 struct Call {
   Op op;
   int64_t k = 1;

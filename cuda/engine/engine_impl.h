@@ -128,6 +128,9 @@ inline Status PpermuteSlice(Runner& r, const void* x, int64_t m, void* out) {
   return Status::Ok();
 }
 
+inline const float* F32(const uint8_t* p) { return reinterpret_cast<const float*>(p); }
+inline float* F32(uint8_t* p) { return reinterpret_cast<float*>(p); }
+
 inline Status RunAll(Runner& r) {
   const Call& c = r.c;
   const int n = c.comm->size();
@@ -169,6 +172,18 @@ inline Status RunAll(Runner& r) {
         JCOCCL_RETURN_IF_ERROR(
             PpermuteSlice(r, At(c.x, s * c.m * eb), c.m, At(c.out, s * c.m * eb)));
         break;
+      case Op::kPlainAllReduce:
+        JCOCCL_STEP(c.comm->AllReduceSum(r.Ctx(), F32(At(c.x, s * c.m * eb)), c.m,
+                                         F32(At(c.out, s * c.m * eb))));
+        break;
+      case Op::kPlainReduceScatter:
+        JCOCCL_STEP(c.comm->ReduceScatterSum(r.Ctx(), F32(At(c.x, s * n * c.m * eb)), c.m,
+                                             F32(At(c.out, s * c.m * eb))));
+        break;
+      case Op::kPlainAllGather:
+        JCOCCL_STEP(c.comm->AllGather(r.Ctx(), At(c.x, s * c.m * eb), c.m * eb,
+                                      At(c.out, s * n * c.m * eb)));
+        break;
       default:
         return Status::Error("jcoccl fused: unknown op " + std::to_string(int(c.op)));
     }
@@ -190,6 +205,9 @@ inline Status Run(const Call& c, Lanes* lanes, uint8_t* ws, int64_t ws_bytes) {
   if (c.codec == nullptr || c.comm == nullptr) return Status::Error("jcoccl fused: no codec/comm");
   if (c.op == Op::kAllReduceHierarchical && (c.outer_codec == nullptr || c.outer_comm == nullptr))
     return Status::Error("jcoccl fused: hierarchical all_reduce needs an outer communicator");
+  if ((c.op == Op::kPlainAllReduce || c.op == Op::kPlainReduceScatter) &&
+      c.codec->dtype() != DType::kF32)
+    return Status::Error("jcoccl fused: plain all_reduce / reduce_scatter sum float32 only");
   const int64_t need = WorkspaceBytes(c);
   if (need > ws_bytes) {
     return Status::Error("jcoccl fused: workspace of " + std::to_string(ws_bytes) +

@@ -1,7 +1,8 @@
 // Shared by the CPU and CUDA fused handlers: reads a fused call's attributes.
 //
 // Attributes (Python: jcoccl/_src/fused.py):
-//   op: int32 (engine::Op), k: int64 slices, m: int64 row length, comm: int64 id,
+//   op: int32 (engine::Op; 7-9 are the plain uncompressed ops), k: int64 slices,
+//   m: int64 row length, comm: int64 id,
 //   outer_comm: int64 id (hierarchical; else -1), perm: int32[size] destination of each
 //   rank or -1 (ppermute; else empty), the codec attributes of codecs/ffi_attrs.h, and the
 //   outer codec's with an "o_" prefix (hierarchical only).
@@ -94,13 +95,17 @@ inline ffi::Error Resolve(const ffi::Dictionary& a, int32_t device, ffi::DataTyp
     return ffi::Error::InvalidArgument("jcoccl fused: m must be a positive multiple of the granule");
   int64_t in_rows = 1, out_rows = 1;
   switch (c.op) {
-    case Op::kAllReduceOneShot: case Op::kPpermute: break;
+    case Op::kAllReduceOneShot: case Op::kPpermute: case Op::kPlainAllReduce: break;
     case Op::kAllReduceTwoShot: case Op::kAllReduceHierarchical: case Op::kAllToAll:
       in_rows = out_rows = n; break;
-    case Op::kReduceScatter: in_rows = n; break;
-    case Op::kAllGather: out_rows = n; break;
+    case Op::kReduceScatter: case Op::kPlainReduceScatter: in_rows = n; break;
+    case Op::kAllGather: case Op::kPlainAllGather: out_rows = n; break;
     default: return ffi::Error::InvalidArgument("jcoccl fused: unknown op");
   }
+  if ((c.op == Op::kPlainAllReduce || c.op == Op::kPlainReduceScatter) &&
+      r->dtype != DType::kF32)
+    return ffi::Error::InvalidArgument(
+        "jcoccl fused: plain all_reduce / reduce_scatter take float32 only");
   if (in_elems != c.k * in_rows * c.m || out_elems != c.k * out_rows * c.m)
     return ffi::Error::InvalidArgument("jcoccl fused: buffer sizes do not match k, m and the group size");
   if (c.op == Op::kAllReduceHierarchical) {

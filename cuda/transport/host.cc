@@ -49,8 +49,20 @@ int64_t HostTransport::NextSeq(int64_t run_id) {
   return seq_[run_id]++;
 }
 
-// Tags catch mismatched programs: op kind in the low bits, byte count above.
-static int64_t Tag(int kind, int64_t bytes) { return bytes * 4 + kind; }
+// Tags catch mismatched programs: op kind in the low 3 bits, byte count above.
+static int64_t Tag(int kind, int64_t bytes) { return bytes * 8 + kind; }
+
+// out[i] = ((src[0][i] + src[1][i]) + ...) + src[n-1][i], each source offset by `off`
+// floats. Summing source by source gives every element the same sequence of float32 adds
+// as an element-wise left fold (the compiler is not allowed to reassociate: no fast-math).
+static void LeftFold(const std::vector<const void*>& src, int64_t off, int64_t count,
+                     float* out) {
+  std::memcpy(out, static_cast<const float*>(src[0]) + off, count * sizeof(float));
+  for (size_t r = 1; r < src.size(); ++r) {
+    const float* s = static_cast<const float*>(src[r]) + off;
+    for (int64_t i = 0; i < count; ++i) out[i] += s[i];
+  }
+}
 
 Status HostTransport::AllGather(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) {
   const int n = size();
@@ -78,6 +90,24 @@ Status HostTransport::SendRecv(const CallCtx& ctx, const void* send, int dst, vo
   return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send, Tag(2, bytes),
                           [&](const std::vector<const void*>& ptr) {
                             if (src >= 0) std::memcpy(recv, ptr[src], bytes);
+                          });
+}
+
+Status HostTransport::AllReduceSum(const CallCtx& ctx, const float* send, int64_t count,
+                                   float* recv) {
+  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send,
+                          Tag(3, count * sizeof(float)),
+                          [&](const std::vector<const void*>& ptr) {
+                            LeftFold(ptr, 0, count, recv);
+                          });
+}
+
+Status HostTransport::ReduceScatterSum(const CallCtx& ctx, const float* send,
+                                       int64_t count_per_rank, float* recv) {
+  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send,
+                          Tag(4, count_per_rank * sizeof(float)),
+                          [&](const std::vector<const void*>& ptr) {
+                            LeftFold(ptr, rank_ * count_per_rank, count_per_rank, recv);
                           });
 }
 

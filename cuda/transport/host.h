@@ -24,6 +24,9 @@ class HostTransport final : public Transport {
   Status AllToAll(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) override;
   Status SendRecv(const CallCtx& ctx, const void* send, int dst, void* recv, int src,
                   int64_t bytes) override;
+  Status AllReduceSum(const CallCtx& ctx, const float* send, int64_t count, float* recv) override;
+  Status ReduceScatterSum(const CallCtx& ctx, const float* send, int64_t count_per_rank,
+                          float* recv) override;
 
  private:
   int64_t NextSeq(int64_t run_id);

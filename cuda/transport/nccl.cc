@@ -34,7 +34,9 @@ NcclApi* LoadApi(std::string* error) {
             Sym(lib, "ncclCommDestroy", &api->CommDestroy) &&
             Sym(lib, "ncclCommAbort", &api->CommAbort) &&
             Sym(lib, "ncclCommGetAsyncError", &api->CommGetAsyncError) &&
-            Sym(lib, "ncclAllGather", &api->AllGather) && Sym(lib, "ncclSend", &api->Send) &&
+            Sym(lib, "ncclAllGather", &api->AllGather) &&
+            Sym(lib, "ncclAllReduce", &api->AllReduce) &&
+            Sym(lib, "ncclReduceScatter", &api->ReduceScatter) && Sym(lib, "ncclSend", &api->Send) &&
             Sym(lib, "ncclRecv", &api->Recv) && Sym(lib, "ncclGroupStart", &api->GroupStart) &&
             Sym(lib, "ncclGroupEnd", &api->GroupEnd) &&
             Sym(lib, "ncclGetErrorString", &api->GetErrorString) &&
@@ -112,6 +114,24 @@ Status NcclTransport::SendRecv(const CallCtx& ctx, const void* send, int dst, vo
   if (st.ok() && src >= 0) st = Check(api->Recv(recv, bytes, ncclUint8, src, comm_, s), "ncclRecv");
   Status end = Check(api->GroupEnd(), "ncclGroupEnd");
   return st.ok() ? end : st;
+}
+
+Status NcclTransport::AllReduceSum(const CallCtx& ctx, const float* send, int64_t count,
+                                   float* recv) {
+  if (aborted_) return Status::Error("jcoccl NCCL communicator was aborted; re-run jcoccl.init");
+  const NcclApi* api = Nccl(nullptr);
+  return Check(api->AllReduce(send, recv, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_,
+                              static_cast<cudaStream_t>(ctx.stream)),
+               "ncclAllReduce");
+}
+
+Status NcclTransport::ReduceScatterSum(const CallCtx& ctx, const float* send,
+                                       int64_t count_per_rank, float* recv) {
+  if (aborted_) return Status::Error("jcoccl NCCL communicator was aborted; re-run jcoccl.init");
+  const NcclApi* api = Nccl(nullptr);
+  return Check(api->ReduceScatter(send, recv, static_cast<size_t>(count_per_rank), ncclFloat32,
+                                  ncclSum, comm_, static_cast<cudaStream_t>(ctx.stream)),
+               "ncclReduceScatter");
 }
 
 Status NcclTransport::Wait(cudaEvent_t done) {

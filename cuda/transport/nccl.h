@@ -22,6 +22,10 @@ struct NcclApi {
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*) = nullptr;
   ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
                             cudaStream_t) = nullptr;
+  ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                            cudaStream_t) = nullptr;
+  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t,
                        cudaStream_t) = nullptr;
   ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
@@ -46,6 +50,9 @@ class NcclTransport final : public Transport {
   Status AllToAll(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) override;
   Status SendRecv(const CallCtx& ctx, const void* send, int dst, void* recv, int src,
                   int64_t bytes) override;
+  Status AllReduceSum(const CallCtx& ctx, const float* send, int64_t count, float* recv) override;
+  Status ReduceScatterSum(const CallCtx& ctx, const float* send, int64_t count_per_rank,
+                          float* recv) override;
   // Waits for `done` (an event recorded after this call's work) while polling NCCL's
   // asynchronous error; aborts the communicator after TimeoutSeconds().
   Status Wait(cudaEvent_t done);

@@ -44,6 +44,16 @@ class Transport {
   // Every rank takes part in the call, even one that neither sends nor receives.
   virtual Status SendRecv(const CallCtx& ctx, const void* send, int dst, void* recv, int src,
                           int64_t bytes) = 0;
+  // Uncompressed float32 reductions (the plain baseline ops; NCCL: ncclSum on ncclFloat32).
+  // The host transport folds in rank order (((x_0 + x_1) + x_2) + ...), so every rank gets
+  // identical bits; NCCL uses its own order (ring/tree), so its bits may differ from the fold.
+  // recv[0, count) = sum over ranks r of rank r's send[0, count).
+  virtual Status AllReduceSum(const CallCtx& ctx, const float* send, int64_t count,
+                              float* recv) = 0;
+  // recv[0, count_per_rank) = sum over ranks r of rank r's
+  // send[rank() * count_per_rank, (rank() + 1) * count_per_rank).
+  virtual Status ReduceScatterSum(const CallCtx& ctx, const float* send, int64_t count_per_rank,
+                                  float* recv) = 0;
 };
 
 // Seconds a rank waits for its peers before failing the call: JCOCCL_TIMEOUT_S, default 300.
