@@ -325,3 +325,92 @@ def test_identity_codec_engine_matches_lax(dtype):
   got = np.asarray(outs[4]).reshape(n, m)
   for r in range(n):
     np.testing.assert_array_equal(_bits(got[r]), _bits(want))
+
+
+# ----------------------------------------------------------------------------------------
+# Plain (uncompressed) collectives: the transport's own ops, the GPU benchmark's baseline.
+
+def _fold_bound(n):
+  """Float32 summation error: any order of n-term addition lands within gamma_{n-1} * sum|x|
+  of the exact sum (gamma_j = j u / (1 - j u), u = eps32 / 2), so two orders differ by at
+  most 2 gamma_{n-1} sum|x| ~ (n - 1) eps32 sum|x|."""
+  u = float(np.finfo(np.float32).eps) / 2
+  return 2 * (n - 1) * u / (1 - (n - 1) * u)
+
+
+def _plain_data(n, k, m, seed):
+  """Per rank [k, n, m] float32 with outliers and a few NaN/Inf (one NaN per element)."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((n, k, n, m)).astype(np.float32)
+  x[rng.random(x.shape) < 0.02] *= 1e4
+  x[0, 0, :, 3] = np.nan           # NaN from rank 0 only
+  x[0, 0, :, 5] = np.inf
+  x[n - 1, 0, :, 5] = -np.inf      # Inf + -Inf: NaN
+  x[1, 0, :, 7] = np.inf
+  return x
+
+
+def _assert_sum_close(got, want, x_abs_sum, n, what):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  fin = np.isfinite(want)
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
+  np.testing.assert_array_equal(got[~fin & ~np.isnan(want)], want[~fin & ~np.isnan(want)],
+                                err_msg=what)
+  err = np.abs(got[fin] - want[fin])
+  bound = _fold_bound(n) * x_abs_sum[fin]
+  assert np.all(err <= bound), (what, float(np.max(err - bound)))
+
+
+@pytest.mark.parametrize("n,k", [(2, 1), (4, 2), (8, 1)])
+def test_plain_ops_host_transport(n, k):
+  """algo="plain": all_gather moves bytes exactly as lax.all_gather; all_reduce and
+  reduce_scatter are the float32 left fold in rank order, bit for bit on every rank, and
+  agree with lax.psum / lax.psum_scatter within float32 summation rounding."""
+  m = 48
+  mesh = _mesh((n,), ("x",))
+  jcoccl.init(mesh)
+  cid = fused._state.comms[("x",)]
+  xh = _plain_data(n, k, m, seed=n)
+  x = jax.device_put(jnp.asarray(xh.reshape(n * k, n, m)), jax.NamedSharding(mesh, jax.P("x")))
+  call = lambda op, v, shape: fused.engine_call(op, "plain", v, shape, cid, n, None, k, m,
+                                                platform="cpu")
+
+  def body(v):
+    row, half = v[:, 0], v[:, 0].astype(jnp.bfloat16)
+    return (call("all_reduce", row, (k, m)), jax.lax.psum(row, "x"),
+            call("reduce_scatter", v, (k, m)),
+            jax.lax.psum_scatter(v, "x", scatter_dimension=1, tiled=False),
+            call("all_gather", row, (k, n, m)), jax.lax.all_gather(row, "x", axis=1),
+            call("all_gather", half, (k, n, m)), jax.lax.all_gather(half, "x", axis=1))
+
+  spec = jax.P("x")
+  outs = [np.asarray(o) for o in jax.jit(jax.shard_map(
+      body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))(x)]
+  ar, ar_lax, rs, rs_lax = (o.reshape(n, k, m) for o in outs[:4])
+  np.testing.assert_array_equal(_bits(outs[4]), _bits(outs[5]))
+  np.testing.assert_array_equal(_bits(outs[6]), _bits(outs[7]))
+  with np.errstate(invalid="ignore"):
+    fold = xh[0].copy()                 # [k, n, m]: slot j of every rank, summed in rank order
+    for r in range(1, n):
+      fold = fold + xh[r]
+  abs_sum = np.abs(xh.astype(np.float64)).sum(axis=0)
+  for r in range(n):
+    np.testing.assert_array_equal(_bits(ar[r]), _bits(fold[:, 0]), err_msg=f"all_reduce rank {r}")
+    np.testing.assert_array_equal(_bits(rs[r]), _bits(fold[:, r]),
+                                  err_msg=f"reduce_scatter rank {r}")
+    _assert_sum_close(ar_lax[r], ar[r], abs_sum[:, 0], n, f"psum rank {r}")
+    _assert_sum_close(rs_lax[r], rs[r], abs_sum[:, r], n, f"psum_scatter rank {r}")
+
+
+def test_plain_ops_reject_bad_arguments():
+  x = jnp.ones((1, 32), jnp.float32)
+  kw = dict(platform="cpu")
+  with pytest.raises(ValueError, match="compressor=None"):
+    fused.engine_call("all_reduce", "plain", x, x.shape, 1, 2, jc.int8(block_size=32), 1, 32, **kw)
+  with pytest.raises(TypeError, match="float32"):
+    fused.engine_call("all_reduce", "plain", x.astype(jnp.bfloat16), x.shape, 1, 2, None, 1, 32,
+                      **kw)
+  with pytest.raises(ValueError, match="all_reduce, reduce_scatter or all_gather"):
+    fused.engine_call("all_to_all", "plain", x, x.shape, 1, 2, None, 1, 32, **kw)
+  with pytest.raises(ValueError, match="algo must be"):
+    fused.engine_call("all_reduce", "ring", x, x.shape, 1, 2, None, 1, 32, **kw)

@@ -57,6 +57,9 @@ from jcoccl._src import _ffi
 # engine::Op codes (cuda/engine/engine.h).
 _OP = {"one_shot": 0, "two_shot": 1, "hierarchical": 2, "reduce_scatter": 3,
        "all_gather": 4, "all_to_all": 5, "ppermute": 6}
+# algo="plain": the transport's own uncompressed collective (on GPU ncclAllReduce /
+# ncclReduceScatter with ncclSum on float32, ncclAllGather), the baseline for benchmarks.
+_PLAIN_OP = {"all_reduce": 7, "reduce_scatter": 8, "all_gather": 9}
 _TARGET = {"all_reduce": "jcoccl_fused_all_reduce", "reduce_scatter": "jcoccl_fused_reduce_scatter",
            "all_gather": "jcoccl_fused_all_gather", "all_to_all": "jcoccl_fused_all_to_all",
            "ppermute": "jcoccl_fused_ppermute"}
@@ -292,7 +295,10 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
   Args:
     op: collective name (picks the target "jcoccl_fused_<op>").
     algo: engine algorithm: one_shot, two_shot, hierarchical, reduce_scatter, all_gather,
-      all_to_all or ppermute.
+      all_to_all or ppermute; or "plain" (op all_reduce, reduce_scatter or all_gather): the
+      transport's own uncompressed collective with ``compressor=None`` (NCCL's on GPU; on
+      CPU the host transport's, whose sums are the float32 left fold in rank order).
+      Plain all_reduce / reduce_scatter take float32 only.
     x: input laid out as the engine expects ([k, m] or [k, n, m]).
     out_shape: output shape.
     comm: communicator id (inner one for hierarchical).
@@ -310,11 +316,14 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
   Example:
     >>> y = engine_call("all_reduce", "one_shot", x2d, x2d.shape, cid, 2, jc.int8(),
     ...                 1, 256, platform="cuda")  # doctest: +SKIP
+    >>> base = engine_call("all_reduce", "plain", x2d, x2d.shape, cid, 2, None,
+    ...                    1, 256, platform="cuda")  # doctest: +SKIP
   """
   dtype = jnp.dtype(x.dtype)
   if dtype not in _DTYPE_CODE:
     raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
-  attrs: dict[str, Any] = dict(op=np.int32(_OP[algo]), k=np.int64(k), m=np.int64(m),
+  code = _op_code(op, algo, compressor, dtype)
+  attrs: dict[str, Any] = dict(op=np.int32(code), k=np.int64(k), m=np.int64(m),
                                comm=np.int64(comm), outer_comm=np.int64(outer_comm),
                                perm=np.full((n,), -1, np.int32) if perm is None else perm)
   attrs.update(_codec_attrs(compressor))
@@ -323,7 +332,7 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
   codec = {k_: v for k_, v in attrs.items() if k_ in _NONE_ATTRS}
   ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
   ws = int(_ffi.native_module("cpu").fused_workspace_bytes(
-      _OP[algo], k, m, n, outer_size, codec, ocodec, _DTYPE_CODE[dtype]))
+      code, k, m, n, outer_size, codec, ocodec, _DTYPE_CODE[dtype]))
   _ffi.register(platform)
   if vma is None:
     types = (jax.ShapeDtypeStruct(out_shape, dtype), jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
@@ -333,6 +342,23 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
   # Under vmap each batch element is its own collective, issued in the same order everywhere.
   out, _ = jax.ffi.ffi_call(_TARGET[op], types, vmap_method="sequential")(x, **attrs)
   return out
+
+
+def _op_code(op: str, algo: str, compressor: Any, dtype: Any) -> int:
+  """The engine::Op code of (op, algo); checks what the plain ops accept."""
+  if op not in _TARGET:
+    raise ValueError(f"op must be one of {sorted(_TARGET)}, got {op!r}")
+  if algo != "plain":
+    if algo not in _OP:
+      raise ValueError(f"algo must be one of {sorted(_OP) + ['plain']}, got {algo!r}")
+    return _OP[algo]
+  if op not in _PLAIN_OP:
+    raise ValueError(f"algo='plain' needs op all_reduce, reduce_scatter or all_gather, got {op!r}")
+  if compressor is not None:
+    raise ValueError("algo='plain' is the uncompressed collective: pass compressor=None")
+  if op != "all_gather" and dtype != jnp.dtype(jnp.float32):
+    raise TypeError(f"algo='plain' {op} sums float32 only, got x of dtype {dtype.name}")
+  return _PLAIN_OP[op]
 
 
 def _fused_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], axes: tuple,
