@@ -8,19 +8,27 @@ Subcommands:
            NCCL_SOCKET_IFNAME=lo (so NCCL treats them as separate nodes and uses its socket
            transport over loopback); the ncclUniqueId travels through a file. Each worker
            checks every fused op against a reference computed independently with the jnp codec
-           specification on the CPU, then (with --bench) times compressed vs uncompressed
-           all_reduce / all_gather / reduce_scatter (nccl-tests algbw/busbw). If NCCL refuses
-           (e.g. "Duplicate GPU detected"), that is printed clearly and the command exits 3.
+           specification on the CPU, and the plain NCCL ops against numpy, then (with --bench)
+           times compressed vs NCCL all_reduce / all_gather / reduce_scatter (nccl-tests
+           algbw/busbw). If NCCL refuses (e.g. "Duplicate GPU detected"), that is printed
+           clearly and the command exits 3.
   worker   one rank of `launch` (internal).
+  selfcheck  world size 1 on the CPU through the host transport: runs the worker's checks and
+           the benchmark code (tiny sizes) without a GPU, so the script's own code is tested.
   report   merges the JSON files of a directory into summary.json and summary.txt.
 
-The uncompressed baseline is the same engine and NCCL transport with the identity codec
-("none": raw bytes), all_reduce as two_shot (reduce-scatter + all-gather traffic, like
-NCCL's ring), so the ratio isolates what compression buys.
+The baseline ("nccl") is NCCL's own uncompressed collective on float32, as nccl-tests
+times it: ncclAllReduce / ncclReduceScatter with ncclSum, ncclAllGather (the engine's
+algo="plain" ops, one NCCL call each). speedup = t_nccl / t_compressed. The row
+"engine_none" is jcoccl's engine with the identity codec (raw bytes through the same
+algorithm as the compressed rows: two_shot all_reduce = all_to_all + all_gather over
+send/recv): t_nccl / t_engine_none shows the engine's own overhead, apart from compression.
+Times are the mean of --iters back-to-back calls after two warm-up calls and a barrier.
 
 Example:
   python tools/gpu_collectives.py single --out gpu_out/single.json
   python tools/gpu_collectives.py launch --world 2 --bench --out gpu_out/world2.json
+  python tools/gpu_collectives.py selfcheck        # no GPU needed
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import tempfile
 import time
 from typing import Any
 
-PLATFORM = "cuda"  # the engine's platform (tests may point the helpers at "cpu")
+PLATFORM = "cuda"  # the engine's platform ("selfcheck" points the helpers at "cpu")
 OPS = ("one_shot", "two_shot", "reduce_scatter", "all_gather", "all_to_all", "ppermute")
 
 
@@ -185,8 +193,12 @@ def _layout(op: str, x: Any, n: int, m: int) -> tuple[Any, tuple]:
 
 def _engine(op: str, x: Any, out_shape: tuple, cid: int, n: int, comp: Any, m: int,
             k: int = 1) -> Any:
+  """One engine call; ``op`` is an engine algorithm or "plain_<collective>" (NCCL's own)."""
   import numpy as np
   from jcoccl._src import fused
+  if op.startswith("plain_"):
+    return fused.engine_call(op[len("plain_"):], "plain", x, out_shape, cid, n, None, k, m,
+                             platform=PLATFORM)
   name = op if op in ("reduce_scatter", "all_gather", "all_to_all", "ppermute") else "all_reduce"
   perm = None
   if op == "ppermute":
@@ -208,8 +220,6 @@ def _wait_file(path: str, timeout: float) -> bytes:
 
 def cmd_worker(args: argparse.Namespace) -> int:
   import jax
-  import jax.numpy as jnp
-  import numpy as np
   from jcoccl._src import _ffi
 
   me, n = args.rank, args.world
@@ -239,28 +249,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 3
   gpu = jax.devices("gpu")[0]
   cpu = jax.devices("cpu")[0]
-  m = 4096
-  bad = 0
-  for cname, comp in _compressors().items():
-    for dtype in (jnp.float32, jnp.bfloat16):
-      with jax.default_device(cpu):
-        xs = [_inputs(r, n, m, n, dtype) for r in range(n)]
-      for op in OPS:
-        inp, oshape = _layout(op, xs[me], n, m)
-        try:
-          got = np.asarray(_engine(op, jax.device_put(inp, gpu), oshape, cid, n, comp, m))
-          with jax.default_device(cpu):
-            ref = np.asarray(_reference(op, comp, xs, me, n, m, dtype)).reshape(oshape)
-          ok = _bits_equal(got, ref)
-          err = ""
-        except Exception as e:
-          ok, err = False, f"{type(e).__name__}: {e}"[:500]
-        bad += not ok
-        report["checks"].append(dict(op=op, compressor=cname, dtype=jnp.dtype(dtype).name,
-                                     bit_identical=ok, error=err))
-        if me == 0 or not ok:
-          print(f"[rank {me}/{n}] {op:15s} {cname:14s} {jnp.dtype(dtype).name:9s} "
-                f"{'OK' if ok else 'MISMATCH ' + err}", flush=True)
+  report["checks"] = _checks(cid, me, n, gpu, cpu) + _plain_checks(cid, me, n, gpu, cpu)
+  bad = sum(not c["ok"] for c in report["checks"])
   if args.bench:
     report["bench"] = _bench(cid, me, n, gpu, args.sizes_mib, args.iters)
   mod.fused_comm_destroy(cid)
@@ -269,63 +259,192 @@ def cmd_worker(args: argparse.Namespace) -> int:
   return 1 if bad else 0
 
 
-def _bench(cid: int, me: int, n: int, gpu: Any, sizes_mib: list, iters: int) -> list:
-  """Times compressed vs identity-codec collectives at each size (f32, bytes = buffer size)."""
+def _checks(cid: int, me: int, n: int, dev: Any, cpu: Any) -> list:
+  """Every compressed engine op on ``dev`` against the jnp specification, bit for bit."""
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from jcoccl import compressors as jc
 
-  codecs = {"none": jc.none(), "int8": jc.int8(block_size=256), "int4": jc.int4(block_size=128),
-            "fp8": jc.fp8("e4m3", block_size=128)}
-  ops = {"all_reduce": ("two_shot", 2.0 * (n - 1) / n),
-         "all_gather": ("all_gather", (n - 1) / n),
-         "reduce_scatter": ("reduce_scatter", (n - 1) / n)}
+  m = 4096
+  out = []
+  for cname, comp in _compressors().items():
+    for dtype in (jnp.float32, jnp.bfloat16):
+      with jax.default_device(cpu):
+        xs = [_inputs(r, n, m, n, dtype) for r in range(n)]
+      for op in OPS:
+        inp, oshape = _layout(op, xs[me], n, m)
+        try:
+          got = np.asarray(_engine(op, jax.device_put(inp, dev), oshape, cid, n, comp, m))
+          with jax.default_device(cpu):
+            ref = np.asarray(_reference(op, comp, xs, me, n, m, dtype)).reshape(oshape)
+          ok = _bits_equal(got, ref)
+          err = ""
+        except Exception as e:
+          ok, err = False, f"{type(e).__name__}: {e}"[:500]
+        out.append(dict(op=op, compressor=cname, dtype=jnp.dtype(dtype).name,
+                        bit_identical=ok, ok=ok, error=err))
+        if me == 0 or not ok:
+          print(f"[rank {me}/{n}] {op:15s} {cname:14s} {jnp.dtype(dtype).name:9s} "
+                f"{'OK' if ok else 'MISMATCH ' + err}", flush=True)
+  return out
+
+
+def _fold_bound(n: int) -> float:
+  """Two float32 summation orders of n terms differ by at most 2 gamma_{n-1} sum|x_r|
+  (gamma_j = j u / (1 - j u), u = eps32 / 2): NCCL's order vs the rank-order fold."""
+  import numpy as np
+  u = float(np.finfo(np.float32).eps) / 2
+  return 2 * (n - 1) * u / (1 - (n - 1) * u)
+
+
+def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any) -> list:
+  """NCCL's plain ops on ``dev`` against numpy: all_gather bit for bit; all_reduce and
+  reduce_scatter within float32 summation rounding of the rank-order fold (NCCL sums in
+  its own order). The all_reduce digest lets `launch` compare the ranks' bits."""
+  import hashlib
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  m = 4096
+  with jax.default_device(cpu):
+    xs = [np.asarray(_inputs(r, n, m, n, jnp.float32)) for r in range(n)]  # [n, m] each
+  x64 = np.stack(xs).astype(np.float64)
+  fold = xs[0].copy()
+  for r in range(1, n):
+    fold = fold + xs[r]
+  bound = _fold_bound(n) * np.abs(x64).sum(axis=0)
+  cases = {
+      "plain_all_reduce": (xs[me].reshape(1, n * m), (1, n * m), n * m,
+                           fold.reshape(1, n * m), bound.reshape(1, n * m)),
+      "plain_reduce_scatter": (xs[me].reshape(1, n, m), (1, m), m, fold[me][None],
+                               bound[me][None]),
+      "plain_all_gather": (xs[me][:1], (1, n, m), m, np.stack([x[0] for x in xs])[None], None),
+  }
+  out = []
+  for op, (inp, oshape, mm, want, tol) in cases.items():
+    digest = ""
+    try:
+      got = np.asarray(_engine(op, jax.device_put(jnp.asarray(inp), dev), oshape, cid, n, None,
+                               mm))
+      digest = hashlib.sha256(got.tobytes()).hexdigest()
+      if tol is None:
+        ok, err = _bits_equal(got, want), ""
+      else:
+        excess = np.abs(got.astype(np.float64) - want) - tol
+        ok = got.shape == want.shape and bool(np.all(excess <= 0))
+        err = "" if ok else f"max error over the bound: {float(np.max(excess)):.3g}"
+    except Exception as e:
+      ok, err = False, f"{type(e).__name__}: {e}"[:500]
+    out.append(dict(op=op, compressor="nccl", dtype="float32", ok=ok, error=err, digest=digest))
+    if me == 0 or not ok:
+      print(f"[rank {me}/{n}] {op:22s} nccl      float32   {'OK' if ok else 'MISMATCH ' + err}",
+            flush=True)
+  # Raw bytes: the 2-byte dtype moves exactly as well.
+  with jax.default_device(cpu):
+    hs = [_inputs(r, n, m, 1, jnp.bfloat16) for r in range(n)]
+  try:
+    got = np.asarray(_engine("plain_all_gather", jax.device_put(hs[me], dev), (1, n, m), cid, n,
+                             None, m))
+    ok, err = _bits_equal(got, np.stack([np.asarray(h)[0] for h in hs])[None]), ""
+  except Exception as e:
+    ok, err = False, f"{type(e).__name__}: {e}"[:500]
+  out.append(dict(op="plain_all_gather", compressor="nccl", dtype="bfloat16", ok=ok, error=err))
+  return out
+
+
+def _bench_cases(n: int) -> dict:
+  """op -> (nccl-tests bus factor, [(label, engine algo, compressor or None)])."""
+  from jcoccl import compressors as jc
+  comps = {"int8": jc.int8(block_size=256), "int4": jc.int4(block_size=128),
+           "fp8": jc.fp8("e4m3", block_size=128)}
+  rows = lambda algo: ([("nccl", "plain_" + op_of[algo], None), ("engine_none", algo, None)] +
+                       [(c, algo, comp) for c, comp in comps.items()])
+  op_of = {"two_shot": "all_reduce", "all_gather": "all_gather",
+           "reduce_scatter": "reduce_scatter"}
+  ar = rows("two_shot") + [("int8/one_shot", "one_shot", comps["int8"])]
+  return {"all_reduce": (2.0 * (n - 1) / n, ar),
+          "all_gather": ((n - 1) / n, rows("all_gather")),
+          "reduce_scatter": ((n - 1) / n, rows("reduce_scatter"))}
+
+
+def _bench_layout(algo: str, n: int, m: int) -> tuple[tuple, tuple, int]:
+  """(input shape, output shape, engine row length) for one timed call of n*m float32."""
+  return {"plain_all_reduce": ((1, n * m), (1, n * m), n * m),
+          "one_shot": ((1, n * m), (1, n * m), n * m),
+          "two_shot": ((1, n, m), (1, n, m), m),
+          "plain_reduce_scatter": ((1, n, m), (1, m), m),
+          "reduce_scatter": ((1, n, m), (1, m), m),
+          "plain_all_gather": ((1, m), (1, n, m), m),
+          "all_gather": ((1, m), (1, n, m), m)}[algo]
+
+
+def _bench(cid: int, me: int, n: int, dev: Any, sizes_mib: list, iters: int) -> list:
+  """Times compressed collectives against NCCL's at each size (float32; bytes = the full
+  buffer as nccl-tests counts it: count * 4 for all_reduce, the gathered / scattered buffer
+  for all_gather / reduce_scatter)."""
+  import jax
+  import jax.numpy as jnp
+
+  barrier_in = jax.device_put(jnp.zeros((1, 1), jnp.float32), dev)
+  barrier = jax.jit(lambda v: _engine("plain_all_reduce", v, (1, 1), cid, n, None, 1))
   rows = []
   for mib in sizes_mib:
-    nbytes = int(mib * (1 << 20))
-    total = nbytes // 4
+    total = int(mib * (1 << 20)) // 4
     m = max(512, (total // n) // 512 * 512)  # per-rank row length, granule-aligned
-    for opname, (algo, factor) in ops.items():
+    buf = n * m * 4
+    for opname, (factor, cases) in _bench_cases(n).items():
       times = {}
-      for cname, comp in codecs.items():
-        if algo == "all_gather":
-          x = jnp.ones((1, m), jnp.float32)
-          oshape = (1, n, m)
-          buf = n * m * 4
-        elif algo == "reduce_scatter":
-          x = jnp.ones((1, n, m), jnp.float32)
-          oshape = (1, m)
-          buf = n * m * 4
-        else:
-          x = jnp.ones((1, n, m), jnp.float32)
-          oshape = (1, n, m)
-          buf = n * m * 4
-        x = jax.device_put(x, gpu)
-        comp_arg = None if cname == "none" else comp
-        f = jax.jit(lambda v, comp_arg=comp_arg, algo=algo, oshape=oshape:
-                    _engine(algo, v, oshape, cid, n, comp_arg, m))
+      for label, algo, comp in cases:
+        ishape, oshape, mm = _bench_layout(algo, n, m)
+        x = jax.device_put(jax.random.normal(jax.random.key(me), ishape, jnp.float32), dev)
+        f = jax.jit(lambda v, algo=algo, oshape=oshape, comp=comp, mm=mm:
+                    _engine(algo, v, oshape, cid, n, comp, mm))
         jax.block_until_ready(f(x))
         jax.block_until_ready(f(x))
-        ts = []
-        for _ in range(iters):
-          t0 = time.perf_counter()
-          jax.block_until_ready(f(x))
-          ts.append(time.perf_counter() - t0)
-        t = float(np.median(ts))
-        times[cname] = t
+        jax.block_until_ready(barrier(barrier_in))  # every rank starts the clock together
+        t0 = time.perf_counter()
+        outs = [f(x) for _ in range(max(1, iters))]
+        jax.block_until_ready(outs)
+        t = (time.perf_counter() - t0) / max(1, iters)
+        times[label] = t
         algbw = buf / t / 1e9
-        rows.append(dict(op=opname, bytes=buf, compressor=cname, time_us=t * 1e6,
-                         algbw_GBps=algbw, busbw_GBps=algbw * factor,
-                         speedup_vs_none=None))
-      for r in rows[-len(codecs):]:
-        r["speedup_vs_none"] = times["none"] / times[r["compressor"]]
+        rows.append(dict(op=opname, bytes=buf, compressor=label, algo=algo, time_us=t * 1e6,
+                         algbw_GBps=algbw, busbw_GBps=algbw * factor, speedup_vs_nccl=None))
+      for r in rows[-len(cases):]:
+        r["speedup_vs_nccl"] = times["nccl"] / times[r["compressor"]]
       if me == 0:
-        for r in rows[-len(codecs):]:
-          print(f"[bench n={n}] {r['op']:14s} {r['bytes']:>12d} {r['compressor']:5s} "
+        for r in rows[-len(cases):]:
+          print(f"[bench n={n}] {r['op']:14s} {r['bytes']:>12d} {r['compressor']:13s} "
                 f"{r['time_us']:>11.1f} us  algbw {r['algbw_GBps']:7.3f}  busbw "
-                f"{r['busbw_GBps']:7.3f} GB/s  x{r['speedup_vs_none']:.2f}", flush=True)
+                f"{r['busbw_GBps']:7.3f} GB/s  x{r['speedup_vs_nccl']:.2f} vs nccl", flush=True)
   return rows
+
+
+def cmd_selfcheck(args: argparse.Namespace) -> int:
+  """World size 1 on the CPU (host transport): the worker's checks and the benchmark loop."""
+  global PLATFORM
+  import jax
+  from jcoccl._src import _ffi
+
+  mod = _ffi.native_module("cpu")
+  if mod is None:
+    print(f"jcoccl._cpu missing: {_ffi.native_import_error('cpu')}")
+    return 2
+  PLATFORM = "cpu"
+  _ffi.register("cpu")
+  cpu = jax.devices("cpu")[0]
+  cid = (1 << 50) + 11
+  mod.fused_host_comm_create(cid, [cpu.id])
+  try:
+    checks = _checks(cid, 0, 1, cpu, cpu) + _plain_checks(cid, 0, 1, cpu, cpu)
+    bench = _bench(cid, 0, 1, cpu, args.sizes_mib, args.iters)
+  finally:
+    mod.fused_comm_destroy(cid)
+  bad = [c for c in checks if not c["ok"]]
+  _write(args.out, dict(kind="selfcheck", checks=checks, bench=bench, mismatches=len(bad)))
+  print(f"selfcheck: {len(checks) - len(bad)}/{len(checks)} checks OK, {len(bench)} bench rows")
+  return 1 if bad else 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -365,8 +484,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
   if refused:
     print(f"NCCL REFUSED {args.world} ranks on one GPU with distinct NCCL_HOSTID "
           "(see the log tails above)", flush=True)
+  # NCCL's all_reduce usually hands every rank the same bits (ring/tree broadcast the reduced
+  # chunks); recorded for information, not counted as a mismatch.
+  digests = {c.get("digest") for x in ranks for c in x.get("checks", [])
+             if c.get("op") == "plain_all_reduce"}
+  same = len(digests) == 1 and "" not in digests and None not in digests
+  print(f"plain NCCL all_reduce bits identical on every rank: {same}", flush=True)
   summary = dict(kind="launch", world=args.world, returncodes=[str(c) for c in rcs],
-                 refused=refused, ranks=ranks,
+                 refused=refused, plain_all_reduce_same_bits_on_all_ranks=same, ranks=ranks,
                  bench=ranks[0].get("bench", []) if ranks else [],
                  mismatches=sum(int(x.get("mismatches", 0) or 0) for x in ranks))
   _write(args.out, summary)
@@ -394,14 +519,18 @@ def cmd_report(args: argparse.Namespace) -> int:
                    f"{len(p['results'])} bit-identical")
     elif p.get("kind") == "launch":
       lines.append(f"{name}: world {p['world']}: refused={p['refused']} "
-                   f"returncodes={p['returncodes']} mismatches={p['mismatches']}")
+                   f"returncodes={p['returncodes']} mismatches={p['mismatches']} "
+                   "nccl all_reduce same bits on all ranks="
+                   f"{p.get('plain_all_reduce_same_bits_on_all_ranks')}")
       if p.get("bench"):
-        lines.append(f"  {'op':14s} {'bytes':>12s} {'codec':5s} {'time(us)':>11s} "
+        lines.append("  baseline nccl = ncclAllReduce/ncclReduceScatter (f32 sum), ncclAllGather;"
+                     " speedup = t_nccl / t; engine_none = engine + identity codec")
+        lines.append(f"  {'op':14s} {'bytes':>12s} {'codec':13s} {'time(us)':>11s} "
                      f"{'algbw':>8s} {'busbw':>8s} {'speedup':>8s}")
         for r in p["bench"]:
-          lines.append(f"  {r['op']:14s} {r['bytes']:>12d} {r['compressor']:5s} "
+          lines.append(f"  {r['op']:14s} {r['bytes']:>12d} {r['compressor']:13s} "
                        f"{r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} "
-                       f"{r['speedup_vs_none']:>8.2f}")
+                       f"{r['speedup_vs_nccl']:>8.2f}")
     else:
       lines.append(f"{name}: {json.dumps(p)[:300]}")
   text = "\n".join(lines) + "\n"
@@ -426,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
   for name in ("launch", "worker"):
     w = sub.add_parser(name, help="multi-process NCCL run" if name == "launch" else "one rank")
     w.add_argument("--world", type=int, default=2)
-    w.add_argument("--bench", action="store_true", help="also time compressed vs uncompressed")
+    w.add_argument("--bench", action="store_true", help="also time compressed vs NCCL")
     w.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 8, 64])
     w.add_argument("--iters", type=int, default=5)
     if name == "launch":
@@ -436,11 +565,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
       w.add_argument("--rank", type=int, required=True)
       w.add_argument("--dir", required=True)
+  c = sub.add_parser("selfcheck", help="world size 1 on the CPU: the script's checks and bench "
+                     "code through the host transport (no GPU)")
+  c.add_argument("--out", default="gpu_out/selfcheck.json")
+  c.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25])
+  c.add_argument("--iters", type=int, default=2)
   r = sub.add_parser("report", help="merge the JSON files of a directory")
   r.add_argument("--dir", default="gpu_out")
   args = p.parse_args(argv)
   return {"single": cmd_single, "launch": cmd_launch, "worker": cmd_worker,
-          "report": cmd_report}[args.cmd](args)
+          "selfcheck": cmd_selfcheck, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":
