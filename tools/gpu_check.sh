@@ -63,9 +63,9 @@ step single 90 "$PY" tools/gpu_collectives.py single --out "$OUT/single.json"
 # 4+5) 2 and 4 processes on the one GPU (distinct NCCL_HOSTID, NCCL_SOCKET_IFNAME=lo):
 # correctness against the jnp specification, then compressed vs uncompressed timings.
 # `launch` exits 3 and prints "NCCL REFUSED" if NCCL will not run ranks on one GPU.
-step world2 100 "$PY" tools/gpu_collectives.py launch --world 2 --bench \
+step world2 130 "$PY" tools/gpu_collectives.py launch --world 2 --bench \
   --sizes-mib 1 16 64 --iters 5 --timeout 30 --out "$OUT/world2.json"
-step world4 100 "$PY" tools/gpu_collectives.py launch --world 4 --bench \
+step world4 130 "$PY" tools/gpu_collectives.py launch --world 4 --bench \
   --sizes-mib 1 16 64 --iters 3 --timeout 30 --out "$OUT/world4.json"
 if grep -q "NCCL REFUSED" "$OUT/world2.log" "$OUT/world4.log" 2>/dev/null; then
   echo "NOTE: NCCL refused several ranks on one GPU; see $OUT/world*.log"
