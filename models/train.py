@@ -3,6 +3,7 @@
   python -m models.train                                  # small GPT, 8 CPU devices 2x2x2
   python -m models.train --model qwen --mesh 4,2,1 --policy models/configs/int8.toml
   python -m models.train --compress data.all_reduce=int4 --compress data.min_bytes=0
+  python -m models.train --zero                           # ZeRO: sharded AdamW state over 'data'
   python -m models.train --resume                         # continue runs/<name>
 
 Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation, and
@@ -58,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  help="a TOML file, or a name under models/configs (exact, coccl, int8)")
   p.add_argument("--compress", action="append", default=[], metavar="AXIS.OP=SPEC",
                  help="override one policy entry, e.g. data.all_reduce=int4 (repeatable)")
+  p.add_argument("--zero", action="store_true",
+                 help="ZeRO data parallelism (policy data.zero = true): reduce_scatter gradients, "
+                      "AdamW state sharded over 'data', all_gather parameters")
   p.add_argument("--steps", type=int, default=300)
   p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
   p.add_argument("--seq-len", type=int, default=64)
@@ -92,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_policy(args: argparse.Namespace) -> Policy:
-  """--policy (file or preset name) with --compress overrides applied on top."""
+  """--policy (file or preset name) with --compress overrides and --zero applied on top."""
   path = pathlib.Path(args.policy)
   if not path.suffix and (CONFIGS / f"{args.policy}.toml").exists():
     path = CONFIGS / f"{args.policy}.toml"
@@ -103,6 +107,8 @@ def load_policy(args: argparse.Namespace) -> Policy:
   table = tomllib.loads(path.read_text())
   for axis, entries in Policy.from_specs(args.compress).source.items():
     table.setdefault(axis, {}).update(entries)
+  if args.zero:
+    table.setdefault("data", {})["zero"] = True
   return Policy.from_dict(table)
 
 
@@ -253,9 +259,10 @@ def main(argv: list[str] | None = None) -> dict:
   tx = make_optimizer(args)
   params = par.shard(model)
   state = State(params, par.init_opt(tx, params), par.init_ef(params))
-  # The uncompressed reference for the wire-bytes report: same model and mesh, exact policy.
-  exact = None if args.no_hlo_wire else parallel.Parallel3D(model, mesh, Policy(),
-                                                            n_micro=args.micro)
+  # The uncompressed reference for the wire-bytes report: same model, mesh and ZeRO mode
+  # (the same optimizer-state layout), exact policy.
+  ref = Policy.from_dict({"data": {"zero": True}} if policy.zero("data") else {})
+  exact = None if args.no_hlo_wire else parallel.Parallel3D(model, mesh, ref, n_micro=args.micro)
   args.out.mkdir(parents=True, exist_ok=True)
   mngr = _checkpointer(args.out)
   metrics_path = args.out / "metrics.jsonl"

@@ -1,0 +1,162 @@
+"""ZeRO data parallelism (policy ``[data] zero = true``) in the 3D-parallel trainer: the same
+training steps as plain data parallelism with compression off, an optimizer state sharded
+over 'data', and a compressed reduce_scatter (jcoccl's one-shot all-to-all) on the wire."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jcoccl
+from jcoccl.policy import Policy
+from models import gpt, qwen
+from models.parallel import Parallel3D, make_mesh
+
+VOCAB, LR = 64, 1e-2
+
+
+def _gpt():
+  return gpt.GPT(gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=4,
+                               n_head=4), rngs=nnx.Rngs(0))
+
+
+def _qwen():
+  return qwen.Qwen(qwen.QwenConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=4, num_attention_heads=4,
+                                   num_key_value_heads=2, rope_theta=5000.0,
+                                   tie_word_embeddings=False), rngs=nnx.Rngs(1))
+
+
+def _batch(n=8, s=8, seed=0):
+  tok = np.random.default_rng(seed).integers(0, VOCAB, (n, s + 1))
+  return jnp.asarray(tok[:, :-1], jnp.int32), jnp.asarray(tok[:, 1:], jnp.int32)
+
+
+def _tx():
+  return optax.adamw(LR, b1=0.9, b2=0.95, weight_decay=0.1)
+
+
+def _train(make, mesh, table, micro, steps=2):
+  """``steps`` AdamW steps (clipped to norm 1) from the model's weights:
+  (par, params, opt_state, error-feedback residuals)."""
+  model = make()  # fresh per run: the step donates the parameters, which alias the model's
+  par = Parallel3D(model, mesh, Policy.from_dict(table), n_micro=micro)
+  params = par.shard(model)
+  opt, ef, tx = par.init_opt(_tx(), params), par.init_ef(params), _tx()
+  step = par.train_step(tx, params, clip_norm=1.0)
+  for i in range(steps):
+    params, opt, ef, m = step(params, opt, ef, *_batch(seed=i))
+    assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["grad_norm"]))
+  return par, params, opt, ef
+
+
+CASES = [("gpt", _gpt, (2, 2, 2), 2), ("qwen", _qwen, (4, 1, 2), 1),
+         ("qwen", _qwen, (8, 1, 1), 1)]
+
+
+@pytest.mark.parametrize("name,make,mesh,micro", CASES,
+                         ids=[f"{c[0]}-{'x'.join(map(str, c[2]))}" for c in CASES])
+def test_zero_steps_match_plain_data_parallel(name, make, mesh, micro):
+  mesh = make_mesh(*mesh)
+  plain, want, opt_plain, _ = _train(make, mesh, {}, micro)
+  zero, got, opt_zero, _ = _train(make, mesh, {"data": {"zero": True}}, micro)
+  assert zero.zero and not plain.zero
+  # Tolerance: both steps compute the same per-rank gradients; only the data sum
+  # (psum vs psum_scatter, D <= 8 float32 terms) and the norm's sum of squares may be
+  # associated differently, a relative change of at most ~D * 2^-24 < 1e-6 in each gradient.
+  # AdamW's update lr * m_hat / (sqrt(v_hat) + eps) is invariant to scaling the gradients
+  # (up to eps), so it moves by a relative ~1e-6 too: |dp| <= 1e-6 * lr per step, plus the
+  # rounding of p itself (rtol). (On XLA CPU the two are in fact bit-identical.)
+  for (path, w), g in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(got)):
+    assert g.shape == w.shape and g.sharding == w.sharding, jax.tree_util.keystr(path)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=2 * 1e-6 * LR,
+                               err_msg=jax.tree_util.keystr(path))
+  _assert_state_sharded(zero, plain, opt_zero, opt_plain)
+
+
+def _assert_state_sharded(zero, plain, opt_zero, opt_plain):
+  """Each moment leaf holds ceil(n/data) values per device where plain DP holds n."""
+  d = zero.sizes["data"]
+  per_device = lambda t: sum(a.addressable_shards[0].data.size for a in jax.tree.leaves(t))
+  for moment in ("mu", "nu"):
+    zs, ps = getattr(opt_zero[0], moment), getattr(opt_plain[0], moment)
+    for (path, p), z in zip(jax.tree_util.tree_flatten_with_path(ps)[0], jax.tree.leaves(zs)):
+      n = p.addressable_shards[0].data.size
+      assert z.ndim == 1 and "data" in z.sharding.spec[0], jax.tree_util.keystr(path)
+      assert {s.data.shape for s in z.addressable_shards} == {(-(-n // d),)}
+    # Padding adds under one element per leaf and rank.
+    n_leaves = len(jax.tree.leaves(ps))
+    assert per_device(ps) / d <= per_device(zs) < per_device(ps) / d + n_leaves
+
+
+COMPRESSED = {"data": {"zero": True, "reduce_scatter": "int8", "error_feedback": True,
+                       "min_bytes": 0}}
+
+
+def test_compressed_reduce_scatter_all_to_all_and_fewer_bytes():
+  mesh, tx, (x, y) = make_mesh(2, 2, 2), _tx(), _batch()
+
+  def compile_step(table):
+    model = _gpt()
+    par = Parallel3D(model, mesh, Policy.from_dict(table), n_micro=2)
+    params = par.shard(model)
+    args = (params, par.init_opt(tx, params), par.init_ef(params), x, y)
+    return par, par.train_step(tx, params), args
+
+  par, step, args = compile_step(COMPRESSED)
+  hlo = step.lower(*args).compile().as_text()
+  assert re.search(r"\ball-to-all\b", hlo)  # jcoccl's one-shot reduce_scatter
+  ops = {(axis, op) for axis, op, *_ in par.coll.log if axis == "data"}
+  assert ops == {("data", "reduce_scatter"), ("data", "all_gather"), ("data", "all_reduce")}
+  # The only all_reduces left on 'data' are the exact scalar loss and norm.
+  assert all(shape == () and c is None for axis, op, shape, _, c in par.coll.log
+             if (axis, op) == ("data", "all_reduce"))
+  _, exact_step, exact_args = compile_step({"data": {"zero": True}})
+  got, ref = _data_bytes(step, args, mesh), _data_bytes(exact_step, exact_args, mesh)
+  assert set(got) == {"all-to-all", "all-gather", "all-reduce"}
+  assert set(ref) == {"reduce-scatter", "all-gather", "all-reduce"}
+  # Parameters are gathered exactly in both; the gradients go as int8 (1/4 of float32, plus
+  # a scale per block and the block padding of this tiny model's small leaves).
+  assert got["all-gather"] == ref["all-gather"] > 0
+  assert 0 < got["all-to-all"] < 0.5 * ref["reduce-scatter"], (got, ref)
+  total = jcoccl.wire_bytes(step, *args, mesh=mesh)["by_axis"]["data"]
+  assert total == sum(got.values()) < jcoccl.wire_bytes(
+      exact_step, *exact_args, mesh=mesh)["by_axis"]["data"]
+
+
+def _data_bytes(step, args, mesh):
+  """Bytes each device sends on 'data' per step, by HLO op."""
+  out = {}
+  for c in jcoccl.wire_bytes(step, *args, mesh=mesh)["collectives"]:
+    if c["axes"] == ("data",):
+      out[c["op"]] = out.get(c["op"], 0) + c["sent_bytes"]
+  return out
+
+
+def test_compressed_zero_with_error_feedback_trains():
+  par, params, _, ef = _train(_gpt, make_mesh(2, 2, 2), COMPRESSED, 2, steps=2)
+  # One residual per device of the flat, padded gradient that is reduce-scattered.
+  for e, p in zip(jax.tree.leaves(ef), jax.tree.leaves(params)):
+    local = p.addressable_shards[0].data.size
+    assert e.shape == (8, local + local % 2), (e.shape, p.shape)
+  assert any(float(jnp.abs(e).max()) > 0 for e in jax.tree.leaves(ef))
+
+
+def test_policy_zero_option(tmp_path):
+  p = Policy.from_dict({"data": {"zero": True, "reduce_scatter": "int4"}})
+  assert p.zero("data") and not p.zero("tensor")
+  assert "zero" in p.describe()
+  assert Policy.from_specs(["data.zero=true"]).zero("data")
+  f = tmp_path / "p.toml"
+  f.write_text("[data]\nzero = true\n")
+  assert Policy.from_toml(str(f)).zero("data")
+  with pytest.raises(TypeError, match="'zero'.*must be a bool"):
+    Policy.from_dict({"data": {"zero": "yes"}})
+  with pytest.raises(ValueError, match="zero must be true or false"):
+    Policy.from_specs(["data.zero=maybe"])
+  # One data rank: nothing to shard, plain data parallelism.
+  assert not Parallel3D(_gpt(), make_mesh(1, 2, 2), Policy.from_dict({"data": {"zero": True}})).zero
