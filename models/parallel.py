@@ -14,7 +14,8 @@ cross-device sum is an explicit collective):
   * data: gradients summed with all_reduce (optionally with error feedback); or, with the
     policy's ``[data] zero = true``, ZeRO-style: each gradient leaf flattened, padded and
     reduce-scattered, AdamW run on this rank's 1/data shard (optimizer state sharded over
-    'data'), and the updated shards all-gathered.
+    'data'), and the updated shards all-gathered (keep that all_gather exact: there is no
+    float32 master copy, so a lossy one re-quantises the parameters at every step).
 Every collective goes through :class:`Collectives`, which calls jcoccl with the compressor
 ``policy.compressor(axis, op)``.
 
