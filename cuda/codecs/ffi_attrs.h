@@ -92,4 +92,26 @@ inline xla::ffi::Error SumShapeOf(const CodecSpec& s, DType d, const xla::ffi::A
   return xla::ffi::Error::Success();
 }
 
+// decode_sum_encode's arguments: the row dtype and length from the `dtype` (0 float32,
+// 1 bfloat16, 2 float16) and `n` attributes, buf's reduction shape, and an output of
+// uint8[batch..., P].
+inline xla::ffi::Error SumEncodeArgs(const xla::ffi::Dictionary& attrs, const CodecSpec& s,
+                                     const xla::ffi::AnyBuffer& buf,
+                                     const xla::ffi::AnyBuffer& out, DType* d, int64_t* n,
+                                     SumShape* sh) {
+  auto dt = attrs.get<int32_t>("dtype");
+  auto len = attrs.get<int64_t>("n");
+  if (dt.has_error()) return dt.error();
+  if (len.has_error()) return len.error();
+  if (*dt < 0 || *dt > 2) return BadArg("dtype must be 0 (float32), 1 (bfloat16) or 2 (float16)");
+  *d = static_cast<DType>(*dt);
+  *n = *len;
+  if (auto e = SumShapeOf(s, *d, buf, *n, sh); e.failure()) return e;
+  if (out.element_type() != xla::ffi::DataType::U8 ||
+      static_cast<int64_t>(out.element_count()) != sh->batch * sh->p) {
+    return BadArg("output must be uint8[..., " + std::to_string(sh->p) + "]");
+  }
+  return xla::ffi::Error::Success();
+}
+
 }  // namespace jcoccl::codecs

@@ -157,24 +157,16 @@ ffi::Error DecodeSumEncodeImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> o
                                ffi::Dictionary attrs) {
   auto spec = jc::SpecFromAttrs(attrs);
   if (spec.has_error()) return spec.error();
-  auto dt = attrs.get<int32_t>("dtype");
-  auto n = attrs.get<int64_t>("n");
-  if (dt.has_error()) return dt.error();
-  if (n.has_error()) return n.error();
-  if (*dt < 0 || *dt > 2) return BadArg("dtype must be 0 (float32), 1 (bfloat16) or 2 (float16)");
-  const jc::DType d = static_cast<jc::DType>(*dt);
+  jc::DType d;
+  int64_t n;
   SumShape sh;
-  if (auto e = SumShapeOf(*spec, d, buf, *n, &sh); e.failure()) return e;
-  if (out->element_type() != ffi::DataType::U8 ||
-      static_cast<int64_t>(out->element_count()) != sh.batch * sh.p) {
-    return BadArg("output must be uint8[..., " + std::to_string(sh.p) + "]");
-  }
+  if (auto e = jc::SumEncodeArgs(attrs, *spec, buf, *out, &d, &n, &sh); e.failure()) return e;
   const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
   auto* op = static_cast<uint8_t*>(out->untyped_data());
   std::vector<const uint8_t*> rows(sh.nrows);
   for (int64_t b = 0; b < sh.batch; ++b) {
     for (int64_t r = 0; r < sh.nrows; ++r) rows[r] = bp + (b * sh.nrows + r) * sh.p;
-    jc::DecodeSumEncodeCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), *n, op + b * sh.p);
+    jc::DecodeSumEncodeCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n, op + b * sh.p);
   }
   return ffi::Error::Success();
 }

@@ -476,21 +476,13 @@ ffi::Error DecodeSumEncodeImpl(cudaStream_t stream, ffi::AnyBuffer buf,
                                ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
   auto spec = jc::SpecFromAttrs(attrs);
   if (spec.has_error()) return spec.error();
-  auto dt = attrs.get<int32_t>("dtype");
-  auto n = attrs.get<int64_t>("n");
-  if (dt.has_error()) return dt.error();
-  if (n.has_error()) return n.error();
-  if (*dt < 0 || *dt > 2) return BadArg("dtype must be 0 (float32), 1 (bfloat16) or 2 (float16)");
-  const jc::DType d = static_cast<jc::DType>(*dt);
+  jc::DType d;
+  int64_t n;
   SumShape sh;
-  if (auto e = SumShapeOf(*spec, d, buf, *n, &sh); e.failure()) return e;
-  if (out->element_type() != ffi::DataType::U8 ||
-      static_cast<int64_t>(out->element_count()) != sh.batch * sh.p) {
-    return BadArg("output must be uint8[..., " + std::to_string(sh.p) + "]");
-  }
+  if (auto e = jc::SumEncodeArgs(attrs, *spec, buf, *out, &d, &n, &sh); e.failure()) return e;
   if (sh.nrows > (1 << 30)) return BadArg("too many rows");
   return CudaStatus(jc::DecodeSumEncodeBatch(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
-                                         static_cast<int>(sh.nrows), sh.p, sh.batch, *n,
+                                         static_cast<int>(sh.nrows), sh.p, sh.batch, n,
                                          static_cast<uint8_t*>(out->untyped_data()), stream));
 }
 
