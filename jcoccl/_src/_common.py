@@ -219,6 +219,32 @@ def grad_for(x: jax.Array, grad_compressor: Any) -> Any:
   return grad_compressor
 
 
+def canonical_args(axis_name: Any, compressor: Any, grad_compressor: Any, chunks: Any,
+                   tiled: Any = False) -> tuple[tuple[str, ...], Any, Any]:
+  """The arguments every compressed collective shares, checked and canonicalised.
+
+  Args:
+    axis_name: mesh axis name or tuple of names.
+    compressor: Compressor, spec string or None.
+    grad_compressor: the backward compressor (``SAME`` = ``compressor``).
+    chunks: positive int.
+    tiled: must be a bool (ops without ``tiled`` pass the default).
+
+  Returns:
+    (axes tuple, forward compressor or None, backward compressor or None).
+
+  Example:
+    >>> canonical_args("data", "int8", SAME, 1)  # doctest: +SKIP
+  """
+  axes = canonical_axes(axis_name)
+  comp = resolve_compressor(compressor)
+  gcomp = resolve_grad_compressor(grad_compressor, comp)
+  check_chunks(chunks)
+  if not isinstance(tiled, bool):
+    raise TypeError(f"tiled must be a bool, got {tiled!r}")
+  return axes, comp, gcomp
+
+
 def check_chunks(chunks: Any) -> int:
   if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
     raise ValueError(f"chunks must be a positive int, got {chunks!r}")

@@ -45,12 +45,7 @@ def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
   Example:
     >>> y = jcoccl.all_gather(x, "data", compressor="int8", min_bytes=0)  # doctest: +SKIP
   """
-  axes = C.canonical_axes(axis_name)
-  comp = C.resolve_compressor(compressor)
-  gcomp = C.resolve_grad_compressor(grad_compressor, comp)
-  C.check_chunks(chunks)
-  if not isinstance(tiled, bool):
-    raise TypeError(f"tiled must be a bool, got {tiled!r}")
+  axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
   return jax.tree_util.tree_map(
       lambda leaf: gather_leaf(leaf, axes, axis, tiled, comp, gcomp, backend, chunks,
                                min_bytes, key), x)

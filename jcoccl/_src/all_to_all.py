@@ -46,12 +46,7 @@ def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
   Example:
     >>> y = jcoccl.all_to_all(x, "expert", 0, 0, tiled=True, compressor="fp8")  # doctest: +SKIP
   """
-  axes = C.canonical_axes(axis_name)
-  comp = C.resolve_compressor(compressor)
-  gcomp = C.resolve_grad_compressor(grad_compressor, comp)
-  C.check_chunks(chunks)
-  if not isinstance(tiled, bool):
-    raise TypeError(f"tiled must be a bool, got {tiled!r}")
+  axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
   return jax.tree_util.tree_map(
       lambda leaf: a2a_leaf(leaf, axes, split_axis, concat_axis, tiled, comp, gcomp,
                             backend, chunks, min_bytes, key), x)

@@ -40,10 +40,7 @@ def ppermute(x: Any, axis_name: Any, perm: Any, *, compressor: Any = None,
   Example:
     >>> y = jcoccl.ppermute(x, "pipe", [(0, 1), (1, 2)], compressor="int8")  # doctest: +SKIP
   """
-  axes = C.canonical_axes(axis_name)
-  comp = C.resolve_compressor(compressor)
-  gcomp = C.resolve_grad_compressor(grad_compressor, comp)
-  C.check_chunks(chunks)
+  axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks)
   n = C.group_size(axes)
   perm = check_perm(perm, n)
   return jax.tree_util.tree_map(

@@ -48,15 +48,10 @@ def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0,
   Example:
     >>> y = jcoccl.reduce_scatter(g, "data", tiled=True, compressor="int4")  # doctest: +SKIP
   """
-  axes = C.canonical_axes(axis_name)
   if algorithm not in ("auto", "one_shot"):
     raise ValueError(f"algorithm must be 'auto' or 'one_shot' for reduce_scatter, "
                      f"got {algorithm!r}")
-  comp = C.resolve_compressor(compressor)
-  gcomp = C.resolve_grad_compressor(grad_compressor, comp)
-  C.check_chunks(chunks)
-  if not isinstance(tiled, bool):
-    raise TypeError(f"tiled must be a bool, got {tiled!r}")
+  axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
   return jax.tree_util.tree_map(
       lambda leaf: scatter_leaf(leaf, axes, scatter_dimension, tiled, comp, gcomp, backend,
                                 chunks, min_bytes, key), x)
