@@ -352,8 +352,3 @@ def compression_ratio(compressor: Any, n: int, dtype: Any) -> float:
   """payload_nbytes / raw bytes for a row of ``n`` elements (granule-padded)."""
   n = padded_len(n, compressor.granule)
   return compressor.payload_nbytes(n, dtype) / (n * jnp.dtype(dtype).itemsize)
-
-
-def leaves_apply(fn: Callable[[jax.Array], jax.Array], tree: Any) -> Any:
-  """Applies ``fn`` to every leaf of ``tree``."""
-  return jax.tree_util.tree_map(fn, tree)

@@ -133,7 +133,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     for nbytes in sizes:
       m = max(n, nbytes // dtype.itemsize // n * n)  # divisible by n for scatter ops
       x = jax.random.normal(jax.random.key(0), (n, m), jnp.float32).astype(dtype)
-      jfn, lfn, factor = _programs(op, mesh, n, {"compressor": None})
+      _, lfn, factor = _programs(op, mesh, n, {"compressor": None})
       ref_out = lfn(x)
       configs = [("lax", "-", 1, lfn)]
       algos = _specs(args.algorithms) if op == "all_reduce" else ["one_shot"]
