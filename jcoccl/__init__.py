@@ -19,6 +19,7 @@ from jcoccl._src._common import set_default_min_bytes as set_default_min_bytes
 from jcoccl._src._common import default_min_bytes as default_min_bytes
 
 from jcoccl import compressors as compressors
+from jcoccl import distributed as distributed
 from jcoccl._src.error_feedback import ErrorFeedback as ErrorFeedback
 from jcoccl._src.error_feedback import error_feedback as error_feedback
 from jcoccl._src.error_feedback import ef_all_reduce as ef_all_reduce

@@ -1,0 +1,162 @@
+"""jcoccl across processes on JAX's own runtime, started by ``python -m jcoccl.launch``:
+every op against lax on 2 and 4 processes, a process killed mid-run, the launcher's exit
+status, and its network namespace (a rate-limited loopback, removed afterwards)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jcoccl import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "mp_worker.py")
+
+
+def _launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  cmd = [sys.executable, "-m", "jcoccl.launch", *args]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("procs,devices", [(2, 1), (4, 1), (2, 2)])
+def test_ops_across_processes_match_lax(procs, devices):
+  r = _launch("-n", str(procs), "--devices-per-process", str(devices), "--",
+              sys.executable, WORKER, "ops")
+  assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+  for rank in range(procs):
+    oks = re.findall(rf"^\[{rank}\] ok (.*)$", r.stdout, re.M)
+    assert len(oks) == 12, (rank, oks)  # 2 compressors x (2 all_reduce algorithms + 4 ops)
+    assert f"[{rank}] done" in r.stdout
+
+
+def test_launcher_exit_status_is_the_failed_process():
+  code = ("import os, sys, time; rank = int(os.environ['JAX_PROCESS_ID']); "
+          "print('rank', rank, os.environ['JAX_NUM_PROCESSES'], flush=True); "
+          "sys.exit(3) if rank == 1 else time.sleep(60)")
+  t0 = time.monotonic()
+  r = _launch("-n", "3", "--kill-after", "1", "--", sys.executable, "-c", code)
+  assert r.returncode == 3, r.stdout + r.stderr
+  assert time.monotonic() - t0 < 30  # the sleepers were stopped, not waited for
+  assert {"[0] rank 0 3", "[1] rank 1 3", "[2] rank 2 3"} <= set(r.stdout.splitlines())
+  assert "process 1 exited with status 3" in r.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-n", "0", "--", "true"], "--processes must be >= 1"),
+    (["-n", "2"], "give the program after --"),
+    (["-n", "2", "--link-rate", "fast", "--", "true"], "--link-rate must be a positive rate"),
+    (["-n", "2", "--link-delay", "soon", "--", "true"], "--link-delay must be a time"),
+])
+def test_launcher_rejects_bad_arguments(argv, message):
+  r = _launch(*argv)
+  assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_killed_process_stops_the_others():
+  """kill -9 of one process: the others fail with an error, well within 60 s, by themselves
+  (the launcher would wait 120 s before terminating them)."""
+  cmd = [sys.executable, "-m", "jcoccl.launch", "-n", "3", "--kill-after", "120", "--",
+         sys.executable, WORKER, "loop"]
+  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+  pids, lines, started = {}, [], set()
+  try:
+    for line in p.stdout:
+      lines.append(line)
+      if m := re.match(r"\[(\d)\] process \d/3 pid (\d+)", line):
+        pids[int(m.group(1))] = int(m.group(2))
+      if m := re.match(r"\[(\d)\] step 4$", line.strip()):
+        started.add(int(m.group(1)))
+      if len(started) == 3:
+        break
+    os.kill(pids[1], signal.SIGKILL)
+    killed = time.monotonic()
+    rest, _ = p.communicate(timeout=90)
+  finally:
+    if p.poll() is None:
+      p.kill()
+  took = time.monotonic() - killed
+  out = "".join(lines) + rest
+  assert p.returncode != 0
+  assert took < 60, f"others took {took:.0f} s to stop"
+  for rank in (0, 2):  # each survivor says why it stopped
+    assert re.search(rf"^\[{rank}\] .*(Gloo|heartbeat|another task died)", out, re.M), out[-3000:]
+
+
+needs_netns = pytest.mark.skipif(
+    os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
+    reason="link shaping needs root and iproute2 (ip, tc)")
+
+# Process 0 sends 4 MiB to process 1 over 127.0.0.1 and prints the time it took.
+_TRANSFER = r"""
+import os, socket, time
+rank, port = int(os.environ["JAX_PROCESS_ID"]), int(os.environ["JAX_COORDINATOR_ADDRESS"].split(":")[1]) + 1
+n = 4 << 20
+if rank == 1:
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port)); s.listen(1); c, _ = s.accept(); got = 0
+    while got < n:
+        b = c.recv(1 << 20)
+        if not b: break
+        got += len(b)
+    c.sendall(b"k"); print("received", got, flush=True)
+else:
+    for _ in range(200):
+        try: c = socket.create_connection(("127.0.0.1", port)); break
+        except OSError: time.sleep(0.05)
+    t0 = time.perf_counter(); c.sendall(b"x" * n); c.recv(1); dt = time.perf_counter() - t0
+    print(f"seconds {dt:.4f}", flush=True)
+"""
+
+
+@needs_netns
+def test_link_rate_limits_a_transfer_and_the_namespace_goes_away():
+  before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+  r = _launch("-n", "2", "--link-rate", "100mbit", "--", sys.executable, "-c", _TRANSFER)
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert f"[1] received {4 << 20}" in r.stdout
+  seconds = float(re.search(r"\[0\] seconds ([\d.]+)", r.stdout).group(1))
+  # 4 MiB at 100 Mbit/s cannot take less than 0.336 s; the token bucket may hand out its
+  # burst (512 KiB) at once, so at least (4 MiB - 512 KiB) * 8 / 1e8 = 0.29 s. Unshaped
+  # loopback moves it in a few milliseconds.
+  assert seconds >= ((4 << 20) - (512 << 10)) * 8 / 1e8, seconds
+  after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+  assert after == before
+
+
+@needs_netns
+def test_namespace_removed_on_interrupt():
+  with launch.LinkNamespace(rate="1gbit") as ns:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert ns.name in listed
+    qdisc = subprocess.run(ns.wrap(["tc", "qdisc", "show", "dev", "lo"]), capture_output=True,
+                           text=True).stdout
+    assert "tbf" in qdisc and "1Gbit" in qdisc
+  assert ns.name not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                       text=True).stdout
+  # Ctrl-C of the launcher: its namespace goes too.
+  p = subprocess.Popen([sys.executable, "-m", "jcoccl.launch", "-n", "1", "--link-rate", "1gbit",
+                        "--", "sleep", "60"], cwd=ROOT, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+  try:
+    for _ in range(200):
+      names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+      if f"jcoccl-{p.pid}-" in names:
+        break
+      time.sleep(0.05)
+    else:
+      raise AssertionError("the launcher made no namespace")
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=30) == 130
+  finally:
+    if p.poll() is None:
+      p.kill()
+  names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+  assert f"jcoccl-{p.pid}-" not in names
