@@ -94,7 +94,7 @@ class LinkNamespace:
         # The bucket must hold at least one 64 KiB loopback packet and ~4 ms of traffic.
         burst = max(512 * 1024, int(rate_bits(self.rate) / 8 * 0.004))
         self._run(self.wrap(["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "tbf",
-                             "rate", self.rate, "burst", str(burst), "latency", "100ms"]))
+                             "rate", self.rate, "burst", str(burst), "latency", "400ms"]))
         parent = ["parent", "1:1"]
       if self.delay:
         self._run(self.wrap(["tc", "qdisc", "add", "dev", "lo", *parent, "handle", "10:",

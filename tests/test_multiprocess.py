@@ -160,3 +160,21 @@ def test_namespace_removed_on_interrupt():
       p.kill()
   names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
   assert f"jcoccl-{p.pid}-" not in names
+
+
+def test_bench_collectives_across_processes():
+  import json
+  r = subprocess.run([sys.executable, "-m", "jcoccl.bench", "collectives", "--processes", "2",
+                      "--sizes", "64K", "--ops", "all_reduce,ppermute", "--compressors", "int8",
+                      "--algorithms", "two_shot", "--iters", "1", "--json"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+  text = "\n".join(line[4:] for line in r.stdout.splitlines() if line.startswith("[0] ")
+                   and not line.startswith("[0] [Gloo]"))
+  rows = json.loads(text[text.index("["):])
+  assert [(row["op"], row["compressor"]) for row in rows] == [
+      ("all_reduce", "lax"), ("all_reduce", "int8"), ("ppermute", "lax"), ("ppermute", "int8")]
+  for row in rows:
+    assert row["processes"] == 2 and row["ranks"] == 2 and row["speedup"] > 0
+  assert rows[0]["max_abs_err"] == 0 and 0 < rows[1]["wire_ratio"] < 0.3
+  assert not any(line.startswith("[1]") and '"op"' in line for line in r.stdout.splitlines())

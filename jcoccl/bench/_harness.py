@@ -40,6 +40,41 @@ def time_fn(fn: Callable[..., Any], *args: Any, warmup: int = 2, iters: int = 5)
   return statistics.median(times)
 
 
+def time_interleaved(fns: Sequence[Callable[..., Any]], *args: Any, warmup: int = 1,
+                     iters: int = 5) -> list[float]:
+  """Median wall time in seconds of each ``fn(*args)``, timed in interleaved rounds.
+
+  Each round times every function once, in order, so that a slow spell of a shared machine
+  or link falls on all of them alike rather than on whichever ran then.
+
+  Args:
+    fns: (jitted) functions of the same arguments.
+    args: their arguments.
+    warmup: untimed rounds first (compilation, caches, page faults).
+    iters: timed rounds; the median of each function's times is returned.
+
+  Returns:
+    Seconds, one per function.
+
+  Example:
+    >>> f = jax.jit(lambda x: x + 1)
+    >>> len(time_interleaved([f, f], jax.numpy.ones(10)))
+    2
+  """
+  if iters < 1:
+    raise ValueError(f"iters must be >= 1, got {iters}")
+  for _ in range(max(warmup, 0)):
+    for fn in fns:
+      jax.block_until_ready(fn(*args))
+  times: list[list[float]] = [[] for _ in fns]
+  for _ in range(iters):
+    for fn, ts in zip(fns, times):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      ts.append(time.perf_counter() - t0)
+  return [statistics.median(ts) for ts in times]
+
+
 def parse_list(text: str, conv: Callable[[str], Any] = str, what: str = "list") -> list[Any]:
   """Splits a comma-separated command line value; ValueError naming ``what`` on bad items."""
   items = [t.strip() for t in text.split(",") if t.strip()]

@@ -11,10 +11,18 @@ nccl-tests formulas (S = bytes of the op's buffer, t = time, n = ranks):
   all_to_all: S = buffer), * 1 (ppermute).
 
 Runs on every device of the default backend; with no accelerator it asks XLA for 8 host
-CPU devices (unless XLA_FLAGS already sets a count).
+CPU devices (unless XLA_FLAGS already sets a count). With ``--processes N`` it starts N
+processes (one device each, ``python -m jcoccl.launch``), joined by JAX's distributed
+runtime, and with ``--link-rate`` they share one link of that rate (a tc-shaped loopback in
+a private network namespace; needs root): the regime compression is for, ranks on different
+hosts. Under a cluster launcher (the JAX_* variables, SLURM) it runs across the processes it
+was started in. Configurations are timed in interleaved rounds (median per configuration),
+and ``speedup`` is the lax op's time over the configuration's, from the same rounds.
 
 Example:
   python -m jcoccl.bench collectives --sizes 256K,4M --compressors int8,int4 --json
+  python -m jcoccl.bench collectives --processes 4 --link-rate 1gbit --sizes 16M \
+      --ops all_reduce --compressors int8,int4 --algorithms one_shot,two_shot
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
 
 from jcoccl.bench import _harness as H  # noqa: E402
 
@@ -41,11 +50,13 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 NAME = "collectives"
 HELP = "compressed vs lax collectives: time, algbw/busbw, wire bytes, error"
 COLUMNS = ["op", "bytes", "dtype", "compressor", "algorithm", "chunks", "time_us", "algbw_GBps",
-           "busbw_GBps", "wire_ratio", "max_abs_err", "max_rel_err"]
+           "busbw_GBps", "speedup", "wire_ratio", "max_abs_err", "max_rel_err"]
 HEADERS = {"time_us": "time(us)", "algbw_GBps": "algbw", "busbw_GBps": "busbw",
-           "wire_ratio": "wire", "max_abs_err": "max_abs", "max_rel_err": "max_rel"}
+           "speedup": "speedup", "wire_ratio": "wire", "max_abs_err": "max_abs",
+           "max_rel_err": "max_rel"}
 FORMATS = {"bytes": "d", "chunks": "d", "time_us": ".1f", "algbw_GBps": ".3f",
-           "busbw_GBps": ".3f", "wire_ratio": ".3f", "max_abs_err": ".2e", "max_rel_err": ".2e"}
+           "busbw_GBps": ".3f", "speedup": ".2f", "wire_ratio": ".3f", "max_abs_err": ".2e",
+           "max_rel_err": ".2e"}
 
 
 def _size(text: str) -> int:
@@ -76,6 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
   p.add_argument("--iters", type=int, default=5, help="timed runs (median reported)")
   p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+  p.add_argument("--processes", type=int, default=0,
+                 help="run across this many processes on this machine (python -m jcoccl.launch)")
+  p.add_argument("--link-rate", default=None,
+                 help="with --processes: the rate of the link they share, e.g. 1gbit, 10gbit")
 
 
 def _specs(text: str) -> list[str]:
@@ -115,6 +130,19 @@ def _algbw_bytes(op: str, nbytes: int, n: int) -> int:
   return nbytes * n if op == "all_gather" else nbytes
 
 
+def _global_input(mesh: Mesh, n: int, m: int, dtype: Any) -> jax.Array:
+  """[n, m] normal values, row r on rank r (built in place: works across processes)."""
+  make = lambda: jax.random.normal(jax.random.key(0), (n, m), jnp.float32).astype(dtype)
+  return jax.jit(make, out_shardings=NamedSharding(mesh, jax.P("r")))()
+
+
+def _host(x: jax.Array) -> np.ndarray:
+  """The whole of a global array on this host (gathered from the other processes)."""
+  if x.is_fully_addressable:
+    return np.asarray(x, np.float64)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True), np.float64)
+
+
 def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
   """Runs the sweep; returns one dict per table row."""
   import jcoccl
@@ -132,9 +160,9 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
   for op in ops:
     for nbytes in sizes:
       m = max(n, nbytes // dtype.itemsize // n * n)  # divisible by n for scatter ops
-      x = jax.random.normal(jax.random.key(0), (n, m), jnp.float32).astype(dtype)
+      x = _global_input(mesh, n, m, dtype)
       _, lfn, factor = _programs(op, mesh, n, {"compressor": None})
-      ref_out = lfn(x)
+      ref = _host(lfn(x))
       configs = [("lax", "-", 1, lfn)]
       algos = _specs(args.algorithms) if op == "all_reduce" else ["one_shot"]
       for spec in _specs(args.compressors):
@@ -143,32 +171,69 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             kw = {"compressor": spec, "algorithm": algo, "chunks": chunks, "min_bytes": 0}
             fn, _, _ = _programs(op, mesh, n, kw)
             configs.append((spec, algo, chunks, fn))
-      for spec, algo, chunks, fn in configs:
-        t = H.time_fn(fn, x, warmup=1, iters=args.iters)
-        out = fn(x)
-        err = np.abs(np.asarray(out, np.float64) - np.asarray(ref_out, np.float64))
-        ref_abs = np.abs(np.asarray(ref_out, np.float64))
+      times = H.time_interleaved([fn for *_, fn in configs], x, warmup=1, iters=args.iters)
+      for (spec, algo, chunks, fn), t in zip(configs, times):
+        err = np.abs(_host(fn(x)) - ref)
         wb = jcoccl.wire_bytes(fn, x, reference=lfn)
         s = _algbw_bytes(op, m * dtype.itemsize, n)
         algbw = s / t / 1e9
         rows.append({
             "op": op, "ranks": n, "bytes": m * dtype.itemsize, "dtype": dtype.name,
             "compressor": spec, "algorithm": algo, "chunks": chunks, "time_us": t * 1e6,
-            "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
+            "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "speedup": times[0] / t,
             "wire_ratio": wb.get("ratio", float("nan")),
             "max_abs_err": float(err.max()),
-            "max_rel_err": float(err.max() / max(ref_abs.max(), 1e-30)),
-            "platform": devices[0].platform})
+            "max_rel_err": float(err.max() / max(np.abs(ref).max(), 1e-30)),
+            "platform": devices[0].platform, "processes": jax.process_count(),
+            "link": os.environ.get("JCOCCL_LINK", "unshaped" if jax.process_count() > 1
+                                   else "in-process")})
   return rows
 
 
-def run(args: argparse.Namespace) -> int:
-  """Runs the subcommand; prints a table or (``--json``) a JSON list."""
+def _relaunch(args: argparse.Namespace, argv: list[str]) -> int:
+  """Runs this subcommand again as ``args.processes`` processes (jcoccl.launch)."""
+  from jcoccl import launch
+  drop = {"--processes", "--link-rate"}
+  rest, skip = [], False
+  for a in argv:
+    if skip:
+      skip = False
+      continue
+    if a in drop:
+      skip = True
+      continue
+    if a.split("=", 1)[0] in drop:
+      continue
+    rest.append(a)
+  cmd = [sys.executable, "-m", "jcoccl.bench", NAME, *rest]
+  return launch.run(cmd, args.processes, devices=1, link_rate=args.link_rate)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+  """Runs the subcommand; prints a table or (``--json``) a JSON list.
+
+  With ``--processes`` (and not already one of several processes) it starts that many
+  processes running the same subcommand and returns their launcher's exit status.
+  """
+  from jcoccl import distributed, launch
+  if args.link_rate is not None:
+    if not args.processes:
+      raise ValueError("--link-rate shapes the link between processes: give --processes too")
+    launch.rate_bits(args.link_rate)
+  if args.processes < 0:
+    raise ValueError(f"--processes must be >= 1, got {args.processes}")
+  if args.processes and distributed.environment() is None:
+    return _relaunch(args, sys.argv[2:] if argv is None else argv)
+  distributed.initialize()
   rows = bench(args)
+  if jax.process_index() != 0:
+    return 0
   n, platform = (rows[0]["ranks"], rows[0]["platform"]) if rows else (0, "?")
+  link = rows[0]["link"] if rows else ""
   H.emit(rows, COLUMNS, as_json=args.json, headers=HEADERS, formats=FORMATS,
-         title=f"jcoccl collectives: {n} ranks on {platform} (algbw/busbw in GB/s; wire = "
-               f"bytes sent / lax's, from compiled HLO)")
+         title=f"jcoccl collectives: {n} ranks on {platform}, {jax.process_count()} "
+               f"process(es), link {link} (algbw/busbw in GB/s; speedup = lax time / time; "
+               f"wire = bytes sent / lax's, from compiled HLO)")
   return 0
 
 
@@ -176,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m jcoccl.bench.collectives", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   add_arguments(p)
-  return run(p.parse_args(argv))
+  argv = sys.argv[1:] if argv is None else argv
+  return run(p.parse_args(argv), argv)
 
 
 if __name__ == "__main__":
