@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src import _compat
+from jcoccl._src import cost_model
 
 # ----------------------------------------------------------------------------------------
 # Threshold: messages (per pytree leaf, local bytes) under it go uncompressed.
@@ -299,53 +300,15 @@ def lcm(*values: int) -> int:
 # ----------------------------------------------------------------------------------------
 # Cost model for all_reduce algorithm="auto".
 
-ALPHA_S = 5e-6        # per collective step latency (s)
-BETA_BPS = 25e9       # link bandwidth per rank (bytes/s)
-GAMMA_BPS = 200e9     # codec throughput (input bytes/s)
-
-
-def all_reduce_cost(algorithm: str, nbytes: int, n: int, ratio: float) -> float:
-  """Modelled time (s) of a compressed all_reduce; see :func:`choose_all_reduce`.
-
-  Args:
-    algorithm: "one_shot" or "two_shot".
-    nbytes: message bytes S (uncompressed, local).
-    n: group size.
-    ratio: payload bytes / raw bytes r of the compressor.
-  """
-  s, r = float(nbytes), float(ratio)
-  if algorithm == "one_shot":
-    # all_gather of one payload: (n-1) ring steps, (n-1) r S bytes out; codec: encode S,
-    # decode-sum n rows of S.
-    return ALPHA_S * (n - 1) + (n - 1) * r * s / BETA_BPS + (1 + n) * s / GAMMA_BPS
-  # all_to_all + all_gather of 1/n payloads: 2(n-1)/n r S bytes; codec: encode S,
-  # decode-sum S, re-encode S/n, decode S.
-  return (2 * ALPHA_S * (n - 1) + 2 * (n - 1) / n * r * s / BETA_BPS
-          + (3 + 1 / n) * s / GAMMA_BPS)
-
-
 def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
-  """algorithm="auto" for a flat all_reduce: the cheaper of one_shot and two_shot.
-
-  Cost model (alpha-beta-gamma; constants ALPHA_S, BETA_BPS, GAMMA_BPS in this module):
-
-    T_one = alpha (n-1) + (n-1) r S / beta + (1 + n) S / gamma
-    T_two = 2 alpha (n-1) + 2 (n-1)/n r S / beta + (3 + 1/n) S / gamma
-
-  S = message bytes, r = compressed/raw size ratio, n = group size. one_shot quantizes once
-  and wins for small messages and n <= 2 (equal wire bytes, fewer steps); two_shot
-  quantizes twice but moves 2/n of one_shot's bytes, so it wins for large messages on
-  many ranks. Ties go to one_shot (fewer quantizations).
+  """algorithm="auto" for a flat all_reduce: the cheaper of one_shot and two_shot under the
+  active cost model (:mod:`jcoccl._src.cost_model`: measured constants per link/backend).
 
   Example:
     >>> choose_all_reduce(64 * 1024, 8, 0.26), choose_all_reduce(64 << 20, 8, 0.26)
     ('one_shot', 'two_shot')
   """
-  if n <= 2:
-    return "one_shot"
-  one = all_reduce_cost("one_shot", nbytes, n, ratio)
-  two = all_reduce_cost("two_shot", nbytes, n, ratio)
-  return "two_shot" if two < one else "one_shot"
+  return cost_model.active().choose(nbytes, n, ratio)
 
 
 def compression_ratio(compressor: Any, n: int, dtype: Any) -> float:

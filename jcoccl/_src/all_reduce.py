@@ -36,12 +36,13 @@ def all_reduce(x: Any, axis_name: Any, *, compressor: Any = None, algorithm: str
       (outer, inner) or a dict {axis name (or the tuple of outer names): compressor}, e.g.
       8-bit inside a node and 4-bit between nodes.
     auto: hierarchical when ``compressor`` is per level; otherwise the cheaper of one_shot
-      and two_shot under the alpha-beta-gamma model of
-      :func:`jcoccl._src._common.choose_all_reduce`:
+      and two_shot under the alpha-beta-gamma model of :mod:`jcoccl._src.cost_model`:
         T_one = a(n-1) + (n-1) r S / b + (1+n) S / g
         T_two = 2a(n-1) + 2(n-1)/n r S / b + (3+1/n) S / g
-      (S bytes, r payload/raw ratio, n ranks; a = 5 us, b = 25 GB/s, g = 200 GB/s),
-      i.e. one_shot for small messages or n <= 2, two_shot for large ones on many ranks.
+      (S bytes, r payload/raw ratio, n ranks; a, b, g measured on the link and backend in
+      use: ``python -m jcoccl.bench collectives --fit-out m.json`` fits them and
+      ``JCOCCL_COST_MODEL=m.json`` or :func:`jcoccl.set_cost_model` applies them), i.e.
+      one_shot for small messages or n <= 2, two_shot for large ones on many ranks.
 
   Every rank of the group gets a bitwise-identical result (all decode the same payloads in
   the same order). The output is device-invariant over ``axis_name`` (as lax.psum's). The

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -91,6 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="run across this many processes on this machine (python -m jcoccl.launch)")
   p.add_argument("--link-rate", default=None,
                  help="with --processes: the rate of the link they share, e.g. 1gbit, 10gbit")
+  p.add_argument("--fit-out", default=None,
+                 help="fit all_reduce(algorithm='auto')'s cost model to the one_shot/two_shot "
+                      "timings, print it with auto's choice per size, and write it to this "
+                      "JSON file (use it with JCOCCL_COST_MODEL=FILE)")
 
 
 def _specs(text: str) -> list[str]:
@@ -182,6 +187,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             "compressor": spec, "algorithm": algo, "chunks": chunks, "time_us": t * 1e6,
             "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "speedup": times[0] / t,
             "wire_ratio": wb.get("ratio", float("nan")),
+            "payload_ratio": _payload_ratio(spec, m, dtype),
             "max_abs_err": float(err.max()),
             "max_rel_err": float(err.max() / max(np.abs(ref).max(), 1e-30)),
             "platform": devices[0].platform, "processes": jax.process_count(),
@@ -190,10 +196,19 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
   return rows
 
 
+def _payload_ratio(spec: str, m: int, dtype: Any) -> float:
+  """Payload bytes / raw bytes of the compressor on an m-element message (1 for lax)."""
+  if spec == "lax":
+    return 1.0
+  from jcoccl import compressors as jc
+  from jcoccl._src import _common
+  return _common.compression_ratio(jc.parse(spec), m, dtype)
+
+
 def _relaunch(args: argparse.Namespace, argv: list[str]) -> int:
   """Runs this subcommand again as ``args.processes`` processes (jcoccl.launch)."""
   from jcoccl import launch
-  drop = {"--processes", "--link-rate"}
+  drop = {"--processes", "--link-rate"}  # --fit-out stays: process 0 writes it
   rest, skip = [], False
   for a in argv:
     if skip:
@@ -234,7 +249,43 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
          title=f"jcoccl collectives: {n} ranks on {platform}, {jax.process_count()} "
                f"process(es), link {link} (algbw/busbw in GB/s; speedup = lax time / time; "
                f"wire = bytes sent / lax's, from compiled HLO)")
+  if args.fit_out:
+    fit_and_report(rows, args.fit_out, out=sys.stderr if args.json else sys.stdout)
   return 0
+
+
+def fit_and_report(rows: list[dict[str, Any]], path: str, out: Any = sys.stdout) -> Any:
+  """Fits the all_reduce cost model to ``rows``, writes it to ``path`` as JSON and prints,
+  per message size, the measured fastest algorithm next to the fitted model's choice.
+
+  Returns:
+    The fitted :class:`jcoccl.CostModel`.
+  """
+  import json
+  from jcoccl._src import cost_model
+  samples = [dict(r, ratio=r["payload_ratio"], seconds=r["time_us"] * 1e-6) for r in rows
+             if r["op"] == "all_reduce" and r["algorithm"] in ("one_shot", "two_shot")
+             and r["chunks"] == 1]
+  platform, link = (rows[0]["platform"], rows[0]["link"]) if rows else ("?", "?")
+  source = (f"fit: {rows[0]['processes'] if rows else '?'} {platform} processes, link {link}, "
+            f"{len(samples)} timings")
+  model = cost_model.fit(samples, source)
+  with open(path, "w") as f:
+    json.dump(dict(dataclasses.asdict(model), platform=platform, link=link,
+                   ranks=sorted({s["ranks"] for s in samples})), f, indent=1)
+  print(f"# cost model ({source}): alpha {model.alpha_s * 1e6:.1f} us, beta "
+        f"{model.beta_Bps / 1e9:.3f} GB/s, gamma {model.gamma_Bps / 1e9:.3f} GB/s -> {path}",
+        file=out)
+  print("#  compressor     bytes  fastest measured  auto (fitted)", file=out)
+  by_case: dict[tuple, dict[str, float]] = {}
+  for s in samples:
+    by_case.setdefault((s["compressor"], s["bytes"], s["ranks"], s["ratio"]), {})[
+        s["algorithm"]] = s["seconds"]
+  for (comp, nbytes, n, ratio), t in sorted(by_case.items(), key=lambda kv: kv[0][:2]):
+    fastest = min(t, key=t.get)
+    chosen = model.choose(nbytes, n, ratio)
+    print(f"   {comp:>10}  {nbytes:>9d}  {fastest:>16}  {chosen:>13}", file=out)
+  return model
 
 
 def main(argv: list[str] | None = None) -> int:
