@@ -130,8 +130,8 @@ def gather_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int, key: An
     if compressor is None:
       return lax.all_gather(xs, axes, axis=0, tiled=False, to=to)
     buf = C.encode_rows(compressor, xs[None], key=C.rank_key(key, axes, i))
-    got = lax.all_gather(buf[0], axes, axis=0, tiled=False, to=to)
-    return C.decode_rows(compressor, got, xs.shape[-1], xs.dtype)
+    return C.gather_decode(compressor, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=False,
+                           invariant=invariant)
 
   return C.chunked(one, x, chunks)
 

@@ -212,8 +212,8 @@ def _one_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   if comp is None:
     return lax.psum(xs, axes)
   buf = C.encode_rows(comp, xs[None], key=key)
-  got = lax.all_gather(buf[0], axes, axis=0, tiled=False, to="invarying")
-  return C.decode_sum(comp, got, xs.shape[-1], xs.dtype)
+  return C.gather_decode(comp, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=True,
+                         invariant=True)
 
 
 def _two_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
@@ -222,8 +222,8 @@ def _two_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   buf = C.encode_rows(comp, xs.reshape(n, width), key=key)
   got = lax.all_to_all(buf, axes, 0, 0, tiled=True)
   shard = C.decode_sum_encode(comp, got, width, xs.dtype)  # second quantization
-  every = lax.all_gather(shard, axes, axis=0, tiled=False, to="invarying")
-  return C.decode_rows(comp, every, width, xs.dtype).reshape(-1)
+  return C.gather_decode(comp, shard, axes, width, xs.dtype, sum_rows=False,
+                         invariant=True).reshape(-1)
 
 
 def _hierarchical(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:

@@ -169,9 +169,10 @@ def _result(x: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeS
   return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _vary_like(out: jax.Array, x: jax.Array) -> jax.Array:
-  """Gives ``out`` the varying manual axes of ``x`` (ffi_call outputs carry none)."""
-  vma = getattr(jax.typeof(x), "vma", frozenset())
+def _vary_like(out: jax.Array, x: jax.Array, invariant_over: tuple = ()) -> jax.Array:
+  """Gives ``out`` the varying manual axes of ``x`` (ffi_call outputs carry none), except
+  ``invariant_over``: axes over which the caller knows every rank computes the same value."""
+  vma = set(getattr(jax.typeof(x), "vma", frozenset())) - set(invariant_over)
   missing = tuple(sorted(set(vma) - set(getattr(jax.typeof(out), "vma", frozenset()))))
   if not missing:
     return out
@@ -179,12 +180,12 @@ def _vary_like(out: jax.Array, x: jax.Array) -> jax.Array:
 
 
 def _call(op: str, c: Any, arg: jax.Array, shape: tuple[int, ...], out_dtype: Any,
-          **extra: np.generic) -> jax.Array:
+          invariant_over: tuple = (), **extra: np.generic) -> jax.Array:
   platform = _platform()
   if platform is None or not _ffi.has_target(_TARGETS[op], platform):
     raise ValueError(f"no native kernel for op {op!r} on backend {jax.default_backend()!r}")
   fn = jax.ffi.ffi_call(_TARGETS[op], _result(arg, shape, out_dtype), vmap_method="broadcast_all")
-  return _vary_like(fn(arg, **codec_attrs(c), **extra), arg)
+  return _vary_like(fn(arg, **codec_attrs(c), **extra), arg, invariant_over)
 
 
 def encode_rows(c: Any, x2d: jax.Array) -> jax.Array:
@@ -199,24 +200,30 @@ def encode_rows(c: Any, x2d: jax.Array) -> jax.Array:
   return _call("encode", c, x2d, (rows, p), jnp.uint8)
 
 
-def decode_rows(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
+def decode_rows(c: Any, buf: jax.Array, n: int, dtype: Any,
+                invariant_over: tuple = ()) -> jax.Array:
   """Native ``c.decode_rows``: ``uint8[rows, P]`` -> ``dtype[rows, n]``.
+
+  ``invariant_over``: mesh axes over which every rank decodes the same bytes (so the result
+  is the same everywhere): the result is typed device-invariant over them.
 
   Example:
     >>> c = jc.int8(); decode_rows(c, encode_rows(c, jnp.ones((2, 256))), 256, jnp.float32)[0, 0]
     Array(1., dtype=float32)
   """
-  return _call("decode", c, buf, (buf.shape[0], int(n)), jnp.dtype(dtype))
+  return _call("decode", c, buf, (buf.shape[0], int(n)), jnp.dtype(dtype), invariant_over)
 
 
-def decode_sum(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
-  """Native ``c.decode_sum``: float32 left fold of the decoded rows, cast once to ``dtype[n]``.
+def decode_sum(c: Any, buf: jax.Array, n: int, dtype: Any,
+               invariant_over: tuple = ()) -> jax.Array:
+  """Native ``c.decode_sum``: float32 left fold of the decoded rows, cast once to ``dtype[n]``
+  (``invariant_over`` as for :func:`decode_rows`).
 
   Example:
     >>> c = jc.int8(); decode_sum(c, encode_rows(c, jnp.ones((3, 256))), 256, jnp.float32)[0]
     Array(3., dtype=float32)
   """
-  return _call("decode_sum", c, buf, (int(n),), jnp.dtype(dtype))
+  return _call("decode_sum", c, buf, (int(n),), jnp.dtype(dtype), invariant_over)
 
 
 def decode_sum_encode(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
