@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Compile the CUDA sources with the project's flags and check the machine code's arithmetic.
+
+The codecs must give the jnp specification's bits, so the device code may contain no fused
+multiply-add (`fma.*`, float `mad.*`), no approximate or non-IEEE division or other
+`.approx` instruction (`div.full`, `div.approx`, `rcp.approx`, ...), no flush-to-zero
+(`.ftz`), and no register spills (`-Xptxas -v`). The flags are read from CMakeLists.txt (the
+CUDA compile options and JCOCCL_CUDA_ARCHITECTURES), so a build change is checked too.
+
+  python tools/gpu_ptx.py            # exits 1 and lists the violations, 0 when clean
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("cuda/gpu/codecs.cu", "cuda/gpu/fused.cu")
+FORBIDDEN = {
+    "fused multiply-add": re.compile(r"^\s*(@!?%\w+\s+)?(fma\.\S+|mad(\.\w+)*\.f(16|32|64)\b)",
+                                     re.M),
+    "non-IEEE division or approximation": re.compile(r"\b(div\.full|div\.approx|\w+\.approx)\S*"),
+    "flush to zero": re.compile(r"^\s*(@!?%\w+\s+)?\w+(\.\w+)*\.ftz\b\S*", re.M),
+}
+
+
+def nvcc() -> str | None:
+  """nvcc from $CUDACXX, PATH, /usr/local/cuda/bin or /usr/local/bin."""
+  for c in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc",
+            "/usr/local/bin/nvcc"):
+    if c and os.path.exists(c):
+      return c
+  return None
+
+
+def project_flags(cmake: str) -> tuple[list[str], str]:
+  """(CUDA compile options, architecture) as CMakeLists.txt gives them to nvcc."""
+  m = re.search(r"\$<\$<COMPILE_LANGUAGE:CUDA>:([^>]*)>", cmake)
+  if m is None:
+    raise RuntimeError("CMakeLists.txt: no $<$<COMPILE_LANGUAGE:CUDA>:...> compile options")
+  arch = re.search(r'set\(JCOCCL_CUDA_ARCHITECTURES\s+"(\d+)"', cmake)
+  if arch is None:
+    raise RuntimeError("CMakeLists.txt: no JCOCCL_CUDA_ARCHITECTURES default")
+  return [f for f in m.group(1).split(";") if f], arch.group(1)
+
+
+def _include_dirs() -> list[str]:
+  dirs = [str(ROOT / "cuda")]
+  for mod, sub in (("jaxlib", "include"), ("nvidia.nccl", "include")):
+    try:
+      spec = importlib.util.find_spec(mod)
+    except ModuleNotFoundError:
+      spec = None
+    if spec is not None and spec.submodule_search_locations:
+      dirs.append(os.path.join(list(spec.submodule_search_locations)[0], sub))
+  return dirs
+
+
+def compile_source(src: Path, flags: list[str], arch: str, work: Path) -> tuple[str, str]:
+  """Compiles one source to a cubin keeping the PTX; returns (ptx text, ptxas report)."""
+  exe = nvcc()
+  if exe is None:
+    raise RuntimeError("nvcc not found (set CUDACXX or PATH)")
+  keep = work / src.stem
+  keep.mkdir(parents=True, exist_ok=True)
+  cmd = [exe, "-std=c++17", *flags, f"-arch=sm_{arch}", "-Xptxas", "-v", "-cubin", "--keep",
+         "--keep-dir", str(keep), *[f"-I{d}" for d in _include_dirs()], str(src),
+         "-o", str(keep / f"{src.stem}.cubin")]
+  r = subprocess.run(cmd, capture_output=True, text=True)
+  if r.returncode != 0:
+    raise RuntimeError(f"nvcc failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")
+  ptx = "\n".join(p.read_text() for p in keep.glob("*.ptx"))
+  return ptx, r.stdout + r.stderr
+
+
+def violations(ptx: str, ptxas: str) -> list[str]:
+  """Every forbidden instruction in ptx and every spill in the ptxas report."""
+  bad = []
+  for what, rx in FORBIDDEN.items():
+    for m in rx.finditer(ptx):
+      bad.append(f"{what}: {m.group(0).strip()}")
+  for m in re.finditer(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas):
+    if int(m.group(1)) or int(m.group(2)):
+      bad.append(f"register spill: {m.group(0)}")
+  return bad
+
+
+def check(sources: tuple[str, ...] = SOURCES, flags: list[str] | None = None) -> list[str]:
+  """Compiles each source with the project's flags (or `flags`); returns the violations."""
+  cmake_flags, arch = project_flags((ROOT / "CMakeLists.txt").read_text())
+  flags = cmake_flags if flags is None else flags
+  bad = []
+  with tempfile.TemporaryDirectory() as d:
+    for s in sources:
+      src = Path(s) if Path(s).is_absolute() else ROOT / s
+      ptx, report = compile_source(src, flags, arch, Path(d))
+      bad += [f"{src.name}: {v}" for v in violations(ptx, report)]
+  return bad
+
+
+def main() -> int:
+  argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+  if nvcc() is None:
+    print("nvcc not found: nothing checked")
+    return 2
+  bad = check()
+  for v in bad:
+    print("VIOLATION", v)
+  print(f"PTX check of {', '.join(SOURCES)}: {len(bad)} violations")
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

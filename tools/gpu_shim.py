@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""Run the CUDA codec kernels on the CPU through the host shim and compare them with the
+CPU codecs, bit for bit (numpy + a C++ compiler; no GPU, no jax).
+
+cuda/gpu/codecs.cu is compiled as C++ against cuda/hostshim/ (threads as fibers, warps and
+blocks synchronised as on the GPU, PTX conversion semantics), after rewriting only the two
+CUDA syntax forms C++ lacks (launches and `extern __shared__`). The CPU codecs
+(cuda/cpu/codecs.cc) are compiled into a second library. Both export the C interface of
+cuda/hostshim/codec_api.h; every codec family x dtype x block size is run through encode,
+decode, decode_sum and decode_sum_encode on data with NaN, Inf, subnormals, signed zeros,
+rounding ties and outliers, and the results compared (tools/gpu_compare.py).
+
+Both run with IEEE subnormals, as the GPU does (the kernels are built without .ftz);
+XLA:CPU runs its threads with DAZ/FTZ, so on subnormal inputs the GPU and XLA:CPU results
+legitimately differ (see benchmarks/README.md).
+
+  python tools/gpu_shim.py compare                 # build (cached in build/gpu_shim) and compare
+  python tools/gpu_shim.py compare --max-grid 3    # cap every grid: the grid-stride paths
+  python tools/gpu_shim.py compare --mutate fp8_byte_order   # must FAIL: the check has teeth
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator, NamedTuple
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_compare as gc  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIM_DIR = ROOT / "cuda" / "hostshim"
+FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
+         "-fno-strict-aliasing", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-w"]
+
+# Deliberate defects, each a (file, statement, replacement statement) edit of a copy of the
+# sources. The mutant library holds all of them, each behind a run-time switch
+# (jc_set_mutation), so one compile serves every mutation; the comparison must report
+# mismatches for each.
+MUTATIONS: dict[str, tuple[str, str, str]] = {
+    "fp8_byte_order": ("cuda/gpu/codecs.cu", "word |= c << (8 * t);", "word |= c << (8 * (3 - t));"),
+    "int_code_order": ("cuda/gpu/codecs.cu", "word |= c << (bits * t);",
+                       "word |= c << (bits * (t ^ 1));"),
+    "round_half_away": ("cuda/codecs/format.h", "return rintf(x);", "return roundf(x);"),
+    "eb_last_word": ("cuda/gpu/codecs.cu", "if (last > B - 1) last = B - 1;",
+                     "if (last > B - 2) last = B - 2;"),
+    "hadamard_stage": ("cuda/gpu/codecs.cu", "t[a + len] = x - y;", "t[a + len] = y - x;"),
+    "sum_order": ("cuda/gpu/codecs.cu",
+                  "for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);",
+                  "for (int r = nrows - 1; r >= 1; --r) v = v + dec(row + r * stride, i);"),
+}
+MUTATION_IDS = {name: i + 1 for i, name in enumerate(MUTATIONS)}
+
+
+# ---- building ------------------------------------------------------------------------------
+
+def compiler() -> str | None:
+  """A C++17 compiler with _Float16 (g++ >= 12, clang++ >= 15): $CXX, g++, clang++."""
+  for c in filter(None, (os.environ.get("CXX"), "g++", "clang++")):
+    if shutil.which(c):
+      return c
+  return None
+
+
+def xla_include() -> str:
+  spec = importlib.util.find_spec("jaxlib")
+  if spec is None or not spec.submodule_search_locations:
+    raise RuntimeError("jaxlib is not installed: its XLA FFI headers are needed")
+  return os.path.join(list(spec.submodule_search_locations)[0], "include")
+
+
+def translate(src: str) -> str:
+  """Rewrites the two CUDA-only syntax forms of codecs.cu into shim calls (nothing else)."""
+  out, launches = re.subn(r"(\w+)<<<(.*?)>>>\(", r"::jcoccl_shim::LaunchCfg(\2).Run(\1, ", src,
+                          flags=re.S)
+  out, shared = re.subn(r"extern\s+__shared__\s+(\w+)\s+(\w+)\[\];",
+                        r"\1* \2 = ::jcoccl_shim::DynamicShared<\1>();", out)
+  if launches == 0:
+    raise RuntimeError("no kernel launch found in cuda/gpu/codecs.cu")
+  return out
+
+
+def _compile(cxx: str, sources: list[str], includes: list[str], out: Path,
+             defines: list[str] = ()) -> None:
+  cmd = [cxx, *FLAGS, *[f"-I{i}" for i in includes], *[f"-D{d}" for d in defines], *sources,
+         "-o", str(out)]
+  r = subprocess.run(cmd, capture_output=True, text=True)
+  if r.returncode != 0:
+    raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")
+
+
+def _digest(paths: list[Path], extra: str) -> str:
+  h = hashlib.sha256(extra.encode())
+  for p in paths:
+    h.update(p.read_bytes())
+  return h.hexdigest()[:16]
+
+
+def _mutated_sources(cuda: Path) -> dict[str, str]:
+  """codecs.cu and format.h with every mutation behind `if (g_mutation == id)`."""
+  text = {"cuda/gpu/codecs.cu": (cuda / "gpu" / "codecs.cu").read_text(),
+          "cuda/codecs/format.h": (cuda / "codecs" / "format.h").read_text()}
+  for name, (path, old, new) in MUTATIONS.items():
+    if text[path].count(old) != 1:
+      raise RuntimeError(f"mutation {name}: {old!r} must occur once in {path}")
+    switched = (f"if (::jcoccl_shim::g_mutation == {MUTATION_IDS[name]}) {{ {new} }} "
+                f"else {{ {old} }}")
+    text[path] = text[path].replace(old, switched)
+  return text
+
+
+def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
+  """Builds (or reuses) the shim library of the CUDA kernels and the CPU reference library.
+
+  Args:
+    out_dir: cache directory; a library is rebuilt only when its inputs changed.
+    mutants: build the shim from copies holding every MUTATIONS entry (off until
+      jc_set_mutation picks one).
+  Returns:
+    (shim library, reference library) paths.
+
+  Example:
+    shim, ref = build(Path("build/gpu_shim"))
+  """
+  cxx = compiler()
+  if cxx is None:
+    raise RuntimeError("no C++ compiler (set CXX, or install g++ >= 12 or clang++ >= 15)")
+  out_dir.mkdir(parents=True, exist_ok=True)
+  cuda = ROOT / "cuda"
+  ref_inputs = sorted([*cuda.glob("codecs/*.h"), cuda / "registry.h", cuda / "cpu" / "codecs.cc",
+                       cuda / "cpu" / "codec_kernels.inc", SHIM_DIR / "ref_api.cc",
+                       SHIM_DIR / "codec_api.h"])
+  ref = out_dir / f"libref-{_digest(ref_inputs, cxx + str(FLAGS))}.so"
+  if not ref.exists():
+    _compile(cxx, [str(cuda / "cpu" / "codecs.cc"), str(SHIM_DIR / "ref_api.cc")],
+             [str(cuda), xla_include()], ref.with_suffix(".tmp"))
+    ref.with_suffix(".tmp").replace(ref)
+  inputs = sorted([*cuda.glob("codecs/*.h"), *SHIM_DIR.glob("*"), cuda / "registry.h",
+                   cuda / "gpu" / "codecs.cu"])
+  tag = "mutants" if mutants else "orig"
+  key = _digest(inputs, f"{cxx} {FLAGS} {tag} {sorted(MUTATIONS.items())}")
+  shim = out_dir / f"libshim-{tag}-{key}.so"
+  if not shim.exists():
+    src_dir = out_dir / f"src-{tag}-{key}"
+    (src_dir / "codecs").mkdir(parents=True, exist_ok=True)
+    if mutants:
+      text = _mutated_sources(cuda)
+      # Found before cuda/codecs/format.h: a quoted include looks next to the includer first.
+      (src_dir / "codecs" / "format.h").write_text(text["cuda/codecs/format.h"])
+    else:
+      text = {"cuda/gpu/codecs.cu": (cuda / "gpu" / "codecs.cu").read_text()}
+    kernels = src_dir / "gpu_codecs_shim.cc"
+    kernels.write_text(translate(text["cuda/gpu/codecs.cu"]))
+    _compile(cxx, [str(SHIM_DIR / "shim_api.cc")], [str(SHIM_DIR), str(cuda), xla_include()],
+             shim.with_suffix(".tmp"), [f'JCOCCL_SHIM_KERNELS="{kernels}"'])
+    shim.with_suffix(".tmp").replace(shim)
+  return shim, ref
+
+
+# ---- the libraries -------------------------------------------------------------------------
+
+class Spec(NamedTuple):
+  name: str
+  kind: int
+  bits: int = 8
+  block: int = 1
+  symmetric: int = 1
+  fp8: int = 0
+  cast_dtype: int = gc.BF16
+  hadamard: int = 0
+  abs_error: float = 0.0
+
+  def fields(self):
+    return (ctypes.c_int32 * 7)(self.kind, self.bits, self.block, self.symmetric, self.fp8,
+                                self.cast_dtype, self.hadamard)
+
+  def granule(self) -> int:
+    inner = 1 if self.kind in (gc.NONE, gc.CAST) else self.block
+    return max(inner, self.hadamard)
+
+  def layout(self, dtype: int, n: int) -> gc.Layout:
+    return gc.Layout(self.kind, self.block, self.cast_dtype, self.hadamard, dtype, n)
+
+
+ELEM_BYTES = {gc.F32: 4, gc.BF16: 2, gc.F16: 2}
+GUARD = 64  # bytes after every output that no kernel may touch
+
+
+class CodecLib:
+  """One of the two libraries (shim or reference) behind codec_api.h."""
+
+  def __init__(self, path: Path, fill: int):
+    self.lib = ctypes.CDLL(str(path))
+    self.fill = fill
+    p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    self.lib.jc_payload_bytes.restype = i64
+    self.lib.jc_payload_bytes.argtypes = [p, f32, i32, i64]
+    self.lib.jc_encode.argtypes = [p, f32, i32, p, i64, i64, p]
+    self.lib.jc_decode.argtypes = [p, f32, i32, p, i64, i64, p]
+    self.lib.jc_decode_sum.argtypes = [p, f32, i32, p, i32, i64, i64, i64, p]
+    self.lib.jc_decode_sum_encode.argtypes = [p, f32, i32, p, i32, i64, i64, i64, p]
+    self.lib.jc_last_message.restype = ctypes.c_char_p
+
+  def payload_bytes(self, s: Spec, dtype: int, n: int) -> int:
+    return int(self.lib.jc_payload_bytes(s.fields(), s.abs_error, dtype, n))
+
+  def _call(self, fn: Callable, nbytes: int, *args) -> np.ndarray:
+    out = np.full(nbytes + GUARD, self.fill, np.uint8)
+    rc = fn(*args, out.ctypes.data)
+    if rc != 0:
+      raise RuntimeError(f"{fn.__name__} failed ({rc}): {self.lib.jc_last_message().decode()}")
+    if (out[nbytes:] != self.fill).any():
+      raise RuntimeError(f"{fn.__name__} wrote past the end of its output")
+    return out[:nbytes]
+
+  def encode(self, s: Spec, dtype: int, x: np.ndarray) -> np.ndarray:
+    rows, n = x.shape[0], x.shape[1]
+    p = self.payload_bytes(s, dtype, n)
+    x = np.ascontiguousarray(x)
+    return self._call(self.lib.jc_encode, rows * p, s.fields(), s.abs_error, dtype,
+                      x.ctypes.data, rows, n).reshape(rows, p)
+
+  def decode(self, s: Spec, dtype: int, buf: np.ndarray, n: int) -> np.ndarray:
+    rows = buf.shape[0]
+    buf = np.ascontiguousarray(buf)
+    return self._call(self.lib.jc_decode, rows * n * ELEM_BYTES[dtype], s.fields(), s.abs_error,
+                      dtype, buf.ctypes.data, rows, n).reshape(rows, -1)
+
+  def decode_sum(self, s: Spec, dtype: int, buf: np.ndarray, nrows: int, stride: int,
+                 n: int) -> np.ndarray:
+    outs = buf.size // (nrows * stride)
+    buf = np.ascontiguousarray(buf)
+    return self._call(self.lib.jc_decode_sum, outs * n * ELEM_BYTES[dtype], s.fields(),
+                      s.abs_error, dtype, buf.ctypes.data, nrows, stride, outs, n).reshape(outs, -1)
+
+  def decode_sum_encode(self, s: Spec, dtype: int, buf: np.ndarray, nrows: int, stride: int,
+                        n: int) -> np.ndarray:
+    outs = buf.size // (nrows * stride)
+    p = self.payload_bytes(s, dtype, n)
+    buf = np.ascontiguousarray(buf)
+    return self._call(self.lib.jc_decode_sum_encode, outs * p, s.fields(), s.abs_error, dtype,
+                      buf.ctypes.data, nrows, stride, outs, n).reshape(outs, p)
+
+
+# ---- cases ---------------------------------------------------------------------------------
+
+BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def specs() -> list[Spec]:
+  """Every codec family x block size, and Hadamard around each inner family."""
+  out = [Spec("none", gc.NONE), Spec("cast_bf16", gc.CAST, cast_dtype=gc.BF16),
+         Spec("cast_f16", gc.CAST, cast_dtype=gc.F16)]
+  for b in BLOCKS:
+    for bits in (8, 4, 2):
+      out.append(Spec(f"int{bits}_B{b}", gc.INT, bits=bits, block=b))
+      out.append(Spec(f"int{bits}_asym_B{b}", gc.INT, bits=bits, block=b, symmetric=0))
+    out.append(Spec(f"fp8_e4m3_B{b}", gc.FP8, block=b, fp8=0))
+    out.append(Spec(f"fp8_e5m2_B{b}", gc.FP8, block=b, fp8=1))
+    out.append(Spec(f"eb_1e-2_B{b}", gc.ERROR_BOUNDED, block=b, abs_error=1e-2))
+    out.append(Spec(f"eb_0.25_B{b}", gc.ERROR_BOUNDED, block=b, abs_error=0.25))
+  out += [Spec("had2_none", gc.NONE, hadamard=2),
+          Spec("had64_cast_f16", gc.CAST, cast_dtype=gc.F16, hadamard=64),
+          Spec("had256_int4_B128", gc.INT, bits=4, block=128, hadamard=256),
+          Spec("had32_int2_asym_B256", gc.INT, bits=2, block=256, symmetric=0, hadamard=32),
+          Spec("had4096_int8_B64", gc.INT, bits=8, block=64, hadamard=4096),
+          Spec("had64_fp8_e4m3_B128", gc.FP8, block=128, hadamard=64),
+          Spec("had128_eb_B32", gc.ERROR_BOUNDED, block=32, abs_error=1e-2, hadamard=128)]
+  return out
+
+
+def row_length(s: Spec) -> int:
+  """An odd multiple of the granule near 700 (at least 3 granules): partial CUDA blocks."""
+  g = s.granule()
+  m = max(3, -(-700 // g))
+  return g * (m | 1)
+
+
+def data(rows: int, n: int, dtype: int, seed: int) -> np.ndarray:
+  """rows x n elements of ``dtype`` (as float32, or uint16 bits) mixing every special case.
+
+  Runs of 32 are: normal, outliers, zeros, -0, a constant, subnormals, tiny values, exact
+  rounding ties (multiples of 1/8), huge values, and (2-byte types) random bit patterns;
+  a few single NaN/Inf elements are scattered in.
+  """
+  rng = np.random.default_rng(seed)
+  full = -(-n // 32) * 32
+  x = rng.standard_normal((rows, full)).astype(np.float32) * np.float32(3.0)
+  runs = x.reshape(rows, -1, 32)
+  kind = rng.integers(0, 11, size=runs.shape[:2])
+  runs[kind == 1] *= np.float32(1e4)
+  runs[kind == 2] = 0.0
+  runs[kind == 3] = -0.0
+  runs[kind == 4] = 1.25
+  runs[kind == 5] *= np.float32(1e-39)
+  runs[kind == 6] *= np.float32(1e-3)
+  ties = (rng.integers(-32, 33, size=runs.shape) / 8.0).astype(np.float32)
+  runs[kind == 7] = ties[kind == 7]
+  runs[kind == 8] *= np.float32(1e37)
+  flat = x.reshape(-1)
+  pick = rng.choice(flat.size, size=max(2, flat.size // 500), replace=False)
+  flat[pick[0::3]] = np.nan
+  flat[pick[1::3]] = np.inf
+  flat[pick[2::3]] = -np.inf
+  if dtype == gc.F32:
+    return np.ascontiguousarray(x[:, :n])
+  with np.errstate(over="ignore"):
+    bits = (x.view(np.uint32) >> 16).astype(np.uint16) if dtype == gc.BF16 else (
+        x.astype(np.float16).view(np.uint16))
+  rnd = rng.integers(0, 1 << 16, size=bits.shape, dtype=np.uint16)
+  b_runs, r_runs = bits.reshape(rows, -1, 32), rnd.reshape(rows, -1, 32)
+  b_runs[kind == 9] = r_runs[kind == 9]
+  return np.ascontiguousarray(bits[:, :n])
+
+
+def compare(shim: CodecLib, ref: CodecLib, s: Spec, dtype: int, seed: int) -> list[str]:
+  """All four operations of one spec and dtype; returns mismatch descriptions."""
+  n, rows, nrows = row_length(s), 3, 3
+  lay = s.layout(dtype, n)
+  x = data(rows * nrows, n, dtype, seed)
+  bad = []
+
+  def check(what: str, a: np.ndarray, b: np.ndarray, payload: bool) -> None:
+    m = gc.payload_mismatch(lay, a, b) if payload else gc.float_mismatch(a, b, dtype)
+    if m.any():
+      bad.append(f"{s.name} {['f32', 'bf16', 'f16'][dtype]} {what}: {gc.describe(m)}")
+
+  enc_ref = ref.encode(s, dtype, x)
+  check("encode", shim.encode(s, dtype, x), enc_ref, True)
+  check("decode", shim.decode(s, dtype, enc_ref, n), ref.decode(s, dtype, enc_ref, n), False)
+  p = enc_ref.shape[1]
+  for stride in (p, p + 64):
+    buf = np.zeros((rows * nrows, stride), np.uint8)
+    buf[:, :p] = enc_ref
+    check(f"decode_sum(stride={stride})", shim.decode_sum(s, dtype, buf, nrows, stride, n),
+          ref.decode_sum(s, dtype, buf, nrows, stride, n), False)
+    check(f"decode_sum_encode(stride={stride})",
+          shim.decode_sum_encode(s, dtype, buf, nrows, stride, n),
+          ref.decode_sum_encode(s, dtype, buf, nrows, stride, n), True)
+  return bad
+
+
+def run_all(shim: CodecLib, ref: CodecLib, only: str | None = None) -> Iterator[list[str]]:
+  for i, s in enumerate(specs()):
+    if only and not re.search(only, s.name):
+      continue
+    for dtype in (gc.F32, gc.BF16, gc.F16):
+      yield compare(shim, ref, s, dtype, seed=1000 * i + dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  sub = p.add_subparsers(dest="cmd", required=True)
+  c = sub.add_parser("compare", help="build and compare every case")
+  c.add_argument("--build-dir", default=str(ROOT / "build" / "gpu_shim"))
+  c.add_argument("--mutate", choices=sorted(MUTATIONS), default=None,
+                 help="compile a deliberately broken copy (the comparison must fail)")
+  c.add_argument("--max-grid", type=int, default=0, help="cap every launch's grid (0: none)")
+  c.add_argument("--only", default=None, help="regex over case names")
+  args = p.parse_args(argv)
+  t0 = time.perf_counter()
+  shim_path, ref_path = build(Path(args.build_dir), mutants=args.mutate is not None)
+  t_build = time.perf_counter() - t0
+  shim, ref = CodecLib(shim_path, 0xA5), CodecLib(ref_path, 0x5A)
+  shim.lib.jc_set_max_grid(ctypes.c_uint(args.max_grid))
+  if args.mutate:
+    shim.lib.jc_set_mutation(MUTATION_IDS[args.mutate])
+  cases, bad = 0, []
+  for b in run_all(shim, ref, args.only):
+    cases += 1
+    bad += b
+  for m in bad[:50]:
+    print("MISMATCH", m)
+  print(f"shim vs CPU codecs: {cases} cases (spec x dtype, 4 ops each), {len(bad)} mismatches; "
+        f"build {t_build:.1f} s, run {time.perf_counter() - t0 - t_build:.1f} s")
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
