@@ -226,9 +226,13 @@ __global__ void ElementwiseKernel(CodecSpec s, DType d, const void* x, const uin
                                   void* out, DType via, DType od, int64_t out_row_bytes) {
   const int64_t total = rows * n;
   const ElemDecoder dec = MakeElemDecoder(s, d, n);
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = rows == 1 ? 0 : k / n, i = k - o * n;  // no 64-bit division per element
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // (row o, offset i) of element k, advanced by the grid stride with one compare instead of
+  // a 64-bit division per element: the divisions happen once per thread.
+  const int64_t step_o = step / n, step_i = step - step_o * n;
+  int64_t o = k0 / n, i = k0 - o * n;
+  for (int64_t k = k0; k < total; k += step) {
     float v;
     if (x != nullptr) {
       v = LoadElem(d, x, k);
@@ -238,6 +242,12 @@ __global__ void ElementwiseKernel(CodecSpec s, DType d, const void* x, const uin
       for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);
     }
     StoreElem(od, static_cast<uint8_t*>(out) + o * out_row_bytes, i, RoundTrip(via, v));
+    o += step_o;
+    i += step_i;
+    if (i >= n) {
+      i -= n;
+      ++o;
+    }
   }
 }
 
