@@ -41,3 +41,26 @@ def test_violations_parses_spills():
   report = "ptxas info : 0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads"
   assert gpu_ptx.violations("", report) == [
       "register spill: 8 bytes spill stores, 8 bytes spill loads"]
+
+
+def _function_body(src: str, signature: str) -> str:
+  start = src.index(signature)
+  depth, i = 0, src.index("{", start)
+  for j in range(i, len(src)):
+    depth += {"{": 1, "}": -1}.get(src[j], 0)
+    if depth == 0:
+      return src[i:j + 1]
+  raise AssertionError(f"unbalanced braces after {signature}")
+
+
+def test_fused_engine_reuses_its_events_and_always_joins_its_lanes():
+  # Source guards for what only a GPU run can observe: events are created once per device
+  # (with its lanes), never per hand-off or per call, and a failing Run still joins the
+  # lanes back into XLA's stream before returning.
+  src = (gpu_ptx.ROOT / "cuda" / "gpu" / "fused.cu").read_text()
+  setup = _function_body(src, "Status StreamsFor(")
+  assert src.count("cudaEventCreate") == setup.count("cudaEventCreate") > 0
+  assert "cudaEventDestroy" not in src
+  run = _function_body(src, "Status RunGpu(")
+  assert "RETURN_IF_ERROR(Run(" not in run.replace(" ", "").replace("\n", "")
+  assert run.index("Run(c, &lanes") < run.index("StreamWait(ds, l, ds->s[l], xla)")

@@ -29,10 +29,18 @@ Status Cuda(cudaError_t e, const char* what) {
   return Status::Error(std::string("jcoccl CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
-// The three lanes of one device, created once per device (never inside a collective's
-// communication, and without any peer involvement).
+// The three lanes of one device and the events that order them, created once per device
+// (never inside a collective's communication, and without any peer involvement). Events
+// are reused: cudaStreamWaitEvent waits for the record that precedes it, so re-recording
+// an event after the wait is enqueued is safe; `mu` keeps each record + wait pair together
+// when several threads drive the same device.
+constexpr int kXlaSource = 3;  // ev[] slot of XLA's stream (after the three lanes)
+
 struct DeviceStreams {
   cudaStream_t s[3] = {nullptr, nullptr, nullptr};
+  cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};  // one per source stream
+  cudaEvent_t done = nullptr;                                // completion of a call
+  std::mutex mu;
 };
 
 Status StreamsFor(int device, DeviceStreams** out) {
@@ -50,20 +58,21 @@ Status StreamsFor(int device, DeviceStreams** out) {
         Cuda(cudaStreamCreateWithPriority(&ds->s[kComm], cudaStreamNonBlocking, hi), "stream"));
     JCOCCL_RETURN_IF_ERROR(
         Cuda(cudaStreamCreateWithPriority(&ds->s[kDecode], cudaStreamNonBlocking, lo), "stream"));
+    for (cudaEvent_t* e : {&ds->ev[0], &ds->ev[1], &ds->ev[2], &ds->ev[3], &ds->done}) {
+      JCOCCL_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "event"));
+    }
     table[device] = std::move(ds);
   }
   *out = table[device].get();
   return Status::Ok();
 }
 
-// Makes `to` wait for everything enqueued on `from` so far.
-Status StreamWait(cudaStream_t from, cudaStream_t to) {
-  cudaEvent_t ev;
-  JCOCCL_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "event"));
-  Status s = Cuda(cudaEventRecord(ev, from), "event record");
-  if (s.ok()) s = Cuda(cudaStreamWaitEvent(to, ev, 0), "stream wait");
-  cudaEventDestroy(ev);  // legal after the wait is enqueued
-  return s;
+// Makes `to` wait for everything enqueued on `from` so far; `source` picks the event
+// (a lane, or kXlaSource).
+Status StreamWait(DeviceStreams* ds, int source, cudaStream_t from, cudaStream_t to) {
+  std::lock_guard<std::mutex> lk(ds->mu);
+  JCOCCL_RETURN_IF_ERROR(Cuda(cudaEventRecord(ds->ev[source], from), "event record"));
+  return Cuda(cudaStreamWaitEvent(to, ds->ev[source], 0), "stream wait");
 }
 
 class GpuLanes final : public Lanes {
@@ -72,7 +81,7 @@ class GpuLanes final : public Lanes {
   void* stream(Lane l) override { return ds_->s[l]; }
   Status Handoff(Lane from, Lane to) override {
     if (from == to) return Status::Ok();
-    return StreamWait(ds_->s[from], ds_->s[to]);
+    return StreamWait(ds_, from, ds_->s[from], ds_->s[to]);
   }
   Status Zero(Lane l, void* p, int64_t bytes) override {
     return Cuda(cudaMemsetAsync(p, 0, bytes, ds_->s[l]), "memset");
@@ -125,19 +134,30 @@ Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
   c.codec = &codec;
   c.outer_codec = c.op == Op::kAllReduceHierarchical ? &outer : nullptr;
   GpuLanes lanes(ds);
-  // Inputs are ready on XLA's stream; XLA may reuse outputs once its stream passes the join.
-  for (int l = 0; l < 3; ++l) JCOCCL_RETURN_IF_ERROR(StreamWait(xla, ds->s[l]));
-  JCOCCL_RETURN_IF_ERROR(Run(c, &lanes, static_cast<uint8_t*>(ws->untyped_data()),
-                             static_cast<int64_t>(ws->size_bytes())));
-  for (int l = 0; l < 3; ++l) JCOCCL_RETURN_IF_ERROR(StreamWait(ds->s[l], xla));
-  if (!WaitForCompletion()) return Status::Ok();
-  cudaEvent_t done;
-  JCOCCL_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event"));
-  Status s = Cuda(cudaEventRecord(done, xla), "event record");
-  for (Transport* t : {c.comm, c.outer_comm}) {
-    if (s.ok() && t != nullptr) s = static_cast<transport::NcclTransport*>(t)->Wait(done);
+  // Inputs are ready on XLA's stream.
+  Status s = Status::Ok();
+  for (int l = 0; l < 3 && s.ok(); ++l) s = StreamWait(ds, kXlaSource, xla, ds->s[l]);
+  if (s.ok()) {
+    s = Run(c, &lanes, static_cast<uint8_t*>(ws->untyped_data()),
+            static_cast<int64_t>(ws->size_bytes()));
   }
-  cudaEventDestroy(done);
+  // Join every lane back into XLA's stream on every path, a failed one included: XLA may
+  // free or reuse the buffers once its stream passes this point, so whatever the lanes
+  // have queued must come before it.
+  for (int l = 0; l < 3; ++l) {
+    Status j = StreamWait(ds, l, ds->s[l], xla);
+    if (s.ok()) s = j;
+  }
+  if (!s.ok() || !WaitForCompletion()) return s;
+  {
+    std::lock_guard<std::mutex> lk(ds->mu);
+    s = Cuda(cudaEventRecord(ds->done, xla), "event record");
+  }
+  // Another call on this device may re-record `done` meanwhile: this one then waits for
+  // later work too, which is longer but never wrong.
+  for (Transport* t : {c.comm, c.outer_comm}) {
+    if (s.ok() && t != nullptr) s = static_cast<transport::NcclTransport*>(t)->Wait(ds->done);
+  }
   return s;
 }
 
