@@ -1,31 +1,50 @@
 #!/usr/bin/env bash
-# GPU verification of jcoccl (one H200, about 8 minutes): builds the CUDA extension, checks
-# the CUDA codecs bit for bit, checks every fused collective at world size 1 (fused vs xla
-# backend) and at 2 and 4 processes on the one GPU over NCCL's socket transport (against the
-# jnp specification), and times compressed vs uncompressed collectives.
+# GPU verification of jcoccl (one H200, about 8 minutes, run once). Steps, most valuable first:
+#   build        tools/gpu_build.py: finds nvcc, pip install -e (offline), else plain CMake
+#   import       jcoccl._cuda loads, NCCL version, jax sees the GPU
+#   codecs       CUDA codecs vs the jnp spec run on the CPU, bit for bit (tools/gpu_codecs.py)
+#   single       every fused op at world size 1, fused vs xla backend, bit for bit
+#   world2       2 processes on the one GPU over NCCL's socket transport: engine ops vs the
+#                jnp spec, NCCL's plain ops vs numpy (tools/gpu_collectives.py launch)
+#   world4       the same with 4 processes
+#   codec_bench  codec throughput vs the device copy bandwidth
+#   bench2       compressed vs NCCL collectives at world 2 (nccl-tests algbw/busbw)
+#   report       summary.json / summary.txt from every JSON written
+# Every step writes its JSON as it goes (a step cut short keeps what it finished), prints a
+# one-line `=== VERDICT [step] ...`, and runs under its own time limit, clipped so that the
+# whole run stays within JCOCCL_GPU_BUDGET_S (default 470 s) with 20 s kept for the report.
+# Step limits: see benchmarks/README.md for the CPU dry-run times they were set from.
 #
-# Usage: tools/gpu_check.sh [OUT]   (OUT defaults to $OUT, else ./gpu_out)
-# Writes OUT/{codecs.json, single.json, world2.json, world4.json, summary.json, summary.txt,
-# logs.tgz (every step's log)}. Each step has its own time limit; a failed step is recorded and the
-# remaining steps still run; the exit status is non-zero if any step failed.
-set -euo pipefail
+# Usage: tools/gpu_check.sh [--cpu] [OUT]   (OUT defaults to $OUT, else ./gpu_out)
+#   --cpu   the CI dry run: every step on the CPU at world size 1 (host transport), small
+#           sizes; world2/world4 are skipped. JCOCCL_GPU_QUICK=1 narrows the codec and
+#           single steps to one compressor.
+# While running, OUT/<step>.json and <step>.log appear step by step; at the end OUT holds
+# summary.json (every step's JSON), summary.txt and logs.tgz (the rest). Exit status:
+# non-zero if any step failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+MODE=gpu
+if [ "${1:-}" = "--cpu" ]; then
+  MODE=cpu
+  shift
+fi
 OUT="${1:-${OUT:-./gpu_out}}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 STATUS=0
 declare -a STEPS=()
-
-# Whole-run budget (seconds): a step never runs past it, and is skipped when it is spent.
 BUDGET="${JCOCCL_GPU_BUDGET_S:-470}"
+RESERVE=20
 START=$SECONDS
 
 step() {  # step NAME SECONDS CMD... : runs CMD under timeout, logs to OUT/NAME.log
   local name="$1" secs="$2"
   shift 2
   local left=$((BUDGET - (SECONDS - START)))
-  if [ "$left" -lt 15 ]; then
-    echo "=== [$name] SKIPPED: time budget spent" | tee "$OUT/$name.log"
+  if [ "$name" != report ]; then left=$((left - RESERVE)); fi
+  if [ "$left" -lt 10 ]; then
+    echo "=== VERDICT [$name] SKIPPED: time budget spent" | tee "$OUT/$name.log"
     STEPS+=("$name skipped (budget)")
     STATUS=1
     return 0
@@ -33,51 +52,86 @@ step() {  # step NAME SECONDS CMD... : runs CMD under timeout, logs to OUT/NAME.
   if [ "$secs" -gt "$left" ]; then secs=$left; fi
   echo "=== [$name] (limit ${secs}s): $*"
   local t0=$SECONDS rc=0
-  timeout --kill-after=10 "$secs" "$@" > >(tee "$OUT/$name.log") 2>&1 || rc=$?
-  echo "=== [$name] rc=$rc in $((SECONDS - t0))s"
-  STEPS+=("$name rc=$rc $((SECONDS - t0))s")
+  timeout --kill-after=5 "$secs" "$@" > >(tee "$OUT/$name.log") 2>&1 || rc=$?
+  sleep 0.2  # let tee finish the log
+  local dt=$((SECONDS - t0)) verdict
+  case $rc in
+    0) verdict=PASS ;;
+    124|137) verdict="TIMEOUT after ${dt}s" ;;
+    *) verdict="FAIL rc=$rc" ;;
+  esac
+  local own
+  own=$(grep -h "^VERDICT" "$OUT/$name.log" | tail -n 1)
+  echo "=== VERDICT [$name] $verdict in ${dt}s${own:+ | $own}"
+  STEPS+=("$name $verdict ${dt}s${own:+ | $own}")
   if [ "$rc" -ne 0 ]; then STATUS=1; fi
   return 0
 }
 
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-export JCOCCL_TIMEOUT_S="${JCOCCL_TIMEOUT_S:-60}"
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+skip() {  # skip NAME REASON
+  echo "=== VERDICT [$1] SKIPPED: $2" | tee "$OUT/$1.log"
+  STEPS+=("$1 skipped ($2)")
+}
 
-# 1) Build the CUDA extension offline (no network there: no build isolation, no deps).
-step build 240 env JCOCCL_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps -e .
-step import 30 "$PY" -c "from jcoccl._src import _ffi; m = _ffi.native_module('cuda'); \
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+export JCOCCL_TIMEOUT_S="${JCOCCL_TIMEOUT_S:-30}"
+GC=tools/gpu_collectives.py
+if [ "$MODE" = gpu ]; then
+  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+  step build 150 "$PY" tools/gpu_build.py --python "$PY" --env-file "$OUT/build_env.sh"
+  # shellcheck disable=SC1091
+  if [ -f "$OUT/build_env.sh" ]; then source "$OUT/build_env.sh"; fi
+  step import 20 "$PY" -c "from jcoccl._src import _ffi; m = _ffi.native_module('cuda'); \
 print('jcoccl._cuda', m, _ffi.native_import_error('cuda')); print('nccl', m.nccl_version()); \
 import jax; print(jax.devices())"
-
-# 2) CUDA codecs: bit-exact checks and bandwidth (script owned by the codec kernels).
-if [ -f tools/gpu_codecs.py ]; then
-  step codecs 120 "$PY" tools/gpu_codecs.py --out "$OUT/codecs.json"
+  step codecs 90 "$PY" tools/gpu_codecs.py --skip-bench --out "$OUT/codecs.json"
+  step single 50 "$PY" "$GC" single --out "$OUT/single.json"
+  # `launch` exits 3 and prints "NCCL REFUSED" if NCCL will not run ranks on one GPU; its
+  # deadline comes before the step limit so that its summary is always written.
+  step world2 60 "$PY" "$GC" launch --world 2 --timeout 20 --deadline 50 --dir "$OUT/world2" \
+    --out "$OUT/world2.json"
+  step world4 60 "$PY" "$GC" launch --world 4 --timeout 20 --deadline 50 --dir "$OUT/world4" \
+    --out "$OUT/world4.json"
+  step codec_bench 30 "$PY" tools/gpu_codecs.py --skip-check --sizes-mib 256,1024 --iters 10 \
+    --out "$OUT/codec_bench.json"
+  step bench2 40 "$PY" "$GC" launch --world 2 --no-checks --bench --sizes-mib 1 16 64 \
+    --iters 5 --timeout 20 --deadline 32 --dir "$OUT/bench2" --out "$OUT/bench2.json"
+  if grep -q "NCCL REFUSED" "$OUT/world2.log" "$OUT/world4.log" 2>/dev/null; then
+    echo "NOTE: NCCL refused several ranks on one GPU; see $OUT/world*.log"
+  fi
 else
-  echo "tools/gpu_codecs.py not found: codec step skipped" | tee "$OUT/codecs.log"
+  ONLY=()
+  COMPS=()
+  if [ "${JCOCCL_GPU_QUICK:-0}" = 1 ]; then
+    ONLY=(--only 'int8:block=32$')
+    COMPS=(--compressors '^int8$')
+  fi
+  step build 30 "$PY" tools/gpu_build.py --python "$PY" --dry-run
+  step import 30 "$PY" -c "from jcoccl._src import _ffi; m = _ffi.native_module('cpu'); \
+print('jcoccl._cpu', m); import jax; print(jax.devices())"
+  step codecs 300 "$PY" tools/gpu_codecs.py --platform cpu --skip-bench "${ONLY[@]}" \
+    --out "$OUT/codecs.json"
+  step single 120 "$PY" "$GC" single --platform cpu "${COMPS[@]}" --out "$OUT/single.json"
+  step world1 120 "$PY" "$GC" launch --world 1 --platform cpu --timeout 60 --deadline 110 \
+    --dir "$OUT/world1" --out "$OUT/world1.json"
+  skip world2 "needs a GPU (the host transport is in-process)"
+  skip world4 "needs a GPU (the host transport is in-process)"
+  step codec_bench 60 "$PY" tools/gpu_codecs.py --platform cpu --skip-check --sizes-mib 1 \
+    --iters 2 --out "$OUT/codec_bench.json"
+  step bench1 60 "$PY" "$GC" launch --world 1 --platform cpu --no-checks --bench \
+    --sizes-mib 0.25 --iters 1 --timeout 30 --deadline 55 --dir "$OUT/bench1" \
+    --out "$OUT/bench1.json"
 fi
 
-# 3) Every fused op at world size 1 through jax on the GPU vs the XLA backend.
-step single 90 "$PY" tools/gpu_collectives.py single --out "$OUT/single.json"
-
-# 4+5) 2 and 4 processes on the one GPU (distinct NCCL_HOSTID, NCCL_SOCKET_IFNAME=lo):
-# correctness against the jnp specification, then compressed vs uncompressed timings.
-# `launch` exits 3 and prints "NCCL REFUSED" if NCCL will not run ranks on one GPU.
-step world2 130 "$PY" tools/gpu_collectives.py launch --world 2 --bench \
-  --sizes-mib 1 16 64 --iters 5 --timeout 30 --out "$OUT/world2.json"
-step world4 130 "$PY" tools/gpu_collectives.py launch --world 4 --bench \
-  --sizes-mib 1 16 64 --iters 3 --timeout 30 --out "$OUT/world4.json"
-if grep -q "NCCL REFUSED" "$OUT/world2.log" "$OUT/world4.log" 2>/dev/null; then
-  echo "NOTE: NCCL refused several ranks on one GPU; see $OUT/world*.log"
-fi
-
-# 6) JSON + text summary.
-step report 20 "$PY" tools/gpu_collectives.py report --dir "$OUT"
+step report 20 "$PY" "$GC" report --dir "$OUT"
 {
-  echo "# steps"
+  echo "# steps ($MODE, $((SECONDS - START)) s of a ${BUDGET} s budget)"
   for s in "${STEPS[@]}"; do echo "$s"; done
 } | tee -a "$OUT/summary.txt"
-# The device tool returns at most 8 files from $OUT: keep the JSON and the summary as they
-# are and pack the logs into one archive.
-(cd "$OUT" && tar czf logs.tgz ./*.log nvidia-smi.txt 2>/dev/null && rm -f ./*.log nvidia-smi.txt) || true
+# The device tool returns at most 8 files from $OUT: keep summary.json (every step's JSON,
+# merged) and summary.txt as they are, and pack everything else into one archive.
+(cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name summary.json ! -name summary.txt \
+   ! -name logs.tgz -printf '%P\n' | tar czf logs.tgz -T - && \
+ find . -mindepth 1 -maxdepth 1 ! -name summary.json ! -name summary.txt ! -name logs.tgz \
+   -exec rm -rf {} +) || true
 exit "$STATUS"

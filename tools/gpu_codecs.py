@@ -1,33 +1,75 @@
 #!/usr/bin/env python3
-"""GPU check of the CUDA codecs: bit-exactness against the jnp specification, then throughput.
+"""GPU check of the CUDA codecs: bit-exactness against the CPU specification, then throughput.
 
-Run on a machine with a CUDA GPU after building jcoccl (tools/dev_build.sh, or
+Run on a machine with a CUDA GPU after building jcoccl (tools/gpu_build.py, or
 `pip install --no-build-isolation --no-deps -e .`):
 
   python tools/gpu_codecs.py --out gpu_codecs.json
+  python tools/gpu_codecs.py --platform cpu --sizes-mib 1 --iters 1   # CI dry run, no GPU
 
-(1) Every codec family x dtype: the CUDA payloads, decodes, decode_sum and decode_sum_encode
-    are compared bit for bit with impl="jnp" on the same GPU. Exits 1 on any mismatch.
-(2) encode/decode time for int8, int4, fp8 and hadamard(int4) at 256 MiB and 1 GiB of
-    float32 input, against a device-to-device copy of the same input (x + 0 in a jit).
-    GB/s counts bytes read + written; `vs_copy` = codec GB/s / copy GB/s.
+(1) Every codec family x dtype: the native payloads, decodes, decode_sum and decode_sum_encode
+    on the default backend are compared with the jnp specification run on the CPU, with the
+    inputs passed as jit arguments (a closure would let XLA fold the conversions on the host
+    at compile time). The reference is the CPU spec, not jnp on the GPU: XLA:GPU divides
+    with div.full.f32 (not IEEE), the CUDA codecs with div.rn. Float fields compare NaN-equal
+    (tools/gpu_compare.py: a NaN produced by a conversion is 0x7fff on the GPU). Data with
+    subnormal runs is checked separately and its differences are reported, not failed:
+    XLA:CPU flushes subnormals (DAZ/FTZ), the GPU kernels do not; tools/gpu_shim.py checks
+    the kernels' IEEE subnormal arithmetic in CI. Exits 1 on any mismatch of the main data.
+(2) encode/decode time for int8, int4, fp8 and hadamard(int4) against a device-to-device copy
+    of the same bytes (cupy's copy timed with CUDA events when cupy is installed, and
+    `x + 0` in a jit). GB/s counts bytes read + written; `vs_copy` = codec GB/s / copy GB/s.
+
+The JSON file is rewritten after every case, so a run cut short keeps what it finished; the
+last line printed for each part is a `VERDICT ...` line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_compare as gc  # noqa: E402
 
 
 def _parse() -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default=None, help="write the results as JSON to this path")
+  p.add_argument("--platform", choices=("gpu", "cpu"), default="gpu",
+                 help="where the native codecs run (cpu: the CI dry run of this script)")
   p.add_argument("--sizes-mib", default="256,1024", help="input sizes in MiB (comma separated)")
   p.add_argument("--iters", type=int, default=10, help="timed iterations per measurement")
   p.add_argument("--skip-bench", action="store_true", help="only run the bit-exact checks")
+  p.add_argument("--skip-check", action="store_true", help="only run the timings")
+  p.add_argument("--only", default=None, help="check only the codecs whose name matches this regex")
   return p.parse_args()
+
+
+class Results:
+  """The script's JSON output, rewritten (atomically) whenever something is added."""
+
+  def __init__(self, path: str | None, **head):
+    self.path, self.data = path, dict(head)
+    self.flush()
+
+  def add(self, key: str, item) -> None:
+    self.data.setdefault(key, []).append(item)
+    self.flush()
+
+  def set(self, **kv) -> None:
+    self.data.update(kv)
+    self.flush()
+
+  def flush(self) -> None:
+    if self.path:
+      os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+      with open(self.path + ".tmp", "w") as f:
+        json.dump(self.data, f, indent=1, default=str)
+      os.replace(self.path + ".tmp", self.path)
 
 
 def _codecs(jc, jnp):
@@ -44,13 +86,8 @@ def _codecs(jc, jnp):
   ]
 
 
-def _bits(a):
-  import numpy as np
-  a = np.asarray(a)
-  return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
-
-
-def _data(rows: int, n: int, seed: int):
+def _data(rows: int, n: int, seed: int, subnormal: bool = False):
+  """Mixed test rows; subnormal=False scales the "tiny" runs to 1e-30 instead of 1e-39."""
   import numpy as np
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((rows, n)).astype(np.float32) * np.float32(3.0)
@@ -59,7 +96,7 @@ def _data(rows: int, n: int, seed: int):
   kind = rng.integers(0, 8, size=runs.shape[:2])
   runs[kind == 0] = 0.0
   runs[kind == 1] = 1.25
-  runs[kind == 2] *= np.float32(1e-39)
+  runs[kind == 2] *= np.float32(1e-39) if subnormal else np.float32(1e-30)
   runs[kind == 5] = -0.0
   runs[kind == 6] *= np.float32(1e-3)
   runs[0, 1, 5] = np.nan
@@ -67,63 +104,156 @@ def _data(rows: int, n: int, seed: int):
   return x
 
 
-def check(jax, jnp, jc) -> list[str]:
-  """Bit-exact comparison of every CUDA codec with the jnp spec; returns mismatch messages."""
-  import numpy as np
+def _layout(c, dtype, n: int) -> gc.Layout:
+  import jax.numpy as jnp
   from jcoccl._src.compressors import native
-  bad = []
+  a = native.codec_attrs(c)
+  d = {jnp.dtype(jnp.float32): gc.F32, jnp.dtype(jnp.bfloat16): gc.BF16,
+       jnp.dtype(jnp.float16): gc.F16}[jnp.dtype(dtype)]
+  return gc.Layout(int(a["kind"]), int(a["block"]), int(a["cast_dtype"]), int(a["hadamard"]), d, n)
+
+
+def _ref_ops(c, n: int, dtype):
+  """jit of x -> the jnp spec's (encode, decode, decode_sum, decode_sum_encode), each decode
+  reading the spec's own payload."""
+  import jax
+
+  def ops(x):
+    buf = c.encode_rows(x, impl="jnp")
+    return (buf, c.decode_rows(buf, n, dtype, impl="jnp"),
+            c.decode_sum(buf[:5], n, dtype, impl="jnp"),
+            c.decode_sum_encode(buf, n, dtype, impl="jnp"))
+  return jax.jit(ops)
+
+
+def _native_ops(c, n: int, dtype):
+  """jit of (x, reference payload) -> the native (encode, decode, decode_sum, dse)."""
+  import jax
+
+  def ops(x, buf_ref):
+    return (c.encode_rows(x, impl="native"), c.decode_rows(buf_ref, n, dtype, impl="native"),
+            c.decode_sum(buf_ref[:5], n, dtype, impl="native"),
+            c.decode_sum_encode(buf_ref, n, dtype, impl="native"))
+  return jax.jit(ops)
+
+
+def check_case(jax, jnp, c, dtype) -> tuple[list[str], list[str]]:
+  """One codec and dtype: native on the default device vs the jnp spec on the CPU, on the
+  main data and on data with subnormal runs (the same compiled functions for both).
+
+  Returns:
+    (mismatches on the main data, differences on the subnormal data); empty when
+    bit-identical up to NaN payloads.
+  """
+  import numpy as np
+  n = max(c.granule, 512) * 2
+  cpu, dev = jax.devices("cpu")[0], jax.devices()[0]
+  ref_fn, native_fn = _ref_ops(c, n, dtype), _native_ops(c, n, dtype)
+  lay = _layout(c, dtype, n)
+  found = []
+  for subnormal in (False, True):
+    x_host = np.asarray(jnp.asarray(_data(8, n, seed=n, subnormal=subnormal)).astype(dtype))
+    # Inputs are arguments, never closed over: XLA would fold a constant's conversions
+    # at compile time on the host, with other subnormal and NaN results than at run time.
+    ref = [np.asarray(r) for r in ref_fn(jax.device_put(x_host, cpu))]
+    got = native_fn(jax.device_put(x_host, dev), jax.device_put(ref[0], dev))
+    bad = []
+    for what, a, b in zip(("encode", "decode", "decode_sum", "decode_sum_encode"), ref, got):
+      b = np.asarray(b)
+      if a.shape != b.shape:
+        bad.append(f"{c} {jnp.dtype(dtype).name} {what}: shapes {a.shape} vs {b.shape}")
+        continue
+      payload = what in ("encode", "decode_sum_encode")
+      m = gc.payload_mismatch(lay, a, b) if payload else gc.float_mismatch(a, b, lay.dtype)
+      if m.any():
+        bad.append(f"{c} {jnp.dtype(dtype).name} {what}: {gc.describe(m)}")
+    found.append(bad)
+  return found[0], found[1]
+
+
+def check(jax, jnp, jc, results: Results | None = None,
+          only: str | None = None) -> tuple[list[str], list[str]]:
+  """Every codec x dtype (names matching the regex `only`); returns (mismatches,
+  differences on the subnormal data)."""
+  import re
+  from jcoccl._src.compressors import native
+  bad, sub = [], []
   for c in _codecs(jc, jnp):
-    n = max(c.granule, 512) * 2
+    if only and not re.search(only, str(c)):
+      continue
     for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+      name = f"{c} {jnp.dtype(dtype).name}"
       if not all(native.available(c, op, dtype)
                  for op in ("encode", "decode", "decode_sum", "decode_sum_encode")):
-        bad.append(f"{c} {jnp.dtype(dtype).name}: no CUDA kernel available")
-        continue
-      x = jnp.asarray(_data(8, n, seed=n)).astype(dtype)
-
-      def ops(impl, buf_ref, x=x, c=c, n=n, dtype=dtype):
-        buf = c.encode_rows(x, impl=impl)
-        return (buf, c.decode_rows(buf_ref, n, dtype, impl=impl),
-                c.decode_sum(buf_ref[:5], n, dtype, impl=impl),
-                c.decode_sum_encode(buf_ref, n, dtype, impl=impl))
-
-      ref = jax.jit(lambda: ops("jnp", c.encode_rows(x, impl="jnp")))()
-      got = jax.jit(lambda b: ops("native", b))(ref[0])
-      for what, a, b in zip(("encode", "decode", "decode_sum", "decode_sum_encode"), ref, got):
-        ba, bb = _bits(a), _bits(b)
-        if ba.shape != bb.shape or (ba != bb).any():
-          idx = np.argwhere(ba != bb) if ba.shape == bb.shape else []
-          bad.append(f"{c} {jnp.dtype(dtype).name} {what}: {len(idx)} mismatching elements, "
-                     f"first {idx[:3].tolist() if len(idx) else 'shape ' + str((ba.shape, bb.shape))}")
-  return bad
+        m, s = [f"{name}: no native kernel available"], []
+      else:
+        try:
+          m, s = check_case(jax, jnp, c, dtype)
+        except Exception as e:  # recorded; the other cases still run
+          m, s = [f"{name}: {type(e).__name__}: {str(e)[:300]}"], []
+      bad += m
+      sub += s
+      print(f"codecs  {name:58s} {'OK' if not m else 'MISMATCH ' + m[0]}"
+            f"{'' if not s else f' (subnormal data: {len(s)} differences)'}", flush=True)
+      if results is not None:
+        results.add("cases", dict(codec=str(c), dtype=jnp.dtype(dtype).name, mismatches=m,
+                                  subnormal_differences=s))
+  return bad, sub
 
 
 def _time(fn, *args, iters: int) -> float:
-  out = fn(*args)
-  out.block_until_ready() if hasattr(out, "block_until_ready") else None
+  import jax
+  jax.block_until_ready(fn(*args))
   t0 = time.perf_counter()
   for _ in range(iters):
     out = fn(*args)
-  jax_ready(out)
+  jax.block_until_ready(out)
   return (time.perf_counter() - t0) / iters
 
 
-def jax_ready(out) -> None:
-  import jax
-  jax.block_until_ready(out)
+def _cupy_copy_gbs(nbytes: int, iters: int) -> float | None:
+  """Device-to-device copy bandwidth (read + write) measured by cupy with CUDA events: the
+  physical limit codec throughput is judged against. None without cupy or a GPU."""
+  try:
+    import cupy as cp
+    src = cp.zeros(nbytes // 4, cp.float32)
+    dst = cp.empty_like(src)
+    dst[...] = src
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(iters):
+      dst[...] = src
+    stop.record()
+    stop.synchronize()
+    ms = cp.cuda.get_elapsed_time(start, stop) / iters
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+  except Exception:  # no cupy, no GPU, or a cupy/driver mismatch: the jax copy stands
+    return None
 
 
-def bench(jax, jnp, jc, sizes_mib: list[int], iters: int) -> list[dict]:
+def bench(jax, jnp, jc, sizes_mib: list[float], iters: int,
+          results: Results | None = None) -> list[dict]:
+  """Codec encode/decode throughput against the device copy bandwidth, per size."""
   rows = []
+
+  def add(row: dict) -> None:
+    rows.append(row)
+    if results is not None:
+      results.add("bench", row)
+
   for mib in sizes_mib:
-    n_total = mib * 2**20 // 4
-    ncols = 2**20
+    n_total = int(mib * 2**20) // 4
+    ncols = min(2**20, n_total)
     x = jax.random.normal(jax.random.key(0), (n_total // ncols, ncols), jnp.float32)
-    copy = jax.jit(lambda v: v + 0.0)
-    t_copy = _time(copy, x, iters=iters)
+    t_copy = _time(jax.jit(lambda v: v + 0.0), x, iters=iters)
     copy_gbs = 2 * x.nbytes / t_copy / 1e9
-    rows.append({"codec": "copy", "mib": mib, "op": "copy", "ms": t_copy * 1e3, "gbs": copy_gbs})
-    print(f"{mib:5d} MiB copy                      {t_copy*1e3:8.3f} ms {copy_gbs:8.1f} GB/s")
+    add({"codec": "copy", "mib": mib, "op": "copy(jax)", "ms": t_copy * 1e3, "gbs": copy_gbs})
+    cupy_gbs = _cupy_copy_gbs(x.nbytes, iters) if jax.default_backend() == "gpu" else None
+    if cupy_gbs is not None:
+      add({"codec": "copy", "mib": mib, "op": "copy(cupy, CUDA events)", "gbs": cupy_gbs})
+      copy_gbs = max(copy_gbs, cupy_gbs)
+    print(f"{mib:7.2f} MiB copy                      {t_copy*1e3:8.3f} ms {copy_gbs:8.1f} GB/s"
+          f"{'' if cupy_gbs is None else f' (cupy {cupy_gbs:.1f})'}", flush=True)
     for c in (jc.int8(block_size=256), jc.int4(block_size=256), jc.fp8("e4m3", block_size=128),
               jc.hadamard(jc.int4(block_size=128), size=256)):
       enc = jax.jit(lambda v, c=c: c.encode_rows(v, impl="native"))
@@ -133,10 +263,10 @@ def bench(jax, jnp, jc, sizes_mib: list[int], iters: int) -> list[dict]:
                                  ("decode", dec, buf, x.nbytes + buf.nbytes)):
         t = _time(fn, arg, iters=iters)
         gbs = moved / t / 1e9
-        rows.append({"codec": str(c), "mib": mib, "op": op, "ms": t * 1e3, "gbs": gbs,
-                     "vs_copy": gbs / copy_gbs})
-        print(f"{mib:5d} MiB {str(c):28s} {op:6s} {t*1e3:8.3f} ms {gbs:8.1f} GB/s "
-              f"({100 * gbs / copy_gbs:5.1f}% of copy)")
+        add({"codec": str(c), "mib": mib, "op": op, "ms": t * 1e3, "gbs": gbs,
+             "vs_copy": gbs / copy_gbs})
+        print(f"{mib:7.2f} MiB {str(c):28s} {op:6s} {t*1e3:8.3f} ms {gbs:8.1f} GB/s "
+              f"({100 * gbs / copy_gbs:5.1f}% of copy)", flush=True)
       del buf
     del x
   return rows
@@ -148,23 +278,26 @@ def main() -> int:
   import jax.numpy as jnp
   from jcoccl import compressors as jc
   from jcoccl._src import _ffi
-  if jax.default_backend() != "gpu":
-    print(f"no GPU backend (default backend {jax.default_backend()!r}); nothing to check")
+  if jax.default_backend() != args.platform:
+    print(f"VERDICT codecs: SKIPPED (default backend {jax.default_backend()!r}, "
+          f"--platform {args.platform})")
     return 2
-  if not _ffi.register("cuda"):
-    print(f"jcoccl._cuda missing: {_ffi.native_import_error('cuda')}")
+  module = "cuda" if args.platform == "gpu" else "cpu"
+  if not _ffi.register(module):
+    print(f"VERDICT codecs: FAIL (jcoccl._{module} missing: {_ffi.native_import_error(module)})")
     return 2
-  t0 = time.perf_counter()
-  bad = check(jax, jnp, jc)
-  print(f"bit-exact check: {len(bad)} mismatches ({time.perf_counter() - t0:.1f} s)")
-  for m in bad:
-    print("  MISMATCH", m)
-  results = {"device": str(jax.devices()[0]), "mismatches": bad, "bench": []}
+  results = Results(args.out, device=str(jax.devices()[0]), mismatches=None, bench=[])
+  bad = []
+  if not args.skip_check:
+    t0 = time.perf_counter()
+    bad, sub = check(jax, jnp, jc, results, args.only)
+    dt = time.perf_counter() - t0
+    results.set(mismatches=bad, subnormal_differences=sub, check_s=dt)
+    print(f"VERDICT codecs: {'PASS' if not bad else 'FAIL'} ({len(bad)} mismatches, "
+          f"{len(sub)} subnormal-data differences, {dt:.1f} s)", flush=True)
   if not args.skip_bench:
-    results["bench"] = bench(jax, jnp, jc, [int(s) for s in args.sizes_mib.split(",")], args.iters)
-  if args.out:
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
+    rows = bench(jax, jnp, jc, [float(s) for s in args.sizes_mib.split(",")], args.iters, results)
+    print(f"VERDICT codec-bench: {len(rows)} rows", flush=True)
   return 1 if bad else 0
 
 

@@ -67,76 +67,109 @@ def _bits_equal(a: Any, b: Any) -> bool:
 # ----------------------------------------------------------------------------------------
 # single: world size 1 through the public API.
 
+def _devices(platform: str) -> list:
+  """The devices of --platform ("gpu" or "cpu")."""
+  import jax
+  return jax.devices("gpu" if platform == "gpu" else "cpu")
+
+
+def _mesh(devices: list, names: tuple[str, ...]):
+  """A mesh of size 1 with Auto axes: jax.make_mesh defaults to Explicit axes, under which
+  shard_map rejects inputs whose sharding does not already match in_specs."""
+  import jax
+  from jax.sharding import AxisType
+  return jax.make_mesh((1,) * len(names), names, devices=devices[:1],
+                       axis_types=(AxisType.Auto,) * len(names))
+
+
+def _put(x, mesh, spec):
+  """x placed with the sharding shard_map's in_specs expects."""
+  import jax
+  from jax.sharding import NamedSharding
+  return jax.device_put(x, NamedSharding(mesh, spec))
+
+
 def cmd_single(args: argparse.Namespace) -> int:
+  import re
   import jax
   import jax.numpy as jnp
   import numpy as np
   import jcoccl
 
-  results = []
-  gpus = jax.devices("gpu")
-  mesh = jax.make_mesh((1,), ("x",), devices=gpus[:1])
-  mesh2 = jax.make_mesh((1, 1), ("node", "gpu"), devices=gpus[:1])
+  results: list[dict] = []
+
+  def record(row: dict) -> None:  # the JSON is rewritten after every case
+    results.append(row)
+    bad = sum(not r["bit_identical"] for r in results)
+    _write(args.out, dict(kind="single", platform=args.platform, results=results,
+                          mismatches=bad, complete=False))
+
+  devs = _devices(args.platform)
+  mesh = _mesh(devs, ("x",))
+  mesh2 = _mesh(devs, ("node", "gpu"))
   rng = np.random.default_rng(0)
   x_host = rng.standard_normal((8, 1000)).astype(np.float32)
   x_host[0, 3] = np.nan
+  comps = {k: v for k, v in _compressors().items()
+           if not args.compressors or re.search(args.compressors, k)}
   jcoccl.init(mesh)
-  for name, comp in _compressors().items():
+  for name, comp in comps.items():
     for dtype in (jnp.float32, jnp.bfloat16):
-      for backend_pair in [("xla", "fused")]:
-        outs = {}
-        for backend in backend_pair:
-          kw = dict(compressor=comp, backend=backend, chunks=2, min_bytes=0)
+      outs = {}
+      x = _put(jnp.asarray(x_host, dtype), mesh, jax.P("x"))
+      for backend in ("xla", "fused"):
+        kw = dict(compressor=comp, backend=backend, chunks=2, min_bytes=0)
 
-          def body(v, kw=kw):
-            return (jcoccl.all_reduce(v, "x", algorithm="one_shot", **kw),
-                    jcoccl.all_reduce(v, "x", algorithm="two_shot", **kw),
-                    jcoccl.reduce_scatter(v, "x", scatter_dimension=0, tiled=True, **kw),
-                    jcoccl.all_gather(v, "x", axis=0, tiled=True, **kw),
-                    jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
-                    jcoccl.ppermute(v, "x", [(0, 0)], **kw))
+        def body(v, kw=kw):
+          return (jcoccl.all_reduce(v, "x", algorithm="one_shot", **kw),
+                  jcoccl.all_reduce(v, "x", algorithm="two_shot", **kw),
+                  jcoccl.reduce_scatter(v, "x", scatter_dimension=0, tiled=True, **kw),
+                  jcoccl.all_gather(v, "x", axis=0, tiled=True, **kw),
+                  jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
+                  jcoccl.ppermute(v, "x", [(0, 0)], **kw))
 
-          x = jax.device_put(jnp.asarray(x_host, dtype), gpus[0])
-          f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
-          try:
-            outs[backend] = [np.asarray(o) for o in f(x)]
-            if backend == "fused":
-              text = f.lower(x).compile().as_text()
-              outs["hlo_fused_calls"] = text.count("jcoccl_fused_")
-          except Exception as e:  # report and continue with the other cases
-            outs[backend] = f"{type(e).__name__}: {e}"
-        for i, op in enumerate(OPS):
-          ok = (not isinstance(outs["xla"], str) and not isinstance(outs["fused"], str)
-                and _bits_equal(outs["xla"][i], outs["fused"][i]))
-          err = outs["fused"] if isinstance(outs["fused"], str) else (
-              outs["xla"] if isinstance(outs["xla"], str) else "")
-          results.append(dict(op=op, compressor=name, dtype=jnp.dtype(dtype).name,
-                              bit_identical=ok, error=err[:500]))
-          print(f"single  {op:15s} {name:14s} {jnp.dtype(dtype).name:9s} "
-                f"{'OK' if ok else 'MISMATCH ' + err[:200]}", flush=True)
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
+        try:
+          outs[backend] = [np.asarray(o) for o in f(x)]
+          if backend == "fused":
+            outs["hlo_fused_calls"] = f.lower(x).compile().as_text().count("jcoccl_fused_")
+        except Exception as e:  # report and continue with the other cases
+          outs[backend] = f"{type(e).__name__}: {e}"
+      for i, op in enumerate(OPS):
+        ok = (not isinstance(outs["xla"], str) and not isinstance(outs["fused"], str)
+              and _bits_equal(outs["xla"][i], outs["fused"][i]))
+        err = outs["fused"] if isinstance(outs["fused"], str) else (
+            outs["xla"] if isinstance(outs["xla"], str) else "")
+        record(dict(op=op, compressor=name, dtype=jnp.dtype(dtype).name, bit_identical=ok,
+                    fused_calls=outs.get("hlo_fused_calls"), error=err[:500]))
+        print(f"single  {op:15s} {name:14s} {jnp.dtype(dtype).name:9s} "
+              f"{'OK' if ok else 'MISMATCH ' + err[:200]}", flush=True)
   # Hierarchical over a (1, 1) mesh.
   jcoccl.init(mesh2)
   levels = (_compressors()["int4_asym"], _compressors()["int8"])
+  spec2 = jax.P(("node", "gpu"))
   outs = {}
   for backend in ("xla", "fused"):
     def hbody(v, backend=backend):
       return jcoccl.all_reduce(v, ("node", "gpu"), compressor=levels, algorithm="hierarchical",
                                backend=backend, chunks=2, min_bytes=0)
-    f = jax.jit(jax.shard_map(hbody, mesh=mesh2, in_specs=jax.P(("node", "gpu")),
-                              out_specs=jax.P(("node", "gpu"))))
+    f = jax.jit(jax.shard_map(hbody, mesh=mesh2, in_specs=spec2, out_specs=spec2))
     try:
-      outs[backend] = np.asarray(f(jax.device_put(jnp.asarray(x_host), gpus[0])))
+      outs[backend] = np.asarray(f(_put(jnp.asarray(x_host), mesh2, spec2)))
     except Exception as e:
       outs[backend] = f"{type(e).__name__}: {e}"
   ok = not isinstance(outs["xla"], str) and not isinstance(outs["fused"], str) and _bits_equal(
       outs["xla"], outs["fused"])
-  results.append(dict(op="hierarchical", compressor="int4_asym/int8", dtype="float32",
-                      bit_identical=ok))
-  print(f"single  hierarchical    int4_asym/int8 float32   {'OK' if ok else 'MISMATCH'}")
+  err = next((o for o in outs.values() if isinstance(o, str)), "")
+  record(dict(op="hierarchical", compressor="int4_asym/int8", dtype="float32", bit_identical=ok,
+              error=err[:500]))
+  print(f"single  hierarchical    int4_asym/int8 float32   {'OK' if ok else 'MISMATCH ' + err[:200]}")
   jcoccl.shutdown()
   bad = [r for r in results if not r["bit_identical"]]
-  _write(args.out, dict(kind="single", results=results, mismatches=len(bad)))
-  print(f"single: {len(results) - len(bad)}/{len(results)} bit-identical")
+  _write(args.out, dict(kind="single", platform=args.platform, results=results,
+                        mismatches=len(bad), complete=True))
+  print(f"VERDICT single: {'PASS' if not bad else 'FAIL'} ({len(results) - len(bad)}/"
+        f"{len(results)} bit-identical, fused vs xla at world 1)", flush=True)
   return 1 if bad else 0
 
 
@@ -218,19 +251,13 @@ def _wait_file(path: str, timeout: float) -> bytes:
     return f.read()
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-  import jax
+def _comm_init_nccl(args: argparse.Namespace, me: int, n: int, cid: int) -> str | None:
+  """NCCL communicator of the launch's ranks; the ncclUniqueId travels through a file.
+  Returns an error message, or None."""
   from jcoccl._src import _ffi
-
-  me, n = args.rank, args.world
-  report: dict[str, Any] = dict(kind="worker", rank=me, world=n, checks=[], bench=[])
-  out_path = os.path.join(args.dir, f"rank{me}.json")
   mod = _ffi.native_module("cuda")
   if mod is None:
-    report["error"] = f"jcoccl._cuda missing: {_ffi.native_import_error('cuda')}"
-    _write(out_path, report)
-    return 2
-  report["nccl_version"] = mod.nccl_version()
+    return f"jcoccl._cuda missing: {_ffi.native_import_error('cuda')}"
   uid_path = os.path.join(args.dir, "nccl_uid")
   if me == 0:
     uid = mod.nccl_unique_id()
@@ -239,34 +266,74 @@ def cmd_worker(args: argparse.Namespace) -> int:
     os.replace(uid_path + ".tmp", uid_path)
   else:
     uid = _wait_file(uid_path, 60)
-  cid = 1
   try:
     mod.nccl_comm_init(cid, uid, n, [(0, me)])
   except Exception as e:
-    report["error"] = f"NCCL init refused: {e}"
-    _write(out_path, report)
     print(f"[rank {me}] NCCL REFUSED the multi-process setup: {e}", flush=True)
-    return 3
-  gpu = jax.devices("gpu")[0]
+    return f"NCCL init refused: {e}"
+  return None
+
+
+def _comm_init_host(args: argparse.Namespace, me: int, n: int, cid: int) -> str | None:
+  """The CPU dry run's communicator: the in-process host transport (world size 1 only)."""
+  import jax
+  from jcoccl._src import _ffi
+  if n != 1:
+    return "--platform cpu runs at world size 1 only (the host transport is in-process)"
+  mod = _ffi.native_module("cpu")
+  if mod is None:
+    return f"jcoccl._cpu missing: {_ffi.native_import_error('cpu')}"
+  _ffi.register("cpu")
+  mod.fused_host_comm_create(cid, [jax.devices("cpu")[0].id])
+  return None
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+  global PLATFORM
+  import jax
+  from jcoccl._src import _ffi
+
+  me, n = args.rank, args.world
+  report: dict[str, Any] = dict(kind="worker", rank=me, world=n, platform=args.platform,
+                                checks=[], bench=[], done=False)
+  out_path = os.path.join(args.dir, f"rank{me}.json")
+  PLATFORM = "cuda" if args.platform == "gpu" else "cpu"
+  cid = 1 if args.platform == "gpu" else (1 << 50) + 12
+  init = _comm_init_nccl if args.platform == "gpu" else _comm_init_host
+  err = init(args, me, n, cid)
+  if err is not None:
+    report["error"] = err
+    _write(out_path, report)
+    return 3 if "refused" in err else 2
+  if args.platform == "gpu":
+    report["nccl_version"] = _ffi.native_module("cuda").nccl_version()
+  dev = _devices(args.platform)[0]
   cpu = jax.devices("cpu")[0]
-  report["checks"] = _checks(cid, me, n, gpu, cpu) + _plain_checks(cid, me, n, gpu, cpu)
+  progress = lambda: _write(out_path, report)  # every finished check or timing is kept
+  try:
+    if not args.no_checks:
+      _checks(cid, me, n, dev, cpu, report["checks"], progress)
+      _plain_checks(cid, me, n, dev, cpu, report["checks"], progress)
+    if args.bench:
+      _bench(cid, me, n, dev, args.sizes_mib, args.iters, report["bench"], progress)
+  finally:
+    _ffi.native_module(PLATFORM).fused_comm_destroy(cid)
   bad = sum(not c["ok"] for c in report["checks"])
-  if args.bench:
-    report["bench"] = _bench(cid, me, n, gpu, args.sizes_mib, args.iters)
-  mod.fused_comm_destroy(cid)
-  report["mismatches"] = bad
+  report.update(mismatches=bad, done=True)
   _write(out_path, report)
   return 1 if bad else 0
 
 
-def _checks(cid: int, me: int, n: int, dev: Any, cpu: Any) -> list:
-  """Every compressed engine op on ``dev`` against the jnp specification, bit for bit."""
+def _checks(cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | None = None,
+            progress=lambda: None) -> list:
+  """Every compressed engine op on ``dev`` against the jnp specification, bit for bit.
+  Results are appended to ``out`` (returned), calling ``progress()`` after each."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
   m = 4096
-  out = []
+  out = [] if out is None else out
   for cname, comp in _compressors().items():
     for dtype in (jnp.float32, jnp.bfloat16):
       with jax.default_device(cpu):
@@ -283,6 +350,7 @@ def _checks(cid: int, me: int, n: int, dev: Any, cpu: Any) -> list:
           ok, err = False, f"{type(e).__name__}: {e}"[:500]
         out.append(dict(op=op, compressor=cname, dtype=jnp.dtype(dtype).name,
                         bit_identical=ok, ok=ok, error=err))
+        progress()
         if me == 0 or not ok:
           print(f"[rank {me}/{n}] {op:15s} {cname:14s} {jnp.dtype(dtype).name:9s} "
                 f"{'OK' if ok else 'MISMATCH ' + err}", flush=True)
@@ -297,7 +365,8 @@ def _fold_bound(n: int) -> float:
   return 2 * (n - 1) * u / (1 - (n - 1) * u)
 
 
-def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any) -> list:
+def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | None = None,
+                  progress=lambda: None) -> list:
   """NCCL's plain ops on ``dev`` against numpy: all_gather bit for bit; all_reduce and
   reduce_scatter within float32 summation rounding of the rank-order fold (NCCL sums in
   its own order). The all_reduce digest lets `launch` compare the ranks' bits."""
@@ -321,7 +390,7 @@ def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any) -> list:
                                bound[me][None]),
       "plain_all_gather": (xs[me][:1], (1, n, m), m, np.stack([x[0] for x in xs])[None], None),
   }
-  out = []
+  out = [] if out is None else out
   for op, (inp, oshape, mm, want, tol) in cases.items():
     digest = ""
     try:
@@ -337,6 +406,7 @@ def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any) -> list:
     except Exception as e:
       ok, err = False, f"{type(e).__name__}: {e}"[:500]
     out.append(dict(op=op, compressor="nccl", dtype="float32", ok=ok, error=err, digest=digest))
+    progress()
     if me == 0 or not ok:
       print(f"[rank {me}/{n}] {op:22s} nccl      float32   {'OK' if ok else 'MISMATCH ' + err}",
             flush=True)
@@ -350,6 +420,7 @@ def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any) -> list:
   except Exception as e:
     ok, err = False, f"{type(e).__name__}: {e}"[:500]
   out.append(dict(op="plain_all_gather", compressor="nccl", dtype="bfloat16", ok=ok, error=err))
+  progress()
   return out
 
 
@@ -379,7 +450,8 @@ def _bench_layout(algo: str, n: int, m: int) -> tuple[tuple, tuple, int]:
           "all_gather": ((1, m), (1, n, m), m)}[algo]
 
 
-def _bench(cid: int, me: int, n: int, dev: Any, sizes_mib: list, iters: int) -> list:
+def _bench(cid: int, me: int, n: int, dev: Any, sizes_mib: list, iters: int,
+           rows: list | None = None, progress=lambda: None) -> list:
   """Times compressed collectives against NCCL's at each size (float32; bytes = the full
   buffer as nccl-tests counts it: count * 4 for all_reduce, the gathered / scattered buffer
   for all_gather / reduce_scatter)."""
@@ -388,7 +460,7 @@ def _bench(cid: int, me: int, n: int, dev: Any, sizes_mib: list, iters: int) -> 
 
   barrier_in = jax.device_put(jnp.zeros((1, 1), jnp.float32), dev)
   barrier = jax.jit(lambda v: _engine("plain_all_reduce", v, (1, 1), cid, n, None, 1))
-  rows = []
+  rows = [] if rows is None else rows
   for mib in sizes_mib:
     total = int(mib * (1 << 20)) // 4
     m = max(512, (total // n) // 512 * 512)  # per-rank row length, granule-aligned
@@ -413,6 +485,7 @@ def _bench(cid: int, me: int, n: int, dev: Any, sizes_mib: list, iters: int) -> 
                          algbw_GBps=algbw, busbw_GBps=algbw * factor, speedup_vs_nccl=None))
       for r in rows[-len(cases):]:
         r["speedup_vs_nccl"] = times["nccl"] / times[r["compressor"]]
+      progress()
       if me == 0:
         for r in rows[-len(cases):]:
           print(f"[bench n={n}] {r['op']:14s} {r['bytes']:>12d} {r['compressor']:13s} "
@@ -450,32 +523,47 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------
 # launch: the multi-process run.
 
+def _worker_cmd(args: argparse.Namespace, d: str, r: int) -> list[str]:
+  return ([sys.executable, os.path.abspath(__file__), "worker", "--rank", str(r), "--world",
+           str(args.world), "--dir", d, "--platform", args.platform, "--iters", str(args.iters),
+           "--sizes-mib", *[str(s) for s in args.sizes_mib]] +
+          (["--bench"] if args.bench else []) + (["--no-checks"] if args.no_checks else []))
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
-  d = tempfile.mkdtemp(prefix=f"jcoccl_w{args.world}_")
+  d = args.dir or tempfile.mkdtemp(prefix=f"jcoccl_w{args.world}_")
+  os.makedirs(d, exist_ok=True)
+  for name in os.listdir(d):  # a previous run's files must not be mistaken for this one's
+    if name.startswith(("rank", "nccl_uid")):
+      os.remove(os.path.join(d, name))
   procs = []
   for r in range(args.world):
     env = dict(os.environ)
     env.update(NCCL_HOSTID=f"jcoccl-rank-{r}", NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1",
                XLA_PYTHON_CLIENT_PREALLOCATE="false", JCOCCL_TIMEOUT_S=str(args.timeout),
                NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "WARN"))
-    cmd = [sys.executable, os.path.abspath(__file__), "worker", "--rank", str(r), "--world",
-           str(args.world), "--dir", d, "--iters", str(args.iters), "--sizes-mib",
-           *[str(s) for s in args.sizes_mib]] + (["--bench"] if args.bench else [])
     log = open(os.path.join(d, f"rank{r}.log"), "w")
-    procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-  deadline = time.time() + args.timeout * 3
+    procs.append((subprocess.Popen(_worker_cmd(args, d, r), env=env, stdout=log,
+                                   stderr=subprocess.STDOUT), log))
+  # The launch's own deadline comes before the caller's step limit, so that the summary of
+  # whatever the ranks finished is always written.
+  deadline = time.time() + (args.deadline if args.deadline else args.timeout * 3)
   rcs = []
   for p, log in procs:
     try:
       rcs.append(p.wait(timeout=max(1, deadline - time.time())))
     except subprocess.TimeoutExpired:
       p.kill()
+      p.wait()
       rcs.append("timeout")
     log.close()
   ranks = []
   for r in range(args.world):
     path = os.path.join(d, f"rank{r}.json")
-    ranks.append(json.load(open(path)) if os.path.exists(path) else {"rank": r, "error": "no report"})
+    try:
+      ranks.append(json.load(open(path)))
+    except (OSError, json.JSONDecodeError) as e:
+      ranks.append({"rank": r, "error": f"no report ({e})"})
     tail = open(os.path.join(d, f"rank{r}.log")).read()[-3000:]
     ranks[-1]["log_tail"] = tail
     print(f"----- rank {r} (rc={rcs[r]}) log tail -----\n{tail}", flush=True)
@@ -490,14 +578,21 @@ def cmd_launch(args: argparse.Namespace) -> int:
              if c.get("op") == "plain_all_reduce"}
   same = len(digests) == 1 and "" not in digests and None not in digests
   print(f"plain NCCL all_reduce bits identical on every rank: {same}", flush=True)
-  summary = dict(kind="launch", world=args.world, returncodes=[str(c) for c in rcs],
-                 refused=refused, plain_all_reduce_same_bits_on_all_ranks=same, ranks=ranks,
-                 bench=ranks[0].get("bench", []) if ranks else [],
-                 mismatches=sum(int(x.get("mismatches", 0) or 0) for x in ranks))
+  failed = sum(not c.get("ok") for x in ranks for c in x.get("checks", []))
+  checks = sum(len(x.get("checks", [])) for x in ranks)
+  summary = dict(kind="launch", world=args.world, platform=args.platform,
+                 returncodes=[str(c) for c in rcs], refused=refused,
+                 plain_all_reduce_same_bits_on_all_ranks=same, ranks=ranks,
+                 bench=ranks[0].get("bench", []) if ranks else [], mismatches=failed,
+                 checks=checks, complete=all(x.get("done") for x in ranks))
   _write(args.out, summary)
+  ok = not refused and all(c == 0 for c in rcs)
+  print(f"VERDICT world{args.world}: {'PASS' if ok else 'REFUSED' if refused else 'FAIL'} "
+        f"({checks - failed}/{checks} checks OK, {len(summary['bench'])} bench rows, "
+        f"returncodes {summary['returncodes']})", flush=True)
   if refused:
     return 3
-  return 0 if all(c == 0 for c in rcs) else 1
+  return 0 if ok else 1
 
 
 # ----------------------------------------------------------------------------------------
@@ -516,7 +611,8 @@ def cmd_report(args: argparse.Namespace) -> int:
   for name, p in parts.items():
     if p.get("kind") == "single":
       lines.append(f"{name}: world 1 fused vs xla: {len(p['results']) - p['mismatches']}/"
-                   f"{len(p['results'])} bit-identical")
+                   f"{len(p['results'])} bit-identical"
+                   f"{'' if p.get('complete', True) else ' (incomplete: cut short)'}")
     elif p.get("kind") == "launch":
       lines.append(f"{name}: world {p['world']}: refused={p['refused']} "
                    f"returncodes={p['returncodes']} mismatches={p['mismatches']} "
@@ -531,6 +627,15 @@ def cmd_report(args: argparse.Namespace) -> int:
           lines.append(f"  {r['op']:14s} {r['bytes']:>12d} {r['compressor']:13s} "
                        f"{r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} "
                        f"{r['speedup_vs_nccl']:>8.2f}")
+    elif "cases" in p or isinstance(p.get("mismatches"), list):  # tools/gpu_codecs.py
+      bad = p.get("mismatches")
+      lines.append(f"{name}: codecs vs CPU spec: "
+                   f"{'incomplete' if bad is None else f'{len(bad)} mismatches'}, "
+                   f"{len(p.get('cases', []))} cases, "
+                   f"{len(p.get('subnormal_differences') or [])} subnormal-data differences")
+      for r in p.get("bench", []):
+        lines.append(f"  {r['mib']:>8} MiB {r['codec']:36s} {r['op']:24s} {r['gbs']:8.1f} GB/s"
+                     + (f" ({100 * r['vs_copy']:.0f}% of copy)" if "vs_copy" in r else ""))
     else:
       lines.append(f"{name}: {json.dumps(p)[:300]}")
   text = "\n".join(lines) + "\n"
@@ -552,16 +657,27 @@ def main(argv: list[str] | None = None) -> int:
   sub = p.add_subparsers(dest="cmd", required=True)
   s = sub.add_parser("single", help="world size 1: fused vs xla backend, bit for bit")
   s.add_argument("--out", default="gpu_out/single.json")
+  s.add_argument("--platform", choices=("gpu", "cpu"), default="gpu",
+                 help="cpu: the CI dry run (host transport instead of NCCL)")
+  s.add_argument("--compressors", default=None, help="regex: only these compressors")
   for name in ("launch", "worker"):
     w = sub.add_parser(name, help="multi-process NCCL run" if name == "launch" else "one rank")
     w.add_argument("--world", type=int, default=2)
+    w.add_argument("--platform", choices=("gpu", "cpu"), default="gpu",
+                   help="cpu: the CI dry run at --world 1 (host transport)")
     w.add_argument("--bench", action="store_true", help="also time compressed vs NCCL")
+    w.add_argument("--no-checks", action="store_true", help="skip the correctness checks")
     w.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 8, 64])
     w.add_argument("--iters", type=int, default=5)
     if name == "launch":
       w.add_argument("--out", default="gpu_out/world.json")
+      w.add_argument("--dir", default=None,
+                     help="directory for the ranks' logs and JSON (default: a new temp dir)")
       w.add_argument("--timeout", type=float, default=60.0,
-                     help="JCOCCL_TIMEOUT_S for the workers (the launch waits 3x this)")
+                     help="JCOCCL_TIMEOUT_S for the workers")
+      w.add_argument("--deadline", type=float, default=0.0,
+                     help="seconds after which unfinished ranks are killed and the summary "
+                     "written (default: 3 x --timeout)")
     else:
       w.add_argument("--rank", type=int, required=True)
       w.add_argument("--dir", required=True)
