@@ -17,6 +17,13 @@ Subcommands:
            the benchmark code (tiny sizes) without a GPU, so the script's own code is tested.
   report   merges the JSON files of a directory into summary.json and summary.txt.
 
+`single`, `launch` and `worker` take --platform cpu: the CI dry run at world size 1, through
+the same code except the device (jax's CPU device, the host transport instead of NCCL, the
+C++ codecs instead of the CUDA ones). Every subcommand rewrites its JSON after each finished
+case, so a run cut short by its time limit keeps what it finished, and ends with a one-line
+`VERDICT ...`. `launch --dir` keeps the ranks' logs and JSON; `--deadline` kills unfinished
+ranks early enough for the summary to be written; `--no-checks` times only.
+
 The baseline ("nccl") is NCCL's own uncompressed collective on float32, as nccl-tests
 times it: ncclAllReduce / ncclReduceScatter with ncclSum, ncclAllGather (the engine's
 algo="plain" ops, one NCCL call each). speedup = t_nccl / t_compressed. The row
@@ -29,6 +36,7 @@ Example:
   python tools/gpu_collectives.py single --out gpu_out/single.json
   python tools/gpu_collectives.py launch --world 2 --bench --out gpu_out/world2.json
   python tools/gpu_collectives.py selfcheck        # no GPU needed
+  python tools/gpu_collectives.py single --platform cpu --out /tmp/single.json   # no GPU
 """
 
 from __future__ import annotations
