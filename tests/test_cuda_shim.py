@@ -70,3 +70,65 @@ def test_reference_library_is_jcoccl_cpu_codec():
     want = np.asarray(comp.encode_rows(jnp.asarray(x), impl="native"))
     assert not gpu_shim.gc.payload_mismatch(spec.layout(g.F32, 1024), ref.encode(spec, g.F32, x),
                                             want).any(), spec.name
+
+
+_SYNC_KERNELS = r'''
+#include "cuda_runtime.h"
+#define JC extern "C" __attribute__((visibility("default")))
+__global__ void WarpSum(const float* x, float* out) {
+  float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) out[(blockIdx.x * blockDim.x + threadIdx.x) >> 5] = v;
+}
+__global__ void BlockReverse(const float* x, float* out) {
+  extern __shared__ float t[];
+  const int i = threadIdx.x;
+  t[i] = x[blockIdx.x * blockDim.x + i];
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + i] = t[blockDim.x - 1 - i];
+}
+__global__ void Divergent(float* out) {
+  float v = 1.0f;
+  if (threadIdx.x < 16) v = __shfl_xor_sync(0xffffffffu, v, 1);
+  out[threadIdx.x] = v;
+}
+__global__ void BarrierInBranch(float* out) {
+  if (threadIdx.x < 64) __syncthreads();
+  out[threadIdx.x] = 1.0f;
+}
+JC int warp_sum(const float* x, float* out, int blocks) {
+  WarpSum<<<blocks, 128>>>(x, out); return cudaGetLastError(); }
+JC int block_reverse(const float* x, float* out, int blocks) {
+  BlockReverse<<<blocks, 256, 256 * sizeof(float)>>>(x, out); return cudaGetLastError(); }
+JC int divergent(float* out) { Divergent<<<1, 32>>>(out); return cudaGetLastError(); }
+JC int barrier_in_branch(float* out) { BarrierInBranch<<<1, 128>>>(out); return cudaGetLastError(); }
+JC int too_many_threads(float* out) { Divergent<<<1, 2048>>>(out); return cudaGetLastError(); }
+JC const char* message() { return jcoccl_shim::g_last_message.c_str(); }
+'''
+
+
+def test_shim_synchronises_warps_and_blocks_and_reports_misuse(tmp_path):
+  # The shim's own semantics: shuffles see every lane's value, __syncthreads orders shared
+  # memory across warps, and divergent collectives or bad launches are errors, not hangs.
+  import ctypes
+  src = tmp_path / "k.cc"
+  src.write_text(gpu_shim.translate(_SYNC_KERNELS))
+  lib_path = tmp_path / "k.so"
+  gpu_shim._compile(gpu_shim.compiler(), [str(src)], [str(gpu_shim.SHIM_DIR)], lib_path)
+  lib = ctypes.CDLL(str(lib_path))
+  lib.message.restype = ctypes.c_char_p
+  vp = ctypes.c_void_p
+  for fn, args in (("warp_sum", [vp, vp, ctypes.c_int]), ("block_reverse", [vp, vp, ctypes.c_int]),
+                   ("divergent", [vp]), ("barrier_in_branch", [vp]), ("too_many_threads", [vp])):
+    getattr(lib, fn).argtypes = args
+  x = np.arange(3 * 256, dtype=np.float32)
+  out = np.zeros(3 * 256 // 32, np.float32)
+  assert lib.warp_sum(x.ctypes.data, out.ctypes.data, 6) == 0
+  np.testing.assert_array_equal(out, x.reshape(-1, 32).sum(axis=1))
+  rev = np.zeros_like(x)
+  assert lib.block_reverse(x.ctypes.data, rev.ctypes.data, 3) == 0
+  np.testing.assert_array_equal(rev, x.reshape(3, 256)[:, ::-1].reshape(-1))
+  buf = np.zeros(2048, np.float32)
+  assert lib.divergent(buf.ctypes.data) != 0 and b"warp divergence" in lib.message()
+  assert lib.barrier_in_branch(buf.ctypes.data) != 0 and b"__syncthreads" in lib.message()
+  assert lib.too_many_threads(buf.ctypes.data) != 0 and b"invalid launch" in lib.message()
