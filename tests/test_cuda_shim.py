@@ -107,14 +107,16 @@ JC const char* message() { return jcoccl_shim::g_last_message.c_str(); }
 '''
 
 
-def test_shim_synchronises_warps_and_blocks_and_reports_misuse(tmp_path):
+@pytest.mark.parametrize("switch", ["asm", "ucontext"])
+def test_shim_synchronises_warps_and_blocks_and_reports_misuse(tmp_path, switch):
   # The shim's own semantics: shuffles see every lane's value, __syncthreads orders shared
   # memory across warps, and divergent collectives or bad launches are errors, not hangs.
   import ctypes
   src = tmp_path / "k.cc"
   src.write_text(gpu_shim.translate(_SYNC_KERNELS))
   lib_path = tmp_path / "k.so"
-  gpu_shim._compile(gpu_shim.compiler(), [str(src)], [str(gpu_shim.SHIM_DIR)], lib_path)
+  gpu_shim._compile(gpu_shim.compiler(), [str(src)], [str(gpu_shim.SHIM_DIR)], lib_path,
+                    ["JCOCCL_SHIM_UCONTEXT"] if switch == "ucontext" else [])
   lib = ctypes.CDLL(str(lib_path))
   lib.message.restype = ctypes.c_char_p
   vp = ctypes.c_void_p

@@ -64,7 +64,9 @@ enum class Wait { kRun, kWarp, kBlock, kDone };
 
 // ---- context switching -------------------------------------------------------------------
 // x86-64: a minimal switch (callee-saved registers, MXCSR and the x87 control word), with no
-// system call; elsewhere ucontext (correct, slower: swapcontext saves the signal mask).
+// system call; elsewhere, or with -DJCOCCL_SHIM_UCONTEXT, ucontext (slower: swapcontext
+// saves the signal mask). The switch is defined here: include this header in one
+// translation unit per library.
 #if defined(__x86_64__) && !defined(JCOCCL_SHIM_UCONTEXT)
 extern "C" void jcoccl_shim_switch(void** save_sp, void* load_sp);
 asm(R"(
