@@ -136,6 +136,7 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
   cxx = compiler()
   if cxx is None:
     raise RuntimeError("no C++ compiler (set CXX, or install g++ >= 12 or clang++ >= 15)")
+  out_dir = out_dir.resolve()  # the kernels' path goes into an #include
   out_dir.mkdir(parents=True, exist_ok=True)
   cuda = ROOT / "cuda"
   ref_inputs = sorted([*cuda.glob("codecs/*.h"), cuda / "registry.h", cuda / "cpu" / "codecs.cc",
