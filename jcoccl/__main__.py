@@ -1,4 +1,5 @@
-"""Command line: ``python -m jcoccl info [--json]``."""
+"""Command line: ``python -m jcoccl info [--json]``, ``python -m jcoccl --version``
+(also as the ``jcoccl`` script)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import argparse
 import json
 import sys
 
+from jcoccl._src.info import version
+
 
 def main(argv: list[str] | None = None) -> int:
   """Entry point of ``python -m jcoccl`` and the ``jcoccl`` script."""
   p = argparse.ArgumentParser(prog="jcoccl", description="jcoccl utilities")
+  p.add_argument("--version", action="version", version=f"jcoccl {version()}",
+                 help="print jcoccl's version and exit")
   sub = p.add_subparsers(dest="cmd", required=True)
   i = sub.add_parser("info", help="versions, native extensions, devices")
   i.add_argument("--json", action="store_true", help="print JSON instead of text")

@@ -6,12 +6,19 @@ not named) to a table of op -> compressor spec, plus per-axis options:
   ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``ppermute``:
       a spec string for ``jcoccl.compressors.parse`` (``"int8"``, ``"int4:block=128,asym"``,
       ``"fp8"``), ``"hadamard(<inner spec>)"``, a Compressor, or ``"none"``/None (exact).
-  ``error_feedback``: bool, keep the compression residual of gradient sums and add it back.
-  ``zero``: bool (the data axis), ZeRO-style data parallelism in ``models.parallel``: gradients
-      reduce-scattered over the axis (with ``reduce_scatter``'s compressor), the optimizer
-      state sharded over it, updated parameters all-gathered (with ``all_gather``'s).
-  ``min_bytes``: int, messages under it go uncompressed (jcoccl's default otherwise).
-  ``algorithm``: str, the all_reduce algorithm (``"auto"``, ``"one_shot"``, ...).
+  ``error_feedback``: bool (``[data]`` only), keep the compression residual of the gradient
+      sums over the data axis and add it back.
+  ``zero``: bool (``[data]`` only), ZeRO-style data parallelism in ``models.parallel``:
+      gradients reduce-scattered over the axis (with ``reduce_scatter``'s compressor), the
+      optimizer state sharded over it, updated parameters all-gathered (with ``all_gather``'s).
+  ``min_bytes``: int >= 0, messages under it go uncompressed (jcoccl's default otherwise).
+  ``algorithm``: the all_reduce algorithm on one axis: ``"auto"``, ``"one_shot"`` or
+      ``"two_shot"`` (``"hierarchical"`` needs two axes, which a per-axis entry cannot name).
+
+Everything is checked when the policy is built: unknown axes (with ``axes=``, the mesh's axis
+names), unknown ops or options, values of the wrong type or range, unknown algorithms and
+malformed compressor specs raise an error that names the entry the way its source writes it:
+``policy['data']['zero']`` (dict), ``p.toml: [data] zero`` (TOML file), ``data.zero`` (specs).
 
 Example:
   >>> policy = Policy.from_dict({
@@ -26,31 +33,61 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import re
 import tomllib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 OPTIONS = ("error_feedback", "zero", "min_bytes", "algorithm")
+ALGORITHMS = ("auto", "one_shot", "two_shot")
 WILDCARD = "*"
-_WRAPPED = re.compile(r"^\s*hadamard\s*\((.*)\)\s*$")
+DATA_AXIS = "data"
+# Options that models.parallel reads on the data axis only: anywhere else they would be
+# silently ignored, so they are rejected there.
+DATA_OPTIONS = ("error_feedback", "zero")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _parse(spec: Any, where: str) -> Any:
+@dataclasses.dataclass(frozen=True)
+class _Origin:
+  """Where policy entries come from, to name them in errors as their source writes them."""
+
+  kind: str  # "dict", "toml" or "spec"
+  name: str = "policy"
+
+  def at(self, axis: Any, key: Any = None) -> str:
+    """``policy['data']['zero']``, ``p.toml: [data] zero`` or ``data.zero``."""
+    if self.kind == "toml":
+      head = axis if _BARE_KEY.fullmatch(str(axis)) else json.dumps(str(axis))
+      return f"{self.name}: [{head}]" + ("" if key is None else f" {key}")
+    if self.kind == "spec":
+      return str(axis) + ("" if key is None else f".{key}")
+    return f"{self.name}[{axis!r}]" + ("" if key is None else f"[{key!r}]")
+
+  def type_error(self, msg: str) -> Exception:
+    # A value of the wrong type is a TypeError in Python code; in a file or on a command line
+    # it is a bad value like any other.
+    return TypeError(msg) if self.kind == "dict" else ValueError(msg)
+
+
+def _parse(spec: Any, where: str, origin: _Origin) -> Any:
   """A Compressor or None from a spec string, a Compressor, or None."""
   from jcoccl import compressors  # late: compressors import jax and the native codecs
 
-  if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "none", "off")):
+  if spec is None:
     return None
   if not isinstance(spec, str):
     if isinstance(spec, compressors.Compressor):
       return spec
-    raise TypeError(f"{where} must be a compressor spec string, a Compressor or None, "
-                    f"got {type(spec).__name__}")
-  m = _WRAPPED.match(spec)
+    raise origin.type_error(f"{where} must be a compressor spec string, a Compressor or None, "
+                            f"got {type(spec).__name__} {spec!r}")
+  if not spec.strip():
+    raise ValueError(f"{where}: empty compressor spec; write \"none\" for the exact path")
+  if spec.strip().lower() in ("none", "off"):
+    return None
   try:
-    if m:
-      return compressors.hadamard(_parse(m.group(1), where))
     return compressors.parse(spec)
   except (ValueError, TypeError) as e:
     raise ValueError(f"{where}: cannot parse compressor spec {spec!r}: {e}") from e
@@ -79,54 +116,88 @@ class Policy:
   source: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
   @classmethod
-  def from_dict(cls, table: Mapping[str, Mapping[str, Any]]) -> "Policy":
+  def from_dict(cls, table: Mapping[str, Mapping[str, Any]], *,
+                axes: Sequence[str] | None = None) -> "Policy":
     """Builds a policy from ``{axis: {op or option: value}}``.
 
     Args:
       table: axis name (or ``"*"``) -> mapping of ops (``all_reduce``, ``all_gather``,
         ``reduce_scatter``, ``all_to_all``, ``ppermute``) to compressor specs and options
         (``error_feedback``, ``zero``, ``min_bytes``, ``algorithm``).
+      axes: the mesh's axis names, if known: other axis names (except ``"*"``) are errors.
 
     Returns:
       A Policy.
 
+    Raises:
+      ValueError: unknown axis, op or option; out-of-range value; bad spec or algorithm.
+      TypeError: a value of the wrong type.
+
     Example:
       >>> Policy.from_dict({"tensor": {"all_reduce": "fp8"}}).compressor("tensor", "all_reduce")
     """
-    if not isinstance(table, Mapping):
-      raise TypeError(f"policy table must be a mapping axis -> {{op: spec}}, got "
-                      f"{type(table).__name__}")
-    axes = {}
-    for axis, entry in table.items():
-      if not isinstance(axis, str) or not isinstance(entry, Mapping):
-        raise TypeError(f"policy entry {axis!r} must map an axis name to a table of ops, "
-                        f"got {type(entry).__name__}")
-      axes[axis] = _axis_policy(axis, entry)
-    return cls(axes=axes, source={a: dict(e) for a, e in table.items()})
+    return cls._build(table, _Origin("dict"), axes)
 
   @classmethod
-  def from_toml(cls, path: str) -> "Policy":
-    """Reads a TOML file with one table per axis, e.g. ``[data]\\nall_reduce = "int8"``."""
+  def from_toml(cls, path: str, *, axes: Sequence[str] | None = None) -> "Policy":
+    """Reads a TOML file with one table per axis, e.g. ``[data]\\nall_reduce = "int8"``.
+
+    Args:
+      path: the file.
+      axes: as in :meth:`from_dict`.
+
+    Returns:
+      A Policy. Errors are ValueErrors that name the file, table and key
+      (``p.toml: [tensor] zero: ...``).
+
+    Example:
+      >>> Policy.from_toml("models/configs/coccl.toml", axes=("data", "tensor", "pipe"))
+    """
     with open(path, "rb") as f:
-      return cls.from_dict(tomllib.load(f))
+      try:
+        table = tomllib.load(f)
+      except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    return cls._build(table, _Origin("toml", str(path)), axes)
 
   @classmethod
-  def from_specs(cls, specs: list[str]) -> "Policy":
+  def from_specs(cls, specs: Sequence[str], *, axes: Sequence[str] | None = None) -> "Policy":
     """Builds a policy from ``"axis.op=spec"`` strings (command-line form).
+
+    Args:
+      specs: e.g. ``["data.all_reduce=int8", "data.zero=true", "data.min_bytes=0"]``.
+      axes: as in :meth:`from_dict`.
+
+    Returns:
+      A Policy; errors name the entry as ``axis.key``.
 
     Example:
       >>> Policy.from_specs(["data.all_reduce=int8", "pipe.ppermute=fp8",
       ...                    "data.error_feedback=true", "data.zero=true"])
     """
+    if isinstance(specs, str):
+      raise TypeError(f"specs must be a list of 'axis.op=spec' strings, got the string {specs!r}")
     table: dict[str, dict[str, Any]] = {}
     for s in specs:
       key, sep, value = s.partition("=")
       axis, dot, op = key.strip().partition(".")
+      axis, op = axis.strip(), op.strip()
       if not sep or not dot or not axis or not op:
         raise ValueError(f"policy spec must look like 'axis.op=spec' (e.g. "
                          f"'data.all_reduce=int8'), got {s!r}")
-      table.setdefault(axis, {})[op.strip()] = _option_value(op.strip(), value.strip())
-    return cls.from_dict(table)
+      table.setdefault(axis, {})[op] = _option_value(f"{axis}.{op}", op, value.strip())
+    return cls._build(table, _Origin("spec"), axes)
+
+  @classmethod
+  def _build(cls, table: Any, origin: _Origin, axes: Sequence[str] | None) -> "Policy":
+    if not isinstance(table, Mapping):
+      raise origin.type_error(f"{origin.name}: a policy must be a mapping axis -> {{op: spec}}, "
+                              f"got {type(table).__name__}")
+    built = {}
+    for axis, entry in table.items():
+      _check_axis(axis, entry, origin, axes)
+      built[axis] = _axis_policy(axis, entry, origin)
+    return cls(axes=built, source={a: dict(e) for a, e in table.items()})
 
   def _axis(self, axis: str) -> AxisPolicy:
     return self.axes.get(axis) or self.axes.get(WILDCARD) or AxisPolicy()
@@ -165,44 +236,78 @@ class Policy:
         ops.append("zero")
       if a.min_bytes is not None:
         ops.append(f"min_bytes={a.min_bytes}")
+      if a.algorithm != "auto":
+        ops.append(f"algorithm={a.algorithm}")
       lines.append(f"{axis}: " + (" ".join(ops) or "exact"))
     return "\n".join(lines) or "exact everywhere"
 
 
-def _option_value(op: str, value: str) -> Any:
+def _option_value(where: str, op: str, value: str) -> Any:
+  """The typed value of a command-line ``axis.op=value``."""
   if op in ("error_feedback", "zero"):
     if value.lower() not in ("true", "false", "1", "0"):
-      raise ValueError(f"{op} must be true or false, got {value!r}")
+      raise ValueError(f"{where}: {op} must be true or false, got {value!r}")
     return value.lower() in ("true", "1")
   if op == "min_bytes":
-    try:
-      return int(value)
-    except ValueError:
-      raise ValueError(f"min_bytes must be an integer, got {value!r}") from None
+    if not re.fullmatch(r"[0-9]+", value):
+      raise ValueError(f"{where}: min_bytes must be a non-negative integer, got {value!r}")
+    return int(value)
   return value
 
 
-def _axis_policy(axis: str, entry: Mapping[str, Any]) -> AxisPolicy:
+def _check_axis(axis: Any, entry: Any, origin: _Origin, axes: Sequence[str] | None) -> None:
+  """An axis name the mesh has (or ``"*"``) mapped to a table."""
+  if not isinstance(axis, str) or not axis.strip():
+    raise origin.type_error(f"{origin.at(axis)}: an axis name must be a non-empty string")
+  if not isinstance(entry, Mapping):
+    raise origin.type_error(f"{origin.at(axis)} must be a table of ops and options (e.g. "
+                            f"all_reduce = \"int8\"), got {type(entry).__name__} {entry!r}")
+  if axes is not None and axis != WILDCARD and axis not in axes:
+    raise ValueError(f"{origin.at(axis)}: unknown axis {axis!r}; the mesh's axes are "
+                     f"{', '.join(map(repr, axes))}, or '*' for every axis not named"
+                     + _did_you_mean(axis, axes))
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+  close = difflib.get_close_matches(word, choices, n=1)
+  return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _axis_policy(axis: str, entry: Mapping[str, Any], origin: _Origin) -> AxisPolicy:
   comps, kw = {}, {}
   for key, value in entry.items():
+    where = origin.at(axis, key)
     if key in OPS:
-      c = _parse(value, f"policy[{axis!r}][{key!r}]")
+      c = _parse(value, where, origin)
       if c is not None:
         comps[key] = c
-    elif key in ("error_feedback", "zero"):
-      if not isinstance(value, bool):
-        raise TypeError(f"policy[{axis!r}][{key!r}] must be a bool, got {value!r}")
-      kw[key] = value
-    elif key == "min_bytes":
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"policy[{axis!r}]['min_bytes'] must be a non-negative int, "
-                         f"got {value!r}")
-      kw[key] = value
-    elif key == "algorithm":
-      if not isinstance(value, str):
-        raise TypeError(f"policy[{axis!r}]['algorithm'] must be a string, got {value!r}")
-      kw[key] = value
+    elif key in OPTIONS:
+      kw[key] = _option(axis, key, value, where, origin)
     else:
-      raise ValueError(f"policy[{axis!r}] has unknown key {key!r}; accepted: "
-                       f"{', '.join(OPS + OPTIONS)}")
+      raise ValueError(f"{origin.at(axis)} has unknown key {key!r}; accepted: "
+                       f"{', '.join(OPS + OPTIONS)}" + _did_you_mean(str(key), OPS + OPTIONS))
   return AxisPolicy(compressors=comps, **kw)
+
+
+def _option(axis: str, key: str, value: Any, where: str, origin: _Origin) -> Any:
+  """The checked value of option ``key`` (one of OPTIONS) on ``axis``."""
+  if key in DATA_OPTIONS:
+    if not isinstance(value, bool):
+      raise origin.type_error(f"{where} must be a bool (true or false), got {value!r}")
+    if axis != DATA_AXIS:
+      raise ValueError(f"{where}: {key} applies to the {DATA_AXIS!r} axis only; set it there "
+                       f"({origin.at(DATA_AXIS, key)})")
+    return value
+  if key == "min_bytes":
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise origin.type_error(f"{where} must be a non-negative int, got {value!r}")
+    if value < 0:
+      raise ValueError(f"{where} must be a non-negative int, got {value!r}")
+    return value
+  if not isinstance(value, str):
+    raise origin.type_error(f"{where} must be a string, one of {ALGORITHMS}, got {value!r}")
+  if value not in ALGORITHMS:
+    why = (" ('hierarchical' needs a tuple of two or more axes; a policy entry names one)"
+           if value == "hierarchical" else _did_you_mean(value, ALGORITHMS))
+    raise ValueError(f"{where} must be one of {ALGORITHMS}, got {value!r}{why}")
+  return value

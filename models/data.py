@@ -62,9 +62,14 @@ class Corpus:
     """Random windows: inputs and next-token targets, int32 [batch, seq_len] each."""
     if split not in ("train", "val"):
       raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if batch < 1 or seq_len < 1:
+      raise ValueError(f"batch and seq_len must be >= 1, got batch={batch}, seq_len={seq_len}")
     data = self.train if split == "train" else self.val
-    if seq_len + 1 > len(data):
-      raise ValueError(f"seq_len {seq_len} is longer than the {split} split ({len(data)})")
+    # A window is seq_len + 1 tokens and starts are drawn below len - seq_len - 1 (as every
+    # saved run has drawn them), so one more token is needed.
+    if seq_len + 2 > len(data):
+      raise ValueError(f"seq_len {seq_len} needs at least {seq_len + 2} tokens in the {split} "
+                       f"split, which has {len(data)}")
     start = rng.integers(0, len(data) - seq_len - 1, size=batch)
     idx = start[:, None] + np.arange(seq_len + 1)[None, :]
     w = data[idx].astype(np.int32)
@@ -90,6 +95,9 @@ def load_corpus(tokenizer: str = "char", *, max_chars: int | None = None) -> Cor
   """
   if tokenizer not in TOKENIZERS:
     raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
+  if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int)
+                                or max_chars < 1):
+    raise ValueError(f"max_chars must be None or an int >= 1, got {max_chars!r}")
   text = shakespeare_text()[:max_chars]
   if tokenizer == "char":
     itos = sorted(set(text))

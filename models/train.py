@@ -6,8 +6,13 @@
   python -m models.train --zero                           # ZeRO: sharded AdamW state over 'data'
   python -m models.train --resume                         # continue runs/<name>
 
+Every flag and the policy are checked before anything is loaded or compiled: a bad flag exits
+with ``error: --flag ...`` (status 2), a bad policy file names its table and key.
+
 Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation, and
-one "wire" record), loss.png, summary.json and orbax checkpoints under ckpt/. Bytes on the
+one "wire" record), loss.png, summary.json and orbax checkpoints under ckpt/. ``--resume``
+continues from the newest checkpoint that restores; damaged newer ones are named, skipped and
+moved to ckpt-skipped/, and a torn last line of metrics.jsonl is dropped. Bytes on the
 wire per step and device, by mesh axis, are measured on the compiled train step with
 ``jcoccl.wire_bytes(..., mesh=mesh)``, next to the same step compiled with the exact policy
 (summary.json "wire", with its "source"); ``--no-hlo-wire`` skips them. Without an accelerator and
@@ -32,7 +37,10 @@ _want_host_devices()
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -43,15 +51,23 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jcoccl  # noqa: E402
-from jcoccl.policy import Policy  # noqa: E402
+from jcoccl.policy import WILDCARD, Policy  # noqa: E402
 from models import data, gpt, parallel, qwen  # noqa: E402
 from models.configs import models as presets  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).parent / "configs"
+PROG = "python -m models.train"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n")[0])
+class SetupError(ValueError):
+  """A bad run configuration found before training starts: the policy file, a corpus too short
+  for --seq-len, checkpoints that do not restore. ``python -m models.train`` reports it as
+  ``error: ...`` with exit status 2, like a bad flag."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The command line of ``python -m models.train`` (unchecked: see :func:`check_args`)."""
+  p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
   p.add_argument("--model", choices=("gpt", "qwen"), default="gpt")
   p.add_argument("--size", choices=tuple(presets.GPT), default="small")
   p.add_argument("--mesh", default="2,2,2", help="data,tensor,pipe sizes (default 2,2,2)")
@@ -62,14 +78,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--zero", action="store_true",
                  help="ZeRO data parallelism (policy data.zero = true): reduce_scatter gradients, "
                       "AdamW state sharded over 'data', all_gather parameters")
-  p.add_argument("--steps", type=int, default=300)
-  p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+  p.add_argument("--steps", type=int, default=300,
+                 help="train until this step (0: build everything, train nothing)")
+  p.add_argument("--batch", type=int, default=16,
+                 help="global batch (sequences), a multiple of data size x --micro")
   p.add_argument("--seq-len", type=int, default=64)
   p.add_argument("--micro", type=int, default=2, help="pipeline micro-batches")
   p.add_argument("--lr", type=float, default=3e-3)
   p.add_argument("--warmup", type=int, default=30)
   p.add_argument("--weight-decay", type=float, default=0.1)
-  p.add_argument("--clip", type=float, default=1.0)
+  p.add_argument("--clip", type=float, default=1.0, help="global gradient norm clip (> 0)")
   p.add_argument("--tokenizer", choices=data.TOKENIZERS, default="char")
   p.add_argument("--max-chars", type=int, default=None, help="use only this much text")
   p.add_argument("--eval-every", type=int, default=50)
@@ -79,46 +97,197 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--name", default=None, help="run name (default <model>-<size>)")
   p.add_argument("--out", default=None, help="output dir (default runs/<name>)")
-  p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+  p.add_argument("--resume", action="store_true",
+                 help="continue from the newest checkpoint that restores")
   p.add_argument("--no-hlo-wire", action="store_true",
                  help="skip measuring bytes on the wire (saves two compiles; none are reported)")
   p.add_argument("--no-progress", action="store_true")
+  return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  """Parses and checks the command line (:func:`check_args`) before anything is loaded.
+
+  A bad flag exits with status 2 and ``error: --flag ...`` on stderr, as argparse does.
+  """
+  p = build_parser()
   args = p.parse_args(argv)
   try:
-    args.mesh_shape = tuple(int(v) for v in args.mesh.split(","))
-  except ValueError:
-    p.error(f"--mesh must be three integers data,tensor,pipe, got {args.mesh!r}")
-  if len(args.mesh_shape) != 3:
-    p.error(f"--mesh must be three integers data,tensor,pipe, got {args.mesh!r}")
-  args.name = args.name or f"{args.model}-{args.size}"
-  args.out = pathlib.Path(args.out or pathlib.Path("runs") / args.name)
+    check_args(args, jax.device_count())
+  except ValueError as e:
+    p.error(str(e))
   return args
 
 
-def load_policy(args: argparse.Namespace) -> Policy:
-  """--policy (file or preset name) with --compress overrides and --zero applied on top."""
-  path = pathlib.Path(args.policy)
-  if not path.suffix and (CONFIGS / f"{args.policy}.toml").exists():
-    path = CONFIGS / f"{args.policy}.toml"
-  if not path.exists():
-    names = sorted(p.stem for p in CONFIGS.glob("*.toml"))
-    raise ValueError(f"--policy must be a TOML file or one of {names}, got {args.policy!r}")
-  import tomllib
-  table = tomllib.loads(path.read_text())
-  for axis, entries in Policy.from_specs(args.compress).source.items():
-    table.setdefault(axis, {}).update(entries)
-  if args.zero:
-    table.setdefault("data", {})["zero"] = True
-  return Policy.from_dict(table)
+# Flags (by dest) and their smallest accepted value.
+_AT_LEAST = {"steps": 0, "batch": 1, "seq_len": 1, "micro": 1, "warmup": 0, "eval_every": 1,
+             "eval_batches": 1, "ckpt_every": 1, "log_every": 1, "seed": 0}
 
 
-def build_model(args: argparse.Namespace, vocab: int) -> nnx.Module:
-  rngs = nnx.Rngs(args.seed)
+def _flag(dest: str) -> str:
+  return "--" + dest.replace("_", "-")
+
+
+def check_args(args: argparse.Namespace, n_devices: int) -> None:
+  """Checks every flag and fills the derived fields (``mesh_shape``, ``name``, ``out``,
+  ``policy_path``).
+
+  Args:
+    args: the parsed command line.
+    n_devices: devices available for the mesh.
+
+  Raises:
+    ValueError: the first bad flag, named as on the command line (``--batch 3 must be ...``).
+  """
+  for dest, low in _AT_LEAST.items():
+    if getattr(args, dest) < low:
+      raise ValueError(f"{_flag(dest)} must be >= {low}, got {getattr(args, dest)}")
+  if args.seed >= 2**32:
+    raise ValueError(f"--seed must be < 2**32, got {args.seed}")
+  if args.max_chars is not None and args.max_chars < 1:
+    raise ValueError(f"--max-chars must be >= 1, got {args.max_chars}")
+  for dest, positive in (("lr", True), ("weight_decay", False), ("clip", True)):
+    v = getattr(args, dest)
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+      raise ValueError(f"{_flag(dest)} must be a finite number {'>' if positive else '>='} 0, "
+                       f"got {v}")
+  args.mesh_shape = _mesh_shape(args.mesh, n_devices)
+  _check_mesh_fits(args)
+  _check_output(args)
+  args.policy_path = policy_path(args.policy)
+  for spec in args.compress:
+    try:
+      Policy.from_specs([spec], axes=parallel.AXES)
+    except ValueError as e:
+      raise ValueError(f"--compress {spec!r}: {e}") from None
+
+
+def _mesh_shape(text: str, n_devices: int) -> tuple[int, int, int]:
+  try:
+    shape = tuple(int(v) for v in text.split(","))
+  except ValueError:
+    shape = ()
+  if len(shape) != 3 or min(shape) < 1:
+    raise ValueError(f"--mesh must be three positive integers data,tensor,pipe, got {text!r}")
+  if math.prod(shape) > n_devices:
+    raise ValueError(f"--mesh {text} needs {math.prod(shape)} devices; {n_devices} are "
+                     f"available")
+  return shape
+
+
+def _model_config(args: argparse.Namespace, vocab: int) -> tuple[type, Any]:
+  """(model class, config) of --model/--size; GPT's positions cover --seq-len."""
   if args.model == "gpt":
     kw = dict(presets.GPT[args.size])
     kw["n_positions"] = max(kw["n_positions"], args.seq_len)
-    return gpt.GPT(gpt.GPTConfig(vocab_size=vocab, **kw), rngs=rngs)
-  return qwen.Qwen(qwen.QwenConfig(vocab_size=vocab, **presets.QWEN[args.size]), rngs=rngs)
+    return gpt.GPT, gpt.GPTConfig(vocab_size=vocab, **kw)
+  return qwen.Qwen, qwen.QwenConfig(vocab_size=vocab, **presets.QWEN[args.size])
+
+
+def _check_mesh_fits(args: argparse.Namespace) -> None:
+  """The mesh divides the model (layers over 'pipe', heads over 'tensor') and the batch."""
+  data, tensor, pipe = args.mesh_shape
+  cls, cfg = _model_config(args, vocab=1)
+  fam = parallel._FAMILIES[cls]
+  what = f"--model {args.model} --size {args.size}"
+  layers = getattr(cfg, fam.layers_field)
+  if layers % pipe:
+    raise ValueError(f"--mesh {args.mesh}: the pipe size {pipe} must divide the {layers} "
+                     f"layers of {what}")
+  if any(n % tensor for n in fam.heads(cfg)):
+    raise ValueError(f"--mesh {args.mesh}: the tensor size {tensor} must divide the head "
+                     f"counts and MLP width {fam.heads(cfg)} of {what}")
+  if args.batch % (data * args.micro):
+    raise ValueError(f"--batch {args.batch} must be a multiple of the data size {data} "
+                     f"(--mesh) x --micro {args.micro} = {data * args.micro}")
+  if args.zero and data == 1:
+    raise ValueError(f"--zero shards over the data axis, which needs a size > 1 "
+                     f"(--mesh {args.mesh})")
+
+
+def _check_output(args: argparse.Namespace) -> None:
+  """--name and --out; a fresh run must not land on an earlier run's checkpoints."""
+  if args.name is not None and (not args.name.strip() or "/" in args.name
+                                or args.name in (".", "..")):
+    raise ValueError(f"--name must be a non-empty name without '/', got {args.name!r}")
+  args.name = args.name or f"{args.model}-{args.size}"
+  args.out = pathlib.Path(args.out or pathlib.Path("runs") / args.name)
+  if args.out.exists() and not args.out.is_dir():
+    raise ValueError(f"--out {args.out} is a file, not a directory")
+  steps = checkpoint_steps(args.out)
+  if args.resume and not steps:
+    raise ValueError(f"--resume: no checkpoint under {args.out / 'ckpt'}")
+  if not args.resume and steps:
+    raise ValueError(f"--out {args.out} holds checkpoints of an earlier run (steps "
+                     f"{', '.join(map(str, steps))}): pass --resume to continue it, or choose "
+                     f"another --out or --name")
+
+
+def checkpoint_steps(out: pathlib.Path) -> list[int]:
+  """The steps of the checkpoint directories under ``out/ckpt`` (restorable or not)."""
+  ckpt = out / "ckpt"
+  if not ckpt.is_dir():
+    return []
+  return sorted(int(d.name) for d in ckpt.iterdir() if d.is_dir() and d.name.isdigit())
+
+
+def policy_path(name: str) -> pathlib.Path:
+  """--policy: a TOML file, or the name of one under models/configs."""
+  path = pathlib.Path(name)
+  if not path.suffix and (CONFIGS / f"{name}.toml").exists():
+    path = CONFIGS / f"{name}.toml"
+  if not path.is_file():
+    names = sorted(p.stem for p in CONFIGS.glob("*.toml"))
+    raise ValueError(f"--policy must be a TOML file or one of {names}, got {name!r}")
+  return path
+
+
+def load_policy(args: argparse.Namespace) -> Policy:
+  """--policy with --compress overrides and --zero on top, every entry checked.
+
+  An override of an axis that the file leaves to ``"*"`` starts from the ``"*"`` entry, so
+  ``--compress data.all_reduce=int4`` changes that one op and keeps the rest.
+
+  Raises:
+    SetupError: the policy file is bad; the message names the file, table and key
+      (``p.toml: [tensor] zero: ...``).
+    ValueError: a bad --compress value (``parse_args`` reports those as flag errors).
+  """
+  path = getattr(args, "policy_path", None) or policy_path(args.policy)
+  try:
+    base = Policy.from_toml(str(path), axes=parallel.AXES)
+  except (ValueError, TypeError, OSError) as e:
+    raise SetupError(str(e)) from e
+  table = {axis: dict(entry) for axis, entry in base.source.items()}
+  for spec in args.compress:
+    for axis, entries in Policy.from_specs([spec], axes=parallel.AXES).source.items():
+      _axis_entry(table, axis).update(entries)
+  if args.zero:
+    _axis_entry(table, "data")["zero"] = True
+  return Policy.from_dict(table, axes=parallel.AXES)
+
+
+def _axis_entry(table: dict, axis: str) -> dict:
+  """``table[axis]``, created from the ``"*"`` entry the axis used while it was not named."""
+  if axis not in table:
+    table[axis] = dict(table.get(WILDCARD, {})) if axis != WILDCARD else {}
+  return table[axis]
+
+
+def check_corpus(args: argparse.Namespace, corpus: data.Corpus) -> None:
+  """Both splits hold a --seq-len window and its next token with room to sample."""
+  need = args.seq_len + 2
+  for split in ("train", "val"):
+    n = len(getattr(corpus, split))
+    if n < need:
+      raise SetupError(f"--seq-len {args.seq_len} needs at least {need} tokens in the {split} "
+                       f"split, which has {n} (--max-chars {args.max_chars}, --tokenizer "
+                       f"{args.tokenizer}): raise --max-chars or lower --seq-len")
+
+
+def build_model(args: argparse.Namespace, vocab: int) -> nnx.Module:
+  cls, cfg = _model_config(args, vocab)
+  return cls(cfg, rngs=nnx.Rngs(args.seed))
 
 
 def lr_schedule(args: argparse.Namespace) -> optax.Schedule:
@@ -158,15 +327,54 @@ def save(mngr, state: State) -> None:
   mngr.wait_until_finished()
 
 
-def restore(mngr, state: State) -> State:
-  """The latest checkpoint, restored onto ``state``'s shapes and shardings."""
+def restore(mngr, state: State, out: pathlib.Path) -> State:
+  """The newest checkpoint that restores onto ``state``'s shapes and shardings.
+
+  A checkpoint that does not restore (truncated or corrupt files, another model's shapes) is
+  skipped with a message naming its step and the reason, and moved to ``out/ckpt-skipped/``
+  (kept for inspection) so that the resumed run can save that step again.
+
+  Raises:
+    SetupError: no checkpoint restores; the message lists each step and its reason.
+  """
   import orbax.checkpoint as ocp
-  step = mngr.latest_step()
-  if step is None:
-    raise ValueError(f"--resume: no checkpoint under {mngr.directory}")
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state.tree())
-  t = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
-  return State(t["params"], t["opt_state"], t["ef"], int(t["step"]))
+  skipped = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      t = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+      if int(t["step"]) != step:
+        raise ValueError(f"it holds step {int(t['step'])}")
+    except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types; all reported
+      skipped.append((step, _reason(e)))
+      print(f"--resume: skipping the checkpoint at step {step}: {skipped[-1][1]}",
+            file=sys.stderr)
+      continue
+    _set_aside(mngr, [s for s, _ in skipped], out)
+    return State(t["params"], t["opt_state"], t["ef"], step)
+  why = "; ".join(f"step {s}: {r}" for s, r in skipped) or "there are none"
+  raise SetupError(f"--resume: no checkpoint under {mngr.directory} restores ({why})")
+
+
+def _reason(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  text = f"{type(e).__name__}: {lines[0] if lines else ''}"
+  return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _set_aside(mngr, steps: list[int], out: pathlib.Path) -> None:
+  """Moves the checkpoints of ``steps`` to ``out/ckpt-skipped/<step>``."""
+  for step in steps:
+    dest = out / "ckpt-skipped" / str(step)
+    n = 0
+    while dest.exists():
+      n += 1
+      dest = out / "ckpt-skipped" / f"{step}.{n}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(pathlib.Path(str(mngr.directory)) / str(step)), dest)
+    print(f"--resume: moved the checkpoint of step {step} to {dest}", file=sys.stderr)
+  if steps:
+    mngr.reload()
 
 
 def batch_at(corpus: data.Corpus, args, split: str, step: int, i: int = 0):
@@ -235,24 +443,59 @@ def plot(records: list[dict], path: pathlib.Path) -> None:
     ax.plot(*zip(*va), "o-", label="validation")
   ax.set_xlabel("step")
   ax.set_ylabel("cross entropy (nats/token)")
-  ax.legend()
+  if tr or va:
+    ax.legend()
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
-def _read_records(path: pathlib.Path) -> list[dict]:
+def read_records(path: pathlib.Path) -> list[dict]:
+  """The records of metrics.jsonl.
+
+  A torn last line (a run killed while writing it) is dropped with a note; any other line
+  that is not a record is an error.
+
+  Raises:
+    SetupError: a line before the last is not a JSON object with an integer "step".
+  """
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+  numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+  records = []
+  for k, (lineno, line) in enumerate(numbered):
+    rec = _record(line)
+    if rec is not None:
+      records.append(rec)
+    elif k == len(numbered) - 1:
+      print(f"--resume: dropping the torn last line {lineno} of {path}: {line[:60]!r}",
+            file=sys.stderr)
+    else:
+      raise SetupError(f"{path}: line {lineno} is not a metrics record: {line[:80]!r}")
+  return records
+
+
+def _record(line: str) -> dict | None:
+  try:
+    rec = json.loads(line)
+  except ValueError:
+    return None
+  ok = isinstance(rec, dict) and type(rec.get("step")) is int
+  return rec if ok else None
 
 
 def main(argv: list[str] | None = None) -> dict:
-  """Runs training; returns the summary dict (also written to summary.json)."""
+  """Runs training; returns the summary dict (also written to summary.json).
+
+  Flags are checked first (a bad one exits with status 2), then the policy (SetupError naming
+  the file and key), before the corpus is loaded or anything compiled.
+  """
   args = parse_args(argv)
   policy = load_policy(args)
   corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
+  check_corpus(args, corpus)
   model = build_model(args, corpus.vocab_size)
   mesh = parallel.make_mesh(*args.mesh_shape)
   par = parallel.Parallel3D(model, mesh, policy, n_micro=args.micro)
@@ -266,13 +509,26 @@ def main(argv: list[str] | None = None) -> dict:
   args.out.mkdir(parents=True, exist_ok=True)
   mngr = _checkpointer(args.out)
   metrics_path = args.out / "metrics.jsonl"
+  records = []
   if args.resume:
-    state = restore(mngr, state)
-    records = [r for r in _read_records(metrics_path) if r["step"] <= state.step]
-  else:
-    records = []
+    state = restore(mngr, state, args.out)
+    if state.step > args.steps:
+      raise SetupError(f"--steps {args.steps} is below step {state.step} of the checkpoint "
+                       f"to resume; pass --steps {state.step} or more")
+    records = [r for r in read_records(metrics_path) if r["step"] <= state.step]
   metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
   return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
+
+
+def cli(argv: list[str] | None = None) -> int:
+  """``python -m models.train``: :func:`main`, with a SetupError reported like a bad flag
+  (``error: ...``, exit status 2, no traceback)."""
+  try:
+    main(argv)
+  except SetupError as e:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 2
+  return 0
 
 
 def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy) -> dict:
@@ -317,7 +573,7 @@ def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, pol
       if state.step % args.ckpt_every == 0 or state.step == args.steps:
         save(mngr, state)
   bar.close()
-  tps = tokens_per_step * n_steady / t_steady if n_steady else float("nan")
+  tps = tokens_per_step * n_steady / t_steady if n_steady else None
   return _finish(args, state, records, wire or NO_WIRE, tps, start_step)
 
 
@@ -334,6 +590,10 @@ def print_wire(wire: dict) -> None:
           f"{row['uncompressed'] / 1e3:10.1f} kB   ratio {ratio:.3f}")
 
 
+def _num(v: float | None) -> str:
+  return "n/a" if v is None else f"{v:.4f}"
+
+
 def _finish(args, state, records, wire, tps, start_step) -> dict:
   plot(records, args.out / "loss.png")
   losses = [r["loss"] for r in records if "loss" in r]
@@ -343,13 +603,17 @@ def _finish(args, state, records, wire, tps, start_step) -> dict:
              "loss_end": losses[-1] if losses else None,
              "val_loss_end": vals[-1] if vals else None, "tokens_per_s": tps, "wire": wire}
   (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-  print(f"\nloss {summary['loss_start']:.4f} -> {summary['loss_end']:.4f}"
-        + (f" (val {vals[-1]:.4f})" if vals else "") + f" over steps {start_step}..{state.step}, "
-        f"{tps:,.0f} tokens/s (steady state)")
+  if state.step == start_step:
+    print(f"\nno steps run: at step {state.step}, --steps {args.steps}")
+  else:
+    print(f"\nloss {_num(summary['loss_start'])} -> {_num(summary['loss_end'])}"
+          + (f" (val {vals[-1]:.4f})" if vals else "") + f" over steps {start_step}.."
+          f"{state.step}, " + (f"{tps:,.0f} tokens/s (steady state)" if tps else
+                                "no steady-state steps timed"))
   print_wire(wire)
   print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, ckpt/)")
   return summary
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(cli())

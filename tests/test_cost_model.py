@@ -105,7 +105,7 @@ def test_bench_fit_writes_a_loadable_model(tmp_path):
   p = argparse.ArgumentParser()
   collectives.add_arguments(p)
   out = tmp_path / "fit.json"
-  args = p.parse_args(["--sizes", "16K,64K", "--ops", "all_reduce", "--compressors", "int8",
+  args = p.parse_args(["--sizes", "16KiB,64KiB", "--ops", "all_reduce", "--compressors", "int8",
                        "--algorithms", "one_shot,two_shot", "--iters", "1",
                        "--fit-out", str(out)])
   assert collectives.run(args, []) == 0

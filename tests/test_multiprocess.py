@@ -165,7 +165,7 @@ def test_namespace_removed_on_interrupt():
 def test_bench_collectives_across_processes():
   import json
   r = subprocess.run([sys.executable, "-m", "jcoccl.bench", "collectives", "--processes", "2",
-                      "--sizes", "64K", "--ops", "all_reduce,ppermute", "--compressors", "int8",
+                      "--sizes", "64KiB", "--ops", "all_reduce,ppermute", "--compressors", "int8",
                       "--algorithms", "two_shot", "--iters", "1", "--json"],
                      cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -1,9 +1,16 @@
 """The training script end to end (``models.train.main``, the ``python -m models.train`` entry
 point) with tiny settings: loss falls (also in ZeRO mode); a resumed run reproduces an
-uninterrupted one exactly."""
+uninterrupted one exactly, also past a corrupt latest checkpoint or a torn metrics line;
+every flag and policy entry is checked before any work starts."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+
+import pathlib
+import re
 
 import jax
 import numpy as np
@@ -80,10 +87,273 @@ def test_zero_loss_drops(tmp_path):
   assert all(a.ndim == 1 and "data" in a.sharding.spec[0] for a in jax.tree.leaves(mu))
 
 
-def test_bad_flags(tmp_path):
-  with pytest.raises(SystemExit):
-    train.parse_args(["--mesh", "2,2"])
-  with pytest.raises(ValueError, match="--policy must be"):
-    train.main(TINY + ["--policy", "nope", "--out", str(tmp_path)])
-  with pytest.raises(ValueError, match="no checkpoint"):
-    train.main(TINY + ["--steps", "1", "--resume", "--out", str(tmp_path / "empty")])
+
+# ---- flags and policies are checked before any work -------------------------------------
+
+# (argv, what the error must say): every flag with a value outside its range, of the wrong
+# type, or that does not fit the mesh or the model.
+BAD_FLAGS = [
+    (["--steps", "-1"], "--steps must be >= 0"),
+    (["--steps", "x"], "argument --steps: invalid int"),
+    (["--seq-len", "0"], "--seq-len must be >= 1"),
+    (["--batch", "0"], "--batch must be >= 1"),
+    (["--batch", "3"], "--batch 3 must be a multiple of the data size 2 .* --micro 2 = 4"),
+    (["--batch", "6", "--mesh", "2,1,1", "--micro", "2"], "--batch 6 must be a multiple"),
+    (["--batch", "8", "--mesh", "4,2,1", "--micro", "4"], "--batch 8 must be a multiple"),
+    (["--micro", "0"], "--micro must be >= 1"),
+    (["--eval-every", "0"], "--eval-every must be >= 1"),
+    (["--eval-batches", "0"], "--eval-batches must be >= 1"),
+    (["--ckpt-every", "0"], "--ckpt-every must be >= 1"),
+    (["--log-every", "0"], "--log-every must be >= 1"),
+    (["--warmup", "-1"], "--warmup must be >= 0"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--seed", str(2**32)], "--seed must be < 2..32"),
+    (["--max-chars", "0"], "--max-chars must be >= 1"),
+    (["--lr", "0"], "--lr must be a finite number > 0"),
+    (["--lr", "nan"], "--lr must be a finite number > 0"),
+    (["--lr=-1e-3"], "--lr must be a finite number > 0"),
+    (["--weight-decay=-0.1"], "--weight-decay must be a finite number >= 0"),
+    (["--weight-decay", "inf"], "--weight-decay must be a finite number >= 0"),
+    (["--clip", "0"], "--clip must be a finite number > 0"),
+    (["--clip", "inf"], "--clip must be a finite number > 0"),
+    (["--mesh", "2,2"], "--mesh must be three positive integers"),
+    (["--mesh", "2,2,x"], "--mesh must be three positive integers"),
+    (["--mesh", "0,2,2"], "--mesh must be three positive integers"),
+    (["--mesh", "2,2,4"], "--mesh 2,2,4 needs 16 devices; 8 are available"),
+    (["--mesh", "1,1,3"], "--mesh 1,1,3: the pipe size 3 must divide the 4 layers"),
+    (["--mesh", "1,8,1"], "--mesh 1,8,1: the tensor size 8 must divide the head counts"),
+    (["--model", "qwen", "--mesh", "1,4,1", "--batch", "4"],
+     "--mesh 1,4,1: the tensor size 4 must divide"),
+    (["--zero", "--mesh", "1,2,2"], "--zero shards over the data axis, which needs a size > 1"),
+    (["--name", ""], "--name must be a non-empty name"),
+    (["--name", "a/b"], "--name must be a non-empty name without '/'"),
+    (["--policy", "nope"], "--policy must be a TOML file or one of"),
+    (["--compress", "model.all_reduce=int8"], "--compress 'model.all_reduce=int8': .*unknown axis"),
+    (["--compress", "data.all_reduce=int8:"], "--compress 'data.all_reduce=int8:': .*cannot parse"),
+    (["--compress", "data.all_reduce=int8:sym,asym"], "--compress .*at most once"),
+    (["--compress", "data.broadcast=int8"], "--compress .*unknown key 'broadcast'"),
+    (["--compress", "tensor.zero=true"], "--compress .*zero applies to the 'data' axis only"),
+    (["--compress", "pipe.error_feedback=1"], "--compress .*error_feedback applies to the 'data'"),
+    (["--compress", "data.algorithm=ring"], "--compress .*algorithm must be one of"),
+    (["--compress", "data.min_bytes=-1"], "--compress .*non-negative integer"),
+    (["--compress", "data=int8"], "--compress 'data=int8': .*axis.op=spec"),
+]
+
+
+def _parse_error(argv, capsys) -> str:
+  with pytest.raises(SystemExit) as e:
+    train.parse_args(argv)
+  assert e.value.code == 2
+  return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,match", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flag_is_an_argparse_error(tmp_path, capsys, argv, match):
+  err = _parse_error(argv + ["--out", str(tmp_path / "run")], capsys)
+  assert re.search(f"error: {match}", err), err
+
+
+def test_defaults_and_tiny_flags_parse(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  args = train.parse_args([])
+  assert args.mesh_shape == (2, 2, 2) and args.out == pathlib.Path("runs/gpt-small")
+  args = train.parse_args(TINY + ["--steps", "0", "--mesh", "1,1,1", "--batch", "2", "--micro",
+                                  "1", "--model", "qwen", "--compress", "data.zero=true",
+                                  "--compress", "*.ppermute=fp8:e5m2"])
+  assert args.policy_path.name == "coccl.toml"
+
+
+def test_resume_and_fresh_runs_check_the_output_dir(tmp_path, capsys):
+  out = tmp_path / "run"
+  err = _parse_error(["--resume", "--out", str(out)], capsys)
+  assert f"error: --resume: no checkpoint under {out / 'ckpt'}" in err
+  (out / "ckpt" / "3").mkdir(parents=True)
+  err = _parse_error(["--out", str(out)], capsys)
+  assert "holds checkpoints of an earlier run (steps 3): pass --resume" in err
+  assert train.parse_args(["--out", str(out), "--resume"]).resume
+  (tmp_path / "file").write_text("")
+  assert "is a file" in _parse_error(["--out", str(tmp_path / "file")], capsys)
+
+
+BAD_TOML = [
+    ("[model]\nall_reduce = \"int8\"\n", r"\[model\]: unknown axis 'model'"),
+    ("[tensor]\nzero = true\n", r"\[tensor\] zero: zero applies to the 'data' axis only"),
+    ("[data]\nalgorithm = \"ring\"\n", r"\[data\] algorithm must be one of"),
+    ("[data]\nall_reduce = \"int8:sym,asym\"\n", r"\[data\] all_reduce: cannot parse"),
+    ("[data]\nall_reduce = \"int8:\"\n", r"\[data\] all_reduce: cannot parse"),
+    ("[data]\nmin_bytes = -1\n", r"\[data\] min_bytes must be a non-negative int"),
+    ("[data]\nzero = \"yes\"\n", r"\[data\] zero must be a bool"),
+    ("[pipe]\npermute = \"int8\"\n", r"\[pipe\] has unknown key 'permute'"),
+    ("[pipe\n", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("text,match", BAD_TOML)
+def test_bad_policy_file_fails_before_any_work(tmp_path, monkeypatch, text, match):
+  f = tmp_path / "bad.toml"
+  f.write_text(text)
+
+  def no_work(*a, **k):
+    raise AssertionError("the corpus was loaded before the policy was checked")
+
+  monkeypatch.setattr(train.data, "load_corpus", no_work)
+  with pytest.raises(ValueError, match=f"bad.toml: {match}") as e:
+    train.main(TINY + ["--policy", str(f), "--out", str(tmp_path / "run")])
+  assert isinstance(e.value, train.SetupError)
+
+
+def test_compress_override_keeps_the_wildcard_entries(tmp_path):
+  """--compress data.all_reduce=int4 over a policy that sets only '*' changes that op only:
+  'data' keeps the '*' ppermute compressor and min_bytes = 0."""
+  import jcoccl.compressors as jc
+  args = train.parse_args(TINY + ["--policy", "int8", "--compress", "data.all_reduce=int4",
+                                  "--zero", "--out", str(tmp_path / "run")])
+  policy = train.load_policy(args)
+  assert policy.compressor("data", "all_reduce") == jc.int4()
+  assert policy.compressor("data", "ppermute") == jc.int8()
+  assert policy.options("data")["min_bytes"] == 0 and policy.zero("data")
+  assert policy.compressor("tensor", "all_reduce") == jc.int8()
+
+
+def _cli(*argv):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  root = pathlib.Path(train.__file__).parents[1]
+  return subprocess.run([sys.executable, "-m", "models.train", *argv], capture_output=True,
+                        text=True, timeout=300, env=env, cwd=root)
+
+
+def test_cli_errors_exit_2_without_traceback(tmp_path):
+  r = _cli("--batch", "3", "--out", str(tmp_path / "a"))
+  assert r.returncode == 2 and "error: --batch 3 must be a multiple" in r.stderr, r.stderr
+  assert "Traceback" not in r.stderr
+  f = tmp_path / "bad.toml"
+  f.write_text("[tensor]\nzero = true\n")
+  r = _cli("--policy", str(f), "--out", str(tmp_path / "b"))
+  assert r.returncode == 2, r.stderr
+  assert f"python -m models.train: error: {f}: [tensor] zero: zero applies" in r.stderr
+  assert "Traceback" not in r.stderr
+
+
+def test_corpus_too_short_for_seq_len(tmp_path):
+  with pytest.raises(train.SetupError, match="--seq-len 64 needs at least 66 tokens in the val"):
+    train.main(TINY + ["--seq-len", "64", "--max-chars", "500", "--out", str(tmp_path)])
+
+
+def test_corpus_batch_needs_seq_len_plus_two_tokens():
+  from models import data
+  corpus = data.Corpus(np.arange(10), np.arange(5), 10, "char")
+  rng = np.random.default_rng(0)
+  assert corpus.batch(rng, "val", batch=2, seq_len=3)[0].shape == (2, 3)
+  for seq_len in (4, 5):  # 5 tokens hold one window of 4 + 1, but no start to draw
+    with pytest.raises(ValueError, match=f"seq_len {seq_len} needs at least {seq_len + 2}"):
+      corpus.batch(rng, "val", batch=2, seq_len=seq_len)
+  with pytest.raises(ValueError, match="max_chars"):
+    data.load_corpus("char", max_chars=0)
+
+
+def test_zero_steps_finish_cleanly(tmp_path, capsys):
+  out = tmp_path / "zero-steps"
+  summary = train.main(TINY + ["--steps", "0", "--mesh", "1,1,1", "--batch", "2", "--micro",
+                               "1", "--no-hlo-wire", "--out", str(out)])
+  assert summary["steps"] == 0 and summary["loss_start"] is None
+  assert summary["tokens_per_s"] is None
+  assert json.loads((out / "summary.json").read_text()) == summary
+  assert (out / "metrics.jsonl").read_text() == ""
+  assert train.checkpoint_steps(out) == []
+  assert "no steps run: at step 0, --steps 0" in capsys.readouterr().out
+
+
+# ---- resume past damage ----------------------------------------------------------------
+
+SMALL = TINY + ["--mesh", "1,1,1", "--batch", "2", "--micro", "1", "--seq-len", "16",
+                "--max-chars", "20000", "--eval-batches", "1", "--eval-every", "100",
+                "--ckpt-every", "2", "--no-hlo-wire", "--policy", "exact"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  """A 4-step run with checkpoints at steps 2 and 4."""
+  out = tmp_path_factory.mktemp("resume") / "done"
+  train.main(SMALL + ["--steps", "4", "--out", str(out)])
+  assert train.checkpoint_steps(out) == [2, 4]
+  return out
+
+
+def _truncate_largest_array_file(step_dir):
+  files = [f for f in step_dir.rglob("*") if f.is_file() and f.parent.name == "d"]
+  f = max(files, key=lambda f: f.stat().st_size)
+  f.write_bytes(f.read_bytes()[:100])
+
+
+def _garbage_metadata(step_dir):
+  (step_dir / "default" / "_METADATA").write_text("{not json")
+
+
+def _assert_same_checkpoint(a, b, step):
+  ta, tb = _restore(a, step), _restore(b, step)
+  for x, y in zip(jax.tree.leaves(ta), jax.tree.leaves(tb), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("damage,reason", [(_truncate_largest_array_file, "Exception"),
+                                           (_garbage_metadata, "JSONDecodeError")],
+                         ids=["truncated-array-file", "garbage-json"])
+def test_resume_falls_back_past_a_corrupt_checkpoint_and_a_torn_metrics_line(
+    tmp_path, capsys, finished_run, damage, reason):
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  damage(run / "ckpt" / "4")
+  # Killed while writing the step-4 record: the metrics end in half a line.
+  lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+  torn = json.dumps({"step": 4, "loss": 1.0})[:12]
+  (run / "metrics.jsonl").write_text("".join(lines[:-1]) + torn)
+  capsys.readouterr()
+  summary = train.main(SMALL + ["--steps", "4", "--out", str(run), "--resume"])
+  err = capsys.readouterr().err
+  assert re.search(f"skipping the checkpoint at step 4: {reason}", err), err
+  assert "dropping the torn last line" in err and repr(torn) in err
+  assert summary["resumed_from"] == 2 and summary["steps"] == 4
+  assert (run / "ckpt-skipped" / "4").is_dir() and train.checkpoint_steps(run) == [2, 4]
+  _assert_same_checkpoint(finished_run, run, 4)
+  recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in recs] == sorted(r["step"] for r in recs) and recs[-1]["step"] == 4
+  assert torn not in (run / "metrics.jsonl").read_text().splitlines()
+
+
+def test_resume_fails_clearly_when_no_checkpoint_restores(tmp_path, finished_run):
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  _garbage_metadata(run / "ckpt" / "4")
+  _truncate_largest_array_file(run / "ckpt" / "2")
+  with pytest.raises(train.SetupError,
+                     match=r"no checkpoint .* restores \(step 4: JSONDecodeError.*; step 2: "):
+    train.main(SMALL + ["--steps", "4", "--out", str(run), "--resume"])
+
+
+def test_resume_with_fewer_steps_than_the_checkpoint(tmp_path, finished_run):
+  run = tmp_path / "run"
+  shutil.copytree(finished_run, run)
+  with pytest.raises(train.SetupError, match="--steps 3 is below step 4 of the checkpoint"):
+    train.main(SMALL + ["--steps", "3", "--out", str(run), "--resume"])
+  summary = train.main(SMALL + ["--steps", "4", "--out", str(run), "--resume"])
+  assert summary["steps"] == 4 and summary["resumed_from"] == 4
+
+
+@pytest.mark.parametrize("lines,want", [
+    (['{"step": 1, "loss": 2.0}', '{"step": 2, "lo'], [1]),
+    (['{"step": 1, "loss": 2.0}', '{"step": 2}', ""], [1, 2]),
+    (['{"step": 1, "loss": 2.0}', '[1, 2]'], [1]),
+    (['{"step": 1}', '{"step": "2"}'], [1]),
+    (['\x00\x00'], []),
+])
+def test_read_records_drops_only_a_torn_last_line(tmp_path, lines, want):
+  f = tmp_path / "metrics.jsonl"
+  f.write_text("\n".join(lines))
+  assert [r["step"] for r in train.read_records(f)] == want
+
+
+def test_read_records_rejects_damage_before_the_last_line(tmp_path):
+  f = tmp_path / "metrics.jsonl"
+  f.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
+  with pytest.raises(train.SetupError, match="metrics.jsonl: line 2 is not a metrics record"):
+    train.read_records(f)

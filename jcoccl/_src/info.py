@@ -18,6 +18,19 @@ def _version(dist: str) -> str | None:
     return None
 
 
+def version() -> str:
+  """jcoccl's version: the installed distribution's, else ``jcoccl.__version__``.
+
+  Example:
+    >>> from jcoccl._src.info import version
+    >>> version()
+    '0.1.0'
+  """
+  import jcoccl  # late: this module is imported while jcoccl/__init__ runs
+
+  return _version("jcoccl") or jcoccl.__version__
+
+
 def _nccl_version() -> str | None:
   mod = _ffi.native_module("cuda")
   fn = getattr(mod, "nccl_version", None) if mod is not None else None
@@ -53,7 +66,7 @@ def info() -> dict[str, Any]:
         "error": None if mod is not None else _ffi.native_import_error(platform),
     }
   return {
-      "jcoccl": _version("jcoccl"),
+      "jcoccl": version(),
       "jax": jax.__version__,
       "jaxlib": jaxlib.__version__,
       "nccl": _nccl_version(),

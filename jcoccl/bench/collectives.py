@@ -10,6 +10,11 @@ nccl-tests formulas (S = bytes of the op's buffer, t = time, n = ranks):
   * (n-1)/n (all_gather: S = gathered buffer; reduce_scatter: S = input buffer;
   all_to_all: S = buffer), * 1 (ppermute).
 
+``--sizes`` are per-rank message sizes with units, as in every ``jcoccl.bench`` subcommand
+(``256KiB``, ``4MiB``, ``1MB``; a plain integer is bytes). A message holds a whole number of
+elements per rank: a size is rounded down to that (the ``bytes`` column shows what ran), and
+one under ranks x element size is an error.
+
 Runs on every device of the default backend; with no accelerator it asks XLA for 8 host
 CPU devices (unless XLA_FLAGS already sets a count). With ``--processes N`` it starts N
 processes (one device each, ``python -m jcoccl.launch``), joined by JAX's distributed
@@ -20,8 +25,8 @@ was started in. Configurations are timed in interleaved rounds (median per confi
 and ``speedup`` is the lax op's time over the configuration's, from the same rounds.
 
 Example:
-  python -m jcoccl.bench collectives --sizes 256K,4M --compressors int8,int4 --json
-  python -m jcoccl.bench collectives --processes 4 --link-rate 1gbit --sizes 16M \
+  python -m jcoccl.bench collectives --sizes 256KiB,4MiB --compressors int8,int4 --json
+  python -m jcoccl.bench collectives --processes 4 --link-rate 1gbit --sizes 16MiB \
       --ops all_reduce --compressors int8,int4 --algorithms one_shot,two_shot
 """
 
@@ -60,12 +65,6 @@ FORMATS = {"bytes": "d", "chunks": "d", "time_us": ".1f", "algbw_GBps": ".3f",
            "max_rel_err": ".2e"}
 
 
-def _size(text: str) -> int:
-  text = text.strip().upper()
-  mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-  return int(float(text.rstrip("KMG")) * mult)
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
   """Registers the ``collectives`` subcommand."""
   p = subparsers.add_parser(NAME, help=HELP, description=__doc__,
@@ -75,8 +74,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--sizes", default="256K,1M",
-                 help="per-rank message bytes, comma separated, K/M suffixes (default 256K,1M)")
+  p.add_argument("--sizes", type=H.size_list, default="256KiB,1MiB",
+                 help="per-rank message sizes, comma-separated; " + H.SIZE_HELP +
+                      " (default 256KiB,1MiB)")
   p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter",
                  help=f"comma separated among {','.join(OPS)}")
   p.add_argument("--compressors", default="int8,int4",
@@ -86,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="all_reduce algorithms: auto,one_shot,two_shot (comma separated)")
   p.add_argument("--chunks", default="1", help="chunk counts to compare, e.g. 1,4")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-  p.add_argument("--iters", type=int, default=5, help="timed runs (median reported)")
+  p.add_argument("--iters", type=H.positive_int, default=5, help="timed runs (median reported)")
   p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
   p.add_argument("--processes", type=int, default=0,
                  help="run across this many processes on this machine (python -m jcoccl.launch)")
@@ -160,11 +160,16 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
   for op in ops:
     if op not in OPS:
       raise ValueError(f"--ops: unknown op {op!r}; accepted: {', '.join(OPS)}")
-  sizes = H.parse_list(args.sizes, _size, "--sizes")
   chunk_counts = H.parse_list(args.chunks, int, "--chunks")
+  if min(chunk_counts) < 1:
+    raise ValueError(f"--chunks: counts must be >= 1, got {args.chunks!r}")
+  for nbytes in args.sizes:
+    if nbytes < n * dtype.itemsize:
+      raise ValueError(f"--sizes: {nbytes} B is under one {dtype.name} element per rank "
+                       f"({n} ranks x {dtype.itemsize} B = {n * dtype.itemsize} B)")
   for op in ops:
-    for nbytes in sizes:
-      m = max(n, nbytes // dtype.itemsize // n * n)  # divisible by n for scatter ops
+    for nbytes in args.sizes:
+      m = nbytes // dtype.itemsize // n * n  # divisible by n for scatter ops
       x = _global_input(mesh, n, m, dtype)
       _, lfn, factor = _programs(op, mesh, n, {"compressor": None})
       ref = _host(lfn(x))
@@ -289,11 +294,17 @@ def fit_and_report(rows: list[dict[str, Any]], path: str, out: Any = sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
+  """``python -m jcoccl.bench.collectives``: the subcommand on its own; exit status 2 on bad
+  arguments."""
   p = argparse.ArgumentParser(prog="python -m jcoccl.bench.collectives", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   add_arguments(p)
   argv = sys.argv[1:] if argv is None else argv
-  return run(p.parse_args(argv), argv)
+  try:
+    return run(p.parse_args(argv), argv)
+  except ValueError as e:
+    p.error(str(e))
+    return 2
 
 
 if __name__ == "__main__":

@@ -10,12 +10,18 @@ Grammar (whitespace ignored, names case-insensitive)::
   options of fp8:             e4m3 | e5m2 | block=INT
   options of eb:              abs=FLOAT (required) | block=INT
 
+Each option is given at most once ("int8:sym,asym" is an error, not "the last one wins"), a
+colon is followed by at least one option ("int8:" is an error), INT is decimal digits.
+
 ``str(c)`` writes only options that differ from the factory defaults, e.g. "int8",
 "int4:block=128,asym", "int8:stochastic", "fp8:e5m2,block=64", "hadamard(int4:block=128)",
 "hadamard(int4):size=64", "eb:abs=0.001", "eb:abs=0.01,block=64".
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 from jcoccl._src.compressors import factories as F
 from jcoccl._src.compressors._base import Compressor
@@ -33,6 +39,10 @@ _OPTS = {
     "fp8": "e4m3, e5m2, block=INT",
     "eb": "abs=FLOAT, block=INT",
 }
+_FLOAT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[-+]?[0-9]+)?")
+_INT_FLAGS = {"sym": ("symmetric", True), "asym": ("symmetric", False),
+              "nearest": ("rounding", "nearest"), "stochastic": ("rounding", "stochastic")}
+_FP8_FLAGS = {"e4m3": ("fmt", "e4m3"), "e5m2": ("fmt", "e5m2")}
 
 
 def to_string(c: Compressor) -> str:
@@ -64,10 +74,52 @@ def _bad(spec: str, token: str, accepted: str) -> ValueError:
 
 
 def _int(spec: str, tok: str, val: str, accepted: str) -> int:
-  try:
-    return int(val)
-  except ValueError:
-    raise _bad(spec, tok, accepted) from None
+  # Only plain decimal digits: int() would also take "+8", "1_024" or "٣".
+  if not re.fullmatch(r"[0-9]+", val):
+    raise _bad(spec, tok, accepted)
+  return int(val)
+
+
+def _float(spec: str, tok: str, val: str, accepted: str) -> float:
+  if not _FLOAT.fullmatch(val):
+    raise _bad(spec, tok, accepted)
+  return float(val)
+
+
+def _options(spec: str, rest: str, flags: dict[str, tuple[str, Any]],
+             keyed: dict[str, tuple[str, Any]], accepted: str) -> dict[str, Any]:
+  """Keyword arguments from the comma-separated options after ``name:``.
+
+  Args:
+    spec: the whole spec (for messages).
+    rest: the text after the colon.
+    flags: bare option -> (keyword, value), e.g. "asym" -> ("symmetric", False).
+    keyed: option key -> (keyword, converter), e.g. "block" -> ("block_size", _int).
+    accepted: the accepted options, for messages.
+
+  Returns:
+    keyword -> value; each keyword set at most once ("sym,asym" and "block=64,block=128"
+    are errors, not "the last one wins").
+  """
+  kw: dict[str, Any] = {}
+  given: dict[str, str] = {}
+  for o in rest.split(","):
+    key, eq, val = o.partition("=")
+    if eq and key in keyed:
+      arg, conv = keyed[key]
+      value = conv(spec, o, val, accepted)
+    elif not eq and o in flags:
+      arg, value = flags[o]
+    else:
+      raise _bad(spec, o, accepted)
+    if arg in kw:
+      raise ValueError(f"bad compressor spec {spec!r}: {o!r} after {given[arg]!r} (both set "
+                       f"{arg}); give each option at most once")
+    kw[arg], given[arg] = value, o
+  return kw
+
+
+_BLOCK = {"block": ("block_size", _int)}
 
 
 def parse(spec: str) -> Compressor:
@@ -97,46 +149,21 @@ def parse(spec: str) -> Compressor:
     if not tail.startswith(":size="):
       raise _bad(spec, tail, "':size=INT' after hadamard(...)")
     return F.hadamard(inner, size=_int(spec, tail, tail[len(":size="):], "size=INT"))
-  name, _, rest = s.partition(":")
-  opts = [o for o in rest.split(",")] if rest else []
+  name, colon, rest = s.partition(":")
+  if colon and not rest:
+    raise _bad(spec, s, "options after ':' (e.g. 'int8:block=128'), or no ':'")
   if name in ("none",) or name in _CAST:
-    if opts:
+    if rest:
       raise _bad(spec, rest, f"no options for {name}")
     return F.none() if name == "none" else F.cast(_CAST[name])
   if name in ("int8", "int4", "int2"):
-    kw: dict = {}
-    for o in opts:
-      if o.startswith("block="):
-        kw["block_size"] = _int(spec, o, o[6:], _OPTS["int"])
-      elif o in ("sym", "asym"):
-        kw["symmetric"] = o == "sym"
-      elif o in ("nearest", "stochastic"):
-        kw["rounding"] = o
-      else:
-        raise _bad(spec, o, _OPTS["int"])
+    kw = _options(spec, rest, _INT_FLAGS, _BLOCK, _OPTS["int"]) if rest else {}
     return {"int8": F.int8, "int4": F.int4, "int2": F.int2}[name](**kw)
   if name == "fp8":
-    kw = {}
-    for o in opts:
-      if o in ("e4m3", "e5m2"):
-        kw["fmt"] = o
-      elif o.startswith("block="):
-        kw["block_size"] = _int(spec, o, o[6:], _OPTS["fp8"])
-      else:
-        raise _bad(spec, o, _OPTS["fp8"])
-    return F.fp8(**kw)
+    return F.fp8(**(_options(spec, rest, _FP8_FLAGS, _BLOCK, _OPTS["fp8"]) if rest else {}))
   if name in ("eb", "error_bounded"):
-    kw = {}
-    for o in opts:
-      if o.startswith("abs="):
-        try:
-          kw["abs_error"] = float(o[4:])
-        except ValueError:
-          raise _bad(spec, o, _OPTS["eb"]) from None
-      elif o.startswith("block="):
-        kw["block_size"] = _int(spec, o, o[6:], _OPTS["eb"])
-      else:
-        raise _bad(spec, o, _OPTS["eb"])
+    keyed = {**_BLOCK, "abs": ("abs_error", _float)}
+    kw = _options(spec, rest, {}, keyed, _OPTS["eb"]) if rest else {}
     if "abs_error" not in kw:
       raise _bad(spec, rest or name, "eb needs abs=FLOAT, e.g. 'eb:abs=1e-3'")
     return F.error_bounded(**kw)
