@@ -75,8 +75,15 @@ inline void BindFusedCommon(nb::module_& m) {
         nb::arg("comm"), "Drops every member of communicator `comm`; returns their count.");
   m.def("fused_comm_keys", []() { return Comms().Keys(); },
         "(communicator id, device ordinal) pairs currently registered.");
-  m.def("fused_timeout_s", []() { return transport::TimeoutSeconds(); },
-        "Seconds a rank waits for its peers (JCOCCL_TIMEOUT_S, default 300).");
+  m.def("fused_timeout_s",
+        []() {
+          double s = transport::kDefaultTimeoutSeconds;
+          transport::Status st = transport::TimeoutSeconds(&s);
+          if (!st.ok()) throw std::invalid_argument(st.msg);
+          return s;
+        },
+        "Seconds a rank waits for its peers (JCOCCL_TIMEOUT_S, default 300, at most 1e8); "
+        "ValueError for an invalid value.");
 }
 
 }  // namespace jcoccl::engine

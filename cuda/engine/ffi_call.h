@@ -80,6 +80,10 @@ inline ffi::Error Resolve(const ffi::Dictionary& a, int32_t device, ffi::DataTyp
   if (spec.has_error()) return spec.error();
   r->spec = *spec;
   Call& c = r->call;
+  // Read once per call, before any rank waits on another: an invalid value fails every rank
+  // alike instead of leaving peers waiting.
+  if (transport::Status t = transport::TimeoutSeconds(&c.ctx.timeout_s); !t.ok())
+    return ffi::Error::InvalidArgument("jcoccl fused: " + t.msg);
   c.op = static_cast<Op>(*op);
   c.k = *k;
   c.m = *m;

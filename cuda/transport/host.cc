@@ -1,5 +1,6 @@
 #include "transport/host.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -13,8 +14,9 @@ void HostGroup::Break(const std::string& why) {
 }
 
 Status HostGroup::WaitLocked(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Slot>& slot,
-                             bool leaving, int64_t run_id, int64_t seq) {
-  const double timeout = TimeoutSeconds();
+                             bool leaving, const CallCtx& ctx, int64_t seq) {
+  // ctx.timeout_s is at most kMaxTimeoutSeconds, so the deadline cannot overflow.
+  const double timeout = std::min(ctx.timeout_s, kMaxTimeoutSeconds);
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(timeout));
@@ -25,7 +27,7 @@ Status HostGroup::WaitLocked(std::unique_lock<std::mutex>& lk, const std::shared
     int have = leaving ? slot->left : slot->arrived;
     broken_ = "jcoccl host transport: timed out after " + std::to_string(timeout) +
               " s (JCOCCL_TIMEOUT_S) waiting for peers in collective #" + std::to_string(seq) +
-              " of run " + std::to_string(run_id) + ": " + std::to_string(have) + " of " +
+              " of run " + std::to_string(ctx.run_id) + ": " + std::to_string(have) + " of " +
               std::to_string(size_) +
               " ranks arrived. The communicator is now unusable; call jcoccl.shutdown() "
               "and jcoccl.init(mesh) again.";
@@ -66,7 +68,7 @@ static void LeftFold(const std::vector<const void*>& src, int64_t off, int64_t c
 
 Status HostTransport::AllGather(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) {
   const int n = size();
-  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send, Tag(0, bytes),
+  return group_->Exchange(rank_, ctx, NextSeq(ctx.run_id), send, Tag(0, bytes),
                           [&](const std::vector<const void*>& ptr) {
                             for (int r = 0; r < n; ++r)
                               std::memcpy(static_cast<char*>(recv) + r * bytes, ptr[r], bytes);
@@ -75,7 +77,7 @@ Status HostTransport::AllGather(const CallCtx& ctx, const void* send, int64_t by
 
 Status HostTransport::AllToAll(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) {
   const int n = size();
-  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send, Tag(1, bytes),
+  return group_->Exchange(rank_, ctx, NextSeq(ctx.run_id), send, Tag(1, bytes),
                           [&](const std::vector<const void*>& ptr) {
                             for (int r = 0; r < n; ++r)
                               std::memcpy(static_cast<char*>(recv) + r * bytes,
@@ -87,7 +89,7 @@ Status HostTransport::AllToAll(const CallCtx& ctx, const void* send, int64_t byt
 Status HostTransport::SendRecv(const CallCtx& ctx, const void* send, int dst, void* recv, int src,
                                int64_t bytes) {
   (void)dst;  // the receiver reads from its source; the sender only has to be present
-  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send, Tag(2, bytes),
+  return group_->Exchange(rank_, ctx, NextSeq(ctx.run_id), send, Tag(2, bytes),
                           [&](const std::vector<const void*>& ptr) {
                             if (src >= 0) std::memcpy(recv, ptr[src], bytes);
                           });
@@ -95,7 +97,7 @@ Status HostTransport::SendRecv(const CallCtx& ctx, const void* send, int dst, vo
 
 Status HostTransport::AllReduceSum(const CallCtx& ctx, const float* send, int64_t count,
                                    float* recv) {
-  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send,
+  return group_->Exchange(rank_, ctx, NextSeq(ctx.run_id), send,
                           Tag(3, count * sizeof(float)),
                           [&](const std::vector<const void*>& ptr) {
                             LeftFold(ptr, 0, count, recv);
@@ -104,7 +106,7 @@ Status HostTransport::AllReduceSum(const CallCtx& ctx, const float* send, int64_
 
 Status HostTransport::ReduceScatterSum(const CallCtx& ctx, const float* send,
                                        int64_t count_per_rank, float* recv) {
-  return group_->Exchange(rank_, ctx.run_id, NextSeq(ctx.run_id), send,
+  return group_->Exchange(rank_, ctx, NextSeq(ctx.run_id), send,
                           Tag(4, count_per_rank * sizeof(float)),
                           [&](const std::vector<const void*>& ptr) {
                             LeftFold(ptr, rank_ * count_per_rank, count_per_rank, recv);

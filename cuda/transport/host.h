@@ -45,9 +45,10 @@ class HostGroup {
   int size() const { return size_; }
   // Posts `send` (with `tag` describing the op), waits for every rank, runs `consume`
   // with all ranks' send pointers, then waits until every rank has consumed so that no
-  // buffer is released while a peer still reads it.
+  // buffer is released while a peer still reads it. Each wait gives up after
+  // ctx.timeout_s seconds.
   template <class F>
-  Status Exchange(int rank, int64_t run_id, int64_t seq, const void* send, int64_t tag,
+  Status Exchange(int rank, const CallCtx& ctx, int64_t seq, const void* send, int64_t tag,
                   F&& consume);
   // Fails every current and future op of the group (a peer was lost).
   void Break(const std::string& why);
@@ -61,7 +62,7 @@ class HostGroup {
     int left = 0;
   };
   Status WaitLocked(std::unique_lock<std::mutex>& lk, const std::shared_ptr<Slot>& slot,
-                    bool leaving, int64_t run_id, int64_t seq);
+                    bool leaving, const CallCtx& ctx, int64_t seq);
 
   const int size_;
   std::mutex mu_;
@@ -71,8 +72,9 @@ class HostGroup {
 };
 
 template <class F>
-Status HostGroup::Exchange(int rank, int64_t run_id, int64_t seq, const void* send, int64_t tag,
-                           F&& consume) {
+Status HostGroup::Exchange(int rank, const CallCtx& ctx, int64_t seq, const void* send,
+                           int64_t tag, F&& consume) {
+  const int64_t run_id = ctx.run_id;
   std::shared_ptr<Slot> slot;
   {
     std::unique_lock<std::mutex> lk(mu_);
@@ -84,7 +86,7 @@ Status HostGroup::Exchange(int rank, int64_t run_id, int64_t seq, const void* se
     slot->tag[rank] = tag;
     slot->arrived++;
     cv_.notify_all();
-    JCOCCL_RETURN_IF_ERROR(WaitLocked(lk, slot, false, run_id, seq));
+    JCOCCL_RETURN_IF_ERROR(WaitLocked(lk, slot, false, ctx, seq));
     for (int r = 0; r < size_; ++r) {
       if (slot->tag[r] != tag) {
         Break("jcoccl host transport: ranks issued different collectives (op " +
@@ -100,7 +102,7 @@ Status HostGroup::Exchange(int rank, int64_t run_id, int64_t seq, const void* se
   slot->left++;
   if (slot->left == size_) slots_.erase({run_id, seq});
   cv_.notify_all();
-  return WaitLocked(lk, slot, true, run_id, seq);
+  return WaitLocked(lk, slot, true, ctx, seq);
 }
 
 }  // namespace jcoccl::transport

@@ -137,7 +137,8 @@ Status NcclTransport::ReduceScatterSum(const CallCtx& ctx, const float* send,
 Status NcclTransport::Wait(cudaEvent_t done) {
   const NcclApi* api = Nccl(nullptr);
   const auto start = std::chrono::steady_clock::now();
-  const double timeout = TimeoutSeconds();
+  double timeout = kDefaultTimeoutSeconds;
+  JCOCCL_RETURN_IF_ERROR(TimeoutSeconds(&timeout));
   for (int spin = 0;; ++spin) {
     cudaError_t q = cudaEventQuery(done);
     if (q == cudaSuccess) return Status::Ok();

@@ -54,7 +54,8 @@ class NcclTransport final : public Transport {
   Status ReduceScatterSum(const CallCtx& ctx, const float* send, int64_t count_per_rank,
                           float* recv) override;
   // Waits for `done` (an event recorded after this call's work) while polling NCCL's
-  // asynchronous error; aborts the communicator after TimeoutSeconds().
+  // asynchronous error; aborts the communicator after TimeoutSeconds() (an invalid
+  // JCOCCL_TIMEOUT_S fails before waiting; the handler has already checked it).
   Status Wait(cudaEvent_t done);
   bool aborted() const { return aborted_; }
 

@@ -21,8 +21,12 @@ the op's axes exist.
 
 Environment:
   JCOCCL_TIMEOUT_S  seconds a rank waits for its peers before the collective fails with an
-                    exception (default 300). On timeout the communicator is marked broken
-                    (NCCL: aborted); call :func:`shutdown` and :func:`init` again.
+                    exception: a positive number (default 300); "inf" or any value above
+                    1e8 s (about 3 years) means no practical limit and is clamped to 1e8.
+                    Anything else (0, negatives, nan, text) is rejected: by :func:`init` and
+                    :func:`timeout_seconds` with ValueError, by a running fused call with an
+                    error. On timeout the communicator is marked broken (NCCL: aborted);
+                    call :func:`shutdown` and :func:`init` again.
   JCOCCL_NCCL_WAIT  GPU only. "1" (default): each fused call waits for its NCCL work while
                     polling ncclCommGetAsyncError, so a lost peer fails the call after
                     JCOCCL_TIMEOUT_S instead of hanging the stream. "0": return once the work
@@ -42,6 +46,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import math
+import os
+import re
 import threading
 from typing import Any, Sequence
 
@@ -64,6 +71,13 @@ _TARGET = {"all_reduce": "jcoccl_fused_all_reduce", "reduce_scatter": "jcoccl_fu
            "all_gather": "jcoccl_fused_all_gather", "all_to_all": "jcoccl_fused_all_to_all",
            "ppermute": "jcoccl_fused_ppermute"}
 _DTYPE_CODE = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}
+_ENV_TIMEOUT = "JCOCCL_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 300.0
+MAX_TIMEOUT_S = 1e8  # "no limit": larger values (inf too) are clamped, as in the engine
+# What the engine accepts (cuda/transport/transport.h, ParseTimeoutSeconds): a decimal
+# number, or inf / infinity; blanks around it allowed.
+_TIMEOUT_RE = re.compile(r"\s*\+?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)\s*",
+                         re.IGNORECASE | re.ASCII)
 _NONE_ATTRS = {"kind": np.int32(0), "bits": np.int32(8), "block": np.int32(1),
                "symmetric": np.int32(1), "fp8": np.int32(0), "cast_dtype": np.int32(1),
                "hadamard": np.int32(0), "abs_error": np.float32(0.0)}
@@ -85,6 +99,34 @@ _generation = itertools.count(1)
 # ----------------------------------------------------------------------------------------
 # Lifecycle.
 
+def timeout_seconds() -> float:
+  """Seconds a fused collective waits for its peers: ``JCOCCL_TIMEOUT_S``, read now.
+
+  Unset or empty means 300. Accepted: a positive decimal number of seconds, or ``inf``
+  (no limit); values above 1e8 s (about 3 years) are clamped to 1e8. The native engine
+  parses the variable the same way at the start of every fused call.
+
+  Returns:
+    The timeout in seconds, in (0, 1e8].
+
+  Raises:
+    ValueError: the variable holds anything else (0, a negative number, nan, text).
+
+  Example:
+    >>> import os; os.environ["JCOCCL_TIMEOUT_S"] = "inf"   # doctest: +SKIP
+    >>> timeout_seconds()                                    # doctest: +SKIP
+    100000000.0
+  """
+  text = os.environ.get(_ENV_TIMEOUT, "")
+  if text == "":
+    return DEFAULT_TIMEOUT_S
+  value = float(text) if _TIMEOUT_RE.fullmatch(text) else math.nan
+  if not value > 0:
+    raise ValueError(f"{_ENV_TIMEOUT} must be a positive number of seconds, or inf for no "
+                     f"limit (clamped to {MAX_TIMEOUT_S:g} s); got {text!r}")
+  return min(value, MAX_TIMEOUT_S)
+
+
 def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
   """Creates jcoccl's communicators for ``mesh`` and enables backend="fused".
 
@@ -100,12 +142,14 @@ def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
 
   Raises:
     RuntimeError: the native engine for the mesh's platform is missing, or NCCL failed.
-    ValueError: ``axes`` names something that is not an axis of ``mesh``.
+    ValueError: ``axes`` names something that is not an axis of ``mesh``, or
+      ``JCOCCL_TIMEOUT_S`` is invalid (see :func:`timeout_seconds`).
 
   Example:
     >>> jcoccl.init(jax.make_mesh((8,), ("data",)))  # doctest: +SKIP
   """
   global _state
+  timeout_seconds()  # a bad JCOCCL_TIMEOUT_S fails here, not in the first collective
   names = tuple(mesh.axis_names)
   platform = _platform_of(mesh)
   tuples = _axis_tuples(names, axes)
@@ -244,7 +288,9 @@ def _create_nccl(cid: int, groups: list[list[Any]], generation: int) -> None:
       uid = mod.nccl_unique_id()
       _compat.kv_set(key, uid.hex())
     else:
-      uid = bytes.fromhex(_compat.kv_get(key, timeout_ms=int(1000 * mod.fused_timeout_s())))
+      # The key-value store takes a 32-bit millisecond count.
+      wait_ms = min(int(1000 * timeout_seconds()), 2**31 - 1)
+      uid = bytes.fromhex(_compat.kv_get(key, timeout_ms=wait_ms))
     mod.nccl_comm_init(cid, uid, len(g), [(_ordinal(d), r) for r, d in local])
 
 
@@ -319,6 +365,7 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
     >>> base = engine_call("all_reduce", "plain", x2d, x2d.shape, cid, 2, None,
     ...                    1, 256, platform="cuda")  # doctest: +SKIP
   """
+  timeout_seconds()  # fail at trace time, not in the running collective
   dtype = jnp.dtype(x.dtype)
   if dtype not in _DTYPE_CODE:
     raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
