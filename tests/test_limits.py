@@ -1,7 +1,9 @@
 """Limits that must fail cleanly or be clamped, never hang or overflow: JCOCCL_TIMEOUT_S
-(the fused engine's wait for its peers)."""
+(the fused engine's wait for its peers) and ``chunks`` (slices per message)."""
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
+from jcoccl._src import _common as C
 from jcoccl._src import _ffi
 from jcoccl._src import fused
 
@@ -101,3 +104,99 @@ def test_timeout_made_invalid_after_compiling_fails_the_call(monkeypatch):
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", "30")
   x = _exact(mesh, 2)
   np.testing.assert_array_equal(np.asarray(f(x))[:4], np.asarray(x))
+
+
+# ----------------------------------------------------------------------------------------
+# chunks.
+
+@pytest.mark.parametrize("unit", [1, 32, 256])
+def test_slices_clamps_to_whole_units(unit):
+  """Every slice holds at least one unit of the message, for every length and chunks."""
+  for length in (1, unit - 1, unit, unit + 1, 7 * unit, 64 * unit, 64 * unit + 1):
+    if length < 1:
+      continue
+    units = -(-length // unit)
+    for chunks in (1, 2, 7, 64, 65, 10_000, 2**20):
+      if min(chunks, units) > C.MAX_SLICES:
+        with pytest.raises(ValueError, match=r"chunks=\d+ would cut .* at most 64"):
+          C.slices(chunks, length, unit)
+        continue
+      k = C.slices(chunks, length, unit)
+      assert k == min(chunks, units) and 1 <= k <= C.MAX_SLICES
+      assert (k - 1) * unit < length  # the last slice holds real data
+
+
+_OPS = ("one_shot", "two_shot", "reduce_scatter", "all_gather", "all_to_all", "ppermute")
+_COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def _program(mesh, op, chunks, backend, comp):
+  kw = dict(compressor=comp, chunks=chunks, backend=backend, min_bytes=0)
+
+  def body(v):  # v: [8, 128] float32 = 4 KiB per device
+    if op in ("one_shot", "two_shot"):
+      return jcoccl.all_reduce(v, "x", algorithm=op, **kw)
+    if op == "reduce_scatter":
+      return jcoccl.reduce_scatter(v, "x", scatter_dimension=0, tiled=True, **kw)
+    if op == "all_gather":
+      return jcoccl.all_gather(v, "x", axis=0, tiled=True, **kw)
+    if op == "all_to_all":
+      return jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw)
+    return jcoccl.ppermute(v, "x", [(i, (i + 1) % 8) for i in range(8)], **kw)
+
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
+
+
+def _slices_used(op, comp):
+  """Slices a 4 KiB ([8, 128] float32) message is cut into with chunks=2**20."""
+  g = comp.granule
+  length, unit = {"one_shot": (1024, g), "two_shot": (1024, 8 * g), "reduce_scatter": (128, g),
+                  "all_to_all": (128, g)}.get(op, (1024, g))
+  return -(-length // unit)
+
+
+def _hlo_counts(text):
+  lines = text.splitlines()
+  counts = {op: sum(1 for l in lines if f" {op}(" in l or f" {op}-start(" in l)
+            for op in _COLLECTIVES}
+  counts["fused_k"] = sorted(int(k) for k in re.findall(r"\bk = (\d+) : i64", text))
+  return counts
+
+
+@pytest.mark.parametrize("backend", ["xla", "fused"])
+@pytest.mark.parametrize("op", _OPS)
+def test_huge_chunks_on_a_small_message_is_clamped(op, backend):
+  """chunks=2**20 on a 4 KiB message: the program is the one of chunks = the granules the
+  message holds, with the same bits (and chunks=1's bits: slices are cut at granules)."""
+  if backend == "fused" and _ffi.native_module("cpu") is None:
+    pytest.skip("jcoccl._cpu (the fused engine) is not built")
+  comp = jc.int8(block_size=32)
+  mesh = _mesh(8)
+  if backend == "fused":
+    jcoccl.init(mesh)
+  x = jax.device_put(jax.random.normal(jax.random.key(1), (64, 128), jnp.float32),
+                     jax.NamedSharding(mesh, jax.P("x")))
+  k = _slices_used(op, comp)
+  assert 1 < k <= C.MAX_SLICES
+  huge, fit = _program(mesh, op, 2**20, backend, comp), _program(mesh, op, k, backend, comp)
+  counts = _hlo_counts(huge.lower(x).compile().as_text())
+  assert counts == _hlo_counts(fit.lower(x).compile().as_text())
+  if backend == "fused":
+    assert counts["fused_k"] == [k]
+  else:
+    assert sum(counts[c] for c in _COLLECTIVES) <= 2 * k
+  got = np.asarray(huge(x))
+  np.testing.assert_array_equal(got.view(np.uint32), np.asarray(fit(x)).view(np.uint32))
+  np.testing.assert_array_equal(got.view(np.uint32),
+                                np.asarray(_program(mesh, op, 1, backend, comp)(x)).view(np.uint32))
+
+
+@pytest.mark.parametrize("op", _OPS)
+def test_more_than_64_slices_is_rejected(op):
+  """cast has a granule of 1: a 4 KiB message holds 1024 of them, so chunks=65 would
+  really cut it into 65 slices (each one unrolled into the program)."""
+  mesh = _mesh(8)
+  x = jax.device_put(jnp.ones((64, 128), jnp.float32), jax.NamedSharding(mesh, jax.P("x")))
+  with pytest.raises(ValueError, match=r"chunks=65 would cut .* into 65 slices; at most 64"):
+    _program(mesh, op, 65, "xla", jc.cast("bfloat16")).trace(x)
+  _program(mesh, op, 64, "xla", jc.cast("bfloat16")).trace(x)  # the limit itself traces

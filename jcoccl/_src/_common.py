@@ -301,9 +301,50 @@ def canonical_args(axis_name: Any, compressor: Any, grad_compressor: Any, chunks
 
 
 def check_chunks(chunks: Any) -> int:
+  """Checks that ``chunks`` is a positive int (its upper limit depends on the message:
+  see :func:`slices`)."""
   if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
     raise ValueError(f"chunks must be a positive int, got {chunks!r}")
   return chunks
+
+
+# Each slice is its own encode -> collective -> decode in the compiled program (unrolled on
+# the xla backend, one engine round per slice on the fused one), so compile time and launch
+# overhead grow linearly with the slice count, while the overlap it buys saturates after a
+# few slices (COCCL pipelines 1 to 16 deep). 64 leaves room above that.
+MAX_SLICES = 64
+
+
+def slices(chunks: int, length: int, unit: int) -> int:
+  """The number of slices a message is cut into for ``chunks``.
+
+  A slice holds at least one ``unit`` (the granule, times the group size where the
+  algorithm splits a slice over ranks), so ``chunks`` is clamped to the number of units
+  the ``length``-element message holds. Slices are cut at unit boundaries and processed
+  independently, so the result has the same bits as with that smaller ``chunks``.
+
+  Args:
+    chunks: the requested slice count (positive int, see :func:`check_chunks`).
+    length: message length in elements.
+    unit: elements of the smallest slice.
+
+  Returns:
+    min(chunks, ceil(length / unit)), at least 1.
+
+  Raises:
+    ValueError: more than :data:`MAX_SLICES` slices would be used.
+
+  Example:
+    >>> slices(2**20, 1024, 32), slices(4, 1024, 32)
+    (32, 4)
+  """
+  k = min(chunks, max(1, -(-length // unit)))
+  if k > MAX_SLICES:
+    raise ValueError(
+        f"chunks={chunks} would cut this message of {length} elements into {k} slices; at "
+        f"most {MAX_SLICES} are supported (each slice is unrolled into the compiled "
+        f"program): pass chunks <= {MAX_SLICES}")
+  return k
 
 
 # ----------------------------------------------------------------------------------------

@@ -33,7 +33,9 @@ def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
     tiled: concatenate along ``axis`` instead of stacking a new axis.
     compressor: Compressor, spec string, or None (exact: calls lax.all_gather).
     backend: "auto", "xla" or "fused".
-    chunks: split the message into this many independently processed slices.
+    chunks: split the message into this many independently processed slices (cut at
+      granule boundaries: the same bits as chunks=1). Values above the number of granules
+      the message holds are clamped to it; more than 64 slices raises ValueError.
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default
       (:func:`jcoccl.set_default_min_bytes`, 4 MiB).
     grad_compressor: compressor of the backward reduce_scatter; default: ``compressor``.
@@ -90,10 +92,11 @@ def _gather_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
     return lax.all_gather(x, cfg.axes, axis=cfg.axis, tiled=cfg.tiled)
   n = C.group_size(cfg.axes)
   m = x.size
-  size = C.padded_len(m, cfg.chunks * cfg.compressor.granule)
-  flat = C.pad_last(x.reshape(-1), size)
+  g = cfg.compressor.granule
+  k = C.slices(cfg.chunks, m, g)
+  flat = C.pad_last(x.reshape(-1), C.padded_len(m, k * g))
   _, impl = _backend.resolve("all_gather", cfg.backend, cfg.axes)
-  rows = impl(flat, axes=cfg.axes, compressor=cfg.compressor, chunks=cfg.chunks, key=key)
+  rows = impl(flat, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
   stacked = rows[:, :m].reshape((n,) + x.shape)  # [n, *x.shape], rank order
   return arrange(stacked, cfg.axis, cfg.tiled)
 

@@ -35,7 +35,9 @@ def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
     tiled: as lax.all_to_all.
     compressor: Compressor, spec string, or None (exact: calls lax.all_to_all).
     backend: "auto", "xla" or "fused".
-    chunks: split each chunk into this many independently processed slices.
+    chunks: split each chunk into this many independently processed slices (cut at
+      granule boundaries: the same bits as chunks=1). Values above the number of granules
+      a chunk holds are clamped to it; more than 64 slices raises ValueError.
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default.
     grad_compressor: compressor of the backward all_to_all; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
@@ -114,9 +116,11 @@ def _a2a_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   block = (moved.shape[0] // n,) + moved.shape[1:]
   rows = moved.reshape(n, -1)
   c = rows.shape[1]
-  rows = C.pad_last(rows, C.padded_len(c, cfg.chunks * cfg.compressor.granule))
+  g = cfg.compressor.granule
+  k = C.slices(cfg.chunks, c, g)
+  rows = C.pad_last(rows, C.padded_len(c, k * g))
   _, impl = _backend.resolve("all_to_all", cfg.backend, cfg.axes)
-  got = impl(rows, axes=cfg.axes, compressor=cfg.compressor, chunks=cfg.chunks, key=key)
+  got = impl(rows, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
   blocks = jnp.moveaxis(got[:, :c].reshape((n,) + block), 1, sa + 1)  # [n, *x block]
   if not cfg.tiled:
     return jnp.moveaxis(jnp.squeeze(blocks, sa + 1), 0, ca)

@@ -29,7 +29,9 @@ def ppermute(x: Any, axis_name: Any, perm: Any, *, compressor: Any = None,
       index in [0, n).
     compressor: Compressor, spec string, or None (exact: calls lax.ppermute).
     backend: "auto", "xla" or "fused".
-    chunks: split the message into this many independently processed slices.
+    chunks: split the message into this many independently processed slices (cut at
+      granule boundaries: the same bits as chunks=1). Values above the number of granules
+      the message holds are clamped to it; more than 64 slices raises ValueError.
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default.
     grad_compressor: compressor of the backward ppermute; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
@@ -97,10 +99,12 @@ def _permute_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   if cfg.compressor is None:
     return lax.ppermute(x, cfg.axes, cfg.perm)
   m = x.size
-  flat = C.pad_last(x.reshape(-1), C.padded_len(m, cfg.chunks * cfg.compressor.granule))
+  g = cfg.compressor.granule
+  k = C.slices(cfg.chunks, m, g)
+  flat = C.pad_last(x.reshape(-1), C.padded_len(m, k * g))
   _, impl = _backend.resolve("ppermute", cfg.backend, cfg.axes)
-  got = impl(flat, axes=cfg.axes, perm=cfg.perm, compressor=cfg.compressor,
-             chunks=cfg.chunks, key=key)
+  got = impl(flat, axes=cfg.axes, perm=cfg.perm, compressor=cfg.compressor, chunks=k,
+             key=key)
   return got[:m].reshape(x.shape)
 
 

@@ -37,7 +37,10 @@ def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0,
     compressor: Compressor, spec string, or None (exact: calls lax.psum_scatter).
     algorithm: "auto" or "one_shot".
     backend: "auto", "xla" or "fused".
-    chunks: split each destination chunk into this many independently processed slices.
+    chunks: split each destination chunk into this many independently processed slices
+      (cut at granule boundaries: the same bits as chunks=1). Values above the number of
+      granules a destination chunk holds are clamped to it; more than 64 slices raises
+      ValueError.
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default.
     grad_compressor: compressor of the backward all_gather; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
@@ -124,9 +127,11 @@ def _scatter_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   n = C.group_size(cfg.axes)
   rows, block = to_rows(x, cfg.dim, n)
   c = rows.shape[1]
-  rows = C.pad_last(rows, C.padded_len(c, cfg.chunks * cfg.compressor.granule))
+  g = cfg.compressor.granule
+  k = C.slices(cfg.chunks, c, g)
+  rows = C.pad_last(rows, C.padded_len(c, k * g))
   _, impl = _backend.resolve("reduce_scatter", cfg.backend, cfg.axes)
-  out = impl(rows, axes=cfg.axes, compressor=cfg.compressor, chunks=cfg.chunks, key=key)
+  out = impl(rows, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
   return from_block(out[:c], block, cfg.dim, cfg.tiled)
 
 
