@@ -14,6 +14,8 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
+from jcoccl._src import _backend
+from jcoccl._src import _common as C
 from jcoccl._src import _ffi
 from jcoccl._src import fused
 
@@ -414,3 +416,234 @@ def test_plain_ops_reject_bad_arguments():
     fused.engine_call("all_to_all", "plain", x, x.shape, 1, 2, None, 1, 32, **kw)
   with pytest.raises(ValueError, match="algo must be"):
     fused.engine_call("all_reduce", "ring", x, x.shape, 1, 2, None, 1, 32, **kw)
+
+
+# ----------------------------------------------------------------------------------------
+# Communicators belong to devices in mesh order: meshes with the same axis names and sizes
+# but other devices (or another order) must never use them.
+
+def _mesh_of(device_ids, shape, names):
+  devs = np.asarray([jax.devices()[i] for i in device_ids], dtype=object).reshape(shape)
+  return jax.sharding.Mesh(devs, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+
+
+def _exact_data(mesh, seed=0):
+  """Per device [8, 64] integers in [-127, 127] with 127 opening every 32-block: int8 with
+  32-blocks has scale 1 on them, so every compressed op below is exact and equals lax
+  whatever the summation order."""
+  n = mesh.devices.size
+  rng = np.random.default_rng(seed)
+  x = rng.integers(-127, 128, size=(n * 8, 64)).astype(np.float32)
+  x[:, ::32] = 127.0
+  return jax.device_put(jnp.asarray(x), jax.NamedSharding(mesh, jax.P(tuple(mesh.axis_names))))
+
+
+_EXACT_OPS = ("one_shot", "reduce_scatter", "all_gather", "all_to_all", "ppermute")
+
+
+def _vs_lax(mesh, axes, backend):
+  """jit(shard_map) returning, per op of _EXACT_OPS, (jcoccl result, lax result)."""
+  n = int(np.prod([mesh.shape[a] for a in axes]))
+  kw = dict(compressor=jc.int8(block_size=32), backend=backend, min_bytes=0)
+  perm = [(i, (i + 3) % n) for i in range(n)]
+
+  def body(x):
+    return (jcoccl.all_reduce(x, axes, algorithm="one_shot", **kw), jax.lax.psum(x, axes),
+            jcoccl.reduce_scatter(x, axes, scatter_dimension=0, tiled=True, **kw),
+            jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True),
+            jcoccl.all_gather(x, axes, axis=0, tiled=True, **kw),
+            jax.lax.all_gather(x, axes, axis=0, tiled=True),
+            jcoccl.all_to_all(x, axes, 0, 0, tiled=True, **kw),
+            jax.lax.all_to_all(x, axes, 0, 0, tiled=True),
+            jcoccl.ppermute(x, axes, perm, **kw), jax.lax.ppermute(x, axes, perm))
+
+  spec = jax.P(tuple(mesh.axis_names))
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+
+def _assert_equals_lax(fn, x):
+  outs = fn(x)
+  for i, op in enumerate(_EXACT_OPS):
+    np.testing.assert_array_equal(np.asarray(outs[2 * i]), np.asarray(outs[2 * i + 1]),
+                                  err_msg=f"{op} != lax")
+
+
+# (init device order, shard_map device order, shape, names, axes of the ops)
+_ORDERS = {
+    "1d_reversed": (range(8), range(7, -1, -1), (8,), ("x",), [("x",)]),
+    "1d_shuffled": (range(8), (3, 6, 0, 5, 7, 1, 4, 2), (8,), ("x",), [("x",)]),
+    "1d_rotated_4": (range(4), (1, 2, 3, 0), (4,), ("x",), [("x",)]),
+    # Transposed order keeps every rank over "b" the same but changes the groups.
+    "2d_transposed": (range(8), (0, 2, 4, 6, 1, 3, 5, 7), (2, 4), ("a", "b"),
+                      [("a",), ("b",), ("a", "b")]),
+    "2d_swapped_rows": (range(8), (4, 5, 6, 7, 0, 1, 2, 3), (2, 4), ("a", "b"),
+                        [("a",), ("b",), ("a", "b")]),
+    "other_devices": (range(4), range(4, 8), (2, 2), ("a", "b"), [("a",), ("b",), ("a", "b")]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ORDERS))
+def test_mesh_with_other_device_order(case):
+  """init(mesh) then a shard_map over a mesh with the same axis names and sizes but other
+  devices or order: auto runs xla and equals lax; fused raises a clear error; after init
+  with that mesh, fused equals lax too."""
+  init_ids, ids, shape, names, axes_list = _ORDERS[case]
+  seen, mesh = _mesh_of(init_ids, shape, names), _mesh_of(ids, shape, names)
+  x = _exact_data(mesh, seed=len(case))
+  jcoccl.init(seen)
+  for axes in axes_list:
+    fn = _vs_lax(mesh, axes, "auto")
+    assert "jcoccl_fused_" not in _hlo(fn, x), axes
+    _assert_equals_lax(fn, x)
+    with pytest.raises(ValueError, match=r"not the mesh given to jcoccl\.init"):
+      _vs_lax(mesh, axes, "fused").trace(x)
+  jcoccl.init(mesh)
+  for axes in axes_list:
+    for backend in ("fused", "auto"):
+      fn = _vs_lax(mesh, axes, backend)
+      assert "jcoccl_fused_" in _hlo(fn, x), (axes, backend)
+      _assert_equals_lax(fn, x)
+
+
+def test_reused_trace_under_another_device_order_fails_to_compile():
+  """JAX reuses an inner jit's trace between shard_maps whose meshes differ only in their
+  devices; the fused call it holds must then fail to compile, never run on the wrong
+  communicator."""
+  seen, other = _mesh_of(range(8), (8,), ("x",)), _mesh_of(range(7, -1, -1), (8,), ("x",))
+  comp = jc.int8(block_size=32)
+  inner = jax.jit(lambda v: jcoccl.all_gather(v, "x", axis=0, tiled=True, compressor=comp,
+                                              backend="auto", min_bytes=0))
+  jcoccl.init(seen)
+
+  def run(mesh):
+    x = _exact_data(mesh)
+    return jax.jit(jax.shard_map(inner, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))(x)
+
+  run(seen)
+  with pytest.raises(ValueError, match="traced for the mesh given to jcoccl.init"):
+    run(other)
+
+
+def test_fused_needs_a_concrete_mesh():
+  """shard_map over an abstract mesh (devices unknown at trace time): fused refuses,
+  auto runs xla; with jax.set_mesh the devices are known and fused runs."""
+  mesh = _mesh_of(range(8), (8,), ("x",))
+  jcoccl.init(mesh)
+  x = _exact_data(mesh)
+
+  def prog(backend):
+    body = lambda v: jcoccl.all_gather(v, "x", axis=0, tiled=True,
+                                       compressor=jc.int8(block_size=32), backend=backend,
+                                       min_bytes=0)
+    return jax.jit(jax.shard_map(body, mesh=mesh.abstract_mesh, in_specs=jax.P("x"),
+                                 out_specs=jax.P("x")))
+
+  ref = prog("xla")(x)
+  with pytest.raises(ValueError, match="cannot tell which devices"):
+    prog("fused").trace(x)
+  assert "jcoccl_fused_" not in _hlo(prog("auto"), x)
+  with jax.set_mesh(mesh):
+    fn = prog("fused")
+    assert "jcoccl_fused_" in _hlo(fn, x)
+    np.testing.assert_array_equal(np.asarray(fn(x)), np.asarray(ref))
+
+
+# ----------------------------------------------------------------------------------------
+# What the fused engine cannot run: auto falls back to xla, fused names the reason.
+
+_KEY = jax.random.key(7)
+_CANNOT = {
+    "stochastic": (jc.int8(block_size=32, rounding="stochastic"), "round-to-nearest"),
+    "stochastic_in_hadamard": (jc.hadamard(jc.int4(block_size=32, rounding="stochastic")),
+                               "round-to-nearest"),
+    "nested_hadamard": (jc.hadamard(jc.hadamard(jc.int8(block_size=32))), "no native kernel"),
+}
+
+
+def _one_op(mesh, op, comp, backend, axes="x", algorithm="one_shot"):
+  n = int(np.prod([mesh.shape[a] for a in C.canonical_axes(axes)]))
+  kw = dict(compressor=comp, backend=backend, min_bytes=0, key=_KEY)
+
+  def body(x):
+    if op == "all_reduce":
+      return jcoccl.all_reduce(x, axes, algorithm=algorithm, **kw)
+    if op == "reduce_scatter":
+      return jcoccl.reduce_scatter(x, axes, scatter_dimension=0, tiled=True, **kw)
+    if op == "all_gather":
+      return jcoccl.all_gather(x, axes, axis=0, tiled=True, **kw)
+    if op == "all_to_all":
+      return jcoccl.all_to_all(x, axes, 0, 0, tiled=True, **kw)
+    return jcoccl.ppermute(x, axes, _perm(n), **kw)
+
+  spec = jax.P(tuple(mesh.axis_names))
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+
+_OPS5 = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "ppermute")
+
+
+@pytest.mark.parametrize("case", sorted(_CANNOT))
+@pytest.mark.parametrize("op", _OPS5)
+def test_auto_falls_back_for_compressors_fused_cannot_run(case, op):
+  comp, why = _CANNOT[case]
+  mesh = _mesh((4,), ("x",))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32, cols=64)
+  auto = _one_op(mesh, op, comp, "auto")
+  assert "jcoccl_fused_" not in _hlo(auto, x)
+  np.testing.assert_array_equal(_bits(auto(x)), _bits(_one_op(mesh, op, comp, "xla")(x)))
+  with pytest.raises(ValueError, match=f"compressor .*{why}"):
+    _one_op(mesh, op, comp, "fused").trace(x)
+
+
+def test_auto_falls_back_for_a_stochastic_hierarchical_level():
+  mesh = _mesh((2, 4), ("a", "b"))
+  jcoccl.init(mesh)
+  x = _data(mesh, jnp.float32, cols=64)
+  levels = (jc.int4(block_size=32, rounding="stochastic"), jc.int8(block_size=32))
+  prog = lambda b: _one_op(mesh, "all_reduce", levels, b, ("a", "b"), "hierarchical")
+  assert "jcoccl_fused_" not in _hlo(prog("auto"), x)
+  np.testing.assert_array_equal(_bits(prog("auto")(x)), _bits(prog("xla")(x)))
+  with pytest.raises(ValueError, match="round-to-nearest"):
+    prog("fused").trace(x)
+
+
+def test_auto_falls_back_for_axes_without_communicator():
+  mesh = _mesh((2, 4), ("a", "b"))
+  jcoccl.init(mesh, axes=["a"])
+  x = _data(mesh, jnp.float32, cols=64)
+  prog = lambda b: _one_op(mesh, "all_gather", jc.int8(block_size=32), b, "b")
+  assert "jcoccl_fused_" not in _hlo(prog("auto"), x)
+  np.testing.assert_array_equal(_bits(prog("auto")(x)), _bits(prog("xla")(x)))
+  with pytest.raises(ValueError, match=r"no communicator for axes \('b',\)"):
+    prog("fused").trace(x)
+
+
+def test_hierarchical_runs_on_its_level_communicators():
+  """A hierarchical all_reduce needs the inner and outer levels' communicators only."""
+  mesh = _mesh((2, 4), ("a", "b"))
+  jcoccl.init(mesh, axes=["a", "b"])
+  x = _data(mesh, jnp.float32, cols=64)
+  levels = (jc.int4(block_size=32), jc.int8(block_size=32))
+  prog = lambda b: _one_op(mesh, "all_reduce", levels, b, ("a", "b"), "hierarchical")
+  assert "jcoccl_fused_all_reduce" in _hlo(prog("auto"), x)
+  np.testing.assert_array_equal(_bits(prog("fused")(x)), _bits(prog("xla")(x)))
+
+
+def test_unsupported_is_the_one_predicate():
+  """auto and fused consult the same function: its reasons are what fused raises."""
+  mesh = _mesh((4,), ("x",))
+  assert _backend.resolve("all_gather", "auto", ("x",), compressor=jc.int8(),
+                          dtype=jnp.float32)[0] == "xla"
+  jcoccl.init(mesh)
+  seen = []
+
+  def spy(op, axes, **call):
+    seen.append((op, axes, call["compressor"]))
+    return fused.unsupported(op, axes, **call)
+
+  _backend.set_fused_check(spy)
+  x = _data(mesh, jnp.float32, cols=64)
+  comp = _CANNOT["stochastic"][0]
+  _one_op(mesh, "all_gather", comp, "auto").trace(x)
+  assert seen == [("all_gather", ("x",), comp)]

@@ -8,16 +8,20 @@ calls the implementation registered for the chosen backend. Backends:
            module of jcoccl/_src; always available.
   "fused"  one custom call per collective, run by jcoccl's engine; registered by
            jcoccl/_src/fused.py with ``register("fused", op, fn)`` and
-           ``set_auto_hook(fn)``.
+           ``set_fused_check(fn)``.
 
-``backend="auto"`` picks "fused" when the auto hook says the fused engine is initialised for
-the op's axes and "fused" is registered for the op, else "xla".
+One predicate, the fused check ``fn(op, axes, **call) -> str | None``, says why the fused
+engine cannot run a call (or None when it can); ``call`` holds what the op module knows at
+trace time (``compressor``, ``dtype``, and ``algorithm`` for all_reduce). ``backend="auto"``
+picks "fused" when it is registered for the op and the check passes, else "xla";
+``backend="fused"`` raises ValueError with the check's reason.
 
 Implementation signatures (every implementation of an op takes exactly these arguments;
 all arrays are local, per-device values inside ``jax.shard_map``; ``n`` = product of the
-sizes of ``axes``; ``dtype`` is float32, bfloat16 or float16; every row length is already
-padded with zeros so that it is a multiple of ``chunks * granule`` (see
-:func:`jcoccl._src._common.padded_len`); AD, vmap and varying-axes bookkeeping are done by
+sizes of ``axes``; ``dtype`` is float32, bfloat16 or float16; ``chunks`` is the slice count
+the op module settled on (the user's value clamped by :func:`jcoccl._src._common.slices`);
+every row length is already padded with zeros so that it is a multiple of
+``chunks * granule`` (see :func:`jcoccl._src._common.padded_len`); AD, vmap and varying-axes bookkeeping are done by
 the op module, so implementations need none of them):
 
   all_reduce(x: dtype[M], *, axes, compressor, algorithm, chunks, key) -> dtype[M]
@@ -56,7 +60,7 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 BACKENDS = ("auto", "xla", "fused")
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {op: {} for op in OPS}
-_auto_hook: Callable[[Sequence[str]], bool] | None = None
+_fused_check: Callable[..., str | None] | None = None
 
 
 def register(backend: str, op: str, fn: Callable[..., Any]) -> None:
@@ -84,34 +88,68 @@ def registered(op: str) -> tuple[str, ...]:
   return tuple(_REGISTRY[op])
 
 
-def set_auto_hook(fn: Callable[[Sequence[str]], bool] | None) -> None:
-  """Sets the predicate ``fn(axes) -> bool`` that makes backend="auto" choose "fused".
+def set_fused_check(fn: Callable[..., str | None] | None) -> None:
+  """Sets the predicate ``fn(op, axes, **call) -> reason or None`` of the fused backend.
 
   The fused module sets it when its engine is initialised (and clears it with None on
-  shutdown); ``axes`` is the op's tuple of mesh axis names.
+  shutdown). A string return is why "fused" cannot run the call: "auto" then uses "xla",
+  and an explicit "fused" raises ValueError with that text.
   """
-  global _auto_hook
-  _auto_hook = fn
+  global _fused_check
+  _fused_check = fn
 
 
-def resolve(op: str, backend: str, axes: Sequence[str]) -> tuple[str, Callable[..., Any]]:
-  """Returns (name, implementation) of the backend that runs ``op`` over ``axes``.
+def validate(op: str, backend: Any) -> None:
+  """Checks ``backend`` names a backend usable for ``op`` (before the call is known).
 
   Raises:
-    ValueError: unknown ``backend``, or a backend not registered for ``op``.
+    TypeError: ``backend`` is not a str.
+    ValueError: unknown ``backend``, or one not registered for ``op``.
   """
   if not isinstance(backend, str):
     raise TypeError(f"backend must be a str, one of {BACKENDS}, got {backend!r}")
   impls = _REGISTRY[op]
+  if backend == "auto" or backend in impls:
+    return
+  if backend == "fused":
+    raise ValueError(
+        "backend='fused' is not available: call jcoccl.init(mesh) first (it registers "
+        "the fused engine), or use backend='xla' or 'auto'")
+  raise ValueError(
+      f"backend must be one of {sorted(set(BACKENDS) | set(impls))}, got {backend!r}")
+
+
+def resolve(op: str, backend: str, axes: Sequence[str],
+            **call: Any) -> tuple[str, Callable[..., Any]]:
+  """Returns (name, implementation) of the backend that runs ``op`` over ``axes``.
+
+  Args:
+    op: one of :data:`OPS`.
+    backend: "auto", "xla" or "fused" (or another registered name).
+    axes: the op's tuple of mesh axis names.
+    **call: what the fused check needs: ``compressor`` (a Compressor, or for a
+      hierarchical all_reduce the pair (outer, inner)), ``dtype``, and ``algorithm`` for
+      all_reduce.
+
+  Raises:
+    ValueError: unknown ``backend``, a backend not registered for ``op``, or
+      backend="fused" for a call the fused engine cannot run (the message says why).
+  """
+  validate(op, backend)
+  impls = _REGISTRY[op]
   if backend == "auto":
-    if "fused" in impls and _auto_hook is not None and _auto_hook(tuple(axes)):
+    if "fused" in impls and _fused_reason(op, axes, call) is None:
       return "fused", impls["fused"]
     return "xla", impls["xla"]
-  if backend not in impls:
-    if backend == "fused":
-      raise ValueError(
-          "backend='fused' is not available: call jcoccl.init(mesh) first (it registers "
-          "the fused engine), or use backend='xla' or 'auto'")
-    raise ValueError(
-        f"backend must be one of {sorted(set(BACKENDS) | set(impls))}, got {backend!r}")
+  if backend == "fused":
+    reason = _fused_reason(op, axes, call)
+    if reason is not None:
+      raise ValueError(reason)
   return backend, impls[backend]
+
+
+def _fused_reason(op: str, axes: Sequence[str], call: dict[str, Any]) -> str | None:
+  if _fused_check is None:
+    return ("backend='fused' is not available: call jcoccl.init(mesh) first, or use "
+            "backend='xla' or 'auto'")
+  return _fused_check(op, tuple(axes), **call)

@@ -27,7 +27,8 @@ def varying_axes(x) -> frozenset:
   return frozenset(mat.varying)
 
 
-# --- fused engine: result types with varying axes; jax.distributed key-value store --------
+# --- fused engine: result types with varying axes; the traced shard_map's devices;
+# --- jax.distributed key-value store --------------------------------------------------------
 
 def shape_dtype_with_vma(shape, dtype, vma) -> "_jax.ShapeDtypeStruct":
   """A ShapeDtypeStruct whose value varies over the manual axes ``vma`` (for ffi_call
@@ -36,6 +37,85 @@ def shape_dtype_with_vma(shape, dtype, vma) -> "_jax.ShapeDtypeStruct":
   sharding = _core.get_cur_mesh_sharding(_jax.P(*([None] * len(shape))))
   return _jax.ShapeDtypeStruct(shape, dtype, sharding=sharding,
                                manual_axis_type=_core.ManualAxisType(varying=frozenset(vma)))
+
+
+def shard_map_mesh():
+  """The concrete ``jax.sharding.Mesh`` of the innermost ``jax.shard_map`` being traced.
+
+  Under jit, JAX's trace context holds only the abstract mesh (axis names and sizes); the
+  devices are a parameter of shard_map's trace rules (staging, eager, jvp, batching, ...),
+  all in ``jax._src.shard_map`` and all taking ``mesh``, so the innermost such frame on
+  the stack is read. An abstract mesh there resolves to the concrete one set with
+  ``jax.set_mesh``, as shard_map's lowering does.
+
+  Returns:
+    The Mesh, or None outside shard_map or when its devices are unknown at trace time.
+  """
+  import sys
+  from jax._src import mesh as _mesh
+  frame = sys._getframe(1)
+  while frame is not None:
+    if frame.f_globals.get("__name__") == "jax._src.shard_map":
+      mesh = frame.f_locals.get("mesh")
+      if isinstance(mesh, _mesh.Mesh) and not mesh.empty:
+        return mesh
+      if isinstance(mesh, _mesh.AbstractMesh):
+        ctx = _mesh.get_concrete_mesh()
+        return None if ctx is None or ctx.empty else ctx
+    frame = frame.f_back
+  return None
+
+
+_mesh_guard_p = None
+
+
+def mesh_guard(x, key, check):
+  """``x`` unchanged, after a compile-time check of the mesh the program runs on.
+
+  An identity primitive (no HLO is emitted) whose lowering rule calls
+  ``check(mesh, key)`` with the concrete mesh of the enclosing shard_map's lowering (None
+  if there is none) and raises ValueError with the string it returns. Trace-time checks
+  cannot see everything: JAX reuses traced sub-functions (an inner ``jax.jit``, a scan
+  body) between shard_maps whose meshes have the same axis names and sizes but other
+  devices, and lowering is where the devices are always known.
+
+  Args:
+    x: any array.
+    key: hashable description of the expected mesh.
+    check: ``check(mesh, key) -> str | None``, a hashable (e.g. module-level) function.
+
+  Returns:
+    ``x``.
+  """
+  global _mesh_guard_p
+  if _mesh_guard_p is None:
+    _mesh_guard_p = _make_mesh_guard()
+  return _mesh_guard_p.bind(x, key=key, check=check)
+
+
+def _make_mesh_guard():
+  from jax.extend.core import Primitive
+  from jax.interpreters import ad, batching, mlir
+  from jax._src import mesh as _mesh
+
+  p = Primitive("jcoccl_mesh_guard")
+  p.def_impl(lambda x, **_: x)
+  p.def_abstract_eval(lambda aval, **_: aval)
+
+  def lower(ctx, x, *, key, check):
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    if not isinstance(mesh, _mesh.Mesh) or mesh.empty:
+      mesh = None
+    reason = check(mesh, key)
+    if reason is not None:
+      raise ValueError(reason)
+    return [x]
+
+  mlir.register_lowering(p, lower)
+  batching.primitive_batchers[p] = lambda args, dims, **kw: (p.bind(args[0], **kw), dims[0])
+  ad.primitive_jvps[p] = lambda primals, tangents, **kw: (p.bind(primals[0], **kw), tangents[0])
+  ad.primitive_transposes[p] = lambda ct, x, **kw: [ct]
+  return p
 
 
 def _kv_client():

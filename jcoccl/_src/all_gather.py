@@ -32,7 +32,8 @@ def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
     axis: where the gathered axis goes (as lax.all_gather).
     tiled: concatenate along ``axis`` instead of stacking a new axis.
     compressor: Compressor, spec string, or None (exact: calls lax.all_gather).
-    backend: "auto", "xla" or "fused".
+    backend: "auto" (the fused engine where :func:`jcoccl.init` made it able to run this
+      call, else "xla"), "xla" or "fused" (ValueError saying why when it cannot).
     chunks: split the message into this many independently processed slices (cut at
       granule boundaries: the same bits as chunks=1). Values above the number of granules
       the message holds are clamped to it; more than 64 slices raises ValueError.
@@ -79,7 +80,7 @@ def gather_leaf(x: jax.Array, axes: tuple, axis: int, tiled: bool, comp: Any, gc
     raise ValueError("tiled=True needs an input of rank >= 1 (x is a scalar)")
   c = C.effective_compressor(x, comp, min_bytes)
   gc = C.grad_for(x, gcomp)
-  _backend.resolve("all_gather", backend, axes)  # validate early
+  _backend.validate("all_gather", backend)
   if c is None and gc is None:
     return lax.all_gather(x, axes, axis=axis, tiled=tiled)
   x = C.ensure_varying(x, axes)
@@ -95,7 +96,8 @@ def _gather_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   g = cfg.compressor.granule
   k = C.slices(cfg.chunks, m, g)
   flat = C.pad_last(x.reshape(-1), C.padded_len(m, k * g))
-  _, impl = _backend.resolve("all_gather", cfg.backend, cfg.axes)
+  _, impl = _backend.resolve("all_gather", cfg.backend, cfg.axes, compressor=cfg.compressor,
+                             dtype=x.dtype)
   rows = impl(flat, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
   stacked = rows[:, :m].reshape((n,) + x.shape)  # [n, *x.shape], rank order
   return arrange(stacked, cfg.axis, cfg.tiled)

@@ -55,7 +55,8 @@ def all_reduce(x: Any, axis_name: Any, *, compressor: Any = None, algorithm: str
     compressor: Compressor, spec string, None (exact: calls lax.psum), or per level
       (pair or dict) for "hierarchical".
     algorithm: "auto", "one_shot", "two_shot" or "hierarchical".
-    backend: "auto", "xla" or "fused".
+    backend: "auto" (the fused engine where :func:`jcoccl.init` made it able to run this
+      call, else "xla"), "xla" or "fused" (ValueError saying why when it cannot).
     chunks: split the message into this many independently processed slices so that
       communication of one overlaps codec work of another (slice boundaries are granule
       multiples, so results are bitwise identical to chunks=1). A slice holds at least one
@@ -177,7 +178,7 @@ def reduce_leaf(x: jax.Array, axes: tuple, comp: Any, gcomp: Any, algorithm: str
   C.group_size(axes)
   c = _levels_effective(x, comp, min_bytes)
   gc = _grad_levels(x, gcomp)
-  _backend.resolve("all_reduce", backend, axes)
+  _backend.validate("all_reduce", backend)
   if c is None and gc is None:
     return lax.psum(x, axes)
   algo = "one_shot" if c is None else choose(c, algorithm, axes, x.size * x.dtype.itemsize,
@@ -197,7 +198,8 @@ def _reduce_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   unit = slice_unit(cfg.compressor, cfg.algorithm, cfg.axes)
   k = C.slices(cfg.chunks, m, unit)
   flat = C.pad_last(x.reshape(-1), C.padded_len(m, k * unit))
-  _, impl = _backend.resolve("all_reduce", cfg.backend, cfg.axes)
+  _, impl = _backend.resolve("all_reduce", cfg.backend, cfg.axes, compressor=cfg.compressor,
+                             dtype=x.dtype, algorithm=cfg.algorithm)
   out = impl(flat, axes=cfg.axes, compressor=cfg.compressor, algorithm=cfg.algorithm,
              chunks=k, key=key)
   return out[:m].reshape(x.shape)

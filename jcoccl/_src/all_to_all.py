@@ -34,7 +34,8 @@ def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
     concat_axis: axis along which received chunks are concatenated/stacked.
     tiled: as lax.all_to_all.
     compressor: Compressor, spec string, or None (exact: calls lax.all_to_all).
-    backend: "auto", "xla" or "fused".
+    backend: "auto" (the fused engine where :func:`jcoccl.init` made it able to run this
+      call, else "xla"), "xla" or "fused" (ValueError saying why when it cannot).
     chunks: split each chunk into this many independently processed slices (cut at
       granule boundaries: the same bits as chunks=1). Values above the number of granules
       a chunk holds are clamped to it; more than 64 slices raises ValueError.
@@ -99,7 +100,7 @@ def a2a_leaf(x: jax.Array, axes: tuple, split_axis: Any, concat_axis: Any, tiled
   sa, ca = _check_axes(x.shape, split_axis, concat_axis, tiled, n)
   c = C.effective_compressor(x, comp, min_bytes)
   gc = C.grad_for(x, gcomp)
-  _backend.resolve("all_to_all", backend, axes)
+  _backend.validate("all_to_all", backend)
   if c is None and gc is None:
     return lax.all_to_all(x, axes, sa, ca, tiled=tiled)
   x = C.ensure_varying(x, axes)
@@ -119,7 +120,8 @@ def _a2a_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   g = cfg.compressor.granule
   k = C.slices(cfg.chunks, c, g)
   rows = C.pad_last(rows, C.padded_len(c, k * g))
-  _, impl = _backend.resolve("all_to_all", cfg.backend, cfg.axes)
+  _, impl = _backend.resolve("all_to_all", cfg.backend, cfg.axes, compressor=cfg.compressor,
+                             dtype=x.dtype)
   got = impl(rows, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
   blocks = jnp.moveaxis(got[:, :c].reshape((n,) + block), 1, sa + 1)  # [n, *x block]
   if not cfg.tiled:

@@ -16,8 +16,13 @@ because the slicing and padding come from the same canonicalisation
 
 Lifecycle: :func:`init` creates communicators for every ordered tuple of the mesh's axes
 (nothing is ever created inside a running collective) and registers the backend;
-:func:`shutdown` destroys them. ``backend="auto"`` picks "fused" while the communicators for
-the op's axes exist.
+:func:`shutdown` destroys them. Communicators belong to the devices of that mesh in its
+order: a shard_map over a mesh with other devices, or the same devices in another order,
+cannot use them (its ranks would differ), even with the same axis names and sizes.
+
+What the engine runs is decided by one predicate, :func:`unsupported`, at trace time:
+``backend="auto"`` picks "fused" when it returns None and "xla" otherwise, and
+``backend="fused"`` raises ValueError with its reason.
 
 Environment:
   JCOCCL_TIMEOUT_S  seconds a rank waits for its peers before the collective fails with an
@@ -86,9 +91,9 @@ _NONE_ATTRS = {"kind": np.int32(0), "bits": np.int32(8), "block": np.int32(1),
 @dataclasses.dataclass
 class _State:
   mesh: Any
+  key: tuple                           # _mesh_key(mesh): names, shape, device ids in order
   platform: str                        # "cpu" or "cuda"
   comms: dict[tuple[str, ...], int]    # axes tuple -> communicator id
-  sizes: dict[str, int]                # mesh axis sizes
 
 
 _lock = threading.Lock()
@@ -136,6 +141,10 @@ def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
   or one process per GPU under ``jax.distributed``, where the NCCL unique ids travel through
   jax.distributed's key-value store). Calling init again replaces the previous state.
 
+  The communicators serve shard_maps over this mesh only: the same devices in the same
+  order (a mesh with the same axis names and sizes over other devices, or a permutation of
+  these, has other ranks and groups). There, backend="auto" runs "xla" and "fused" raises.
+
   Args:
     mesh: a ``jax.sharding.Mesh`` (the one the shard_map programs use).
     axes: optional list of axis tuples to create instead of all of them (names or tuples).
@@ -170,10 +179,10 @@ def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
       _destroy(platform, cid)
     raise
   with _lock:
-    _state = _State(mesh, platform, comms, dict(zip(names, mesh.devices.shape)))
+    _state = _State(mesh, _mesh_key(mesh), platform, comms)
   for op in _backend.OPS:
     _backend.register("fused", op, _IMPLS[op])
-  _backend.set_auto_hook(_auto_ok)
+  _backend.set_fused_check(unsupported)
 
 
 def shutdown() -> None:
@@ -185,7 +194,7 @@ def shutdown() -> None:
   global _state
   with _lock:
     st, _state = _state, None
-  _backend.set_auto_hook(None)
+  _backend.set_fused_check(None)
   for op in _backend.OPS:
     _backend.unregister("fused", op)
   if st is not None:
@@ -201,15 +210,113 @@ def is_initialized(axes: Sequence[str] | None = None) -> bool:
   return axes is None or tuple(axes) in st.comms
 
 
-def _auto_ok(axes: Sequence[str]) -> bool:
-  """backend="auto" hook: fused only when its communicators match the axes being traced."""
+def unsupported(op: str, axes: tuple[str, ...], *, compressor: Any, dtype: Any,
+                algorithm: str | None = None) -> str | None:
+  """Why the fused engine cannot run this collective, or None when it can.
+
+  The one predicate behind backend selection (called at trace time, inside shard_map):
+  backend="auto" runs "xla" whenever it returns a reason, backend="fused" raises
+  ValueError with it. The engine needs: :func:`init` with the mesh of the enclosing
+  shard_map (same devices in the same order), communicators for the op's axes (for
+  "hierarchical", for the inner and outer levels), a float32/bfloat16/float16 ``dtype``,
+  and compressors with a native round-to-nearest kernel (no stochastic rounding, no
+  hadamard around a hadamard).
+
+  Args:
+    op: one of all_reduce, all_gather, reduce_scatter, all_to_all, ppermute.
+    axes: the op's tuple of mesh axis names.
+    compressor: a Compressor, or the pair (outer, inner) of a hierarchical all_reduce
+      (either may be None: the identity codec).
+    dtype: the element type of the message.
+    algorithm: all_reduce only: one_shot, two_shot or hierarchical.
+
+  Returns:
+    None, or a sentence naming the argument that rules the fused engine out.
+
+  Example:
+    >>> unsupported("all_gather", ("x",), compressor=jc.int8(), dtype=jnp.float32)  # doctest: +SKIP
+  """
+  del op
+  return (_mesh_reason(axes) or _comms_reason(axes, algorithm) or _dtype_reason(dtype)
+          or _compressor_reason(compressor))
+
+
+def _mesh_key(mesh: Any) -> tuple:
+  """What identifies a mesh's communicators: axis names, shape, device ids in mesh order."""
+  return (tuple(mesh.axis_names), tuple(mesh.devices.shape),
+          tuple(int(d.id) for d in mesh.devices.flat))
+
+
+def _mesh_reason(axes: tuple[str, ...]) -> str | None:
   st = _state
-  if st is None or tuple(axes) not in st.comms:
-    return False
-  try:
-    return all(int(jax.lax.axis_size(a)) == st.sizes[a] for a in axes)
-  except (NameError, KeyError, ValueError):
-    return False
+  if st is None:
+    return ("backend='fused' needs jcoccl.init(mesh) with the mesh of this shard_map first "
+            "(or use backend='xla' / 'auto')")
+  mesh = _compat.shard_map_mesh()
+  if mesh is None:
+    return (f"backend='fused' cannot tell which devices the collective over {axes} runs on: "
+            "call it inside jax.shard_map with a concrete jax.sharding.Mesh (or one set with "
+            "jax.set_mesh), or use backend='xla' / 'auto'")
+  if _mesh_key(mesh) != st.key:
+    return (f"backend='fused': this shard_map's mesh ({_describe(mesh)}) is not the mesh "
+            f"given to jcoccl.init ({_describe(st.mesh)}); communicators belong to the "
+            "devices in mesh order, so call jcoccl.init with this shard_map's mesh (or use "
+            "backend='xla' / 'auto')")
+  return None
+
+
+def _lowered_mesh_reason(mesh: Any, key: tuple) -> str | None:
+  """The compile-time check of :func:`_compat.mesh_guard` around every fused call: the
+  program must run on the devices, in order, of the mesh whose communicators it names."""
+  if mesh is not None and _mesh_key(mesh) == key:
+    return None
+  where = "no concrete mesh" if mesh is None else f"a mesh with {_describe(mesh)}"
+  names, shape, ids = key
+  return (f"backend='fused': this program was traced for the mesh given to jcoccl.init "
+          f"(axes {dict(zip(names, shape))}, device ids {list(ids)}) but is compiled for "
+          f"{where}, whose ranks differ. This happens when a traced function (an inner "
+          "jax.jit, a scan body) is reused under a shard_map over other devices with the "
+          "same axis names and sizes: call jcoccl.init with that mesh, or use "
+          "backend='xla' for one of them")
+
+
+def _describe(mesh: Any) -> str:
+  shape = dict(zip(mesh.axis_names, mesh.devices.shape))
+  return f"axes {shape}, device ids {[int(d.id) for d in mesh.devices.flat]}"
+
+
+def _comms_reason(axes: tuple[str, ...], algorithm: str | None) -> str | None:
+  st = _state
+  need = [axes[-1:], axes[:-1]] if algorithm == "hierarchical" and len(axes) > 1 else [axes]
+  missing = [t for t in need if t not in st.comms]
+  if missing:
+    return (f"backend='fused' has no communicator for axes {missing[0]}: jcoccl.init(mesh, "
+            "axes=...) did not create it (or use backend='xla' / 'auto')")
+  return None
+
+
+def _dtype_reason(dtype: Any) -> str | None:
+  if jnp.dtype(dtype) not in _DTYPE_CODE:
+    return (f"backend='fused' accepts x of dtype float32, bfloat16 or float16, got "
+            f"{jnp.dtype(dtype).name} (use backend='xla' / 'auto')")
+  return None
+
+
+def _compressor_reason(compressor: Any) -> str | None:
+  from jcoccl._src.compressors import native
+  for c in compressor if isinstance(compressor, tuple) else (compressor,):
+    if c is None:
+      continue
+    parts = [c] + ([c.inner] if getattr(c, "kind", None) == "hadamard" else [])
+    if any(getattr(p, "stochastic", False) or getattr(p, "rounding", "nearest") != "nearest"
+           for p in parts):
+      return (f"compressor {c}: the fused backend implements round-to-nearest only; use "
+              "backend='xla' (or 'auto') for stochastic rounding")
+    if not native._supported(c):
+      return (f"compressor {c} has no native kernel for the fused backend (native: none, "
+              "cast, int2/4/8 and fp8 and error_bounded with power-of-two blocks of 32 to "
+              "4096, and one hadamard around one of those); use backend='xla' (or 'auto')")
+  return None
 
 
 def _platform_of(mesh: Any) -> str:
@@ -308,25 +415,19 @@ def _codec_attrs(c: Any, prefix: str = "") -> dict[str, Any]:
   if c is None:
     attrs = dict(_NONE_ATTRS)
   else:
-    if getattr(c, "stochastic", False) or any(
-        getattr(p, "rounding", "nearest") != "nearest" for p in (c, getattr(c, "inner", c))):
-      raise ValueError(f"compressor {c}: the fused backend implements round-to-nearest only; "
-                       "use backend='xla' for stochastic rounding")
+    reason = _compressor_reason(c)
+    if reason is not None:
+      raise ValueError(reason)
     attrs = native.codec_attrs(c)
   return {prefix + k: v for k, v in attrs.items()}
 
 
 def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
-  st = _state
-  if st is None or axes not in st.comms:
-    raise ValueError(
-        f"backend='fused' has no communicator for axes {axes}: call jcoccl.init(mesh) with the "
-        "mesh of this shard_map first (or use backend='xla' / 'auto')")
-  for a in axes:
-    if int(jax.lax.axis_size(a)) != st.sizes[a]:
-      raise ValueError(f"axis {a!r} has size {jax.lax.axis_size(a)} here but {st.sizes[a]} in the "
-                       "mesh given to jcoccl.init: call jcoccl.init with this shard_map's mesh")
-  return st, st.comms[axes]
+  """The state and communicator id for ``axes`` of the shard_map being traced."""
+  reason = _mesh_reason(axes) or _comms_reason(axes, None)
+  if reason is not None:
+    raise ValueError(reason)
+  return _state, _state.comms[axes]
 
 
 def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], comm: int,
@@ -412,14 +513,16 @@ def _fused_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], ax
                 compressor: Any, k: int, m: int, *, reduces: bool, outer: Any = None,
                 perm: np.ndarray | None = None) -> jax.Array:
   """engine_call for a collective over mesh ``axes`` inside shard_map."""
-  st, cid = _comm(axes)
-  n = C.group_size(axes)
   kw: dict[str, Any] = {}
-  if algo == "hierarchical":
-    _, cid = _comm(axes[-1:])
+  if algo == "hierarchical":  # the inner and outer levels' communicators, not axes'
+    st, cid = _comm(axes[-1:])
     _, kw["outer_comm"] = _comm(axes[:-1])
     n, kw["outer_size"] = C.group_size(axes[-1:]), C.group_size(axes[:-1])
     kw["outer"] = outer
+  else:
+    st, cid = _comm(axes)
+    n = C.group_size(axes)
+  x = _compat.mesh_guard(x, st.key, _lowered_mesh_reason)
   vma = None
   if _compat.check_vma_enabled():
     vin = _compat.varying_axes(x)

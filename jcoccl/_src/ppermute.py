@@ -28,7 +28,8 @@ def ppermute(x: Any, axis_name: Any, perm: Any, *, compressor: Any = None,
     perm: sequence of (source, destination) pairs; no source or destination twice, every
       index in [0, n).
     compressor: Compressor, spec string, or None (exact: calls lax.ppermute).
-    backend: "auto", "xla" or "fused".
+    backend: "auto" (the fused engine where :func:`jcoccl.init` made it able to run this
+      call, else "xla"), "xla" or "fused" (ValueError saying why when it cannot).
     chunks: split the message into this many independently processed slices (cut at
       granule boundaries: the same bits as chunks=1). Values above the number of granules
       the message holds are clamped to it; more than 64 slices raises ValueError.
@@ -87,7 +88,7 @@ def permute_leaf(x: jax.Array, axes: tuple, perm: tuple, comp: Any, gcomp: Any,
   x = jnp.asarray(x)
   c = C.effective_compressor(x, comp, min_bytes)
   gc = C.grad_for(x, gcomp)
-  _backend.resolve("ppermute", backend, axes)
+  _backend.validate("ppermute", backend)
   if c is None and gc is None:
     return lax.ppermute(x, axes, perm)
   x = C.ensure_varying(x, axes)
@@ -102,7 +103,8 @@ def _permute_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   g = cfg.compressor.granule
   k = C.slices(cfg.chunks, m, g)
   flat = C.pad_last(x.reshape(-1), C.padded_len(m, k * g))
-  _, impl = _backend.resolve("ppermute", cfg.backend, cfg.axes)
+  _, impl = _backend.resolve("ppermute", cfg.backend, cfg.axes, compressor=cfg.compressor,
+                             dtype=x.dtype)
   got = impl(flat, axes=cfg.axes, perm=cfg.perm, compressor=cfg.compressor, chunks=k,
              key=key)
   return got[:m].reshape(x.shape)

@@ -36,7 +36,8 @@ def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0,
     tiled: keep the scattered dimension (size / n) instead of removing it.
     compressor: Compressor, spec string, or None (exact: calls lax.psum_scatter).
     algorithm: "auto" or "one_shot".
-    backend: "auto", "xla" or "fused".
+    backend: "auto" (the fused engine where :func:`jcoccl.init` made it able to run this
+      call, else "xla"), "xla" or "fused" (ValueError saying why when it cannot).
     chunks: split each destination chunk into this many independently processed slices
       (cut at granule boundaries: the same bits as chunks=1). Values above the number of
       granules a destination chunk holds are clamped to it; more than 64 slices raises
@@ -100,7 +101,7 @@ def scatter_leaf(x: jax.Array, axes: tuple, dim: int, tiled: bool, comp: Any, gc
   dim = check_scatter(x.shape, dim, tiled, n)
   c = C.effective_compressor(x, comp, min_bytes)
   gc = C.grad_for(x, gcomp)
-  _backend.resolve("reduce_scatter", backend, axes)
+  _backend.validate("reduce_scatter", backend)
   if c is None and gc is None:
     return lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=tiled)
   x = C.ensure_varying(x, axes)
@@ -130,7 +131,8 @@ def _scatter_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
   g = cfg.compressor.granule
   k = C.slices(cfg.chunks, c, g)
   rows = C.pad_last(rows, C.padded_len(c, k * g))
-  _, impl = _backend.resolve("reduce_scatter", cfg.backend, cfg.axes)
+  _, impl = _backend.resolve("reduce_scatter", cfg.backend, cfg.axes,
+                             compressor=cfg.compressor, dtype=x.dtype)
   out = impl(rows, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
   return from_block(out[:c], block, cfg.dim, cfg.tiled)
 
