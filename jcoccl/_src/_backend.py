@@ -21,8 +21,8 @@ all arrays are local, per-device values inside ``jax.shard_map``; ``n`` = produc
 sizes of ``axes``; ``dtype`` is float32, bfloat16 or float16; ``chunks`` is the slice count
 the op module settled on (the user's value clamped by :func:`jcoccl._src._common.slices`);
 every row length is already padded with zeros so that it is a multiple of
-``chunks * granule`` (see :func:`jcoccl._src._common.padded_len`); AD, vmap and varying-axes bookkeeping are done by
-the op module, so implementations need none of them):
+``chunks * granule`` (see :func:`jcoccl._src._common.padded_len`); AD, vmap and
+varying-axes bookkeeping are done by the op module, so implementations need none of them):
 
   all_reduce(x: dtype[M], *, axes, compressor, algorithm, chunks, key) -> dtype[M]
       algorithm in {"one_shot", "two_shot", "hierarchical"}. For "hierarchical" the outer
