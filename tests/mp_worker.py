@@ -94,6 +94,17 @@ def check_ops(m: Mesh) -> None:
     check(got, want, comp, lambda r: x[(r - 1) % n], "ppermute")
 
 
+def check_fused_refuses(m: Mesh) -> None:
+  """The CPU engine cannot span processes: init says so; auto stays on xla."""
+  try:
+    jcoccl.init(m)
+  except ValueError as e:
+    assert "within one process" in str(e), e
+  else:
+    raise AssertionError("jcoccl.init accepted a mesh across CPU processes")
+  print("ok fused init refused across processes", flush=True)
+
+
 def check(got, want, comp, source, what) -> None:
   """Exact: bitwise vs lax. Lossy: rank r's result within the bound of what it received."""
   if comp is None:
@@ -124,6 +135,7 @@ def main(case: str) -> None:
         f"{jax.local_device_count()} local devices, mesh {dict(m.shape)}", flush=True)
   if case == "ops":
     check_ops(m)
+    check_fused_refuses(m)
   elif case == "loop":
     loop_until_killed(m)
   else:

@@ -32,7 +32,8 @@ def test_ops_across_processes_match_lax(procs, devices):
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
   for rank in range(procs):
     oks = re.findall(rf"^\[{rank}\] ok (.*)$", r.stdout, re.M)
-    assert len(oks) == 12, (rank, oks)  # 2 compressors x (2 all_reduce algorithms + 4 ops)
+    # 2 compressors x (2 all_reduce algorithms + 4 ops), and fused init refused
+    assert len(oks) == 13, (rank, oks)
     assert f"[{rank}] done" in r.stdout
 
 

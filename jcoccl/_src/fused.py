@@ -325,6 +325,13 @@ def _platform_of(mesh: Any) -> str:
     raise ValueError(f"mesh must hold devices of one platform, got {sorted(plats)}")
   p = plats.pop()
   if p == "cpu":
+    others = sorted({d.process_index for d in mesh.devices.flat} - {jax.process_index()})
+    if others:
+      # The CPU engine's host transport meets ranks inside one process's memory.
+      raise ValueError(
+          f"the fused engine on CPU runs within one process, but mesh holds devices of "
+          f"processes {others} too; across CPU processes use backend='xla' (the default "
+          f"'auto' does) or a mesh of this process's devices")
     if _ffi.native_module("cpu") is None:
       raise RuntimeError(f"the fused engine needs jcoccl._cpu: {_ffi.native_import_error('cpu')}")
     return "cpu"
