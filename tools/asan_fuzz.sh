@@ -21,6 +21,7 @@ start=$(date +%s)
 
 # The venv's cmake and ninja (tools/setup.sh installs them), else those on PATH.
 export PATH="$venv/bin:$PATH"
+mkdir -p "$build"
 # -O1: the sanitizers' usual level, and the kernels compile several times faster than at -O3.
 san="-O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None -DJCOCCL_CUDA=OFF \
