@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(realpath -m "${VENV:-.venv}")
-build=${JCOCCL_ASAN_BUILD_DIR:-build/asan}
+build=$(realpath -m "${JCOCCL_ASAN_BUILD_DIR:-build/asan}")
 cxx=${CXX:-g++}
 py="$venv/bin/python"
 if [ ! -x "$py" ]; then
@@ -62,7 +62,7 @@ EOF
 preload="$("$cxx" -print-file-name=libasan.so) $("$cxx" -print-file-name=libubsan.so)"
 # Python and jaxlib leak by design and are not instrumented: no leak checks, and no
 # new/delete pairing checks across the uninstrumented libraries.
-JCOCCL_ASAN_MODULE="$PWD/$so" PYTHONPATH="$PWD/$build${PYTHONPATH:+:$PYTHONPATH}" \
+JCOCCL_ASAN_MODULE="$so" PYTHONPATH="$build${PYTHONPATH:+:$PYTHONPATH}" \
   LD_PRELOAD="$preload" \
   ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:detect_odr_violation=0:abort_on_error=1" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
