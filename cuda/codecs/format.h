@@ -40,6 +40,14 @@ JCOCCL_HD float PlusZero(float v) { return v == 0.0f ? 0.0f : v; }
 
 JCOCCL_HD bool IsFinite(float x) { return (FloatBits(x) & 0x7f800000u) != 0x7f800000u; }
 
+// The canonical NaN every decoder writes for a NaN that its arithmetic produced.
+constexpr uint32_t kCanonicalNaN = 0x7fc00000u;
+
+// v, or the canonical NaN if v is a NaN. IEEE 754 leaves the sign and payload of an
+// arithmetic NaN open (x86 makes 0xffc00000 from 0 * inf and keeps an operand's payload,
+// CUDA makes 0x7fffffff): the wire format fixes them here.
+JCOCCL_HD float CanonNaN(float v) { return v != v ? BitsFloat(kCanonicalNaN) : v; }
+
 // round-half-to-even in the current (nearest) rounding mode.
 JCOCCL_HD float RoundEven(float x) {
 #if defined(__CUDA_ARCH__)
@@ -60,22 +68,24 @@ JCOCCL_HD float ClampF(float v, float lo, float hi) { return v < lo ? lo : (v > 
 JCOCCL_HD float BF16ToF32(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
 
 JCOCCL_HD uint16_t F32ToBF16(float f) {
+  const uint32_t u = FloatBits(f);
+  // NaN: sign kept, canonical payload (the device instruction's NaN differs: written out).
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) & 0x8000u) | 0x7fc0u;
 #if defined(__CUDA_ARCH__)
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 #else
-  const uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) & 0x8000u) | 0x7fc0u;
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 #endif
 }
 
 JCOCCL_HD float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  // Inf/NaN: sign and payload kept, NaNs quieted (written out for the device too).
+  if (e == 0x1f) return BitsFloat(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
 #if defined(__CUDA_ARCH__)
   return __half2float(__ushort_as_half(h));
 #else
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0x1f) return BitsFloat(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
   if (e != 0) return BitsFloat(sign | ((e + 112u) << 23) | (m << 13));
   // Subnormal (or zero): m * 2^-24 is exact in float32.
   const float v = static_cast<float>(m) * 5.9604644775390625e-08f;
@@ -84,13 +94,14 @@ JCOCCL_HD float F16ToF32(uint16_t h) {
 }
 
 JCOCCL_HD uint16_t F32ToF16(float f) {
-#if defined(__CUDA_ARCH__)
-  return __half_as_ushort(__float2half_rn(f));
-#else
   const uint32_t u = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
+  // NaN: sign and the payload's top bits kept, quieted (written out for the device too).
   if (a > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((a >> 13) & 0x3ffu);
+#if defined(__CUDA_ARCH__)
+  return __half_as_ushort(__float2half_rn(f));
+#else
   if (a >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65536: Inf
   if (a >= 0x38800000u) {                        // normal half
     const uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
@@ -211,6 +222,7 @@ JCOCCL_HD uint32_t UnpackCode(const uint8_t* codes, int64_t i, int bits) {
 
 // ---- error_bounded -------------------------------------------------------------------------
 constexpr uint8_t kRawWidth = 255;
+constexpr int kMaxWidth = 31;  // widths 32..254 are invalid: the block decodes to NaN
 
 JCOCCL_HD uint32_t ZigZag(int32_t q) {
   return q >= 0 ? static_cast<uint32_t>(q) << 1 : (static_cast<uint32_t>(-(q + 1)) << 1) | 1u;
@@ -238,7 +250,8 @@ JCOCCL_HD bool EbElementOk(float x, float q, float step, float abs_error) {
   return fabsf(x - xh) <= abs_error;
 }
 
-// w-bit field j of a block's words (LSB first across words), w in 1..31.
+// w-bit field j of a block's words (LSB first across words), w in 1..kMaxWidth (the caller
+// checks: a wider field would read past the block's words).
 JCOCCL_HD uint32_t EbField(const uint32_t* words, int64_t j, int w) {
   const int64_t bit = j * w;
   const int64_t k = bit >> 5;
@@ -250,12 +263,23 @@ JCOCCL_HD uint32_t EbField(const uint32_t* words, int64_t j, int w) {
 
 JCOCCL_HD float EbDecode(const uint32_t* block_words, int64_t j, int w, float step) {
   if (w == kRawWidth) return BitsFloat(block_words[j]);
+  if (w > kMaxWidth) return BitsFloat(kCanonicalNaN);  // invalid width byte (untrusted payload)
   if (w == 0) return 0.0f * step;
   return static_cast<float>(UnZigZag(EbField(block_words, j, w))) * step;
 }
 
 // ---- Hadamard ------------------------------------------------------------------------------
-inline float HadamardScale(int h) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(h))); }
+// The normalised transform of H = 2^k values is computed as pre-scale by 2^-k (exact unless
+// the result is below the normal range), the unnormalised butterflies, then times
+// float32(sqrt(H)). Every butterfly output is then at most max |x| in size, and only the
+// last multiply can overflow, where the true result itself is near float32's top
+// (cuda/WIRE_FORMAT.md).
+JCOCCL_HD float HadamardPre(int h) {
+  int k = 0;
+  while ((1 << k) < h) ++k;
+  return BitsFloat(static_cast<uint32_t>(127 - k) << 23);
+}
+inline float HadamardPost(int h) { return static_cast<float>(std::sqrt(static_cast<double>(h))); }
 
 // ---- one element of a decoded row (float32, before the cast to the row dtype) -------------
 // Everything DecodeElem needs that depends only on the codec and the row: built once per row
@@ -280,12 +304,12 @@ struct ElemDecoder {
         const int64_t b = i >> block_shift;
         const float sc = reinterpret_cast<const float*>(row + scales)[b];
         const uint32_t u = UnpackCode(row, i, bits);
-        if (symmetric) return IntDecodeSym(u, sc, bits);
-        return IntDecodeAsym(u, reinterpret_cast<const float*>(row + mins)[b], sc);
+        if (symmetric) return CanonNaN(IntDecodeSym(u, sc, bits));
+        return CanonNaN(IntDecodeAsym(u, reinterpret_cast<const float*>(row + mins)[b], sc));
       }
       case Kind::kFp8: {
         const float sc = reinterpret_cast<const float*>(row + scales)[i >> block_shift];
-        return Fp8ToF32(row[i], fp8) * sc;
+        return CanonNaN(Fp8ToF32(row[i], fp8) * sc);
       }
       default: {
         const int64_t b = i >> block_shift;

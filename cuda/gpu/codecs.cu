@@ -57,7 +57,7 @@ struct SumSrc {
   __device__ float get(int64_t i) const {
     float acc = dec(in, i);
     for (int r = 1; r < nrows; ++r) acc = acc + dec(in + r * stride, i);
-    return RoundTrip(d, acc);
+    return RoundTrip(d, nrows > 1 ? CanonNaN(acc) : acc);
   }
   __device__ void get4(int64_t i, float v[4]) const {
     for (int t = 0; t < 4; ++t) v[t] = get(i + t);
@@ -240,6 +240,7 @@ __global__ void ElementwiseKernel(CodecSpec s, DType d, const void* x, const uin
       const uint8_t* row = in + o * nrows * stride;
       v = dec(row, i);
       for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);
+      if (nrows > 1) v = CanonNaN(v);  // a sum's NaN is the canonical one (WIRE_FORMAT.md)
     }
     StoreElem(od, static_cast<uint8_t*>(out) + o * out_row_bytes, i, RoundTrip(via, v));
     o += step_o;
@@ -251,8 +252,12 @@ __global__ void ElementwiseKernel(CodecSpec s, DType d, const void* x, const uin
   }
 }
 
-// In-place normalised Walsh-Hadamard transform of every run of h in t[0, g).
-__device__ void BlockHadamard(float* t, int g, int h, float scale) {
+// In-place normalised Walsh-Hadamard transform of every run of h in t[0, g): times
+// HadamardPre(h), the butterflies, times `post` = HadamardPost(h), NaNs made canonical.
+__device__ void BlockHadamard(float* t, int g, int h, float post) {
+  const float pre = HadamardPre(h);
+  __syncthreads();
+  for (int j = threadIdx.x; j < g; j += blockDim.x) t[j] = t[j] * pre;
   for (int len = 1; len < h; len <<= 1) {
     __syncthreads();
     for (int pidx = threadIdx.x; pidx < g / 2; pidx += blockDim.x) {
@@ -264,7 +269,7 @@ __device__ void BlockHadamard(float* t, int g, int h, float scale) {
     }
   }
   __syncthreads();
-  for (int j = threadIdx.x; j < g; j += blockDim.x) t[j] = t[j] * scale;
+  for (int j = threadIdx.x; j < g; j += blockDim.x) t[j] = CanonNaN(t[j] * post);
   __syncthreads();
 }
 
@@ -273,7 +278,7 @@ __device__ void BlockHadamard(float* t, int g, int h, float scale) {
 // od values. mode 2 (decode-sum-encode): nrows payloads per output row -> payload.
 __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, const uint8_t* in,
                                int nrows, int64_t stride, int64_t rows, int64_t n, void* out,
-                               int64_t out_row_bytes, float scale) {
+                               int64_t out_row_bytes, float post) {
   extern __shared__ float smem[];
   const int g = static_cast<int>(Granule(s));
   float* acc = smem;
@@ -286,16 +291,19 @@ __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, co
     const int64_t o = t / tiles, base = (t - o * tiles) * g;
     if (mode == 0) {
       for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = LoadElem(d, x, o * n + base + j);
-      BlockHadamard(acc, g, s.hadamard, scale);
+      BlockHadamard(acc, g, s.hadamard, post);
     } else {
       const uint8_t* row0 = in + o * nrows * stride;
       for (int r = 0; r < nrows; ++r) {
         float* dst = r == 0 ? acc : tmp;
         for (int j = threadIdx.x; j < g; j += blockDim.x)
           dst[j] = dec(row0 + r * stride, base + j);
-        BlockHadamard(dst, g, s.hadamard, scale);
+        BlockHadamard(dst, g, s.hadamard, post);
         if (r > 0) {
-          for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = acc[j] + tmp[j];
+          for (int j = threadIdx.x; j < g; j += blockDim.x) {
+            const float v = acc[j] + tmp[j];
+            acc[j] = r == nrows - 1 ? CanonNaN(v) : v;  // a sum's NaN is the canonical one
+          }
         }
       }
       __syncthreads();
@@ -306,7 +314,7 @@ __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, co
         continue;
       }
       for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = RoundTrip(d, acc[j]);
-      BlockHadamard(acc, g, s.hadamard, scale);
+      BlockHadamard(acc, g, s.hadamard, post);
     }
     // Inner encode of the rotated float32 tile.
     uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
@@ -342,8 +350,9 @@ cudaError_t DecodeSumBatch(const CodecSpec& s, DType d, const uint8_t* in, int n
   if (s.hadamard > 0) {
     const int64_t tiles = outs * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
-        1, s, d, nullptr, in, nrows, stride, outs, n, out, ob, HadamardScale(s.hadamard));
-  } else if (s.kind == Kind::kNone && nrows == 1 && stride == ob) {
+        1, s, d, nullptr, in, nrows, stride, outs, n, out, ob, HadamardPost(s.hadamard));
+  } else if (s.kind == Kind::kNone && d == DType::kF32 && nrows == 1 && stride == ob) {
+    // A float32 `none` row's sum is its bits (16-bit rows convert: their NaNs change).
     return cudaMemcpyAsync(out, in, outs * ob, cudaMemcpyDeviceToDevice, stream);
   } else {
     ElementwiseKernel<<<GridFor(outs * n, kThreads), kThreads, 0, stream>>>(
@@ -361,7 +370,7 @@ cudaError_t DecodeSumEncodeBatch(const CodecSpec& s, DType d, const uint8_t* in,
   if (s.hadamard > 0) {
     const int64_t tiles = outs * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
-        2, s, d, nullptr, in, nrows, stride, outs, n, out, p, HadamardScale(s.hadamard));
+        2, s, d, nullptr, in, nrows, stride, outs, n, out, p, HadamardPost(s.hadamard));
   } else if (s.kind == Kind::kNone || s.kind == Kind::kCast) {
     // The sum is rounded to d first, then (cast) to the payload type.
     const DType pd = s.kind == Kind::kNone ? d : s.cast_dtype;
@@ -382,7 +391,7 @@ cudaError_t EncodeRowsCuda(const CodecSpec& s, DType d, const void* x, int64_t r
   if (s.hadamard > 0) {
     const int64_t tiles = rows * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
-        0, s, d, x, nullptr, 1, 0, rows, n, out, p, HadamardScale(s.hadamard));
+        0, s, d, x, nullptr, 1, 0, rows, n, out, p, HadamardPost(s.hadamard));
   } else if (s.kind == Kind::kNone) {
     return cudaMemcpyAsync(out, x, rows * p, cudaMemcpyDeviceToDevice, stream);
   } else if (s.kind == Kind::kCast) {
@@ -397,7 +406,11 @@ cudaError_t EncodeRowsCuda(const CodecSpec& s, DType d, const void* x, int64_t r
 
 cudaError_t DecodeRowsCuda(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows,
                            int64_t n, void* out, cudaStream_t stream) {
-  if (rows < 1) return CheckArgs(s, n);
+  if (cudaError_t e = CheckArgs(s, n); e != cudaSuccess || rows < 1) return e;
+  if (s.hadamard == 0 && (s.kind == Kind::kNone || (s.kind == Kind::kCast && s.cast_dtype == d))) {
+    // none, and cast decoded to its own dtype: the payload's bits (WIRE_FORMAT.md).
+    return cudaMemcpyAsync(out, in, rows * n * DTypeBytes(d), cudaMemcpyDeviceToDevice, stream);
+  }
   return DecodeSumBatch(s, d, in, 1, PayloadBytes(s, n, d), rows, n, out, stream);
 }
 

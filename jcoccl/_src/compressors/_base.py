@@ -94,6 +94,19 @@ def plus_zero(x: jax.Array) -> jax.Array:
   return jnp.where(x == 0, jnp.zeros_like(x), x)
 
 
+def canonical_nan(x: jax.Array) -> jax.Array:
+  """``x`` with every NaN replaced by the canonical NaN 0x7fc00000 (cuda/WIRE_FORMAT.md).
+
+  Decoders apply it wherever their arithmetic can make a NaN: IEEE 754 leaves that NaN's
+  sign and payload open, and hardware differs (x86: 0xffc00000 for 0 * inf, CUDA: 0x7fffffff).
+
+  Example:
+    >>> canonical_nan(-jnp.float32(jnp.nan)).view(jnp.uint32) == 0x7fc00000
+    Array(True, dtype=bool)
+  """
+  return jnp.where(jnp.isnan(x), jnp.full_like(x, np.nan), x)
+
+
 def f32_to_bytes(x: jax.Array) -> jax.Array:
   """float32[..., k] -> uint8[..., 4k], little-endian (the byte order of every jax backend)."""
   b = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint8)
@@ -334,6 +347,9 @@ class Compressor:
     if self._impl(impl, "decode", d) == "native":
       from jcoccl._src.compressors import native
       return native.decode_rows(self, buf, n, d)
+    return self._decode_rows_jnp(buf, n, d)
+
+  def _decode_rows_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
     return self._decode_wide(buf, n, d).astype(d)
 
   def decode_sum(self, buf: jax.Array, n: int, dtype: Any, *, impl: str = "auto") -> jax.Array:
@@ -356,6 +372,8 @@ class Compressor:
     acc = rows[0]
     for i in range(1, rows.shape[0]):
       acc = acc + rows[i]
+    if rows.shape[0] > 1 and jnp.issubdtype(acc.dtype, jnp.floating):
+      acc = canonical_nan(acc)  # which NaN a sum of NaNs gives is not fixed by IEEE 754
     return acc.astype(d)
 
   def decode_sum_encode(self, buf: jax.Array, n: int, dtype: Any, *, key: jax.Array | None = None,

@@ -15,6 +15,7 @@ from jcoccl._src.compressors import _base as B
 from jcoccl._src.compressors._base import Payload
 
 RAW = 255
+MAX_WIDTH = 31  # width bytes 32..254 are invalid: the block decodes to NaN
 QMAX = 2.0**30
 
 
@@ -88,7 +89,9 @@ class ErrorBoundedCompressor(B.Compressor):
     nw = self._nwidth(n)
     w = buf[:, :nb].astype(jnp.int32)
     raw = w == RAW
-    wq = jnp.where(raw, 0, w)
+    # A payload is untrusted: a width byte no encoder writes decodes the block to NaN.
+    invalid = (w > MAX_WIDTH) & ~raw
+    wq = jnp.where(raw | invalid, 0, w)
     words = B.bytes_to_u32(buf[:, nw:]).reshape(rows, nb, bs)
     ext = jnp.pad(words, ((0, 0), (0, 0), (0, 1)))
     pos = jnp.arange(bs, dtype=jnp.int32) * wq[..., None]
@@ -103,6 +106,7 @@ class ErrorBoundedCompressor(B.Compressor):
     q = jnp.where((z & 1) == 1, -half - 1, half)
     xhat = q.astype(jnp.float32) * np.float32(2 * self.abs_error)
     out = jnp.where(raw[..., None], lax.bitcast_convert_type(words, jnp.float32), xhat)
+    out = jnp.where(invalid[..., None], jnp.float32(np.nan), out)
     return out.reshape(rows, n)
 
   def _bound_f32(self, x2d: jax.Array) -> jax.Array:

@@ -56,7 +56,8 @@ class Fp8Compressor(B.Compressor):
     f8 = FORMATS[self.fmt][0]
     y = lax.bitcast_convert_type(buf[:, :n], f8).astype(jnp.float32)
     s = B.bytes_to_f32(buf[:, n:])[..., None]
-    return (B.blocks(y, self.block_size) * s).reshape(buf.shape[0], n)
+    # NaN codes, NaN scales and inf * 0 all decode to the canonical NaN.
+    return B.canonical_nan(B.blocks(y, self.block_size) * s).reshape(buf.shape[0], n)
 
   def _bound_f32(self, x2d: jax.Array) -> jax.Array:
     # |x - x_hat| <= u8*|x| (fp8 relative rounding) + s*sub8/2 (fp8 subnormal spacing, in x

@@ -97,11 +97,14 @@ class IntCompressor(B.Compressor):
     s = B.bytes_to_f32(buf[:, c:c + 4 * nb])[..., None]
     if self.symmetric:
       q = codes.astype(jnp.int32) - 2 ** (self.bits - 1)
-      return (B.blocks(q.astype(jnp.float32), self.block_size) * s).reshape(buf.shape[0], n)
-    lo = B.bytes_to_f32(buf[:, c + 4 * nb:c + 8 * nb])[..., None]
-    # The product is rounded before the add (no FMA): see B.barrier.
-    prod = B.barrier(B.blocks(codes.astype(jnp.float32), self.block_size) * s)
-    return (lo + prod).reshape(buf.shape[0], n)
+      out = B.blocks(q.astype(jnp.float32), self.block_size) * s
+    else:
+      lo = B.bytes_to_f32(buf[:, c + 4 * nb:c + 8 * nb])[..., None]
+      # The product is rounded before the add (no FMA): see B.barrier.
+      prod = B.barrier(B.blocks(codes.astype(jnp.float32), self.block_size) * s)
+      out = lo + prod
+    # Any scale/min bits decode to something defined (untrusted payloads): NaN is canonical.
+    return B.canonical_nan(out).reshape(buf.shape[0], n)
 
   def _bound_f32(self, x2d: jax.Array) -> jax.Array:
     # Nearest: |q - x/s| <= 1/2 + (division rounding) and the decode rounds |q*s| once (and
