@@ -71,11 +71,13 @@ def _terms(algorithm: str, s: float, n: int, r: float) -> tuple[float, float, fl
   raise ValueError(f"algorithm must be 'one_shot' or 'two_shot', got {algorithm!r}")
 
 
-# Defaults by JAX platform. "cpu": fitted by `bench collectives --fit` on 4 processes of a
-# 2-core machine sharing a 10 Gbit/s link (benchmarks/results/); "gpu": a placeholder of the
-# order of NVLink-class links until a GPU fit is recorded.
+# Defaults by JAX platform. "cpu": `bench collectives --processes 4 --link-rate 10gbit
+# --ops all_reduce --compressors int8 --algorithms one_shot,two_shot --sizes
+# 256KiB,1MiB,4MiB,16MiB --fit-out` on a 2-core machine shared with other work
+# (benchmarks/results/cost_model_cpu_4proc_10gbit.json); "gpu": a placeholder of the order of
+# NVLink-class links until a GPU fit is recorded.
 DEFAULTS: dict[str, CostModel] = {
-    "cpu": CostModel(5e-4, 3e8, 2e9, "fit: 4 CPU processes, 10gbit loopback"),
+    "cpu": CostModel(1.19e-4, 1.289e9, 2.199e9, "fit: 4 CPU processes, 10gbit loopback"),
     "gpu": CostModel(5e-6, 25e9, 200e9, "placeholder (no GPU measurement yet)"),
 }
 _active: CostModel | None = None
