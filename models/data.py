@@ -60,19 +60,36 @@ class Corpus:
   def batch(self, rng: np.random.Generator, split: str, *, batch: int,
             seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Random windows: inputs and next-token targets, int32 [batch, seq_len] each."""
+    return self.windows(split, self.starts(rng, split, batch=batch, seq_len=seq_len), seq_len)
+
+  def _split(self, split: str) -> np.ndarray:
     if split not in ("train", "val"):
       raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    return self.train if split == "train" else self.val
+
+  def starts(self, rng: np.random.Generator, split: str, *, batch: int,
+             seq_len: int) -> np.ndarray:
+    """Where each of ``batch`` random windows begins: int64 [batch].
+
+    Cheap for any batch, so every process can draw the whole global batch's starts from one
+    seed and then read only its own rows (:meth:`windows` of a subset).
+    """
+    data = self._split(split)
     if batch < 1 or seq_len < 1:
       raise ValueError(f"batch and seq_len must be >= 1, got batch={batch}, seq_len={seq_len}")
-    data = self.train if split == "train" else self.val
     # A window is seq_len + 1 tokens and starts are drawn below len - seq_len - 1 (as every
     # saved run has drawn them), so one more token is needed.
     if seq_len + 2 > len(data):
       raise ValueError(f"seq_len {seq_len} needs at least {seq_len + 2} tokens in the {split} "
                        f"split, which has {len(data)}")
-    start = rng.integers(0, len(data) - seq_len - 1, size=batch)
-    idx = start[:, None] + np.arange(seq_len + 1)[None, :]
-    w = data[idx].astype(np.int32)
+    return rng.integers(0, len(data) - seq_len - 1, size=batch)
+
+  def windows(self, split: str, starts: np.ndarray, seq_len: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and next-token targets, int32 [len(starts), seq_len] each, of the windows at
+    ``starts`` (from :meth:`starts`)."""
+    idx = np.asarray(starts)[:, None] + np.arange(seq_len + 1)[None, :]
+    w = self._split(split)[idx].astype(np.int32)
     return w[:, :-1], w[:, 1:]
 
   def decode(self, ids: np.ndarray) -> str:

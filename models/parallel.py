@@ -199,17 +199,56 @@ def param_specs(params: dict, tensor_axis: dict[tuple[str, str], int]) -> dict:
 # The parallel model.
 
 def make_mesh(data: int, tensor: int, pipe: int) -> jax.sharding.Mesh:
-  """A ('data', 'tensor', 'pipe') mesh over the first data*tensor*pipe devices.
+  """A ('data', 'tensor', 'pipe') mesh; across processes, 'data' is the outer (slow) level.
+
+  Devices are taken in (process, device id) order and laid out row-major, so each
+  (tensor, pipe) group is consecutive devices. With one process that is the first
+  data*tensor*pipe devices; with several, the mesh must use every device and tensor*pipe
+  must divide each process's device count: tensor and pipe groups then stay inside one
+  process (hosts talk only over 'data', the axis whose gradients jcoccl compresses most).
 
   Example:
-    >>> mesh = make_mesh(2, 2, 2)  # 8 devices
+    >>> mesh = make_mesh(2, 2, 2)  # 8 devices; under jcoccl.launch -n 2 with 4 each,
+    ...                            # data rank = process, tensor x pipe = its 4 devices
   """
   n = data * tensor * pipe
   if min(data, tensor, pipe) < 1 or n > jax.device_count():
     raise ValueError(f"mesh {data}x{tensor}x{pipe} needs {n} devices (each size >= 1); "
                      f"{jax.device_count()} are available")
-  return jax.make_mesh((data, tensor, pipe), AXES, devices=jax.devices()[:n],
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  if jax.process_count() > 1:
+    _check_multiprocess_mesh(data, tensor, pipe)
+  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))[:n]
+  return jax.sharding.Mesh(np.array(devices).reshape(data, tensor, pipe), AXES,
+                           axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def _check_multiprocess_mesh(data: int, tensor: int, pipe: int) -> None:
+  procs, local = jax.process_count(), jax.local_device_count()
+  if data * tensor * pipe != jax.device_count():
+    raise ValueError(
+        f"--mesh {data},{tensor},{pipe} uses {data * tensor * pipe} devices; across "
+        f"{procs} processes the mesh must use all {jax.device_count()} "
+        f"(data x tensor x pipe = processes x devices per process)")
+  if local % (tensor * pipe):
+    raise ValueError(
+        f"--mesh {data},{tensor},{pipe}: tensor x pipe = {tensor * pipe} must divide the "
+        f"{local} devices of each process, so that tensor and pipe groups stay inside one "
+        f"process (e.g. --mesh {jax.device_count() // local},{local},1)")
+
+
+def crosses_processes(mesh: jax.sharding.Mesh, axes: tuple[str, ...]) -> bool:
+  """Whether some group of devices that differ only along ``axes`` spans several processes.
+
+  Example:
+    >>> crosses_processes(make_mesh(2, 2, 2), ("data",))  # two processes of 4: True
+  """
+  procs = np.vectorize(lambda d: d.process_index)(mesh.devices)
+  names = tuple(mesh.axis_names)
+  inner = [names.index(a) for a in axes]
+  outer = [i for i in range(len(names)) if i not in inner]
+  groups = np.transpose(procs, outer + inner).reshape(
+      int(np.prod([procs.shape[i] for i in outer])), -1)
+  return bool((groups != groups[:, :1]).any())
 
 
 class Parallel3D:
@@ -258,6 +297,32 @@ class Parallel3D:
 
   def batch_sharding(self) -> NamedSharding:
     return NamedSharding(self.mesh, P("data"))
+
+  def make_batch(self, n: int, rows: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+                 ) -> tuple[jax.Array, ...]:
+    """Global batch arrays of ``n`` rows on :meth:`batch_sharding`, each process reading only
+    its own rows.
+
+    Args:
+      n: global batch size (rows).
+      rows: ``rows(indices)`` -> arrays whose first dimension matches ``indices``: the
+        requested rows of each batch array (e.g. tokens and targets). Called once, with
+        the sorted rows that this process's devices hold.
+
+    Returns:
+      One global ``jax.Array`` [n, ...] per array that ``rows`` returns.
+    """
+    sharding = self.batch_sharding()
+    index_map = sharding.addressable_devices_indices_map((n,))
+    local = sorted({r for idx in index_map.values() for r in range(*idx[0].indices(n))})
+    parts = rows(np.asarray(local, np.int64))
+    where = {r: i for i, r in enumerate(local)}
+
+    def array(a: np.ndarray) -> jax.Array:
+      pick = lambda idx: a[[where[r] for r in range(*idx[0].indices(n))]]
+      return jax.make_array_from_callback((n, *a.shape[1:]), sharding, pick)
+
+    return tuple(array(a) for a in parts)
 
   # -- local computation --------------------------------------------------------------------
   def _stage(self, params: dict) -> nnx.Module:

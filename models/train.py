@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
+import sys
 
 
 def _want_host_devices() -> None:
@@ -42,7 +44,7 @@ import pathlib  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, NoReturn  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -310,8 +312,12 @@ class State:
   step: int = 0
 
   def tree(self) -> dict:
-    return {"params": self.params, "opt_state": self.opt_state, "ef": self.ef,
-            "step": jnp.asarray(self.step, jnp.int32)}
+    # The step is a global array replicated over the parameters' mesh: across processes,
+    # orbax saves only global arrays.
+    mesh = jax.tree.leaves(self.params)[0].sharding.mesh
+    step = jax.make_array_from_callback((), jax.NamedSharding(mesh, jax.P()),
+                                        lambda _: np.asarray(self.step, np.int32))
+    return {"params": self.params, "opt_state": self.opt_state, "ef": self.ef, "step": step}
 
 
 def _checkpointer(out: pathlib.Path):
@@ -377,10 +383,18 @@ def _set_aside(mngr, steps: list[int], out: pathlib.Path) -> None:
     mngr.reload()
 
 
-def batch_at(corpus: data.Corpus, args, split: str, step: int, i: int = 0):
-  """The batch for (split, step): a function of the seed only, so a resumed run sees the same."""
+def batch_at(corpus: data.Corpus, args, par: parallel.Parallel3D, split: str, step: int,
+             i: int = 0) -> tuple[jax.Array, jax.Array]:
+  """The global batch for (split, step), placed on ``par``'s batch sharding.
+
+  A function of the seed only, so a resumed run sees the same, and so does a run over any
+  number of processes: each draws the whole batch's window starts (cheap) and reads the
+  token windows of its own rows only.
+  """
   rng = np.random.default_rng([args.seed, step, i, 0 if split == "train" else 1])
-  return corpus.batch(rng, split, batch=args.batch, seq_len=args.seq_len)
+  starts = corpus.starts(rng, split, batch=args.batch, seq_len=args.seq_len)
+  return par.make_batch(args.batch,
+                        lambda rows: corpus.windows(split, starts[rows], args.seq_len))
 
 
 NO_WIRE = {"source": None, "note": "bytes on the wire not measured (--no-hlo-wire)"}
@@ -399,9 +413,12 @@ def wire_report(par: parallel.Parallel3D, exact: parallel.Parallel3D,
   jcoccl picks (one_shot = all_gather of payloads, two_shot = all_to_all + all_gather).
 
   Returns:
-    {"source", "by_axis": {axes: {"compressed", "uncompressed"}}, "total": {...},
-    "by_op": {op: bytes}, "reference_by_op": {op: bytes}}; axes are mesh axis names joined
-    by commas, "?" for groups that match no mesh axes.
+    {"source", "by_axis": {axes: {"compressed", "uncompressed", "crosses_processes"}},
+    "total": {...}, "across_processes": {...}, "inside_process": {...}, "by_op": {op: bytes},
+    "reference_by_op": {op: bytes}}; axes are mesh axis names joined by commas, "?" for
+    groups that match no mesh axes. "across_processes" sums the axes whose device groups
+    span several processes (the bytes that go over the network between hosts; "?" counts
+    there whenever there are several processes), "inside_process" the others.
   """
   abstract = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                                    sharding=a.sharding), t)
@@ -411,10 +428,26 @@ def wire_report(par: parallel.Parallel3D, exact: parallel.Parallel3D,
   ref = jcoccl.wire_bytes(ref_step, p, o, None, xs, xs, mesh=exact.mesh)
   axes = sorted(set(got["by_axis"]) | set(ref["by_axis"]), key=_axis_order)
   by_axis = {a: {"compressed": got["by_axis"].get(a, 0.0),
-                 "uncompressed": ref["by_axis"].get(a, 0.0)} for a in axes}
+                 "uncompressed": ref["by_axis"].get(a, 0.0),
+                 "crosses_processes": _crosses(par.mesh, a)} for a in axes}
   return {"source": WIRE_SOURCE, "by_axis": by_axis,
           "total": {"compressed": got["total"], "uncompressed": ref["total"]},
-          "by_op": got["by_op"], "reference_by_op": ref["by_op"]}
+          **_process_split(by_axis), "by_op": got["by_op"], "reference_by_op": ref["by_op"]}
+
+
+def _crosses(mesh, key: str) -> bool:
+  if key == "?":
+    return jax.process_count() > 1
+  return parallel.crosses_processes(mesh, tuple(key.split(",")))
+
+
+def _process_split(by_axis: dict) -> dict:
+  """Bytes of the axes that cross processes and of those that stay inside one."""
+  out = {}
+  for name, crossing in (("across_processes", True), ("inside_process", False)):
+    rows = [r for r in by_axis.values() if r["crosses_processes"] == crossing]
+    out[name] = {k: float(sum(r[k] for r in rows)) for k in ("compressed", "uncompressed")}
+  return out
 
 
 def _axis_order(key: str) -> tuple:
@@ -425,7 +458,7 @@ def _axis_order(key: str) -> tuple:
 def evaluate(par, eval_fn, state: State, corpus, args) -> float:
   losses = []
   for i in range(args.eval_batches):
-    x, y = batch_at(corpus, args, "val", state.step, i)
+    x, y = batch_at(corpus, args, par, "val", state.step, i)
     losses.append(float(eval_fn(state.params, x, y)))
   return float(np.mean(losses))
 
@@ -486,12 +519,23 @@ def _record(line: str) -> dict | None:
   return rec if ok else None
 
 
+def lead() -> bool:
+  """Whether this is process 0, the one that writes metrics, the plot and the summary."""
+  return jax.process_index() == 0
+
+
 def main(argv: list[str] | None = None) -> dict:
   """Runs training; returns the summary dict (also written to summary.json).
 
   Flags are checked first (a bad one exits with status 2), then the policy (SetupError naming
   the file and key), before the corpus is loaded or anything compiled.
+
+  Under ``python -m jcoccl.launch`` or a cluster launcher (see
+  :func:`jcoccl.distributed.initialize`) every process runs this same function: they join
+  one runtime, share one mesh ('data' across processes) and checkpoint together; process 0
+  writes metrics.jsonl, loss.png and summary.json.
   """
+  multi = jcoccl.distributed.initialize()
   args = parse_args(argv)
   policy = load_policy(args)
   corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
@@ -509,15 +553,48 @@ def main(argv: list[str] | None = None) -> dict:
   args.out.mkdir(parents=True, exist_ok=True)
   mngr = _checkpointer(args.out)
   metrics_path = args.out / "metrics.jsonl"
-  records = []
   if args.resume:
     state = restore(mngr, state, args.out)
     if state.step > args.steps:
       raise SetupError(f"--steps {args.steps} is below step {state.step} of the checkpoint "
                        f"to resume; pass --steps {state.step} or more")
-    records = [r for r in read_records(metrics_path) if r["step"] <= state.step]
-  metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
-  return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
+  records = _start_metrics(metrics_path, state.step if args.resume else None)
+  if not multi:
+    return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
+  try:
+    return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
+  except jax.errors.JaxRuntimeError as e:
+    _lost_peer(e)
+
+
+def _start_metrics(path: pathlib.Path, resumed_at: int | None) -> list[dict]:
+  """Process 0: the records kept from before ``resumed_at`` (none for a fresh run), written
+  back to ``path``. Other processes keep no records."""
+  if not lead():
+    return []
+  records = ([] if resumed_at is None else
+             [r for r in read_records(path) if r["step"] <= resumed_at])
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  return records
+
+
+_PEER_LOST = re.compile(r"gloo|connection reset|connection closed|heartbeat|another task|"
+                        r"unavailable|socket closed|broken pipe", re.IGNORECASE)
+
+
+def _lost_peer(e: Exception) -> NoReturn:
+  """Ends this process at once after a collective failed in a multi-process run.
+
+  A process that died leaves the others' next collective failing ("Gloo ... Connection
+  reset by peer"); one clear line and ``os._exit`` avoid the traceback and the coordination
+  service's abort at interpreter exit. Checkpoints on disk stay valid for ``--resume``.
+  """
+  first = next((l.strip() for l in str(e).splitlines() if l.strip()), type(e).__name__)
+  who = "a peer process failed" if _PEER_LOST.search(str(e)) else (
+      f"process {jax.process_index()} failed")
+  sys.stdout.flush()
+  print(f"models.train: {who}: {first}; resume with --resume", file=sys.stderr, flush=True)
+  os._exit(1)
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -534,19 +611,19 @@ def cli(argv: list[str] | None = None) -> int:
 def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy) -> dict:
   step_fn = par.train_step(tx, state.params, clip_norm=args.clip)
   eval_fn = jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
-  batch = par.batch_sharding()
   start_step, n_params = state.step, sum(a.size for a in jax.tree.leaves(state.params))
-  print(f"{args.model}-{args.size}: {n_params / 1e6:.2f}M params, vocab {corpus.vocab_size} "
-        f"({args.tokenizer}), mesh data x tensor x pipe = {args.mesh}, policy:\n  "
+  say(f"{args.model}-{args.size}: {n_params / 1e6:.2f}M params, vocab {corpus.vocab_size} "
+        f"({args.tokenizer}), mesh data x tensor x pipe = {args.mesh} over "
+      f"{jax.process_count()} process(es), policy:\n  "
         + policy.describe().replace("\n", "\n  "))
   from tqdm import tqdm
   bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps,
-             disable=args.no_progress, desc="train")
+             disable=args.no_progress or not lead(), desc="train")
   tokens_per_step = args.batch * args.seq_len
   wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(args)
-  with open(metrics_path, "a") as log:
+  with open(metrics_path if lead() else os.devnull, "a") as log:
     for step in bar:
-      x, y = (jax.device_put(a, batch) for a in batch_at(corpus, args, "train", step))
+      x, y = batch_at(corpus, args, par, "train", step)
       t0 = time.perf_counter()
       state.params, state.opt_state, state.ef, m = step_fn(
           state.params, state.opt_state, state.ef, x, y)
@@ -583,11 +660,21 @@ def print_wire(wire: dict) -> None:
     print(wire.get("note", "bytes on the wire not measured"))
     return
   print(f"bytes on the wire per step per device, by mesh axis ({wire['source']}):")
-  rows = list(wire["by_axis"].items()) + [("total", wire["total"])]
-  for axis, row in rows:
+  rows = [(a, r, " (across processes)" if r.get("crosses_processes") else "")
+          for a, r in wire["by_axis"].items()] + [("total", wire["total"], "")]
+  if "across_processes" in wire and jax.process_count() > 1:
+    rows += [("across", wire["across_processes"], " (between processes: the network)"),
+             ("inside", wire["inside_process"], " (inside each process)")]
+  for axis, row, note in rows:
     ratio = row["compressed"] / row["uncompressed"] if row["uncompressed"] else float("nan")
     print(f"  {axis:12s} compressed {row['compressed'] / 1e3:10.1f} kB   uncompressed "
-          f"{row['uncompressed'] / 1e3:10.1f} kB   ratio {ratio:.3f}")
+          f"{row['uncompressed'] / 1e3:10.1f} kB   ratio {ratio:.3f}{note}")
+
+
+def say(text: str) -> None:
+  """Prints on process 0 only (every process computes the same numbers)."""
+  if lead():
+    print(text, flush=True)
 
 
 def _num(v: float | None) -> str:
@@ -595,6 +682,9 @@ def _num(v: float | None) -> str:
 
 
 def _finish(args, state, records, wire, tps, start_step) -> dict:
+  if not lead():
+    return {"steps": state.step, "resumed_from": start_step if args.resume else None,
+            "wire": wire, "tokens_per_s": tps}
   plot(records, args.out / "loss.png")
   losses = [r["loss"] for r in records if "loss" in r]
   vals = [r["val_loss"] for r in records if "val_loss" in r]

@@ -1,0 +1,169 @@
+"""End-to-end training across processes on a shaped link: exact vs the shipped policies.
+
+    python benchmarks/train_e2e.py --link-rate 1gbit --link-rate 10gbit --repeats 2 \\
+        --out benchmarks/results/<date>-cpu-train-e2e
+
+For each link rate and repeat, it runs ``python -m models.train`` under
+``python -m jcoccl.launch -n 2 --devices-per-process 4 --link-rate RATE`` once per policy,
+the policies interleaved (exact, coccl, exact, coccl, ...) so that a shared machine's load
+drifts over all of them alike; every run has the same seed, data and steps. A run's step
+time is the median of its per-step times (metrics.jsonl ``step_s``) after the first
+(compilation); a cell's is the median over repeats. Validation loss is the run's final one
+(identical across repeats: the same program and data). ``--link-rate none`` runs unshaped
+(loopback at memory speed): the exact step there is its compute, so the time it gains on a
+slow link is its communication.
+
+Writes ``results.json`` (every run) and ``README.md`` (the table, with commit, machine and
+link settings) under ``--out``; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The 'wide' preset with few tokens per step: 51 M parameters, so each process all-reduces
+# 204 MB of float32 gradients over 'data' per step, for 32 tokens of compute. Gradient bytes
+# grow with the parameters and compute with parameters x tokens, so the tokens per step set
+# how communication-bound a step is; a CPU computes each token about a thousand times slower
+# than a GPU, hence so few.
+MODEL = ["--size", "wide", "--batch", "2", "--seq-len", "16", "--micro", "1", "--lr", "1e-3",
+         "--warmup", "3", "--max-chars", "1000000", "--eval-batches", "4"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog="python benchmarks/train_e2e.py",
+                              description=__doc__.split("\n")[0])
+  p.add_argument("--link-rate", action="append", default=None,
+                 help="tc rate of the link between the processes (repeatable; 'none' = "
+                      "unshaped); default 1gbit")
+  p.add_argument("--policy", action="append", default=None,
+                 help="policies to compare (repeatable; default exact and coccl)")
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--repeats", type=int, default=2)
+  p.add_argument("--processes", type=int, default=2)
+  p.add_argument("--devices-per-process", type=int, default=4)
+  p.add_argument("--mesh", default="2,4,1",
+                 help="data,tensor,pipe (default 2,4,1: data across the processes, tensor inside)")
+  p.add_argument("--out", default=None, help="directory for results.json and README.md")
+  p.add_argument("--dry-run", action="store_true", help="print the commands only")
+  args = p.parse_args(argv)
+  args.link_rate = args.link_rate or ["1gbit"]
+  args.policy = args.policy or ["exact", "coccl"]
+  if args.steps < 3:
+    p.error(f"--steps must be >= 3 (the first step compiles), got {args.steps}")
+  if args.repeats < 1:
+    p.error(f"--repeats must be >= 1, got {args.repeats}")
+  return args
+
+
+def command(args: argparse.Namespace, rate: str, policy: str, out: pathlib.Path) -> list[str]:
+  """The launcher command line of one run."""
+  link = [] if rate == "none" else ["--link-rate", rate]
+  return [sys.executable, "-m", "jcoccl.launch", "-n", str(args.processes),
+          "--devices-per-process", str(args.devices_per_process), *link, "--",
+          sys.executable, "-m", "models.train", *MODEL, "--mesh", args.mesh,
+          "--policy", policy, "--steps", str(args.steps), "--log-every", "1",
+          "--eval-every", str(args.steps), "--ckpt-every", str(10 * args.steps),
+          "--no-progress", "--no-hlo-wire", "--seed", "0", "--out", str(out)]
+
+
+def run_one(args: argparse.Namespace, rate: str, policy: str, work: pathlib.Path) -> dict:
+  """Runs one training; returns its step times, final validation loss and wall time."""
+  out = work / f"{rate}-{policy}"
+  shutil.rmtree(out, ignore_errors=True)
+  t0 = time.perf_counter()
+  r = subprocess.run(command(args, rate, policy, out), cwd=ROOT, capture_output=True,
+                     text=True)
+  wall = time.perf_counter() - t0
+  if r.returncode:
+    raise RuntimeError(f"{rate} {policy} failed ({r.returncode}):\n{r.stdout[-3000:]}")
+  recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  steps = [r["step_s"] for r in recs if "step_s" in r]
+  val = [r["val_loss"] for r in recs if "val_loss" in r]
+  return {"link_rate": rate, "policy": policy, "step_s": steps,
+          "median_step_s": statistics.median(steps[1:]), "val_loss": val[-1], "wall_s": wall}
+
+
+def table(runs: list[dict], policies: list[str], rates: list[str]) -> str:
+  """Markdown: per link rate and policy, median step time, speedup over exact, val loss."""
+  lines = ["| link | policy | step time (s, median) | speedup vs exact | final val loss | "
+           "vs exact |", "|---|---|---|---|---|---|"]
+  for rate in rates:
+    cell = {}
+    for pol in policies:
+      mine = [r for r in runs if r["link_rate"] == rate and r["policy"] == pol]
+      cell[pol] = (statistics.median(r["median_step_s"] for r in mine),
+                   statistics.median(r["val_loss"] for r in mine))
+    t0, v0 = cell.get("exact", (float("nan"), float("nan")))
+    for pol in policies:
+      t, v = cell[pol]
+      lines.append(f"| {rate} | {pol} | {t:.2f} | {t0 / t:.2f}x | {v:.4f} | "
+                   f"{100 * (v - v0) / v0:+.2f}% |")
+  return "\n".join(lines)
+
+
+def machine() -> dict:
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+  cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+              if l.startswith("model name")), platform.processor())
+  return {"commit": commit, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+          "cpu": cpu, "cores": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
+          "python": platform.python_version()}
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse_args(argv)
+  if args.dry_run:
+    for rate in args.link_rate:
+      for pol in args.policy:
+        print(" ".join(command(args, rate, pol, pathlib.Path("OUT"))))
+    return
+  info, runs = machine(), []
+  with tempfile.TemporaryDirectory(prefix="jcoccl-e2e-") as tmp:
+    for rep in range(args.repeats):
+      for rate in args.link_rate:
+        for pol in args.policy:
+          run = run_one(args, rate, pol, pathlib.Path(tmp))
+          run["repeat"] = rep
+          runs.append(run)
+          print(f"repeat {rep} link {rate} {pol}: median step {run['median_step_s']:.2f} s, "
+                f"val loss {run['val_loss']:.4f} ({run['wall_s']:.0f} s)", flush=True)
+  text = table(runs, args.policy, args.link_rate)
+  print(text)
+  if args.out:
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    setup = {"processes": args.processes, "devices_per_process": args.devices_per_process,
+             "mesh": args.mesh, "steps": args.steps, "repeats": args.repeats,
+             "model_args": MODEL, "link_rates": args.link_rate}
+    (out / "results.json").write_text(json.dumps({**info, **setup, "runs": runs}, indent=1))
+    (out / "README.md").write_text(report(info, setup, text))
+
+
+def report(info: dict, setup: dict, text: str) -> str:
+  return (f"# End-to-end training across processes ({info['date'][:10]})\n\n"
+          f"jcoccl commit {info['commit']}; {info['cpu']}, {info['cores']} cores (shared; load "
+          f"average at start {info['load_avg_at_start'][0]:.1f}); Python {info['python']}.\n"
+          f"{setup['processes']} processes x {setup['devices_per_process']} host CPU devices "
+          f"(`python -m jcoccl.launch --link-rate RATE`: one tc token-bucket link shared by "
+          f"all traffic between the processes), mesh data,tensor,pipe = {setup['mesh']}; "
+          f"`python -m models.train {' '.join(setup['model_args'])}`, {setup['steps']} steps, "
+          f"seed 0, {setup['repeats']} interleaved repeats; step time = median over repeats "
+          f"of each run's median step after the first.\n\n{text}\n")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,195 @@
+"""``python -m models.train`` across processes (``python -m jcoccl.launch -n 2
+--devices-per-process 4``): the same training as one process with 8 devices, process 0's
+outputs, the wire report's split between processes, and a process killed mid-training
+followed by ``--resume``.
+
+Why the runs must agree bit for bit: both run the same SPMD program on the same 2x2x2 mesh
+(data rank = process, tensor x pipe = its 4 devices) with the same data, and every
+cross-device sum in it has two terms (each of 'data', 'tensor' and 'pipe' has size 2; the
+compressed collectives decode and add in rank order themselves), and a two-term float sum is
+the same in either order. So no reduction order of gloo or of XLA's in-process collectives
+can tell the runs apart: any difference is a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from models import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "mp_train_worker.py")
+STEPS = 6
+# The coccl policy: lossy compressors on every axis, error feedback on 'data'.
+ARGS = ["--size", "tiny", "--mesh", "2,2,2", "--batch", "8", "--seq-len", "32", "--micro", "2",
+        "--lr", "1e-2", "--warmup", "2", "--max-chars", "100000", "--eval-batches", "1",
+        "--eval-every", "100", "--ckpt-every", "2", "--log-every", "1", "--steps", str(STEPS),
+        "--no-progress"]
+
+
+def _launch_cmd(*argv: str) -> list[str]:
+  return [sys.executable, "-m", "jcoccl.launch", "-n", "2", "--devices-per-process", "4",
+          "--kill-after", "120", "--", sys.executable, *argv]
+
+
+def _launch(*argv: str) -> subprocess.CompletedProcess:
+  return subprocess.run(_launch_cmd(*argv), cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+
+
+def _checkpoint(out, step: int, like=None) -> dict:
+  """The checkpoint at ``step`` as a pytree, restored onto ``like``'s shapes and shardings
+  (this process's 8-device mesh) when given."""
+  import orbax.checkpoint as ocp
+  mngr = train._checkpointer(out)
+  assert step in mngr.all_steps(), (step, mngr.all_steps())
+  if like is None:
+    return mngr.restore(step, args=ocp.args.StandardRestore())
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+  return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+
+
+def _assert_same_state(got: dict, want: dict) -> None:
+  leaves_got, leaves_want = jax.tree.leaves(got), jax.tree.leaves(want)
+  assert len(leaves_got) == len(leaves_want) > 10
+  for x, y in zip(leaves_got, leaves_want):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _losses(out) -> dict[int, tuple]:
+  """{step: (loss, val_loss)} of the logged steps in metrics.jsonl."""
+  recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+  return {r["step"]: (r["loss"], r.get("val_loss")) for r in recs if "loss" in r}
+
+
+def _kill_at_step_3(out) -> tuple[float, str]:
+  """Runs the slowed worker on 2 processes and kills process 1 (kill -9) once both have
+  saved the step-2 checkpoint and started step 3. Returns (seconds from the kill until
+  every process stopped, the launcher's output); the launcher must have failed."""
+  cmd = _launch_cmd(WORKER, "3", "2", *ARGS, "--no-hlo-wire", "--out", str(out))
+  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+  pids, lines, at_step_3 = {}, [], set()
+  try:
+    for line in p.stdout:
+      lines.append(line)
+      if m := re.match(r"\[(\d)\] pid (\d+)$", line.strip()):
+        pids[int(m.group(1))] = int(m.group(2))
+      if m := re.match(r"\[(\d)\] batch 3$", line.strip()):
+        at_step_3.add(int(m.group(1)))
+      if at_step_3 == {0, 1}:
+        break
+    assert at_step_3 == {0, 1}, "".join(lines)[-4000:]
+    os.kill(pids[1], signal.SIGKILL)
+    killed = time.monotonic()
+    rest, _ = p.communicate(timeout=120)
+  finally:
+    if p.poll() is None:
+      p.kill()
+  text = "".join(lines) + rest
+  assert p.returncode != 0, text[-3000:]
+  return time.monotonic() - killed, text
+
+
+def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path):
+  """One scenario, three checks (CI time: two launches in all):
+  1. 2 processes x 4 devices train exactly as 1 process x 8 devices (losses of the steps
+     before the kill);
+  2. kill -9 of process 1 at step 3: process 0 stops by itself within 60 s with one clear
+     line, no traceback, leaving the step-2 checkpoint;
+  3. ``--resume`` on both processes continues from step 2 and ends bit for bit where the
+     uninterrupted single-process run ends (parameters, AdamW state, error-feedback
+     residuals; losses of steps 3-6), with process 0's outputs and the wire report split
+     between processes ('data') and inside them ('tensor', 'pipe')."""
+  single, out = tmp_path / "single", tmp_path / "run"
+  train.main(ARGS + ["--no-hlo-wire", "--out", str(single)])
+  want = _losses(single)
+  assert sorted(want) == list(range(1, STEPS + 1))
+
+  took, text = _kill_at_step_3(out)
+  got = _losses(out)  # up to step 2 or 3: process 1 may have finished step 3 when killed
+  assert {1, 2} <= set(got) and got == {s: want[s] for s in got}
+  assert took < 60, f"process 0 took {took:.0f} s to stop"
+  assert re.search(r"^\[0\] models\.train: a peer process failed: .*; resume with --resume$",
+                   text, re.M), text[-3000:]
+  assert "Traceback" not in text, text[-3000:]
+  assert train._checkpointer(out).latest_step() == 2
+
+  r = _launch("-m", "models.train", *ARGS, "--out", str(out), "--resume")
+  assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+  ref = _checkpoint(single, STEPS)
+  _assert_same_state(_checkpoint(out, STEPS, like=ref), ref)
+  assert _losses(out) == want
+  _check_lead_outputs(r.stdout, out)
+
+
+def _check_lead_outputs(stdout: str, out) -> None:
+  """Process 0 alone reports (one summary line, one wire table); 'data' crosses processes."""
+  assert re.findall(r"^\[(\d)\] loss [\d.]+ -> .* over steps 2\.\.6", stdout, re.M) == ["0"]
+  assert "over 2 process(es)" in stdout
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["steps"] == STEPS and summary["resumed_from"] == 2
+  assert (out / "loss.png").stat().st_size > 1000
+  wire = summary["wire"]
+  crossing = {a: row["crosses_processes"] for a, row in wire["by_axis"].items()}
+  assert crossing == {"data": True, "tensor": False, "pipe": False}
+  for part, axes in (("across_processes", ["data"]), ("inside_process", ["tensor", "pipe"])):
+    for k in ("compressed", "uncompressed"):
+      assert wire[part][k] == pytest.approx(sum(wire["by_axis"][a][k] for a in axes))
+  assert 0 < wire["across_processes"]["compressed"] < wire["across_processes"]["uncompressed"]
+  assert re.search(r"^\[0\]   across .* \(between processes", stdout, re.M)
+
+
+_MESH_CHECK = """
+import sys
+import jcoccl
+jcoccl.distributed.initialize()
+from models import parallel
+for shape in ((1, 8, 1), (1, 2, 2)):
+  try:
+    parallel.make_mesh(*shape)
+  except ValueError as e:
+    print("rejected", shape, e, flush=True)
+m = parallel.make_mesh(4, 2, 1)  # 'data' partly inside a process: allowed
+print("data crosses", parallel.crosses_processes(m, ("data",)),
+      "tensor crosses", parallel.crosses_processes(m, ("tensor",)), flush=True)
+"""
+
+
+def test_mesh_across_processes_keeps_tensor_and_pipe_inside():
+  r = _launch("-c", _MESH_CHECK)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+  for rank in (0, 1):
+    assert re.search(rf"^\[{rank}\] rejected \(1, 8, 1\) .*tensor x pipe = 8 must divide the 4 "
+                     rf"devices of each process", r.stdout, re.M), r.stdout
+    assert re.search(rf"^\[{rank}\] rejected \(1, 2, 2\) .*must use all 8", r.stdout, re.M)
+    assert f"[{rank}] data crosses True tensor crosses False" in r.stdout
+
+
+def test_batch_is_the_same_global_batch_however_it_is_split():
+  """make_batch + Corpus.windows give exactly Corpus.batch's rows (one process here; each
+  process of a multi-process run asks only for its rows of the same starts)."""
+  from models import data, parallel
+  corpus = data.load_corpus("char", max_chars=20000)
+  args = train.parse_args(["--batch", "8", "--seq-len", "16"])
+  par = parallel.Parallel3D(train.build_model(args, corpus.vocab_size),
+                            parallel.make_mesh(2, 2, 2), n_micro=2)
+  x, y = train.batch_at(corpus, args, par, "train", 5)
+  rng = np.random.default_rng([args.seed, 5, 0, 0])
+  want_x, want_y = corpus.batch(rng, "train", batch=8, seq_len=16)
+  np.testing.assert_array_equal(np.asarray(x), want_x)
+  np.testing.assert_array_equal(np.asarray(y), want_y)
+  assert x.sharding == par.batch_sharding()
+  picked = corpus.windows("train", np.array([3, 7, 11]), 16)
+  np.testing.assert_array_equal(picked[0], corpus.train[np.array([3, 7, 11])[:, None]
+                                                         + np.arange(16)])
