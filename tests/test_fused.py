@@ -288,8 +288,13 @@ def test_programs_survive_shutdown_and_reinit_of_the_same_mesh():
   f = _program(mesh, "x", jc.int8(block_size=32), "fused", 1, ("one_shot",))
   first = f(x)
   jcoccl.shutdown()
-  with pytest.raises(Exception, match=r"jcoccl\.init"):
-    jax.block_until_ready(f(x))  # compiled program, communicators gone: clean error
+  # Compiled program, communicators gone: a clean error on every device. Each device's
+  # shard is waited for, so that no device is still running the failed program when the
+  # communicators come back (the first error alone returns while others may still run).
+  y = f(x)
+  for shard in (s for out in jax.tree.leaves(y) for s in out.addressable_shards):
+    with pytest.raises(Exception, match=r"jcoccl\.init"):
+      jax.block_until_ready(shard.data)
   jcoccl.init(mesh)
   np.testing.assert_array_equal(_bits(f(x)[0]), _bits(first[0]))
 
