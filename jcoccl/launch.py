@@ -85,9 +85,11 @@ class LinkNamespace:
           f"--link-rate/--link-delay shape a private network namespace, which needs root "
           f"(CAP_NET_ADMIN) and iproute2's ip and tc ({why}); run as root, or leave the link "
           f"unshaped")
-    self._run(["ip", "netns", "add", self.name])
+    # Marked first: an interrupt that lands while `ip netns add` is finishing must still
+    # remove the namespace (deleting one that was never made is harmless).
     self.created = True
     try:
+      self._run(["ip", "netns", "add", self.name])
       self._run(self.wrap(["ip", "link", "set", "lo", "up"]))
       parent = ["root"]
       if self.rate:
@@ -111,8 +113,13 @@ class LinkNamespace:
   def close(self) -> None:
     """Removes the namespace (idempotent)."""
     if self.created:
-      subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
-      self.created = False
+      # A second Ctrl-C must not cut the removal short.
+      blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+      try:
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+        self.created = False
+      finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
   @staticmethod
   def _run(argv: list[str], hint: str = "") -> None:
