@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 
 #include "registry.h"
+#include "engine/bind_enums.h"
 #include "engine/bind_fused.h"
 #include "engine/bind_host.h"
 
@@ -14,6 +15,7 @@ NB_MODULE(_cpu, m) {
     for (const auto& [name, fn] : jcoccl::Handlers()) d[name.c_str()] = nb::capsule(fn);
     return d;
   }, "Dict of FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
+  jcoccl::engine::BindEnums(m);
   jcoccl::engine::BindFusedCommon(m);
   jcoccl::engine::BindHostComms(m);
 }

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 
 #include "registry.h"
+#include "engine/bind_enums.h"
 #include "engine/bind_fused.h"
 #include "engine/bind_nccl.h"
 
@@ -20,6 +21,7 @@ NB_MODULE(_cuda, m) {
     cudaRuntimeGetVersion(&v);
     return v;
   });
+  jcoccl::engine::BindEnums(m);
   jcoccl::engine::BindFusedCommon(m);
   jcoccl::engine::BindNcclComms(m);
 }

@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
+import jax.numpy as jnp
+
 import jcoccl
+import jcoccl.compressors
 from jcoccl._src import _ffi
 
 
@@ -34,3 +37,27 @@ def test_info_command_line_json():
   out = subprocess.run([sys.executable, "-m", "jcoccl", "info", "--json"], check=True,
                        capture_output=True, text=True).stdout
   assert json.loads(out)["extensions"]["cpu"]["loaded"]
+
+
+def test_native_module_exports_the_ffi_enums():
+  """Python reads the C++ enum values from the module instead of mirroring them."""
+  from jcoccl._src import fused
+  from jcoccl._src.compressors import native
+
+  kinds = _ffi.codes("CODEC_KINDS")
+  assert set(kinds) == {"none", "cast", "int", "fp8", "error_bounded"}
+  assert len(set(kinds.values())) == len(kinds)
+  assert set(_ffi.codes("DTYPES")) == {"float32", "bfloat16", "float16"}
+  assert native.codec_attrs(jcoccl.compressors.int8())["kind"] == kinds["int"]
+  assert native.codec_attrs(jcoccl.compressors.fp8("e5m2"))["fp8"] == _ffi.codes("FP8_FORMATS")["e5m2"]
+  ops = _ffi.codes("OPS")
+  assert len(set(ops.values())) == len(ops) == 10
+  codes = {fused._op_code(op, algo, None, jnp.float32)
+           for op, algo in [("all_reduce", "one_shot"), ("all_reduce", "two_shot"),
+                            ("all_reduce", "hierarchical"), ("reduce_scatter", "reduce_scatter"),
+                            ("all_gather", "all_gather"), ("all_to_all", "all_to_all"),
+                            ("ppermute", "ppermute"), ("all_reduce", "plain"),
+                            ("reduce_scatter", "plain"), ("all_gather", "plain")]}
+  assert codes == set(ops.values())
+  with pytest.raises(ValueError, match="table must be one of"):
+    _ffi.codes("NOPE")

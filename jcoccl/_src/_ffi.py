@@ -40,6 +40,34 @@ def native_module(platform: str) -> ModuleType | None:
     return None
 
 
+@functools.cache
+def codes(table: str) -> dict[str, int]:
+  """Name -> value of a C++ enum that crosses the FFI boundary, as the native module exports it.
+
+  Tables: "CODEC_KINDS", "DTYPES" (by dtype name), "FP8_FORMATS" and "OPS" (fused engine).
+  They are read from ``jcoccl._cpu`` even under ``JCOCCL_DISABLE_NATIVE`` (they are constants,
+  not kernels), so Python never keeps its own copy of the C++ values.
+
+  Args:
+    table: the table's name.
+
+  Returns:
+    A dict from name to integer value.
+
+  Example:
+    >>> codes("DTYPES")["bfloat16"]
+    1
+  """
+  try:
+    mod = importlib.import_module(_PLATFORMS["cpu"])
+  except ImportError as e:
+    raise ImportError(f"jcoccl's native module jcoccl._cpu is missing ({e}); "
+                      "reinstall jcoccl") from e
+  if not hasattr(mod, table):
+    raise ValueError(f"table must be one of CODEC_KINDS, DTYPES, FP8_FORMATS, OPS, got {table!r}")
+  return {str(k): int(v) for k, v in getattr(mod, table).items()}
+
+
 def native_import_error(platform: str) -> str | None:
   """The ImportError text of a native module that failed to load, else None."""
   try:

@@ -66,16 +66,18 @@ from jcoccl._src import _common as C
 from jcoccl._src import _compat
 from jcoccl._src import _ffi
 
-# engine::Op codes (cuda/engine/engine.h).
-_OP = {"one_shot": 0, "two_shot": 1, "hierarchical": 2, "reduce_scatter": 3,
-       "all_gather": 4, "all_to_all": 5, "ppermute": 6}
+# algo -> engine::Op name (cuda/engine/engine.h; values from the native module).
+_OP = {"one_shot": "all_reduce_one_shot", "two_shot": "all_reduce_two_shot",
+       "hierarchical": "all_reduce_hierarchical", "reduce_scatter": "reduce_scatter",
+       "all_gather": "all_gather", "all_to_all": "all_to_all", "ppermute": "ppermute"}
 # algo="plain": the transport's own uncompressed collective (on GPU ncclAllReduce /
 # ncclReduceScatter with ncclSum on float32, ncclAllGather), the baseline for benchmarks.
-_PLAIN_OP = {"all_reduce": 7, "reduce_scatter": 8, "all_gather": 9}
+_PLAIN_OP = {"all_reduce": "plain_all_reduce", "reduce_scatter": "plain_reduce_scatter",
+             "all_gather": "plain_all_gather"}
 _TARGET = {"all_reduce": "jcoccl_fused_all_reduce", "reduce_scatter": "jcoccl_fused_reduce_scatter",
            "all_gather": "jcoccl_fused_all_gather", "all_to_all": "jcoccl_fused_all_to_all",
            "ppermute": "jcoccl_fused_ppermute"}
-_DTYPE_CODE = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}
+_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _ENV_TIMEOUT = "JCOCCL_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 1e8  # "no limit": larger values (inf too) are clamped, as in the engine
@@ -296,7 +298,7 @@ def _comms_reason(axes: tuple[str, ...], algorithm: str | None) -> str | None:
 
 
 def _dtype_reason(dtype: Any) -> str | None:
-  if jnp.dtype(dtype) not in _DTYPE_CODE:
+  if jnp.dtype(dtype) not in _DTYPES:
     return (f"backend='fused' accepts x of dtype float32, bfloat16 or float16, got "
             f"{jnp.dtype(dtype).name} (use backend='xla' / 'auto')")
   return None
@@ -475,7 +477,7 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
   """
   timeout_seconds()  # fail at trace time, not in the running collective
   dtype = jnp.dtype(x.dtype)
-  if dtype not in _DTYPE_CODE:
+  if dtype not in _DTYPES:
     raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
   code = _op_code(op, algo, compressor, dtype)
   attrs: dict[str, Any] = dict(op=np.int32(code), k=np.int64(k), m=np.int64(m),
@@ -487,7 +489,7 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
   codec = {k_: v for k_, v in attrs.items() if k_ in _NONE_ATTRS}
   ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
   ws = int(_ffi.native_module("cpu").fused_workspace_bytes(
-      code, k, m, n, outer_size, codec, ocodec, _DTYPE_CODE[dtype]))
+      code, k, m, n, outer_size, codec, ocodec, _ffi.codes("DTYPES")[dtype.name]))
   _ffi.register(platform)
   if vma is None:
     types = (jax.ShapeDtypeStruct(out_shape, dtype), jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
@@ -506,14 +508,14 @@ def _op_code(op: str, algo: str, compressor: Any, dtype: Any) -> int:
   if algo != "plain":
     if algo not in _OP:
       raise ValueError(f"algo must be one of {sorted(_OP) + ['plain']}, got {algo!r}")
-    return _OP[algo]
+    return _ffi.codes("OPS")[_OP[algo]]
   if op not in _PLAIN_OP:
     raise ValueError(f"algo='plain' needs op all_reduce, reduce_scatter or all_gather, got {op!r}")
   if compressor is not None:
     raise ValueError("algo='plain' is the uncompressed collective: pass compressor=None")
   if op != "all_gather" and dtype != jnp.dtype(jnp.float32):
     raise TypeError(f"algo='plain' {op} sums float32 only, got x of dtype {dtype.name}")
-  return _PLAIN_OP[op]
+  return _ffi.codes("OPS")[_PLAIN_OP[op]]
 
 
 def _fused_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], axes: tuple,

@@ -26,8 +26,7 @@ import numpy as np
 
 from jcoccl._src import _ffi
 
-_KINDS = {"none": 0, "cast": 1, "int": 2, "fp8": 3, "error_bounded": 5}
-_DTYPES = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}
+_NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OPS = ("encode", "decode", "decode_sum", "decode_sum_encode")
 _TARGETS = {
     "encode": "jcoccl_encode_rows",
@@ -52,12 +51,20 @@ def _platform() -> str | None:
   return None
 
 
+def _kinds() -> dict[str, int]:
+  return _ffi.codes("CODEC_KINDS")
+
+
+def dtype_code(dtype: Any) -> int:
+  """The engine's code of a row element type (float32, bfloat16 or float16)."""
+  return _ffi.codes("DTYPES")[jnp.dtype(dtype).name]
+
+
 def _fp8_code(fmt: Any) -> int:
   f = str(fmt).lower()
-  if "e4m3" in f:
-    return 0
-  if "e5m2" in f:
-    return 1
+  for name, code in _ffi.codes("FP8_FORMATS").items():
+    if name in f:
+      return code
   raise ValueError(f"fmt must be 'e4m3' or 'e5m2', got {fmt!r}")
 
 
@@ -86,17 +93,17 @@ def codec_attrs(c: Any) -> dict[str, np.generic]:
   if c.kind == "hadamard":
     had = int(c.size)
     c = c.inner
-  if c.kind not in _KINDS:
+  if c.kind not in _kinds():
     raise ValueError(f"compressor {c} (kind {c.kind!r}) has no native kernel; native kinds: "
-                     f"{sorted(_KINDS)} and hadamard around them")
+                     f"{sorted(_kinds())} and hadamard around them")
   cast_dtype = 1
   if c.kind == "cast":
     cd = jnp.dtype(c.dtype)
     if cd not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
       raise ValueError(f"cast dtype must be bfloat16 or float16, got {cd}")
-    cast_dtype = _DTYPES[cd]
+    cast_dtype = dtype_code(cd)
   return {
-      "kind": np.int32(_KINDS[c.kind]),
+      "kind": np.int32(_kinds()[c.kind]),
       "bits": np.int32(getattr(c, "bits", 8) if c.kind == "int" else 8),
       "block": np.int32(getattr(c, "block_size", 1) if c.kind in ("int", "fp8", "error_bounded")
                         else 1),
@@ -115,7 +122,7 @@ def _supported(c: Any) -> bool:
       return False
     parts.append(c.inner)
   inner = parts[-1]
-  if inner.kind not in _KINDS:
+  if inner.kind not in _kinds():
     return False
   if any(getattr(p, "rounding", "nearest") != "nearest" for p in parts):
     return False
@@ -154,7 +161,7 @@ def available(c: Any, op: str, dtype: Any) -> bool:
   if op not in _OPS:
     raise ValueError(f"op must be one of {_OPS}, got {op!r}")
   try:
-    if jnp.dtype(dtype) not in _DTYPES:
+    if jnp.dtype(dtype) not in _NATIVE_DTYPES:
       return False
   except TypeError:
     return False
@@ -235,5 +242,5 @@ def decode_sum_encode(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
   """
   d = jnp.dtype(dtype)
   p = c.payload_nbytes(n, d)
-  return _call("decode_sum_encode", c, buf, (p,), jnp.uint8, dtype=np.int32(_DTYPES[d]),
+  return _call("decode_sum_encode", c, buf, (p,), jnp.uint8, dtype=np.int32(dtype_code(d)),
                n=np.int64(n))
