@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jcoccl import compressors as jc
+from jcoccl._src.compressors import native, registry
 from jcoccl._src.compressors import native
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -193,6 +196,38 @@ def test_parse_examples(spec, want):
 def test_parse_errors(spec, match):
   with pytest.raises(ValueError, match=match):
     jc.parse(spec)
+
+
+def test_registered_family_is_parsed_printed_and_kept_off_native_kernels(monkeypatch):
+  """A family is one class plus one registry entry: the grammar and the native glue follow."""
+  monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))
+  monkeypatch.setattr(registry, "_NAMES", dict(registry._NAMES))
+
+  @dataclasses.dataclass(frozen=True)
+  class Int8Wide(jc.IntCompressor):
+    kind: ClassVar[str] = "int8_wide"
+
+  def build(**kw):
+    return Int8Wide(bits=8, **{"block_size": 1024, **kw})
+
+  registry.register(registry.Family(
+      kind="int8_wide", names={"i8w": build},
+      to_string=lambda c: "i8w" + ("" if c.block_size == 1024 else f":block={c.block_size}"),
+      keyed={"block": ("block_size", registry.int_value)}, options="block=INT",
+      native=lambda c: {"bits": 8, "block": c.block_size}))
+  c = jc.parse(" I8W : block=64 ")
+  assert c == build(block_size=64) and str(c) == "i8w:block=64" and jc.parse(str(c)) == c
+  assert str(jc.parse("hadamard(i8w)")) == "hadamard(i8w)"
+  # The C++ table has no such kind: no native kernel, the jnp specification runs.
+  assert not native._supported(c) and not native.available(c, "encode", jnp.float32)
+  x = jnp.linspace(-1, 1, 1024)
+  assert bool(jnp.all(jnp.abs(c.decode(c.encode(x)) - x) <= c.error_bound(x)))
+  with pytest.raises(ValueError, match="'i8w:blk=3'.*block=INT"):
+    jc.parse("i8w:blk=3")
+  with pytest.raises(ValueError, match="'int7'.*i8w"):
+    jc.parse("int7")
+  with pytest.raises(ValueError, match="already belongs to kind 'int'"):
+    registry.register(registry.Family(kind="other", names={"int8": build}, to_string=str))
 
 
 def test_hashable_static_jit_arg():

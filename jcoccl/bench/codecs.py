@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src.compressors import native, parse
+from jcoccl._src.compressors import native, parse, spec
 from jcoccl.bench import _harness as H
 
 DEFAULT_COMPRESSORS = "bf16,int8,int4,int4:asym,fp8,hadamard(int4),eb:abs=1e-3"
@@ -39,35 +39,6 @@ def add_parser(subparsers: Any) -> None:
   p.add_argument("--impl", default="jnp,native", help="implementations: jnp, native (comma-separated)")
   p.add_argument("--iters", type=H.positive_int, default=5, help="timed runs (median reported)")
   p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-
-
-def split_specs(text: str) -> list[str]:
-  """Splits on commas that are outside parentheses and not option separators.
-
-  A comma starts a new spec only when the next item begins with a codec name, so
-  "int4:block=128,asym,fp8" -> ["int4:block=128,asym", "fp8"].
-  """
-  names = ("none", "bf16", "bfloat16", "fp16", "float16", "f16", "int8", "int4", "int2", "fp8", "eb",
-           "error_bounded", "hadamard")
-  parts, depth, cur = [], 0, ""
-  for ch in text:
-    depth += (ch == "(") - (ch == ")")
-    if ch == "," and depth == 0:
-      parts.append(cur)
-      cur = ""
-    else:
-      cur += ch
-  parts.append(cur)
-  specs: list[str] = []
-  for p in (q.strip() for q in parts):
-    if not p:
-      continue
-    head = p.split(":")[0].split("(")[0].strip().lower()
-    if specs and head not in names:
-      specs[-1] += "," + p
-    else:
-      specs.append(p)
-  return specs
 
 
 def bench_one(c: Any, impl: str, dtype: Any, size: int, iters: int) -> dict[str, Any] | None:
@@ -95,7 +66,7 @@ def bench_one(c: Any, impl: str, dtype: Any, size: int, iters: int) -> dict[str,
 def run(args: argparse.Namespace) -> int:
   """Runs the codec benchmark; returns the process exit code."""
   sizes = args.sizes
-  comps = [parse(s) for s in split_specs(args.compressors)]
+  comps = [parse(s) for s in spec.split(args.compressors)]
   impls = H.parse_list(args.impl, str, "--impl")
   for i in impls:
     if i not in ("jnp", "native"):

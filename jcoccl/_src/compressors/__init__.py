@@ -31,6 +31,9 @@ Numerics notes (why the jnp code looks the way it does):
     Error bounds include absolute terms in units of 2**-126 to cover that on every backend.
 """
 
+# Family modules register themselves with the spec registry on import; this order is the
+# order in which error messages list their names.
+from jcoccl._src.compressors import identity, intq, fp8, error_bounded, hadamard  # noqa: F401
 from jcoccl._src.compressors._base import Compressor as Compressor
 from jcoccl._src.compressors._base import Payload as Payload
 from jcoccl._src.compressors.error_bounded import ErrorBoundedCompressor as ErrorBoundedCompressor

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jcoccl._src.compressors import spec
+
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 IMPLS = ("auto", "jnp", "native")
 OPS = ("encode", "decode", "decode_sum", "decode_sum_encode")
@@ -261,7 +263,6 @@ class Compressor:
     return str(self)
 
   def __str__(self) -> str:
-    from jcoccl._src.compressors import spec
     return spec.to_string(self)
 
   def payload_nbytes(self, num_elements: int, dtype: Any) -> int:

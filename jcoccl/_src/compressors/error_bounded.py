@@ -13,6 +13,7 @@ from jax import lax
 
 from jcoccl._src.compressors import _base as B
 from jcoccl._src.compressors._base import Payload
+from jcoccl._src.compressors import registry
 
 RAW = 255
 MAX_WIDTH = 31  # width bytes 32..254 are invalid: the block decodes to NaN
@@ -132,3 +133,23 @@ class ErrorBoundedCompressor(B.Compressor):
     words = np.where(w == RAW, self.block_size, -(-w * self.block_size // 32))
     need = self._nwidth(n) + 4 * int(words.sum())
     return size * np.dtype(payload.dtype).itemsize / need
+
+
+def _eb_string(c: ErrorBoundedCompressor) -> str:
+  return f"eb:abs={c.abs_error!r}" + ("" if c.block_size == 256 else f",block={c.block_size}")
+
+
+def _eb_native(c: ErrorBoundedCompressor) -> dict | None:
+  # The kernels take the bound as float32; outside (0, 3e38) it does not survive that cast.
+  if not 0.0 < np.float32(c.abs_error) < np.float32(3e38):
+    return None
+  return {"block": c.block_size, "abs_error": c.abs_error}
+
+
+registry.register(registry.Family(
+    kind="error_bounded",
+    names={"eb": ErrorBoundedCompressor, "error_bounded": ErrorBoundedCompressor},
+    to_string=_eb_string,
+    keyed={"block": ("block_size", registry.int_value), "abs": ("abs_error", registry.float_value)},
+    required=("abs_error",), options="abs=FLOAT (required), block=INT",
+    native=_eb_native))

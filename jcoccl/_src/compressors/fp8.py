@@ -11,6 +11,7 @@ import numpy as np
 from jax import lax
 
 from jcoccl._src.compressors import _base as B
+from jcoccl._src.compressors import registry
 
 # fmt -> (jnp dtype, FMAX, unit roundoff 2**-(mantissa bits + 1), smallest subnormal)
 FORMATS = {
@@ -71,3 +72,17 @@ class Fp8Compressor(B.Compressor):
          + amax * np.float32(4 * B.U32) + np.float32((fmax + 2) * B.TINY))
     ok = B.block_finite(xb) & (amax < np.float32(B.F32_MAX * (1 - 2.0**-20)))
     return jnp.where(ok, b, jnp.inf).reshape(x2d.shape)
+
+
+def _fp8_string(c: Fp8Compressor) -> str:
+  opts = [] if c.fmt == "e4m3" else [c.fmt]
+  opts += [] if c.block_size == 128 else [f"block={c.block_size}"]
+  return "fp8" + (":" + ",".join(opts) if opts else "")
+
+
+registry.register(registry.Family(
+    kind="fp8", names={"fp8": Fp8Compressor}, to_string=_fp8_string,
+    flags={f: ("fmt", f) for f in FORMATS},
+    keyed={"block": ("block_size", registry.int_value)},
+    options="e4m3, e5m2, block=INT",
+    native=lambda c: {"block": c.block_size, "fp8": c.fmt}))

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jcoccl._src.compressors import _base as B
+from jcoccl._src.compressors import registry
 
 MAX_SIZE = 4096
 DEFAULT_SIZE_LOSSLESS_INNER = 128
@@ -141,3 +142,18 @@ class HadamardCompressor(B.Compressor):
     b = jnp.where(ok, b, jnp.inf)
     b = jnp.where(jnp.abs(xb) + b <= np.float32(B.F32_MAX * (1 - 2.0**-20)), b, jnp.inf)
     return b.reshape(rows, n)
+
+
+def _hadamard(inner: B.Compressor, size: int | None = None) -> HadamardCompressor:
+  return HadamardCompressor(inner=inner, size=default_size(inner) if size is None else size)
+
+
+def _hadamard_string(c: HadamardCompressor) -> str:
+  tail = "" if c.size == default_size(c.inner) else f":size={c.size}"
+  return f"hadamard({registry.family_of(c.inner).to_string(c.inner)}){tail}"
+
+
+registry.register(registry.Family(
+    kind="hadamard", names={"hadamard": _hadamard}, to_string=_hadamard_string,
+    keyed={"size": ("size", registry.int_value)}, options="size=INT", wraps=True,
+    native=lambda c: {"hadamard": c.size}))

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src.compressors._base import FLOAT_DTYPES, Compressor, cast_term
+from jcoccl._src.compressors import registry
 
 CAST_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -110,3 +111,15 @@ class CastCompressor(Compressor):
 
   def _bound_f32(self, x2d: jax.Array) -> jax.Array:
     return cast_term(jnp.abs(x2d), self.dtype)
+
+
+registry.register(registry.Family(
+    kind="none", names={"none": NoneCompressor}, to_string=lambda c: "none",
+    native=lambda c: {}))
+registry.register(registry.Family(
+    kind="cast",
+    names={n: (lambda d=d: CastCompressor(d)) for n, d in
+           (("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp16", "float16"),
+            ("float16", "float16"), ("f16", "float16"))},
+    to_string=lambda c: "bf16" if c.dtype.name == "bfloat16" else "fp16",
+    native=lambda c: {"cast_dtype": c.dtype.name}))

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jcoccl._src.compressors import _base as B
+from jcoccl._src.compressors import registry
 
 ROUNDINGS = ("nearest", "stochastic")
 BITS = (8, 4, 2)
@@ -129,3 +130,27 @@ class IntCompressor(B.Compressor):
     # Non-finite blocks decode to NaN; near float32's top the decode may overflow.
     b = jnp.where(B.block_finite(xb) & (big < np.float32(B.F32_MAX * (1 - 2.0**-20))), b, jnp.inf)
     return jnp.broadcast_to(b, xb.shape).reshape(x2d.shape)
+
+
+def _int_string(c: IntCompressor) -> str:
+  opts = [] if c.block_size == 256 else [f"block={c.block_size}"]
+  opts += [] if c.symmetric else ["asym"]
+  opts += [] if c.rounding == "nearest" else [c.rounding]
+  return f"int{c.bits}" + (":" + ",".join(opts) if opts else "")
+
+
+def _int_native(c: IntCompressor) -> dict | None:
+  if c.rounding != "nearest":
+    return None
+  return {"bits": c.bits, "block": c.block_size, "symmetric": c.symmetric}
+
+
+registry.register(registry.Family(
+    kind="int",
+    names={f"int{b}": (lambda b=b, **kw: IntCompressor(bits=b, **kw)) for b in BITS},
+    to_string=_int_string,
+    flags={"sym": ("symmetric", True), "asym": ("symmetric", False),
+           "nearest": ("rounding", "nearest"), "stochastic": ("rounding", "stochastic")},
+    keyed={"block": ("block_size", registry.int_value)},
+    options="block=INT, sym, asym, nearest, stochastic",
+    native=_int_native))

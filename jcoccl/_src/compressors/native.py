@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jcoccl._src import _ffi
+from jcoccl._src.compressors import registry
 
 _NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OPS = ("encode", "decode", "decode_sum", "decode_sum_encode")
@@ -68,16 +69,27 @@ def _fp8_code(fmt: Any) -> int:
   raise ValueError(f"fmt must be 'e4m3' or 'e5m2', got {fmt!r}")
 
 
-def _pow2(v: Any, lo: int, hi: int) -> bool:
-  return isinstance(v, (int, np.integer)) and lo <= v <= hi and not v & (v - 1)
+def _fields(c: Any) -> dict[str, Any] | None:
+  """The kernel fields of ``c`` from its family (:mod:`.registry`), or None without a kernel."""
+  fam = registry.family_of(c)
+  own = fam.native(c) if fam.native is not None else None
+  if own is None:
+    return None
+  if not fam.wraps:
+    return {"kind": fam.kind, **own} if fam.kind in _kinds() else None
+  inner = _fields(c.inner)
+  # The kernels rotate once around a plain codec: no wrapper inside a wrapper.
+  if inner is None or set(own) & set(inner):
+    return None
+  return {**inner, **own}
 
 
 def codec_attrs(c: Any) -> dict[str, np.generic]:
   """The FFI attributes describing compressor ``c``.
 
   Args:
-    c: a ``Compressor`` whose kind is none, cast, int, fp8, error_bounded, or hadamard
-      around one of those.
+    c: a ``Compressor`` whose family has native kernels (none, cast, int, fp8,
+      error_bounded, or hadamard around one of those).
 
   Returns:
     A dict of numpy scalars for ``jax.ffi.ffi_call``.
@@ -89,57 +101,27 @@ def codec_attrs(c: Any) -> dict[str, np.generic]:
     >>> codec_attrs(jc.int4(block_size=64))["bits"]
     np.int32(4)
   """
-  had = 0
-  if c.kind == "hadamard":
-    had = int(c.size)
-    c = c.inner
-  if c.kind not in _kinds():
-    raise ValueError(f"compressor {c} (kind {c.kind!r}) has no native kernel; native kinds: "
-                     f"{sorted(_kinds())} and hadamard around them")
-  cast_dtype = 1
-  if c.kind == "cast":
-    cd = jnp.dtype(c.dtype)
-    if cd not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-      raise ValueError(f"cast dtype must be bfloat16 or float16, got {cd}")
-    cast_dtype = dtype_code(cd)
+  f = _fields(c)
+  if f is None:
+    raise ValueError(f"compressor {c} has no native kernel; native kinds: {sorted(_kinds())} "
+                     "(round to nearest) and hadamard around them")
   return {
-      "kind": np.int32(_kinds()[c.kind]),
-      "bits": np.int32(getattr(c, "bits", 8) if c.kind == "int" else 8),
-      "block": np.int32(getattr(c, "block_size", 1) if c.kind in ("int", "fp8", "error_bounded")
-                        else 1),
-      "symmetric": np.int32(bool(getattr(c, "symmetric", True))),
-      "fp8": np.int32(_fp8_code(c.fmt) if c.kind == "fp8" else 0),
-      "cast_dtype": np.int32(cast_dtype),
-      "hadamard": np.int32(had),
-      "abs_error": np.float32(c.abs_error if c.kind == "error_bounded" else 0.0),
+      "kind": np.int32(_kinds()[f["kind"]]),
+      "bits": np.int32(f.get("bits", 8)),
+      "block": np.int32(f.get("block", 1)),
+      "symmetric": np.int32(bool(f.get("symmetric", True))),
+      "fp8": np.int32(_fp8_code(f.get("fp8", "e4m3"))),
+      "cast_dtype": np.int32(dtype_code(f.get("cast_dtype", "bfloat16"))),
+      "hadamard": np.int32(f.get("hadamard", 0)),
+      "abs_error": np.float32(f.get("abs_error", 0.0)),
   }
 
 
 def _supported(c: Any) -> bool:
-  parts = [c]
-  if c.kind == "hadamard":
-    if not _pow2(getattr(c, "size", None), 2, 4096):
-      return False
-    parts.append(c.inner)
-  inner = parts[-1]
-  if inner.kind not in _kinds():
-    return False
-  if any(getattr(p, "rounding", "nearest") != "nearest" for p in parts):
-    return False
-  if inner.kind == "int" and getattr(inner, "bits", None) not in (2, 4, 8):
-    return False
-  if inner.kind in ("int", "fp8", "error_bounded"):
-    if not _pow2(getattr(inner, "block_size", None), 32, 4096):
-      return False
-  if inner.kind == "error_bounded":
-    e = float(inner.abs_error)
-    if not (0.0 < np.float32(e) < np.float32(3e38)):
-      return False
   try:
-    codec_attrs(c)
-  except (ValueError, TypeError, AttributeError):
+    return _fields(c) is not None
+  except TypeError:
     return False
-  return True
 
 
 def available(c: Any, op: str, dtype: Any) -> bool:
