@@ -63,7 +63,7 @@ _OPS = {"psum": "all_reduce", "psum_invariant": "all_reduce", "all_gather": "all
 _CLOSED = {"jit": ("jaxpr",), "pjit": ("jaxpr",), "closed_call": ("call_jaxpr",),
            "core_call": ("call_jaxpr",), "scan": ("jaxpr",),
            "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
-_REMAT = ("checkpoint", "remat")
+_REMAT = ("remat2", "checkpoint", "remat")
 _CODEC_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -112,9 +112,9 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
     call = lambda *leaves: f(*jax.tree.unflatten(tree, leaves)[0],
                              **jax.tree.unflatten(tree, leaves)[1])
     closed, out_shape = jax.make_jaxpr(call, return_shape=True)(*flat)
+    _check_axes(pol, _mesh_axes(closed.jaxpr) | _enclosing_axes())
     if not _rewrites(closed.jaxpr, pol):
       return f(*args, **kwargs)
-    _check_axes(pol, _mesh_axes(closed.jaxpr) | _enclosing_axes())
     outs = _eval(closed.jaxpr, closed.consts, flat, pol)
     return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
