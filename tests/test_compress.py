@@ -340,3 +340,16 @@ def test_training_step_matches_hand_wired_trainer():
     assert float(loss) == float(metrics["loss"])
     for a, b in zip(jax.tree.leaves(mine), jax.tree.leaves(params)):
       np.testing.assert_array_equal(a, b)
+
+
+def test_training_loop_options_warn_and_keyword_arguments():
+  m = mesh((8,), ("data",))
+  sm = _smap(lambda v, w: lax.psum(v * w, "data"), m, (P("data"), P("data")), P())
+  f = lambda v, *, w: sm(v, w)
+  pol = {"data": {"all_reduce": C8, "min_bytes": 0, "error_feedback": True}}
+  with pytest.warns(UserWarning, match=r"\[data\] error_feedback .* no effect"):
+    g = jcoccl.compress(f, pol)
+  x = _x((8, 512))
+  hand = _smap(lambda v, w: jcoccl.all_reduce(v * w, "data", compressor=C8, min_bytes=0), m,
+               (P("data"), P("data")), P())(x, 2 * x)
+  np.testing.assert_array_equal(jax.jit(g)(x, w=2 * x), hand)
