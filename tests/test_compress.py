@@ -8,7 +8,6 @@ payload ratio; a data-parallel training step written with lax.pmean follows the 
 models.parallel trainer's loss curve bitwise.
 """
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -353,3 +352,19 @@ def test_training_loop_options_warn_and_keyword_arguments():
   hand = _smap(lambda v, w: jcoccl.all_reduce(v * w, "data", compressor=C8, min_bytes=0), m,
                (P("data"), P("data")), P())(x, 2 * x)
   np.testing.assert_array_equal(jax.jit(g)(x, w=2 * x), hand)
+
+
+def test_custom_derivative_functions_stay_lax():
+  m = mesh((8,), ("data",))
+
+  @jax.custom_vjp
+  def summed(v):
+    return lax.psum(v, "data")
+
+  summed.defvjp(lambda v: (summed(v), None), lambda _, g: (g,))
+  f = _smap(lambda v: (summed(v), lax.psum(v, "data")), m, P("data"), (P(), P()),
+            check_vma=False)
+  x = _x((8, 512))
+  got, ref = jax.jit(jcoccl.compress(f, INT8_ALL))(x), f(x)
+  np.testing.assert_array_equal(got[0], ref[0])      # inside custom_vjp: lax, bitwise
+  assert not np.array_equal(got[1], ref[1])          # outside: compressed

@@ -42,6 +42,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -109,8 +110,11 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
   @functools.wraps(f)
   def compressed(*args: Any, **kwargs: Any) -> Any:
     flat, tree = jax.tree.flatten((args, kwargs))
-    call = lambda *leaves: f(*jax.tree.unflatten(tree, leaves)[0],
-                             **jax.tree.unflatten(tree, leaves)[1])
+
+    def call(*leaves: Any) -> Any:
+      a, kw = jax.tree.unflatten(tree, leaves)
+      return f(*a, **kw)
+
     closed, out_shape = jax.make_jaxpr(call, return_shape=True)(*flat)
     _check_axes(pol, _mesh_axes(closed.jaxpr) | _enclosing_axes())
     if not _rewrites(closed.jaxpr, pol):
@@ -122,7 +126,17 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
 
 
 def as_policy(policy: Any) -> Policy:
-  """A Policy from a Policy, a ``{axis: {op: spec}}`` mapping or a TOML file path."""
+  """The Policy that ``policy`` gives.
+
+  Args:
+    policy: a Policy, a mapping ``{axis: {op or option: value}}`` or a TOML file's path.
+
+  Returns:
+    A :class:`jcoccl.Policy` (errors in a mapping or file name the entry).
+
+  Example:
+    >>> as_policy({"data": {"all_reduce": "int8"}}).compressor("data", "all_reduce")
+  """
   if isinstance(policy, Policy):
     return policy
   if isinstance(policy, Mapping):
@@ -225,19 +239,11 @@ def _eval(jaxpr: Any, consts: Any, args: Any, pol: Policy) -> list:
     env[v] = x
   for eqn in jaxpr.eqns:
     ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
-    with ctx if ctx is not None else _null():
+    with ctx if ctx is not None else contextlib.nullcontext():
       outs = _eval_eqn(eqn, [read(v) for v in eqn.invars], pol)
     for v, x in zip(eqn.outvars, outs, strict=True):
       env[v] = x
   return [read(v) for v in jaxpr.outvars]
-
-
-class _null:
-  def __enter__(self) -> None:
-    return None
-
-  def __exit__(self, *exc: Any) -> None:
-    return None
 
 
 def _eval_eqn(eqn: Any, invals: list, pol: Policy) -> list:
