@@ -36,3 +36,6 @@ from jcoccl._src.fused import shutdown as shutdown
 
 # Per-axis, per-op compression policy (used by models/ for 3D-parallel training).
 from jcoccl.policy import Policy as Policy
+
+# Zero-code-change compression: a program's lax collectives run as jcoccl ops per a policy.
+from jcoccl._src.compress import compress as compress

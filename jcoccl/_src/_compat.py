@@ -150,3 +150,23 @@ def executable_device_ids(compiled) -> list[int] | None:
   except Exception:  # noqa: BLE001 - a backend without the method: caller falls back
     return None
   return [d.id for d in devices]
+
+
+# --- compress: tracing a rewritten sub-program to a closed jaxpr of given input types --------
+
+def trace_closed_jaxpr(fn, in_avals, name: str = "jcoccl_compress"):
+  """``fn`` (flat arrays -> list of arrays) traced at ``in_avals`` into a ClosedJaxpr.
+
+  ``jax.make_jaxpr`` takes example values and drops what an abstract value holds beyond
+  shape and dtype (inside ``shard_map(check_vma=True)``: the axes it varies over); the
+  sub-programs of scan, while, cond and jit equations must keep their input types exactly,
+  so the tracing entry point under make_jaxpr is used directly.
+  """
+  from jax._src import api_util as _api_util
+  from jax._src import core as _core
+  from jax._src import linear_util as _lu
+  from jax._src.interpreters import partial_eval as _pe
+  dbg = _api_util.debug_info(name, fn, tuple(in_avals), {})
+  jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(_lu.wrap_init(fn, debug_info=dbg),
+                                                list(in_avals))
+  return _core.ClosedJaxpr(jaxpr, consts)
