@@ -81,8 +81,8 @@ if [ "$MODE" = gpu ]; then
   step build 150 "$PY" tools/gpu_build.py --python "$PY" --env-file "$OUT/build_env.sh"
   # shellcheck disable=SC1091
   if [ -f "$OUT/build_env.sh" ]; then source "$OUT/build_env.sh"; fi
-  step import 20 "$PY" -c "from jcoccl._src import _ffi; m = _ffi.native_module('cuda'); \
-print('jcoccl._cuda', m, _ffi.native_import_error('cuda')); print('nccl', m.nccl_version()); \
+  step import 20 "$PY" -c "from jcoccl import native; m = native.module('cuda'); \
+print('jcoccl._cuda', m, native.import_error('cuda')); print('nccl', m.nccl_version()); \
 import jax; print(jax.devices())"
   step codecs 90 "$PY" tools/gpu_codecs.py --skip-bench --out "$OUT/codecs.json"
   step single 50 "$PY" "$GC" single --out "$OUT/single.json"
@@ -107,7 +107,7 @@ else
     COMPS=(--compressors '^int8$')
   fi
   step build 30 "$PY" tools/gpu_build.py --python "$PY" --dry-run
-  step import 30 "$PY" -c "from jcoccl._src import _ffi; m = _ffi.native_module('cpu'); \
+  step import 30 "$PY" -c "from jcoccl import native; m = native.module('cpu'); \
 print('jcoccl._cpu', m); import jax; print(jax.devices())"
   step codecs 300 "$PY" tools/gpu_codecs.py --platform cpu --skip-bench "${ONLY[@]}" \
     --out "$OUT/codecs.json"

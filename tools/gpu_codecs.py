@@ -106,7 +106,7 @@ def _data(rows: int, n: int, seed: int, subnormal: bool = False):
 
 def _layout(c, dtype, n: int) -> gc.Layout:
   import jax.numpy as jnp
-  from jcoccl._src.compressors import native
+  from jcoccl import native
   a = native.codec_attrs(c)
   d = {jnp.dtype(jnp.float32): gc.F32, jnp.dtype(jnp.bfloat16): gc.BF16,
        jnp.dtype(jnp.float16): gc.F16}[jnp.dtype(dtype)]
@@ -176,7 +176,7 @@ def check(jax, jnp, jc, results: Results | None = None,
   """Every codec x dtype (names matching the regex `only`); returns (mismatches,
   differences on the subnormal data)."""
   import re
-  from jcoccl._src.compressors import native
+  from jcoccl import native
   bad, sub = [], []
   for c in _codecs(jc, jnp):
     if only and not re.search(only, str(c)):
@@ -277,14 +277,14 @@ def main() -> int:
   import jax
   import jax.numpy as jnp
   from jcoccl import compressors as jc
-  from jcoccl._src import _ffi
+  from jcoccl import native
   if jax.default_backend() != args.platform:
     print(f"VERDICT codecs: SKIPPED (default backend {jax.default_backend()!r}, "
           f"--platform {args.platform})")
     return 2
   module = "cuda" if args.platform == "gpu" else "cpu"
-  if not _ffi.register(module):
-    print(f"VERDICT codecs: FAIL (jcoccl._{module} missing: {_ffi.native_import_error(module)})")
+  if not native.register(module):
+    print(f"VERDICT codecs: FAIL (jcoccl._{module} missing: {native.import_error(module)})")
     return 2
   results = Results(args.out, device=str(jax.devices()[0]), mismatches=None, bench=[])
   bad = []

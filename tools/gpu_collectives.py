@@ -236,15 +236,15 @@ def _engine(op: str, x: Any, out_shape: tuple, cid: int, n: int, comp: Any, m: i
             k: int = 1) -> Any:
   """One engine call; ``op`` is an engine algorithm or "plain_<collective>" (NCCL's own)."""
   import numpy as np
-  from jcoccl._src import fused
+  from jcoccl import native as engine
   if op.startswith("plain_"):
-    return fused.engine_call(op[len("plain_"):], "plain", x, out_shape, cid, n, None, k, m,
+    return engine.engine_call(op[len("plain_"):], "plain", x, out_shape, cid, n, None, k, m,
                              platform=PLATFORM)
   name = op if op in ("reduce_scatter", "all_gather", "all_to_all", "ppermute") else "all_reduce"
   perm = None
   if op == "ppermute":
     perm = np.array([i + 1 if i + 1 < n else -1 for i in range(n)], np.int32)
-  return fused.engine_call(name, op, x, out_shape, cid, n, comp, k, m, platform=PLATFORM,
+  return engine.engine_call(name, op, x, out_shape, cid, n, comp, k, m, platform=PLATFORM,
                            perm=perm)
 
 
@@ -262,10 +262,10 @@ def _wait_file(path: str, timeout: float) -> bytes:
 def _comm_init_nccl(args: argparse.Namespace, me: int, n: int, cid: int) -> str | None:
   """NCCL communicator of the launch's ranks; the ncclUniqueId travels through a file.
   Returns an error message, or None."""
-  from jcoccl._src import _ffi
-  mod = _ffi.native_module("cuda")
+  from jcoccl import native
+  mod = native.module("cuda")
   if mod is None:
-    return f"jcoccl._cuda missing: {_ffi.native_import_error('cuda')}"
+    return f"jcoccl._cuda missing: {native.import_error('cuda')}"
   uid_path = os.path.join(args.dir, "nccl_uid")
   if me == 0:
     uid = mod.nccl_unique_id()
@@ -285,13 +285,13 @@ def _comm_init_nccl(args: argparse.Namespace, me: int, n: int, cid: int) -> str 
 def _comm_init_host(args: argparse.Namespace, me: int, n: int, cid: int) -> str | None:
   """The CPU dry run's communicator: the in-process host transport (world size 1 only)."""
   import jax
-  from jcoccl._src import _ffi
+  from jcoccl import native
   if n != 1:
     return "--platform cpu runs at world size 1 only (the host transport is in-process)"
-  mod = _ffi.native_module("cpu")
+  mod = native.module("cpu")
   if mod is None:
-    return f"jcoccl._cpu missing: {_ffi.native_import_error('cpu')}"
-  _ffi.register("cpu")
+    return f"jcoccl._cpu missing: {native.import_error('cpu')}"
+  native.register("cpu")
   mod.fused_host_comm_create(cid, [jax.devices("cpu")[0].id])
   return None
 
@@ -299,7 +299,7 @@ def _comm_init_host(args: argparse.Namespace, me: int, n: int, cid: int) -> str 
 def cmd_worker(args: argparse.Namespace) -> int:
   global PLATFORM
   import jax
-  from jcoccl._src import _ffi
+  from jcoccl import native
 
   me, n = args.rank, args.world
   report: dict[str, Any] = dict(kind="worker", rank=me, world=n, platform=args.platform,
@@ -314,7 +314,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _write(out_path, report)
     return 3 if "refused" in err else 2
   if args.platform == "gpu":
-    report["nccl_version"] = _ffi.native_module("cuda").nccl_version()
+    report["nccl_version"] = native.module("cuda").nccl_version()
   dev = _devices(args.platform)[0]
   cpu = jax.devices("cpu")[0]
   progress = lambda: _write(out_path, report)  # every finished check or timing is kept
@@ -325,7 +325,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.bench:
       _bench(cid, me, n, dev, args.sizes_mib, args.iters, report["bench"], progress)
   finally:
-    _ffi.native_module(PLATFORM).fused_comm_destroy(cid)
+    native.module(PLATFORM).fused_comm_destroy(cid)
   bad = sum(not c["ok"] for c in report["checks"])
   report.update(mismatches=bad, done=True)
   _write(out_path, report)
@@ -506,14 +506,14 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
   """World size 1 on the CPU (host transport): the worker's checks and the benchmark loop."""
   global PLATFORM
   import jax
-  from jcoccl._src import _ffi
+  from jcoccl import native
 
-  mod = _ffi.native_module("cpu")
+  mod = native.module("cpu")
   if mod is None:
-    print(f"jcoccl._cpu missing: {_ffi.native_import_error('cpu')}")
+    print(f"jcoccl._cpu missing: {native.import_error('cpu')}")
     return 2
   PLATFORM = "cpu"
-  _ffi.register("cpu")
+  native.register("cpu")
   cpu = jax.devices("cpu")[0]
   cid = (1 << 50) + 11
   mod.fused_host_comm_create(cid, [cpu.id])
