@@ -25,5 +25,6 @@ struct RegisterHandler {
 
 // JCOCCL_REGISTER_HANDLER(symbol, "target", ...): `symbol` from XLA_FFI_DEFINE_HANDLER_SYMBOL
 // serves every listed target name.
-#define JCOCCL_REGISTER_HANDLER(symbol, ...) \
-  static ::jcoccl::RegisterHandler jcoccl_reg_##symbol({__VA_ARGS__}, reinterpret_cast<void*>(symbol))
+#define JCOCCL_REGISTER_HANDLER(symbol, ...)                          \
+  static ::jcoccl::RegisterHandler jcoccl_reg_##symbol({__VA_ARGS__}, \
+                                                       reinterpret_cast<void*>(symbol))

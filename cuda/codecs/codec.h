@@ -37,30 +37,48 @@ enum class Fp8Format : int32_t { kE4M3 = 0, kE5M2 = 1 };
 // {kind=kInt, bits=4, block=128, symmetric=true, hadamard=256}.
 struct CodecSpec {
   Kind kind = Kind::kNone;
-  int32_t bits = 8;                     // kInt: 8, 4 or 2
-  int32_t block = 1;                    // kInt, kFp8, kErrorBounded: B (power of two, 32..4096)
-  bool symmetric = true;                // kInt
-  Fp8Format fp8 = Fp8Format::kE4M3;     // kFp8
-  DType cast_dtype = DType::kBF16;      // kCast: kBF16 or kF16
-  float abs_error = 0.0f;               // kErrorBounded
-  int32_t hadamard = 0;                 // 0, or H (power of two, 2..4096)
+  int32_t bits = 8;                  // kInt: 8, 4 or 2
+  int32_t block = 1;                 // kInt, kFp8, kErrorBounded: B (power of two, 32..4096)
+  bool symmetric = true;             // kInt
+  Fp8Format fp8 = Fp8Format::kE4M3;  // kFp8
+  DType cast_dtype = DType::kBF16;   // kCast: kBF16 or kF16
+  float abs_error = 0.0f;            // kErrorBounded
+  int32_t hadamard = 0;              // 0, or H (power of two, 2..4096)
 
   static CodecSpec None() { return CodecSpec{}; }
   static CodecSpec Cast(DType to) {
-    CodecSpec s; s.kind = Kind::kCast; s.cast_dtype = to; return s;
+    CodecSpec s;
+    s.kind = Kind::kCast;
+    s.cast_dtype = to;
+    return s;
   }
   static CodecSpec Int(int32_t bits, int32_t block, bool symmetric) {
-    CodecSpec s; s.kind = Kind::kInt; s.bits = bits; s.block = block; s.symmetric = symmetric;
+    CodecSpec s;
+    s.kind = Kind::kInt;
+    s.bits = bits;
+    s.block = block;
+    s.symmetric = symmetric;
     return s;
   }
   static CodecSpec Fp8(Fp8Format f, int32_t block) {
-    CodecSpec s; s.kind = Kind::kFp8; s.fp8 = f; s.block = block; return s;
-  }
-  static CodecSpec ErrorBounded(float abs_error, int32_t block) {
-    CodecSpec s; s.kind = Kind::kErrorBounded; s.abs_error = abs_error; s.block = block;
+    CodecSpec s;
+    s.kind = Kind::kFp8;
+    s.fp8 = f;
+    s.block = block;
     return s;
   }
-  CodecSpec WithHadamard(int32_t h) const { CodecSpec s = *this; s.hadamard = h; return s; }
+  static CodecSpec ErrorBounded(float abs_error, int32_t block) {
+    CodecSpec s;
+    s.kind = Kind::kErrorBounded;
+    s.abs_error = abs_error;
+    s.block = block;
+    return s;
+  }
+  CodecSpec WithHadamard(int32_t h) const {
+    CodecSpec s = *this;
+    s.hadamard = h;
+    return s;
+  }
 };
 
 namespace detail {
@@ -70,7 +88,8 @@ JCOCCL_HD bool IsPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 // Returns nullptr if `spec` is valid, else a static message naming the bad field.
 inline const char* Validate(const CodecSpec& s) {
   switch (s.kind) {
-    case Kind::kNone: break;
+    case Kind::kNone:
+      break;
     case Kind::kCast:
       if (s.cast_dtype != DType::kBF16 && s.cast_dtype != DType::kF16)
         return "cast_dtype must be bfloat16 (1) or float16 (2)";
@@ -88,7 +107,8 @@ inline const char* Validate(const CodecSpec& s) {
       if (s.kind == Kind::kErrorBounded && !(s.abs_error > 0.0f && s.abs_error < 3.0e38f))
         return "abs_error must be a positive finite float32";
       break;
-    default: return "kind must be none (0), cast (1), int (2), fp8 (3) or error_bounded (5)";
+    default:
+      return "kind must be none (0), cast (1), int (2), fp8 (3) or error_bounded (5)";
   }
   if (s.hadamard != 0 && (!detail::IsPow2(s.hadamard) || s.hadamard < 2 || s.hadamard > 4096))
     return "hadamard must be 0 or a power of two in [2, 4096]";
@@ -110,9 +130,9 @@ JCOCCL_HD int64_t Granule(const CodecSpec& s) {
 
 // Byte offsets of the sections of a payload (see WIRE_FORMAT.md).
 struct Layout {
-  int64_t codes = 0;    // int: codes; fp8: codes; error_bounded: widths (padded)
-  int64_t scales = 0;   // int/fp8: f32 scales; error_bounded: uint32 words
-  int64_t mins = 0;     // int asymmetric: f32 mins
+  int64_t codes = 0;   // int: codes; fp8: codes; error_bounded: widths (padded)
+  int64_t scales = 0;  // int/fp8: f32 scales; error_bounded: uint32 words
+  int64_t mins = 0;    // int asymmetric: f32 mins
   int64_t total = 0;
 };
 
@@ -122,15 +142,25 @@ JCOCCL_HD Layout RowLayout(const CodecSpec& s, int64_t n, DType d) {
   if (s.hadamard > 0) d = DType::kF32;
   const int64_t nb = s.block > 0 ? n / s.block : 0;
   switch (s.kind) {
-    case Kind::kNone: l.total = n * DTypeBytes(d); break;
-    case Kind::kCast: l.total = n * DTypeBytes(s.cast_dtype); break;
+    case Kind::kNone:
+      l.total = n * DTypeBytes(d);
+      break;
+    case Kind::kCast:
+      l.total = n * DTypeBytes(s.cast_dtype);
+      break;
     case Kind::kInt:
       l.scales = n * s.bits / 8;
       l.mins = l.scales + 4 * nb;
       l.total = l.mins + (s.symmetric ? 0 : 4 * nb);
       break;
-    case Kind::kFp8: l.scales = n; l.total = n + 4 * nb; break;
-    case Kind::kErrorBounded: l.scales = (nb + 3) / 4 * 4; l.total = l.scales + 4 * n; break;
+    case Kind::kFp8:
+      l.scales = n;
+      l.total = n + 4 * nb;
+      break;
+    case Kind::kErrorBounded:
+      l.scales = (nb + 3) / 4 * 4;
+      l.total = l.scales + 4 * n;
+      break;
   }
   return l;
 }
@@ -150,7 +180,7 @@ void DecodeRowCpu(const CodecSpec& spec, DType out_dtype, const uint8_t* in, int
 void DecodeSumCpu(const CodecSpec& spec, DType dtype, const uint8_t* const* rows, int nrows,
                   int64_t n, void* out);
 // encode(decode_sum(rows)) into out (PayloadBytes(spec, n, dtype) bytes).
-void DecodeSumEncodeCpu(const CodecSpec& spec, DType dtype, const uint8_t* const* rows,
-                        int nrows, int64_t n, uint8_t* out);
+void DecodeSumEncodeCpu(const CodecSpec& spec, DType dtype, const uint8_t* const* rows, int nrows,
+                        int64_t n, uint8_t* out);
 
 }  // namespace jcoccl::codecs

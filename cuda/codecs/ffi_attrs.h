@@ -47,10 +47,17 @@ inline xla::ffi::ErrorOr<CodecSpec> SpecFromAttrs(const xla::ffi::Dictionary& at
 // Maps an FFI element type to DType; false if unsupported.
 inline bool DTypeFromFfi(xla::ffi::DataType t, DType* out) {
   switch (t) {
-    case xla::ffi::DataType::F32: *out = DType::kF32; return true;
-    case xla::ffi::DataType::BF16: *out = DType::kBF16; return true;
-    case xla::ffi::DataType::F16: *out = DType::kF16; return true;
-    default: return false;
+    case xla::ffi::DataType::F32:
+      *out = DType::kF32;
+      return true;
+    case xla::ffi::DataType::BF16:
+      *out = DType::kBF16;
+      return true;
+    case xla::ffi::DataType::F16:
+      *out = DType::kF16;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -67,8 +74,8 @@ inline xla::ffi::Error BadArg(const std::string& what) {
 // A row of n elements must be a positive multiple of the codec's granule.
 inline xla::ffi::Error CheckRow(const CodecSpec& s, int64_t n) {
   if (n <= 0 || n % Granule(s) != 0) {
-    return BadArg("row length " + std::to_string(n) + " is not a positive multiple of the granule " +
-                  std::to_string(Granule(s)));
+    return BadArg("row length " + std::to_string(n) +
+                  " is not a positive multiple of the granule " + std::to_string(Granule(s)));
   }
   return xla::ffi::Error::Success();
 }
@@ -96,9 +103,8 @@ inline xla::ffi::Error SumShapeOf(const CodecSpec& s, DType d, const xla::ffi::A
 // 1 bfloat16, 2 float16) and `n` attributes, buf's reduction shape, and an output of
 // uint8[batch..., P].
 inline xla::ffi::Error SumEncodeArgs(const xla::ffi::Dictionary& attrs, const CodecSpec& s,
-                                     const xla::ffi::AnyBuffer& buf,
-                                     const xla::ffi::AnyBuffer& out, DType* d, int64_t* n,
-                                     SumShape* sh) {
+                                     const xla::ffi::AnyBuffer& buf, const xla::ffi::AnyBuffer& out,
+                                     DType* d, int64_t* n, SumShape* sh) {
   auto dt = attrs.get<int32_t>("dtype");
   auto len = attrs.get<int64_t>("n");
   if (dt.has_error()) return dt.error();

@@ -20,7 +20,9 @@ JCOCCL_HD uint32_t FloatBits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
-  uint32_t u; std::memcpy(&u, &f, 4); return u;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
 #endif
 }
 
@@ -28,7 +30,9 @@ JCOCCL_HD float BitsFloat(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
-  float f; std::memcpy(&f, &u, 4); return f;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 #endif
 }
 
@@ -103,14 +107,15 @@ JCOCCL_HD uint16_t F32ToF16(float f) {
   return __half_as_ushort(__float2half_rn(f));
 #else
   if (a >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65536: Inf
-  if (a >= 0x38800000u) {                        // normal half
+  if (a >= 0x38800000u) {                       // normal half
     const uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
     return sign | static_cast<uint16_t>((r >> 13) - (112u << 10));
   }
   if (a < 0x33000000u) return sign;  // < 2^-25: rounds to zero (ties to even: 0)
   // Subnormal half: round(|f| * 2^24) to even, computed in integers.
   const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126u - e;  // value = m * 2^(e-150); units of 2^-24 -> shift right by (126-e)
+  const uint32_t shift =
+      126u - e;  // value = m * 2^(e-150); units of 2^-24 -> shift right by (126-e)
   const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
   const uint32_t r = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
   return sign | static_cast<uint16_t>(r);
@@ -120,35 +125,47 @@ JCOCCL_HD uint16_t F32ToF16(float f) {
 // Element i of a row of dtype d, as float32 (exact).
 JCOCCL_HD float LoadElem(DType d, const void* p, int64_t i) {
   switch (d) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return BF16ToF32(static_cast<const uint16_t*>(p)[i]);
-    default: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return BF16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return F16ToF32(static_cast<const uint16_t*>(p)[i]);
   }
 }
 
 // Stores v rounded to dtype d (round-to-nearest-even).
 JCOCCL_HD void StoreElem(DType d, void* p, int64_t i, float v) {
   switch (d) {
-    case DType::kF32: static_cast<float*>(p)[i] = v; break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = F32ToBF16(v); break;
-    default: static_cast<uint16_t*>(p)[i] = F32ToF16(v); break;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = F32ToBF16(v);
+      break;
+    default:
+      static_cast<uint16_t*>(p)[i] = F32ToF16(v);
+      break;
   }
 }
 
 // float32 -> dtype d -> float32.
 JCOCCL_HD float RoundTrip(DType d, float v) {
   switch (d) {
-    case DType::kF32: return v;
-    case DType::kBF16: return BF16ToF32(F32ToBF16(v));
-    default: return F16ToF32(F32ToF16(v));
+    case DType::kF32:
+      return v;
+    case DType::kBF16:
+      return BF16ToF32(F32ToBF16(v));
+    default:
+      return F16ToF32(F32ToF16(v));
   }
 }
 
 // ---- fp8 -------------------------------------------------------------------------------
 struct Fp8Params {
   int mbits, bias;
-  float fmax, r;       // largest finite value and float32(1 / fmax)
-  float sub_mul;       // 2^(bias - 1 + mbits): |y| in units of the smallest subnormal
+  float fmax, r;  // largest finite value and float32(1 / fmax)
+  float sub_mul;  // 2^(bias - 1 + mbits): |y| in units of the smallest subnormal
 };
 
 JCOCCL_HD Fp8Params Fp8Of(Fp8Format f) {
@@ -288,18 +305,19 @@ inline float HadamardPost(int h) { return static_cast<float>(std::sqrt(static_ca
 // the inverse rotation afterwards.
 struct ElemDecoder {
   Kind kind;
-  DType pd;            // none: payload dtype; cast: cast dtype
-  int bits;            // int
-  bool symmetric;      // int
-  int block_shift;     // log2(block)
+  DType pd;         // none: payload dtype; cast: cast dtype
+  int bits;         // int
+  bool symmetric;   // int
+  int block_shift;  // log2(block)
   int64_t scales, mins;
-  float step;          // error_bounded
+  float step;  // error_bounded
   Fp8Params fp8;
 
   JCOCCL_HD float operator()(const uint8_t* row, int64_t i) const {
     switch (kind) {
       case Kind::kNone:
-      case Kind::kCast: return LoadElem(pd, row, i);
+      case Kind::kCast:
+        return LoadElem(pd, row, i);
       case Kind::kInt: {
         const int64_t b = i >> block_shift;
         const float sc = reinterpret_cast<const float*>(row + scales)[b];
@@ -313,7 +331,8 @@ struct ElemDecoder {
       }
       default: {
         const int64_t b = i >> block_shift;
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(row + scales) + (b << block_shift);
+        const uint32_t* words =
+            reinterpret_cast<const uint32_t*>(row + scales) + (b << block_shift);
         return EbDecode(words, i - (b << block_shift), row[b], step);
       }
     }
@@ -325,13 +344,15 @@ JCOCCL_HD ElemDecoder MakeElemDecoder(const CodecSpec& s, DType d, int64_t n) {
   const Layout l = RowLayout(s, n, d);
   int shift = 0;
   while ((int64_t{1} << shift) < s.block) ++shift;
-  return ElemDecoder{s.kind, s.kind == Kind::kCast ? s.cast_dtype : d, s.bits, s.symmetric, shift,
-                     l.scales, l.mins, 2.0f * s.abs_error, Fp8Of(s.fp8)};
+  return ElemDecoder{s.kind,      s.kind == Kind::kCast ? s.cast_dtype : d,
+                     s.bits,      s.symmetric,
+                     shift,       l.scales,
+                     l.mins,      2.0f * s.abs_error,
+                     Fp8Of(s.fp8)};
 }
 
 // One element, building the decoder on the spot (prefer MakeElemDecoder once per row).
-JCOCCL_HD float DecodeElem(const CodecSpec& s, DType d, const uint8_t* row, int64_t n,
-                           int64_t i) {
+JCOCCL_HD float DecodeElem(const CodecSpec& s, DType d, const uint8_t* row, int64_t n, int64_t i) {
   return MakeElemDecoder(s, d, n)(row, i);
 }
 

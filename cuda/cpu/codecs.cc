@@ -66,8 +66,8 @@ void DecodeRowCpu(const CodecSpec& s, DType d, const uint8_t* in, int64_t n, voi
   JCOCCL_DISPATCH(DecodeRow, s, d, in, n, out);
 }
 
-void DecodeSumCpu(const CodecSpec& s, DType d, const uint8_t* const* rows, int nrows,
-                  int64_t n, void* out) {
+void DecodeSumCpu(const CodecSpec& s, DType d, const uint8_t* const* rows, int nrows, int64_t n,
+                  void* out) {
   JCOCCL_DISPATCH(DecodeSum, s, d, rows, nrows, n, out);
 }
 
@@ -90,11 +90,13 @@ using jc::SumShapeOf;
 namespace {
 
 // x: [..., n] -> out: uint8[..., P].
-ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
+ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Dictionary attrs) {
   auto spec = jc::SpecFromAttrs(attrs);
   if (spec.has_error()) return spec.error();
   jc::DType d;
-  if (!jc::DTypeFromFfi(x.element_type(), &d)) return BadArg("x must be float32, bfloat16 or float16");
+  if (!jc::DTypeFromFfi(x.element_type(), &d))
+    return BadArg("x must be float32, bfloat16 or float16");
   const int64_t n = LastDim(x);
   if (auto e = CheckRow(*spec, n); e.failure()) return e;
   const int64_t rows = static_cast<int64_t>(x.element_count()) / n;
@@ -112,11 +114,13 @@ ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, ffi
 }
 
 // buf: uint8[..., P] -> out: dtype[..., n].
-ffi::Error DecodeRowsImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
+ffi::Error DecodeRowsImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Dictionary attrs) {
   auto spec = jc::SpecFromAttrs(attrs);
   if (spec.has_error()) return spec.error();
   jc::DType d;
-  if (!jc::DTypeFromFfi(out->element_type(), &d)) return BadArg("output must be float32, bfloat16 or float16");
+  if (!jc::DTypeFromFfi(out->element_type(), &d))
+    return BadArg("output must be float32, bfloat16 or float16");
   const int64_t n = LastDim(*out);
   if (auto e = CheckRow(*spec, n); e.failure()) return e;
   const int64_t rows = static_cast<int64_t>(out->element_count()) / n;
@@ -133,15 +137,18 @@ ffi::Error DecodeRowsImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out, f
   return ffi::Error::Success();
 }
 
-ffi::Error DecodeSumImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out, ffi::Dictionary attrs) {
+ffi::Error DecodeSumImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
+                         ffi::Dictionary attrs) {
   auto spec = jc::SpecFromAttrs(attrs);
   if (spec.has_error()) return spec.error();
   jc::DType d;
-  if (!jc::DTypeFromFfi(out->element_type(), &d)) return BadArg("output must be float32, bfloat16 or float16");
+  if (!jc::DTypeFromFfi(out->element_type(), &d))
+    return BadArg("output must be float32, bfloat16 or float16");
   const int64_t n = LastDim(*out);
   SumShape sh;
   if (auto e = SumShapeOf(*spec, d, buf, n, &sh); e.failure()) return e;
-  if (static_cast<int64_t>(out->element_count()) != sh.batch * n) return BadArg("output must be dtype[..., n]");
+  if (static_cast<int64_t>(out->element_count()) != sh.batch * n)
+    return BadArg("output must be dtype[..., n]");
   const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
   auto* op = static_cast<uint8_t*>(out->untyped_data());
   std::vector<const uint8_t*> rows(sh.nrows);

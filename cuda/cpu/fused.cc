@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "codecs/codec.h"
-#include "registry.h"
 #include "engine/ffi_call.h"
+#include "registry.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -65,8 +65,8 @@ ffi::Error FusedImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer x,
   if (x.element_type() != out->element_type())
     return ffi::Error::InvalidArgument("jcoccl fused: output dtype must equal the input dtype");
   Resolved r;
-  if (ffi::Error e = Resolve(attrs, device, x.element_type(), x.element_count(),
-                             out->element_count(), &r);
+  if (ffi::Error e =
+          Resolve(attrs, device, x.element_type(), x.element_count(), out->element_count(), &r);
       e.failure())
     return e;
   CpuCodec codec(r.spec, r.dtype);

@@ -33,8 +33,8 @@ inline void BindEnums(nb::module_& m) {
                                           {"error_bounded", Kind::kErrorBounded}});
   m.attr("DTYPES") = EnumDict<DType>(
       {{"float32", DType::kF32}, {"bfloat16", DType::kBF16}, {"float16", DType::kF16}});
-  m.attr("FP8_FORMATS") = EnumDict<Fp8Format>({{"e4m3", Fp8Format::kE4M3},
-                                               {"e5m2", Fp8Format::kE5M2}});
+  m.attr("FP8_FORMATS") =
+      EnumDict<Fp8Format>({{"e4m3", Fp8Format::kE4M3}, {"e5m2", Fp8Format::kE5M2}});
   m.attr("OPS") = EnumDict<Op>({{"all_reduce_one_shot", Op::kAllReduceOneShot},
                                 {"all_reduce_two_shot", Op::kAllReduceTwoShot},
                                 {"all_reduce_hierarchical", Op::kAllReduceHierarchical},

@@ -2,9 +2,9 @@
 // communicator bookkeeping and workspace sizing. Included by cuda/bindings_*.cc only.
 #pragma once
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
-#include <nanobind/stl/pair.h>
 
 #include <stdexcept>
 #include <string>
@@ -51,39 +51,43 @@ class SizingCodec final : public Codec {
 };
 
 inline void BindFusedCommon(nb::module_& m) {
-  m.def("fused_workspace_bytes",
-        [](int op, int64_t k, int64_t mlen, int size, int outer_size, nb::dict codec,
-           nb::dict outer_codec, int dtype) {
-          SizingCodec c(SpecFromPyDict(codec, ""), static_cast<DType>(dtype));
-          SizingCodec oc(outer_size > 0 ? SpecFromPyDict(outer_codec, "o_") : CodecSpec{},
-                         static_cast<DType>(dtype));
-          SizeOnlyTransport t(size), ot(outer_size > 0 ? outer_size : 1);
-          Call call;
-          call.op = static_cast<Op>(op);
-          call.k = k;
-          call.m = mlen;
-          call.codec = &c;
-          call.comm = &t;
-          call.outer_codec = &oc;
-          call.outer_comm = &ot;
-          return WorkspaceBytes(call);
-        },
-        nb::arg("op"), nb::arg("k"), nb::arg("m"), nb::arg("size"), nb::arg("outer_size"),
-        nb::arg("codec"), nb::arg("outer_codec"), nb::arg("dtype"),
-        "Workspace bytes a fused collective needs (its extra uint8 output).");
-  m.def("fused_comm_destroy", [](int64_t comm) { return Comms().Remove(comm); },
-        nb::arg("comm"), "Drops every member of communicator `comm`; returns their count.");
-  m.def("fused_comm_keys", []() { return Comms().Keys(); },
-        "(communicator id, device ordinal) pairs currently registered.");
-  m.def("fused_timeout_s",
-        []() {
-          double s = transport::kDefaultTimeoutSeconds;
-          transport::Status st = transport::TimeoutSeconds(&s);
-          if (!st.ok()) throw std::invalid_argument(st.msg);
-          return s;
-        },
-        "Seconds a rank waits for its peers (JCOCCL_TIMEOUT_S, default 300, at most 1e8); "
-        "ValueError for an invalid value.");
+  m.def(
+      "fused_workspace_bytes",
+      [](int op, int64_t k, int64_t mlen, int size, int outer_size, nb::dict codec,
+         nb::dict outer_codec, int dtype) {
+        SizingCodec c(SpecFromPyDict(codec, ""), static_cast<DType>(dtype));
+        SizingCodec oc(outer_size > 0 ? SpecFromPyDict(outer_codec, "o_") : CodecSpec{},
+                       static_cast<DType>(dtype));
+        SizeOnlyTransport t(size), ot(outer_size > 0 ? outer_size : 1);
+        Call call;
+        call.op = static_cast<Op>(op);
+        call.k = k;
+        call.m = mlen;
+        call.codec = &c;
+        call.comm = &t;
+        call.outer_codec = &oc;
+        call.outer_comm = &ot;
+        return WorkspaceBytes(call);
+      },
+      nb::arg("op"), nb::arg("k"), nb::arg("m"), nb::arg("size"), nb::arg("outer_size"),
+      nb::arg("codec"), nb::arg("outer_codec"), nb::arg("dtype"),
+      "Workspace bytes a fused collective needs (its extra uint8 output).");
+  m.def(
+      "fused_comm_destroy", [](int64_t comm) { return Comms().Remove(comm); }, nb::arg("comm"),
+      "Drops every member of communicator `comm`; returns their count.");
+  m.def(
+      "fused_comm_keys", []() { return Comms().Keys(); },
+      "(communicator id, device ordinal) pairs currently registered.");
+  m.def(
+      "fused_timeout_s",
+      []() {
+        double s = transport::kDefaultTimeoutSeconds;
+        transport::Status st = transport::TimeoutSeconds(&s);
+        if (!st.ok()) throw std::invalid_argument(st.msg);
+        return s;
+      },
+      "Seconds a rank waits for its peers (JCOCCL_TIMEOUT_S, default 300, at most 1e8); "
+      "ValueError for an invalid value.");
 }
 
 }  // namespace jcoccl::engine

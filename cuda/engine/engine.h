@@ -50,7 +50,8 @@ class Codec {
   // rows x n elements -> rows contiguous payloads.
   virtual Status EncodeRows(void* stream, const void* x, int64_t rows, int64_t n, uint8_t* out) = 0;
   // rows contiguous payloads -> rows x n elements.
-  virtual Status DecodeRows(void* stream, const uint8_t* in, int64_t rows, int64_t n, void* out) = 0;
+  virtual Status DecodeRows(void* stream, const uint8_t* in, int64_t rows, int64_t n,
+                            void* out) = 0;
   // nrows contiguous payloads -> n elements (f32 left fold, cast once).
   virtual Status DecodeSum(void* stream, const uint8_t* in, int nrows, int64_t n, void* out) = 0;
   // nrows contiguous payloads -> one payload of their (cast) sum.
@@ -116,10 +117,10 @@ struct Call {
   void* out = nullptr;
   Codec* codec = nullptr;
   Transport* comm = nullptr;
-  Codec* outer_codec = nullptr;      // hierarchical only
-  Transport* outer_comm = nullptr;   // hierarchical only
-  int send_to = -1;                  // ppermute: destination rank of this rank, or -1
-  int recv_from = -1;                // ppermute: source rank of this rank, or -1
+  Codec* outer_codec = nullptr;     // hierarchical only
+  Transport* outer_comm = nullptr;  // hierarchical only
+  int send_to = -1;                 // ppermute: destination rank of this rank, or -1
+  int recv_from = -1;               // ppermute: source rank of this rank, or -1
   CallCtx ctx;
 };
 

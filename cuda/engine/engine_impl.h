@@ -20,8 +20,8 @@ struct Runner {
   Status Handoff(Lane a, Lane b) { return lanes->Handoff(a, b); }
 };
 
-#define JCOCCL_STEP(expr) \
-  do {                    \
+#define JCOCCL_STEP(expr)                       \
+  do {                                          \
     if (!r.dry()) JCOCCL_RETURN_IF_ERROR(expr); \
   } while (0)
 

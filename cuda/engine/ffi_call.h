@@ -89,36 +89,52 @@ inline ffi::Error Resolve(const ffi::Dictionary& a, int32_t device, ffi::DataTyp
   c.m = *m;
   r->comm = Comms().Find(*comm, device);
   if (!r->comm) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
-        "jcoccl fused: device " + std::to_string(device) + " has no communicator " +
-        std::to_string(*comm) + "; call jcoccl.init(mesh) before using backend='fused'");
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jcoccl fused: device " + std::to_string(device) + " has no communicator " +
+                          std::to_string(*comm) +
+                          "; call jcoccl.init(mesh) before using backend='fused'");
   }
   c.comm = r->comm.get();
   const int n = c.comm->size();
   if (c.m <= 0 || c.k <= 0 || c.m % codecs::Granule(r->spec) != 0)
-    return ffi::Error::InvalidArgument("jcoccl fused: m must be a positive multiple of the granule");
+    return ffi::Error::InvalidArgument(
+        "jcoccl fused: m must be a positive multiple of the granule");
   int64_t in_rows = 1, out_rows = 1;
   switch (c.op) {
-    case Op::kAllReduceOneShot: case Op::kPpermute: case Op::kPlainAllReduce: break;
-    case Op::kAllReduceTwoShot: case Op::kAllReduceHierarchical: case Op::kAllToAll:
-      in_rows = out_rows = n; break;
-    case Op::kReduceScatter: case Op::kPlainReduceScatter: in_rows = n; break;
-    case Op::kAllGather: case Op::kPlainAllGather: out_rows = n; break;
-    default: return ffi::Error::InvalidArgument("jcoccl fused: unknown op");
+    case Op::kAllReduceOneShot:
+    case Op::kPpermute:
+    case Op::kPlainAllReduce:
+      break;
+    case Op::kAllReduceTwoShot:
+    case Op::kAllReduceHierarchical:
+    case Op::kAllToAll:
+      in_rows = out_rows = n;
+      break;
+    case Op::kReduceScatter:
+    case Op::kPlainReduceScatter:
+      in_rows = n;
+      break;
+    case Op::kAllGather:
+    case Op::kPlainAllGather:
+      out_rows = n;
+      break;
+    default:
+      return ffi::Error::InvalidArgument("jcoccl fused: unknown op");
   }
-  if ((c.op == Op::kPlainAllReduce || c.op == Op::kPlainReduceScatter) &&
-      r->dtype != DType::kF32)
+  if ((c.op == Op::kPlainAllReduce || c.op == Op::kPlainReduceScatter) && r->dtype != DType::kF32)
     return ffi::Error::InvalidArgument(
         "jcoccl fused: plain all_reduce / reduce_scatter take float32 only");
   if (in_elems != c.k * in_rows * c.m || out_elems != c.k * out_rows * c.m)
-    return ffi::Error::InvalidArgument("jcoccl fused: buffer sizes do not match k, m and the group size");
+    return ffi::Error::InvalidArgument(
+        "jcoccl fused: buffer sizes do not match k, m and the group size");
   if (c.op == Op::kAllReduceHierarchical) {
     auto oc = Attr<int64_t>(a, "outer_comm");
     if (oc.has_error()) return oc.error();
     r->outer_comm = Comms().Find(*oc, device);
     if (!r->outer_comm)
-      return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "jcoccl fused: device " + std::to_string(device) +
-                                            " has no outer communicator " + std::to_string(*oc));
+      return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                        "jcoccl fused: device " + std::to_string(device) +
+                            " has no outer communicator " + std::to_string(*oc));
     auto os = OuterSpec(a);
     if (os.has_error()) return os.error();
     r->outer_spec = *os;

@@ -37,11 +37,15 @@ struct GlobalSrc {
   __device__ void get4(int64_t i, float v[4]) const {
     if (d == DType::kF32) {
       const float4 f = reinterpret_cast<const float4*>(x)[i >> 2];
-      v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+      v[0] = f.x;
+      v[1] = f.y;
+      v[2] = f.z;
+      v[3] = f.w;
     } else {
       const uint2 h = reinterpret_cast<const uint2*>(x)[i >> 2];
       const uint16_t e[4] = {static_cast<uint16_t>(h.x & 0xffffu), static_cast<uint16_t>(h.x >> 16),
-                             static_cast<uint16_t>(h.y & 0xffffu), static_cast<uint16_t>(h.y >> 16)};
+                             static_cast<uint16_t>(h.y & 0xffffu),
+                             static_cast<uint16_t>(h.y >> 16)};
       for (int t = 0; t < 4; ++t) v[t] = d == DType::kBF16 ? BF16ToF32(e[t]) : F16ToF32(e[t]);
     }
   }
@@ -185,9 +189,12 @@ __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& 
       const uint32_t c = s.symmetric ? IntCodeSym(v[t], sc, bits) : IntCodeAsym(v[t], mn, sc, bits);
       word |= c << (bits * t);
     }
-    if (bits == 8) reinterpret_cast<uint32_t*>(codes)[q] = word;
-    else if (bits == 4) reinterpret_cast<uint16_t*>(codes)[q] = static_cast<uint16_t>(word);
-    else codes[q] = static_cast<uint8_t>(word);
+    if (bits == 8)
+      reinterpret_cast<uint32_t*>(codes)[q] = word;
+    else if (bits == 4)
+      reinterpret_cast<uint16_t*>(codes)[q] = static_cast<uint16_t>(word);
+    else
+      codes[q] = static_cast<uint8_t>(word);
   }
   if (lane == 0) {
     reinterpret_cast<float*>(out + l.scales)[b] = sc;
@@ -198,8 +205,8 @@ __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& 
 // Warp-per-block encode of rows*nb blocks. mode 0: x rows; mode 1: decode-sum of nrows
 // payloads per output row (in + o * nrows * stride).
 __global__ void EncodeBlocksKernel(CodecSpec s, DType d, const void* x, const uint8_t* in,
-                                   int nrows, int64_t stride, int64_t rows, int64_t n,
-                                   uint8_t* out, int64_t p) {
+                                   int nrows, int64_t stride, int64_t rows, int64_t n, uint8_t* out,
+                                   int64_t p) {
   const Layout l = RowLayout(s, n, d);
   const ElemDecoder dec = MakeElemDecoder(s, d, n);
   const int64_t nb = n / s.block;
@@ -221,9 +228,9 @@ __global__ void EncodeBlocksKernel(CodecSpec s, DType d, const void* x, const ui
 // Elementwise: out row o = decode-sum of the nrows payloads at in + o * nrows * stride
 // (nrows = 1: plain decode), or, when `x` is non-null, row o of x. The value is rounded
 // through `via`, then stored as `od` (the row dtype, or the none/cast payload type).
-__global__ void ElementwiseKernel(CodecSpec s, DType d, const void* x, const uint8_t* in,
-                                  int nrows, int64_t stride, int64_t rows, int64_t n,
-                                  void* out, DType via, DType od, int64_t out_row_bytes) {
+__global__ void ElementwiseKernel(CodecSpec s, DType d, const void* x, const uint8_t* in, int nrows,
+                                  int64_t stride, int64_t rows, int64_t n, void* out, DType via,
+                                  DType od, int64_t out_row_bytes) {
   const int64_t total = rows * n;
   const ElemDecoder dec = MakeElemDecoder(s, d, n);
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -296,8 +303,7 @@ __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, co
       const uint8_t* row0 = in + o * nrows * stride;
       for (int r = 0; r < nrows; ++r) {
         float* dst = r == 0 ? acc : tmp;
-        for (int j = threadIdx.x; j < g; j += blockDim.x)
-          dst[j] = dec(row0 + r * stride, base + j);
+        for (int j = threadIdx.x; j < g; j += blockDim.x) dst[j] = dec(row0 + r * stride, base + j);
         BlockHadamard(dst, g, s.hadamard, post);
         if (r > 0) {
           for (int j = threadIdx.x; j < g; j += blockDim.x) {
@@ -404,8 +410,8 @@ cudaError_t EncodeRowsCuda(const CodecSpec& s, DType d, const void* x, int64_t r
   return cudaGetLastError();
 }
 
-cudaError_t DecodeRowsCuda(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows,
-                           int64_t n, void* out, cudaStream_t stream) {
+cudaError_t DecodeRowsCuda(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows, int64_t n,
+                           void* out, cudaStream_t stream) {
   if (cudaError_t e = CheckArgs(s, n); e != cudaSuccess || rows < 1) return e;
   if (s.hadamard == 0 && (s.kind == Kind::kNone || (s.kind == Kind::kCast && s.cast_dtype == d))) {
     // none, and cast decoded to its own dtype: the payload's bits (WIRE_FORMAT.md).
@@ -420,8 +426,7 @@ cudaError_t DecodeSumCuda(const CodecSpec& s, DType d, const uint8_t* in, int nr
 }
 
 cudaError_t DecodeSumEncodeCuda(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
-                                int64_t row_stride, int64_t n, uint8_t* out,
-                                cudaStream_t stream) {
+                                int64_t row_stride, int64_t n, uint8_t* out, cudaStream_t stream) {
   return DecodeSumEncodeBatch(s, d, in, nrows, row_stride, 1, n, out, stream);
 }
 
@@ -448,7 +453,8 @@ ffi::Error EncodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi
   auto spec = jc::SpecFromAttrs(attrs);
   if (spec.has_error()) return spec.error();
   jc::DType d;
-  if (!jc::DTypeFromFfi(x.element_type(), &d)) return BadArg("x must be float32, bfloat16 or float16");
+  if (!jc::DTypeFromFfi(x.element_type(), &d))
+    return BadArg("x must be float32, bfloat16 or float16");
   const int64_t n = LastDim(x);
   if (auto e = CheckRow(*spec, n); e.failure()) return e;
   const int64_t rows = static_cast<int64_t>(x.element_count()) / n;
@@ -466,7 +472,8 @@ ffi::Error DecodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<f
   auto spec = jc::SpecFromAttrs(attrs);
   if (spec.has_error()) return spec.error();
   jc::DType d;
-  if (!jc::DTypeFromFfi(out->element_type(), &d)) return BadArg("output must be float32, bfloat16 or float16");
+  if (!jc::DTypeFromFfi(out->element_type(), &d))
+    return BadArg("output must be float32, bfloat16 or float16");
   const int64_t n = LastDim(*out);
   if (auto e = CheckRow(*spec, n); e.failure()) return e;
   const int64_t rows = static_cast<int64_t>(out->element_count()) / n;
@@ -484,15 +491,17 @@ ffi::Error DecodeSumImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<ff
   auto spec = jc::SpecFromAttrs(attrs);
   if (spec.has_error()) return spec.error();
   jc::DType d;
-  if (!jc::DTypeFromFfi(out->element_type(), &d)) return BadArg("output must be float32, bfloat16 or float16");
+  if (!jc::DTypeFromFfi(out->element_type(), &d))
+    return BadArg("output must be float32, bfloat16 or float16");
   const int64_t n = LastDim(*out);
   SumShape sh;
   if (auto e = SumShapeOf(*spec, d, buf, n, &sh); e.failure()) return e;
-  if (static_cast<int64_t>(out->element_count()) != sh.batch * n) return BadArg("output must be dtype[..., n]");
+  if (static_cast<int64_t>(out->element_count()) != sh.batch * n)
+    return BadArg("output must be dtype[..., n]");
   if (sh.nrows > (1 << 30)) return BadArg("too many rows");
   return CudaStatus(jc::DecodeSumBatch(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
-                                   static_cast<int>(sh.nrows), sh.p, sh.batch, n,
-                                   out->untyped_data(), stream));
+                                       static_cast<int>(sh.nrows), sh.p, sh.batch, n,
+                                       out->untyped_data(), stream));
 }
 
 ffi::Error DecodeSumEncodeImpl(cudaStream_t stream, ffi::AnyBuffer buf,
@@ -504,18 +513,18 @@ ffi::Error DecodeSumEncodeImpl(cudaStream_t stream, ffi::AnyBuffer buf,
   SumShape sh;
   if (auto e = jc::SumEncodeArgs(attrs, *spec, buf, *out, &d, &n, &sh); e.failure()) return e;
   if (sh.nrows > (1 << 30)) return BadArg("too many rows");
-  return CudaStatus(jc::DecodeSumEncodeBatch(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
-                                         static_cast<int>(sh.nrows), sh.p, sh.batch, n,
-                                         static_cast<uint8_t*>(out->untyped_data()), stream));
+  return CudaStatus(jc::DecodeSumEncodeBatch(
+      *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows), sh.p,
+      sh.batch, n, static_cast<uint8_t*>(out->untyped_data()), stream));
 }
 
 }  // namespace
 
-#define JCOCCL_CODEC_BINDING                                   \
-  ffi::Ffi::Bind()                                             \
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()                \
-      .Arg<ffi::AnyBuffer>()                                   \
-      .Ret<ffi::AnyBuffer>()                                   \
+#define JCOCCL_CODEC_BINDING                    \
+  ffi::Ffi::Bind()                              \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>() \
+      .Arg<ffi::AnyBuffer>()                    \
+      .Ret<ffi::AnyBuffer>()                    \
       .Attrs()
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclGpuEncodeRows, EncodeRowsImpl, JCOCCL_CODEC_BINDING);

@@ -167,8 +167,8 @@ ffi::Error FusedGpuImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device, 
   if (x.element_type() != out->element_type())
     return ffi::Error::InvalidArgument("jcoccl fused: output dtype must equal the input dtype");
   Resolved r;
-  if (ffi::Error e = Resolve(attrs, device, x.element_type(), x.element_count(),
-                             out->element_count(), &r);
+  if (ffi::Error e =
+          Resolve(attrs, device, x.element_type(), x.element_count(), out->element_count(), &r);
       e.failure())
     return e;
   r.call.ctx.run_id = run_id.run_id;

@@ -13,16 +13,15 @@
 
 #define JC_API extern "C" __attribute__((visibility("default")))
 
-JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x,
-                     int64_t rows, int64_t n, uint8_t* out);
+JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x, int64_t rows,
+                     int64_t n, uint8_t* out);
 JC_API int jc_decode(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
                      int64_t rows, int64_t n, void* out);
 // outs reductions; reduction o reads the nrows payloads at in + (o * nrows + r) * stride.
 JC_API int jc_decode_sum(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
                          int nrows, int64_t stride, int64_t outs, int64_t n, void* out);
-JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype,
-                                const uint8_t* in, int nrows, int64_t stride, int64_t outs,
-                                int64_t n, uint8_t* out);
+JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
+                                int nrows, int64_t stride, int64_t outs, int64_t n, uint8_t* out);
 JC_API const char* jc_last_message();
 // PayloadBytes of the spec for a row of n elements of dtype.
 JC_API int64_t jc_payload_bytes(const int32_t* spec, float abs_error, int dtype, int64_t n);

@@ -46,8 +46,12 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-struct alignas(16) float4 { float x, y, z, w; };
-struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 
 typedef struct CUstream_st* cudaStream_t;
 enum cudaError_t {
@@ -105,9 +109,9 @@ struct Context {
   void Make(char* stack, size_t size, void (*entry)()) {
     auto top = reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t{15};
     auto* w = reinterpret_cast<uint64_t*>(top);
-    w[-1] = 0;                                     // entry's (never used) return address
-    w[-2] = reinterpret_cast<uint64_t>(entry);     // popped by `ret`
-    for (int r = 3; r <= 8; ++r) w[-r] = 0;        // rbp rbx r12 r13 r14 r15
+    w[-1] = 0;                                  // entry's (never used) return address
+    w[-2] = reinterpret_cast<uint64_t>(entry);  // popped by `ret`
+    for (int r = 3; r <= 8; ++r) w[-r] = 0;     // rbp rbx r12 r13 r14 r15
     unsigned csr;
     asm volatile("stmxcsr %0" : "=m"(csr));
     w[-9] = uint64_t{csr} | (uint64_t{0x37f} << 32);  // MXCSR, x87 control word
@@ -143,7 +147,7 @@ struct Block {
   dim3 grid, block, idx;
   Context sched;
   std::vector<Fiber> fibers;
-  char* stacks = nullptr;  // block.x stacks of kStack bytes
+  char* stacks = nullptr;          // block.x stacks of kStack bytes
   std::vector<uint64_t> slots[2];  // per-thread values exchanged by warp collectives
   std::vector<char> smem;
   const std::function<void()>* body = nullptr;
@@ -155,7 +159,7 @@ inline thread_local Fiber* g_fiber = nullptr;
 inline thread_local cudaError_t g_last_error = cudaSuccess;
 inline thread_local std::string g_last_message;
 inline thread_local unsigned g_max_grid = 0;  // 0: launch the grid as configured
-inline int g_mutation = 0;  // tools/gpu_shim.py's deliberate defects (0: none)
+inline int g_mutation = 0;                    // tools/gpu_shim.py's deliberate defects (0: none)
 
 inline void SetError(cudaError_t e, const std::string& why) {
   if (g_last_error == cudaSuccess) {
@@ -277,9 +281,9 @@ struct LaunchCfg {
   void Run(void (*kernel)(P...), A&&... args) const {
     if (grid.x < 1 || grid.x > 0x7fffffffu || grid.y != 1 || grid.z != 1 || block.x < 1 ||
         block.x > 1024 || block.y != 1 || block.z != 1 || smem > 48 * 1024) {
-      SetError(cudaErrorInvalidConfiguration,
-               "invalid launch: grid " + std::to_string(grid.x) + ", block " +
-                   std::to_string(block.x) + ", dynamic shared " + std::to_string(smem));
+      SetError(cudaErrorInvalidConfiguration, "invalid launch: grid " + std::to_string(grid.x) +
+                                                  ", block " + std::to_string(block.x) +
+                                                  ", dynamic shared " + std::to_string(smem));
       return;
     }
     // Kernel parameters are copied by value, as a launch does.
@@ -359,10 +363,26 @@ inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
-inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
-inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline int __float_as_int(float f) {
+  int u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __int_as_float(int u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 // ---- runtime API (host side of the launchers) ----------------------------------------------
 inline cudaError_t cudaGetLastError() {
@@ -373,10 +393,14 @@ inline cudaError_t cudaGetLastError() {
 inline cudaError_t cudaPeekAtLastError() { return ::jcoccl_shim::g_last_error; }
 inline const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    default: return "unspecified launch failure";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    default:
+      return "unspecified launch failure";
   }
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,

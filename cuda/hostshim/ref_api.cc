@@ -36,16 +36,15 @@ void WithMxcsr(F f) {
   _mm_setcsr(saved);
 }
 
-std::vector<const uint8_t*> RowPointers(const uint8_t* in, int nrows, int64_t stride,
-                                        int64_t o) {
+std::vector<const uint8_t*> RowPointers(const uint8_t* in, int nrows, int64_t stride, int64_t o) {
   std::vector<const uint8_t*> rows(nrows);
   for (int r = 0; r < nrows; ++r) rows[r] = in + (o * nrows + r) * stride;
   return rows;
 }
 }  // namespace
 
-JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x,
-                     int64_t rows, int64_t n, uint8_t* out) {
+JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x, int64_t rows,
+                     int64_t n, uint8_t* out) {
   const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
   if (!Check(s, n)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
@@ -84,17 +83,15 @@ JC_API int jc_decode_sum(const int32_t* spec, float abs_error, int dtype, const 
   return 0;
 }
 
-JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype,
-                                const uint8_t* in, int nrows, int64_t stride, int64_t outs,
-                                int64_t n, uint8_t* out) {
+JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
+                                int nrows, int64_t stride, int64_t outs, int64_t n, uint8_t* out) {
   const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
   if (!Check(s, n)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
   const int64_t p = jc::PayloadBytes(s, n, d);
   WithMxcsr([&] {
     for (int64_t o = 0; o < outs; ++o)
-      jc::DecodeSumEncodeCpu(s, d, RowPointers(in, nrows, stride, o).data(), nrows, n,
-                             out + o * p);
+      jc::DecodeSumEncodeCpu(s, d, RowPointers(in, nrows, stride, o).data(), nrows, n, out + o * p);
   });
   return 0;
 }

@@ -29,8 +29,8 @@ void Begin() {
 }
 }  // namespace
 
-JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x,
-                     int64_t rows, int64_t n, uint8_t* out) {
+JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x, int64_t rows,
+                     int64_t n, uint8_t* out) {
   Begin();
   return Done(jc::EncodeRowsCuda(jc_api::Spec(spec, abs_error), static_cast<jc::DType>(dtype), x,
                                  rows, n, out, nullptr));
@@ -50,13 +50,11 @@ JC_API int jc_decode_sum(const int32_t* spec, float abs_error, int dtype, const 
                                  nrows, stride, outs, n, out, nullptr));
 }
 
-JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype,
-                                const uint8_t* in, int nrows, int64_t stride, int64_t outs,
-                                int64_t n, uint8_t* out) {
+JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
+                                int nrows, int64_t stride, int64_t outs, int64_t n, uint8_t* out) {
   Begin();
-  return Done(jc::DecodeSumEncodeBatch(jc_api::Spec(spec, abs_error),
-                                       static_cast<jc::DType>(dtype), in, nrows, stride, outs, n,
-                                       out, nullptr));
+  return Done(jc::DecodeSumEncodeBatch(jc_api::Spec(spec, abs_error), static_cast<jc::DType>(dtype),
+                                       in, nrows, stride, outs, n, out, nullptr));
 }
 
 JC_API int64_t jc_payload_bytes(const int32_t* spec, float abs_error, int dtype, int64_t n) {

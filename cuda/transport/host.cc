@@ -20,9 +20,7 @@ Status HostGroup::WaitLocked(std::unique_lock<std::mutex>& lk, const std::shared
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(timeout));
-  auto done = [&] {
-    return !broken_.empty() || (leaving ? slot->left : slot->arrived) == size_;
-  };
+  auto done = [&] { return !broken_.empty() || (leaving ? slot->left : slot->arrived) == size_; };
   if (!cv_.wait_until(lk, deadline, done)) {
     int have = leaving ? slot->left : slot->arrived;
     broken_ = "jcoccl host transport: timed out after " + std::to_string(timeout) +
@@ -57,8 +55,7 @@ static int64_t Tag(int kind, int64_t bytes) { return bytes * 8 + kind; }
 // out[i] = ((src[0][i] + src[1][i]) + ...) + src[n-1][i], each source offset by `off`
 // floats. Summing source by source gives every element the same sequence of float32 adds
 // as an element-wise left fold (the compiler is not allowed to reassociate: no fast-math).
-static void LeftFold(const std::vector<const void*>& src, int64_t off, int64_t count,
-                     float* out) {
+static void LeftFold(const std::vector<const void*>& src, int64_t off, int64_t count, float* out) {
   std::memcpy(out, static_cast<const float*>(src[0]) + off, count * sizeof(float));
   for (size_t r = 1; r < src.size(); ++r) {
     const float* s = static_cast<const float*>(src[r]) + off;
@@ -81,8 +78,7 @@ Status HostTransport::AllToAll(const CallCtx& ctx, const void* send, int64_t byt
                           [&](const std::vector<const void*>& ptr) {
                             for (int r = 0; r < n; ++r)
                               std::memcpy(static_cast<char*>(recv) + r * bytes,
-                                          static_cast<const char*>(ptr[r]) + rank_ * bytes,
-                                          bytes);
+                                          static_cast<const char*>(ptr[r]) + rank_ * bytes, bytes);
                           });
 }
 
@@ -97,11 +93,9 @@ Status HostTransport::SendRecv(const CallCtx& ctx, const void* send, int dst, vo
 
 Status HostTransport::AllReduceSum(const CallCtx& ctx, const float* send, int64_t count,
                                    float* recv) {
-  return group_->Exchange(rank_, ctx, NextSeq(ctx.run_id), send,
-                          Tag(3, count * sizeof(float)),
-                          [&](const std::vector<const void*>& ptr) {
-                            LeftFold(ptr, 0, count, recv);
-                          });
+  return group_->Exchange(
+      rank_, ctx, NextSeq(ctx.run_id), send, Tag(3, count * sizeof(float)),
+      [&](const std::vector<const void*>& ptr) { LeftFold(ptr, 0, count, recv); });
 }
 
 Status HostTransport::ReduceScatterSum(const CallCtx& ctx, const float* send,

@@ -72,8 +72,8 @@ class HostGroup {
 };
 
 template <class F>
-Status HostGroup::Exchange(int rank, const CallCtx& ctx, int64_t seq, const void* send,
-                           int64_t tag, F&& consume) {
+Status HostGroup::Exchange(int rank, const CallCtx& ctx, int64_t seq, const void* send, int64_t tag,
+                           F&& consume) {
   const int64_t run_id = ctx.run_id;
   std::shared_ptr<Slot> slot;
   {

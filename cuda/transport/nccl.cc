@@ -24,23 +24,25 @@ NcclApi* LoadApi(std::string* error) {
   if (lib == nullptr) lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
   if (lib == nullptr) {
     const char* e = dlerror();
-    *error = std::string("jcoccl: cannot open libnccl.so.2 (install nvidia-nccl-cu13 or set "
-                         "JCOCCL_NCCL_LIBRARY): ") + (e ? e : "");
+    *error = std::string(
+                 "jcoccl: cannot open libnccl.so.2 (install nvidia-nccl-cu13 or set "
+                 "JCOCCL_NCCL_LIBRARY): ") +
+             (e ? e : "");
     return nullptr;
   }
   auto* api = new NcclApi();
-  bool ok = Sym(lib, "ncclGetUniqueId", &api->GetUniqueId) &&
-            Sym(lib, "ncclCommInitRank", &api->CommInitRank) &&
-            Sym(lib, "ncclCommDestroy", &api->CommDestroy) &&
-            Sym(lib, "ncclCommAbort", &api->CommAbort) &&
-            Sym(lib, "ncclCommGetAsyncError", &api->CommGetAsyncError) &&
-            Sym(lib, "ncclAllGather", &api->AllGather) &&
-            Sym(lib, "ncclAllReduce", &api->AllReduce) &&
-            Sym(lib, "ncclReduceScatter", &api->ReduceScatter) && Sym(lib, "ncclSend", &api->Send) &&
-            Sym(lib, "ncclRecv", &api->Recv) && Sym(lib, "ncclGroupStart", &api->GroupStart) &&
-            Sym(lib, "ncclGroupEnd", &api->GroupEnd) &&
-            Sym(lib, "ncclGetErrorString", &api->GetErrorString) &&
-            Sym(lib, "ncclGetVersion", &api->GetVersion);
+  bool ok =
+      Sym(lib, "ncclGetUniqueId", &api->GetUniqueId) &&
+      Sym(lib, "ncclCommInitRank", &api->CommInitRank) &&
+      Sym(lib, "ncclCommDestroy", &api->CommDestroy) &&
+      Sym(lib, "ncclCommAbort", &api->CommAbort) &&
+      Sym(lib, "ncclCommGetAsyncError", &api->CommGetAsyncError) &&
+      Sym(lib, "ncclAllGather", &api->AllGather) && Sym(lib, "ncclAllReduce", &api->AllReduce) &&
+      Sym(lib, "ncclReduceScatter", &api->ReduceScatter) && Sym(lib, "ncclSend", &api->Send) &&
+      Sym(lib, "ncclRecv", &api->Recv) && Sym(lib, "ncclGroupStart", &api->GroupStart) &&
+      Sym(lib, "ncclGroupEnd", &api->GroupEnd) &&
+      Sym(lib, "ncclGetErrorString", &api->GetErrorString) &&
+      Sym(lib, "ncclGetVersion", &api->GetVersion);
   if (!ok) {
     *error = "jcoccl: libnccl.so.2 lacks a required symbol (need NCCL >= 2.18)";
     delete api;
@@ -73,8 +75,8 @@ NcclTransport::~NcclTransport() {
 Status NcclTransport::Check(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return Status::Ok();
   const NcclApi* api = Nccl(nullptr);
-  return Status::Error(std::string("jcoccl NCCL ") + what + " failed: " +
-                       (api ? api->GetErrorString(r) : "?"));
+  return Status::Error(std::string("jcoccl NCCL ") + what +
+                       " failed: " + (api ? api->GetErrorString(r) : "?"));
 }
 
 Status NcclTransport::AllGather(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) {
@@ -153,8 +155,7 @@ Status NcclTransport::Wait(cudaEvent_t done) {
       return Status::Error(std::string("jcoccl NCCL asynchronous error: ") +
                            api->GetErrorString(async) + "; the communicator was aborted");
     }
-    double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout) {
       api->CommAbort(comm_);
       aborted_ = true;
@@ -173,7 +174,8 @@ Status NcclUniqueId(std::string* out) {
   if (api == nullptr) return Status::Error(err);
   ncclUniqueId id;
   ncclResult_t r = api->GetUniqueId(&id);
-  if (r != ncclSuccess) return Status::Error(std::string("ncclGetUniqueId: ") + api->GetErrorString(r));
+  if (r != ncclSuccess)
+    return Status::Error(std::string("ncclGetUniqueId: ") + api->GetErrorString(r));
   out->assign(id.internal, sizeof(id.internal));
   return Status::Ok();
 }

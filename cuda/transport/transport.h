@@ -21,10 +21,10 @@ struct Status {
   static Status Error(std::string m) { return {m.empty() ? std::string("unknown error") : m}; }
 };
 
-#define JCOCCL_RETURN_IF_ERROR(expr)     \
-  do {                                   \
+#define JCOCCL_RETURN_IF_ERROR(expr)         \
+  do {                                       \
     ::jcoccl::transport::Status _s = (expr); \
-    if (!_s.ok()) return _s;             \
+    if (!_s.ok()) return _s;                 \
   } while (0)
 
 // Seconds a rank waits for its peers when JCOCCL_TIMEOUT_S is unset or empty.
@@ -36,8 +36,8 @@ constexpr double kMaxTimeoutSeconds = 1e8;
 
 // Per custom call facts the transports need.
 struct CallCtx {
-  void* stream = nullptr;   // cudaStream_t of the communication lane (NCCL only)
-  int64_t run_id = 0;       // XLA RunId: equal on every device of one execution
+  void* stream = nullptr;                     // cudaStream_t of the communication lane (NCCL only)
+  int64_t run_id = 0;                         // XLA RunId: equal on every device of one execution
   double timeout_s = kDefaultTimeoutSeconds;  // TimeoutSeconds() when the call started
 };
 
@@ -101,8 +101,10 @@ inline Status TimeoutSeconds(double* out) {
     return Status::Ok();
   }
   if (ParseTimeoutSeconds(v, out)) return Status::Ok();
-  return Status::Error("JCOCCL_TIMEOUT_S must be a positive number of seconds, or inf for no "
-                       "limit (clamped to 1e8 s); got '" + std::string(v) + "'");
+  return Status::Error(
+      "JCOCCL_TIMEOUT_S must be a positive number of seconds, or inf for no "
+      "limit (clamped to 1e8 s); got '" +
+      std::string(v) + "'");
 }
 
 }  // namespace jcoccl::transport
