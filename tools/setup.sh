@@ -37,7 +37,8 @@ fi
 mapfile -t deps < <("$PY" - <<'PYEOF'
 import tomllib
 meta = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for dep in meta["dependencies"] + meta["optional-dependencies"]["test"] + meta["optional-dependencies"]["train"]:
+extras = meta["optional-dependencies"]
+for dep in meta["dependencies"] + extras["test"] + extras["train"] + extras["lint"]:
     print(dep)
 PYEOF
 )
