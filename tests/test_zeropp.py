@@ -53,27 +53,26 @@ EXACT_GATHER = ["none", jcoccl.compressors.none()]
 @pytest.mark.parametrize("gather", EXACT_GATHER, ids=["none", "none()"])
 def test_qwz_exact_equals_zero_step(gather):
   # Two data ranks as two nodes: every sum is of two float32 terms, the same in any order,
-  # so the ZeRO++ layout (master shards, node level) must reproduce the ZeRO step and plain
-  # data parallelism bit for bit (tests/test_zero.py: clipping off for the same reason).
+  # so the ZeRO++ layout (master shards, node level) must reproduce the ZeRO step bit for
+  # bit (which equals plain data parallelism: tests/test_zero.py; clipping off for the same
+  # reason).
   mesh = make_mesh(2, 2, 2)
   table = {"data": {"zero": True, "nodes": 2, "all_gather": gather, "min_bytes": 0}}
   pp, got, opt, _, m = _train(_gpt, mesh, table, 2, clip_norm=None)
   assert pp.data_axes == (NODE, "data") and pp.sizes[NODE] == 2
-  for ref_table in ({"data": {"zero": True}}, {}):
-    _, want, _, _, m_ref = _train(_gpt, mesh, ref_table, 2, clip_norm=None)
-    assert float(m["loss"]) == float(m_ref["loss"])
-    for (path, w), g in zip(jax.tree_util.tree_flatten_with_path(want)[0],
-                            jax.tree.leaves(got)):
-      np.testing.assert_array_equal(np.asarray(g), np.asarray(w),
-                                    err_msg=jax.tree_util.keystr(path))
+  _, want, opt_ref, _, m_ref = _train(_gpt, mesh, {"data": {"zero": True}}, 2, clip_norm=None)
+  assert float(m["loss"]) == float(m_ref["loss"])
+  for (path, w), g in zip(jax.tree_util.tree_flatten_with_path((want, opt_ref))[0],
+                          jax.tree.leaves((got, opt))):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w),
+                                  err_msg=jax.tree_util.keystr(path))
   # The parameters are exactly the gathered master shards.
   full, _ = _master_full(pp, opt["master"], got, lambda s: (s, jnp.zeros_like(s)))
   for g, f in zip(jax.tree.leaves(got), jax.tree.leaves(full)):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(f))
 
 
-@pytest.mark.parametrize("mesh", [(2, 2, 2), (4, 1, 2)], ids=["2nodes-x1", "2nodes-x2"])
-def test_qwz_int8_weights_within_the_compressor_bound(mesh):
+def test_qwz_int8_weights_within_the_compressor_bound():
   """After each step the model's weights are the master shards through the int8 all_gather.
 
   Bound: the across-node gather quantizes each master shard s once, |Q1(s) - s| <=
@@ -82,9 +81,10 @@ def test_qwz_int8_weights_within_the_compressor_bound(mesh):
   shard y = Q1(...) again, |Q2(y) - y| <= eb(y). So |w - master| <= eb(s) + eb(y).
   """
   table = {"data": {"zero": True, "nodes": 2, "all_gather": "int8", "min_bytes": 0}}
-  par, params, opt, _, _ = _train(_gpt, make_mesh(*mesh), table, 2)
+  par, params, opt, _, _ = _train(_gpt, make_mesh(4, 1, 2), table, 2)  # 2 nodes x 2
   c = par.coll.compressor(NODE, "all_gather")
   two_levels = par.sizes["data"] > 1
+  assert two_levels
 
   def q(s):
     return c.decode(c.encode(s))
@@ -236,20 +236,17 @@ def test_qgz_error_feedback_per_level():
 # ---- training ----------------------------------------------------------------------------
 
 def test_zeropp_run_loss_drops_and_resumes_bit_exactly(tmp_path):
-  common = TINY + ["--policy", "zeropp", "--mesh", "4,1,2", "--ckpt-every", "5",
-                   "--eval-every", "100"]
+  # 2 nodes x 2 data ranks x 2 pipe stages (bytes by axis: test_hpz_... above).
+  common = TINY + ["--policy", "zeropp", "--mesh", "4,1,2", "--ckpt-every", "4",
+                   "--eval-every", "100", "--no-hlo-wire"]
   a, b = tmp_path / "a", tmp_path / "b"
-  summary = train.main(common + ["--steps", "10", "--out", str(a)])
-  assert summary["loss_end"] < summary["loss_start"] - 0.5, summary
-  wire = summary["wire"]["by_axis"]
-  assert {"node", "data"} <= set(wire)
-  for axis in ("node", "data"):
-    assert 0 < wire[axis]["compressed"] < 0.5 * wire[axis]["uncompressed"], wire
+  summary = train.main(common + ["--steps", "8", "--out", str(a)])
+  assert summary["loss_end"] < summary["loss_start"] - 0.3, summary
   shutil.copytree(a, b)
-  shutil.rmtree(b / "ckpt" / "10")
-  summary = train.main(common + ["--steps", "10", "--out", str(b), "--resume", "--no-hlo-wire"])
-  assert summary["resumed_from"] == 5 and summary["steps"] == 10
-  ta, tb = _restore(a, 10), _restore(b, 10)
+  shutil.rmtree(b / "ckpt" / "8")
+  summary = train.main(common + ["--steps", "8", "--out", str(b), "--resume"])
+  assert summary["resumed_from"] == 4 and summary["steps"] == 8
+  ta, tb = _restore(a, 8), _restore(b, 8)
   # The checkpoint holds the float32 master shards (flat, over node and data) and both
   # levels' error-feedback residuals.
   assert all(x.ndim == 1 and {"data", NODE} <= set(x.sharding.spec[0])
@@ -260,5 +257,5 @@ def test_zeropp_run_loss_drops_and_resumes_bit_exactly(tmp_path):
   for x, y in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   loss = lambda run: [json.loads(l).get("loss") for l in (run / "metrics.jsonl").read_text()
-                      .splitlines() if json.loads(l)["step"] == 10][0]
+                      .splitlines() if json.loads(l)["step"] == 8][0]
   assert loss(a) == loss(b)
