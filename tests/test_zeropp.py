@@ -18,7 +18,7 @@ from jcoccl.policy import Policy
 from models import train
 from models.parallel import NODE, Parallel3D, make_mesh
 from test_train import TINY, _restore
-from test_zero import _batch, _gpt, _train
+from test_zero import _batch, _gpt, _train, _tx
 
 U = 2.0**-24  # float32 unit roundoff
 
@@ -56,7 +56,7 @@ def test_qwz_exact_equals_zero_step(gather):
   # so the ZeRO++ layout (master shards, node level) must reproduce the ZeRO step bit for
   # bit (which equals plain data parallelism: tests/test_zero.py; clipping off for the same
   # reason).
-  mesh = make_mesh(2, 2, 2)
+  mesh = make_mesh(2, 1, 2)
   table = {"data": {"zero": True, "nodes": 2, "all_gather": gather, "min_bytes": 0}}
   pp, got, opt, _, m = _train(_gpt, mesh, table, 2, clip_norm=None)
   assert pp.data_axes == (NODE, "data") and pp.sizes[NODE] == 2
@@ -129,7 +129,7 @@ def test_hpz_gathers_across_nodes_once_per_step():
                     "error_feedback": True, "min_bytes": 0}}
   model = _gpt()
   par = Parallel3D(model, mesh, Policy.from_dict(table), n_micro=2)
-  tx = optax_tx()
+  tx = _tx()
   params = par.shard(model)
   args = (params, par.init_opt(tx, params), par.init_ef(params), *_batch())
   got = _by_axis_op(par.train_step(tx, params), args, par.mesh)
@@ -148,11 +148,15 @@ def test_hpz_gathers_across_nodes_once_per_step():
   # node's partial sums of 1/l of each leaf, so less than inside the node.
   assert not any("," in axes and ("data" in axes or NODE in axes) for axes, _ in got)
   assert 0 < got[(NODE, "all-to-all")] < got[("data", "all-to-all")]
-
-
-def optax_tx():
-  from test_zero import _tx
-  return _tx()
+  # qgZ's error feedback: a residual per level and device, of what that level scatters.
+  params, _, ef, _ = par.train_step(tx, params)(*args)
+  assert set(ef) == {"data", NODE}
+  for e_in, e_out, p in zip(jax.tree.leaves(ef["data"]), jax.tree.leaves(ef[NODE]),
+                            jax.tree.leaves(params)):
+    n = -(-p.addressable_shards[0].data.size // 4) * 4
+    assert e_in.shape == (8, n) and e_out.shape == (8, n // 2)
+  for level in ef.values():
+    assert any(float(jnp.abs(e).max()) > 0 for e in jax.tree.leaves(level))
 
 
 # ---- qgZ ---------------------------------------------------------------------------------
@@ -217,20 +221,6 @@ def test_qgz_quantizes_once_per_level_within_bound(spec):
   assert np.all(err <= bound), float((err - bound).max())
   # Not exact: both levels quantized something.
   assert np.any(err > 0)
-
-
-def test_qgz_error_feedback_per_level():
-  par, params, _, ef, _ = _train(
-      _gpt, make_mesh(4, 1, 2),
-      {"data": {"zero": True, "nodes": 2, "reduce_scatter": "int4", "error_feedback": True,
-                "min_bytes": 0}}, 2)
-  assert set(ef) == {"data", NODE}
-  for e_in, e_out, p in zip(jax.tree.leaves(ef["data"]), jax.tree.leaves(ef[NODE]),
-                            jax.tree.leaves(params)):
-    n = -(-p.addressable_shards[0].data.size // 4) * 4
-    assert e_in.shape == (8, n) and e_out.shape == (8, n // 2)
-  for level in ef.values():
-    assert any(float(jnp.abs(e).max()) > 0 for e in jax.tree.leaves(level))
 
 
 # ---- training ----------------------------------------------------------------------------
