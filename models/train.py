@@ -4,6 +4,7 @@
   python -m models.train --model qwen --mesh 4,2,1 --policy models/configs/int8.toml
   python -m models.train --compress data.all_reduce=int4 --compress data.min_bytes=0
   python -m models.train --zero                           # ZeRO: sharded AdamW state over 'data'
+  python -m models.train --zero --policy zeropp           # ZeRO++: int8 weights, int4 grads, nodes
   python -m models.train --resume                         # continue runs/<name>
 
 Every flag and the policy are checked before anything is loaded or compiled: a bad flag exits

@@ -249,3 +249,33 @@ def test_zeropp_run_loss_drops_and_resumes_bit_exactly(tmp_path):
   loss = lambda run: [json.loads(l).get("loss") for l in (run / "metrics.jsonl").read_text()
                       .splitlines() if json.loads(l)["step"] == 8][0]
   assert loss(a) == loss(b)
+
+
+# ---- the policy option -------------------------------------------------------------------
+
+def test_nodes_option_checked(tmp_path):
+  p = Policy.from_dict({"data": {"zero": True, "nodes": 2}, NODE: {"reduce_scatter": "int8"}},
+                       axes=("node", "data", "tensor", "pipe"))
+  assert p.nodes("data") == 2 and p.nodes("tensor") == 1 and "nodes=2" in p.describe()
+  assert Policy.from_specs(["data.nodes=4"]).nodes("data") == 4
+  for value, err, match in [("2", TypeError, "nodes'\\] must be a positive int"),
+                            (True, TypeError, "must be a positive int"),
+                            (0, ValueError, "must be a positive int")]:
+    with pytest.raises(err, match=match):
+      Policy.from_dict({"data": {"nodes": value}})
+  with pytest.raises(ValueError, match="nodes applies to the 'data' axis only"):
+    Policy.from_dict({"tensor": {"nodes": 2}})
+  with pytest.raises(ValueError, match="nodes must be a non-negative integer"):
+    Policy.from_specs(["data.nodes=two"])
+  # In the trainer: the node split needs ZeRO mode and must divide the data size.
+  for text, flags, match in [("nodes = 2", [], "needs \\[data\\] zero = true"),
+                             ("zero = true\nnodes = 3", ["--mesh", "4,1,2"],
+                              "nodes = 3 must divide the data size 4")]:
+    f = tmp_path / "p.toml"
+    f.write_text(f"[data]\n{text}\n")
+    args = train.parse_args(["--policy", str(f), "--out", str(tmp_path / "r"), *flags])
+    with pytest.raises(train.SetupError, match=match):
+      train.load_policy(args)
+  with pytest.raises(ValueError, match="must divide the data axis size 4"):
+    Parallel3D(_gpt(), make_mesh(4, 1, 2), Policy.from_dict({"data": {"zero": True,
+                                                                       "nodes": 3}}))
