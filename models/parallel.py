@@ -22,7 +22,10 @@ cross-device sum is an explicit collective):
     ("node", "data"), node outer. Gradients are reduce-scattered inside the node first, then
     across nodes (qgZ: each level with its own compressor and error-feedback residual, so
     each element is quantized once per level); parameters are gathered across nodes first,
-    into the secondary shard that each node holds (hpZ), then inside the node.
+    into the secondary shard that each node holds (hpZ), then inside the node. The gathered
+    parameters are what the step returns and the next step's forward and backward passes
+    both use, so the across-node gather runs once per step and the backward pass gathers
+    nothing (no per-layer re-gather as in ZeRO-3: parameters stay materialized per device).
 Every collective goes through :class:`Collectives`, which calls jcoccl with the compressor
 ``policy.compressor(axis, op)``.
 
