@@ -136,8 +136,8 @@ def test_hpz_gathers_across_nodes_once_per_step():
   k, l = par.sizes[NODE], par.sizes["data"]
   assert (k, l) == (2, 2)
   c = par.coll.compressor(NODE, "all_gather")
-  lens = [par._shard_len(p.shape, s) for p, s in
-          zip(jax.tree.leaves(params), jax.tree.leaves(par.specs, is_leaf=lambda x: isinstance(x, P)))]
+  specs = jax.tree.leaves(par.specs, is_leaf=lambda x: isinstance(x, P))
+  lens = [par._shard_len(p.shape, s) for p, s in zip(jax.tree.leaves(params), specs)]
   # One gather of each master shard's int8 payload across nodes (to k - 1 peers), and one
   # of each secondary shard (k master shards) inside the node (to l - 1 peers): per step.
   across = sum((k - 1) * c.payload_nbytes(n, jnp.float32) for n in lens)
