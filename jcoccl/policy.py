@@ -11,6 +11,11 @@ not named) to a table of op -> compressor spec, plus per-axis options:
   ``zero``: bool (``[data]`` only), ZeRO-style data parallelism in ``models.parallel``:
       gradients reduce-scattered over the axis (with ``reduce_scatter``'s compressor), the
       optimizer state sharded over it, updated parameters all-gathered (with ``all_gather``'s).
+  ``nodes``: int >= 1 (``[data]`` only, with ``zero``), ZeRO++'s hierarchy in
+      ``models.parallel``: the data ranks form this many nodes, the mesh's data level becomes
+      the two axes ("node", "data") (node outer; in a multi-process run node = process), and
+      gradients and parameters move inside the node and across nodes in separate steps. A
+      ``[node]`` table sets the across-node compressors (default: ``[data]``'s).
   ``min_bytes``: int >= 0, messages under it go uncompressed (jcoccl's default otherwise).
   ``algorithm``: the all_reduce algorithm on one axis: ``"auto"``, ``"one_shot"`` or
       ``"two_shot"`` (``"hierarchical"`` needs two axes, which a per-axis entry cannot name).
@@ -40,13 +45,13 @@ import tomllib
 from typing import Any, Mapping, Sequence
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
-OPTIONS = ("error_feedback", "zero", "min_bytes", "algorithm")
+OPTIONS = ("error_feedback", "zero", "nodes", "min_bytes", "algorithm")
 ALGORITHMS = ("auto", "one_shot", "two_shot")
 WILDCARD = "*"
 DATA_AXIS = "data"
 # Options that models.parallel reads on the data axis only: anywhere else they would be
 # silently ignored, so they are rejected there.
-DATA_OPTIONS = ("error_feedback", "zero")
+DATA_OPTIONS = ("error_feedback", "zero", "nodes")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -100,6 +105,7 @@ class AxisPolicy:
   compressors: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   error_feedback: bool = False
   zero: bool = False
+  nodes: int = 1
   min_bytes: int | None = None
   algorithm: str = "auto"
 
@@ -217,6 +223,10 @@ class Policy:
     state, all_gather."""
     return self._axis(axis).zero
 
+  def nodes(self, axis: str) -> int:
+    """How many nodes ZeRO++ splits ``axis`` (the data axis) into (1: no hierarchy)."""
+    return self._axis(axis).nodes
+
   def options(self, axis: str) -> dict[str, Any]:
     """Keyword arguments (``min_bytes``, ``algorithm``) for jcoccl collectives on ``axis``."""
     a = self._axis(axis)
@@ -234,6 +244,8 @@ class Policy:
         ops.append("error_feedback")
       if a.zero:
         ops.append("zero")
+      if a.nodes != 1:
+        ops.append(f"nodes={a.nodes}")
       if a.min_bytes is not None:
         ops.append(f"min_bytes={a.min_bytes}")
       if a.algorithm != "auto":
@@ -248,9 +260,9 @@ def _option_value(where: str, op: str, value: str) -> Any:
     if value.lower() not in ("true", "false", "1", "0"):
       raise ValueError(f"{where}: {op} must be true or false, got {value!r}")
     return value.lower() in ("true", "1")
-  if op == "min_bytes":
+  if op in ("min_bytes", "nodes"):
     if not re.fullmatch(r"[0-9]+", value):
-      raise ValueError(f"{where}: min_bytes must be a non-negative integer, got {value!r}")
+      raise ValueError(f"{where}: {op} must be a non-negative integer, got {value!r}")
     return int(value)
   return value
 
@@ -291,9 +303,14 @@ def _axis_policy(axis: str, entry: Mapping[str, Any], origin: _Origin) -> AxisPo
 
 def _option(axis: str, key: str, value: Any, where: str, origin: _Origin) -> Any:
   """The checked value of option ``key`` (one of OPTIONS) on ``axis``."""
+  if key == "nodes":
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise origin.type_error(f"{where} must be a positive int, got {value!r}")
+    if value < 1:
+      raise ValueError(f"{where} must be a positive int, got {value!r}")
+  elif key in DATA_OPTIONS and not isinstance(value, bool):
+    raise origin.type_error(f"{where} must be a bool (true or false), got {value!r}")
   if key in DATA_OPTIONS:
-    if not isinstance(value, bool):
-      raise origin.type_error(f"{where} must be a bool (true or false), got {value!r}")
     if axis != DATA_AXIS:
       raise ValueError(f"{where}: {key} applies to the {DATA_AXIS!r} axis only; set it there "
                        f"({origin.at(DATA_AXIS, key)})")

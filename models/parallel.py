@@ -13,9 +13,19 @@ cross-device sum is an explicit collective):
     gradients of the replicated ``outer`` parameters are summed over 'pipe';
   * data: gradients summed with all_reduce (optionally with error feedback); or, with the
     policy's ``[data] zero = true``, ZeRO-style: each gradient leaf flattened, padded and
-    reduce-scattered, AdamW run on this rank's 1/data shard (optimizer state sharded over
-    'data'), and the updated shards all-gathered (keep that all_gather exact: there is no
-    float32 master copy, so a lossy one re-quantises the parameters at every step).
+    reduce-scattered, AdamW run on this rank's float32 master shard (1/data of each leaf,
+    kept with the optimizer state, sharded over 'data'), and the updated shards
+    all-gathered. That all_gather may be lossy (ZeRO++'s qwZ, e.g. int8): the model then
+    computes with quantized weights while the master shards stay exact, so quantization
+    errors do not accumulate over steps.
+  * ZeRO++ hierarchy (``[data] nodes = K``): the data level becomes two mesh axes
+    ("node", "data"), node outer. Gradients are reduce-scattered inside the node first, then
+    across nodes (qgZ: each level with its own compressor and error-feedback residual, so
+    each element is quantized once per level); parameters are gathered across nodes first,
+    into the secondary shard that each node holds (hpZ), then inside the node. The gathered
+    parameters are what the step returns and the next step's forward and backward passes
+    both use, so the across-node gather runs once per step and the backward pass gathers
+    nothing (no per-layer re-gather as in ZeRO-3: parameters stay materialized per device).
 Every collective goes through :class:`Collectives`, which calls jcoccl with the compressor
 ``policy.compressor(axis, op)``.
 
@@ -45,7 +55,11 @@ from jcoccl.policy import Policy
 from models import gpt, pipeline, qwen
 from models.layers import LOCAL, Comm, cross_entropy
 
-AXES = ("data", "tensor", "pipe")
+DATA_AXIS = "data"
+AXES = (DATA_AXIS, "tensor", "pipe")
+NODE = "node"
+# Axis names a policy may name: the mesh's, and ZeRO++'s node level ([node] table).
+POLICY_AXES = (NODE, *AXES)
 
 
 # ------------------------------------------------------------------------------------------
@@ -63,30 +77,38 @@ class Collectives:
   policy: Policy
   log: list = dataclasses.field(default_factory=list)
 
+  def _policy_axis(self, axis: str) -> str:
+    # The node level takes the data axis' compressors unless the policy has a [node] table.
+    return DATA_AXIS if axis == NODE and NODE not in self.policy.axes else axis
+
+  def compressor(self, axis: str, op: str) -> Any:
+    """The policy's compressor of ``op`` on mesh axis ``axis``."""
+    return self.policy.compressor(self._policy_axis(axis), op)
+
   def _record(self, axis: str, op: str, x: jax.Array, c: Any) -> None:
     self.log.append((axis, op, tuple(x.shape), jnp.dtype(x.dtype), c))
 
   def _options(self, axis: str, op: str) -> dict:
     # The policy's algorithm names an all_reduce algorithm; the other ops take none.
-    opts = self.policy.options(axis)
+    opts = self.policy.options(self._policy_axis(axis))
     return opts if op == "all_reduce" else {k: v for k, v in opts.items() if k != "algorithm"}
 
   def all_reduce(self, x: jax.Array, axis: str, *, exact: bool = False) -> jax.Array:
     """Sum over ``axis``; ``exact`` forces the uncompressed path (metrics, norms)."""
-    c = None if exact else self.policy.compressor(axis, "all_reduce")
+    c = None if exact else self.compressor(axis, "all_reduce")
     self._record(axis, "all_reduce", x, c)
     return jcoccl.all_reduce(x, axis, compressor=c, **self._options(axis, "all_reduce"))
 
   def reduce_scatter(self, x: jax.Array, axis: str) -> jax.Array:
     """Sum over ``axis`` of a flat ``x``, this rank's 1/size slice (tiled on dimension 0)."""
-    c = self.policy.compressor(axis, "reduce_scatter")
+    c = self.compressor(axis, "reduce_scatter")
     self._record(axis, "reduce_scatter", x, c)
     return jcoccl.reduce_scatter(x, axis, tiled=True, compressor=c,
                                  **self._options(axis, "reduce_scatter"))
 
   def all_gather(self, x: jax.Array, axis: str) -> jax.Array:
     """Concatenation over ``axis`` of every rank's flat ``x`` (tiled on dimension 0)."""
-    c = self.policy.compressor(axis, "all_gather")
+    c = self.compressor(axis, "all_gather")
     self._record(axis, "all_gather", x, c)
     return jcoccl.all_gather(x, axis, tiled=True, compressor=c,
                              **self._options(axis, "all_gather"))
@@ -95,7 +117,7 @@ class Collectives:
                 ) -> tuple[Any, Any]:
     """Sums a gradient pytree over ``axis`` with error feedback (jcoccl.error_feedback);
     ``op`` is "all_reduce" or "reduce_scatter" (flat leaves, tiled)."""
-    c = self.policy.compressor(axis, op)
+    c = self.compressor(axis, op)
     for g in jax.tree.leaves(grads):
       self._record(axis, op, g, c)
     ef, opts = jcoccl.error_feedback(c), self._options(axis, op)
@@ -105,7 +127,7 @@ class Collectives:
 
   def ppermute(self, x: jax.Array, axis: str, perm: list[tuple[int, int]]) -> jax.Array:
     """Sends ``x`` along ``perm``; its VJP sends the cotangent along the inverse permutation."""
-    c = self.policy.compressor(axis, "ppermute")
+    c = self.compressor(axis, "ppermute")
     opts = self._options(axis, "ppermute")
     inverse = [(b, a) for a, b in perm]
 
@@ -258,7 +280,9 @@ class Parallel3D:
     model: the model (its weights are the initial parameters; see :meth:`shard`).
     mesh: a mesh with axes ``AXES``.
     policy: compressors per (axis, op); its ``zero`` option on 'data' turns on ZeRO mode
-      (``self.zero``, when 'data' has more than one rank).
+      (``self.zero``, when 'data' has more than one rank), its ``nodes`` option (ZeRO mode
+      only) splits the data level into ("node", "data") mesh axes: ``self.mesh`` then has
+      axes ``(NODE, *AXES)``, with 'data' the ranks inside one node.
     n_micro: pipeline micro-batches per step (must divide the per-data-rank batch).
   """
 
@@ -267,8 +291,13 @@ class Parallel3D:
     if tuple(mesh.axis_names) != AXES:
       raise ValueError(f"mesh axis names must be {AXES}, got {tuple(mesh.axis_names)}")
     fam = _family(model)
-    self.mesh, self.policy, self.n_micro = mesh, policy or Policy(), int(n_micro)
-    self.sizes = {a: mesh.shape[a] for a in AXES}
+    self.policy, self.n_micro = policy or Policy(), int(n_micro)
+    self.zero = self.policy.zero(DATA_AXIS) and mesh.shape[DATA_AXIS] > 1
+    self.mesh = _split_nodes(mesh, self.policy.nodes(DATA_AXIS), self.zero)
+    self.sizes = {a: self.mesh.shape.get(a, 1) for a in POLICY_AXES}
+    # The data level, outer to inner: ("node", "data") under ZeRO++'s hierarchy.
+    self.data_axes = tuple(a for a in (NODE, DATA_AXIS) if a in self.mesh.axis_names)
+    self.n_data = mesh.shape[DATA_AXIS]
     n_layers = getattr(model.cfg, fam.layers_field)
     t, p = self.sizes["tensor"], self.sizes["pipe"]
     if n_layers % p:
@@ -284,7 +313,6 @@ class Parallel3D:
     self._graphdef, self._abstract_state = nnx.split(abstract)
     self.specs = param_specs(jax.eval_shape(lambda: stack_params(model)), fam.tensor_axis)
     self.coll = Collectives(self.policy)
-    self.zero = self.policy.zero("data") and self.sizes["data"] > 1
 
   # -- placement ---------------------------------------------------------------------------
   def sharding(self, spec_tree: Any) -> Any:
@@ -296,7 +324,10 @@ class Parallel3D:
     return jax.device_put(stack_params(model), self.sharding(self.specs))
 
   def batch_sharding(self) -> NamedSharding:
-    return NamedSharding(self.mesh, P("data"))
+    return NamedSharding(self.mesh, self._batch_spec())
+
+  def _batch_spec(self) -> P:
+    return P(self.data_axes if len(self.data_axes) > 1 else DATA_AXIS)
 
   def make_batch(self, n: int, rows: Callable[[np.ndarray], tuple[np.ndarray, ...]]
                  ) -> tuple[jax.Array, ...]:
@@ -344,11 +375,11 @@ class Parallel3D:
     y = pipeline.gpipe(lambda h: model.run_blocks(h, comm), x, axis_name="pipe",
                        n_stages=n_pipe, permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm))
     logits = model.head(y.reshape(b, s, -1))
-    loss = cross_entropy(logits, targets) / self.sizes["data"]
+    loss = cross_entropy(logits, targets) / self.n_data
     return jnp.where(pipeline.is_last_stage("pipe", n_pipe), loss, 0.0)
 
   def _sum_loss(self, loss: jax.Array) -> jax.Array:
-    for axis in ("data", "pipe"):
+    for axis in (*self.data_axes, "pipe"):
       if self.sizes[axis] > 1:
         loss = self.coll.all_reduce(loss, axis, exact=True)
     return loss
@@ -357,8 +388,20 @@ class Parallel3D:
     return "reduce_scatter" if self.zero else "all_reduce"
 
   def uses_error_feedback(self) -> bool:
-    return (self.sizes["data"] > 1 and self.policy.error_feedback("data")
-            and self.policy.compressor("data", self._data_op()) is not None)
+    return self.n_data > 1 and bool(self._ef_levels())
+
+  def _scatter_levels(self) -> tuple[str, ...]:
+    """The axes that ZeRO's gradient reduce_scatter crosses, in order: inside the node
+    ('data') first, then across nodes (ranks of size 1 skipped)."""
+    return tuple(a for a in (DATA_AXIS, NODE) if self.sizes[a] > 1)
+
+  def _ef_levels(self) -> tuple[str, ...]:
+    """The data-level axes whose gradient sum keeps an error-feedback residual: those with a
+    lossy compressor, when the policy asks for error feedback."""
+    if not self.policy.error_feedback(DATA_AXIS):
+      return ()
+    levels = self._scatter_levels() if self.zero else (DATA_AXIS,)
+    return tuple(a for a in levels if self.coll.compressor(a, self._data_op()) is not None)
 
   def _sync_grads(self, grads: dict, ef: Any = None, zero: bool = False) -> tuple[dict, Any]:
     """Sums gradients over 'data' (all) and over 'pipe' (the replicated outer parameters).
@@ -368,8 +411,8 @@ class Parallel3D:
     """
     op = "reduce_scatter" if zero else "all_reduce"
     if zero:
-      grads = jax.tree.map(self._pad_flat, grads)
-    if self.sizes["data"] > 1:
+      grads, ef = self._scatter_grads(jax.tree.map(self._pad_flat, grads), ef)
+    elif self.sizes["data"] > 1:
       if ef is not None:
         local_ef = jax.tree.map(lambda e: e[0], ef)
         grads, local_ef = self.coll.ef_reduce(grads, local_ef, "data", op)
@@ -381,6 +424,25 @@ class Parallel3D:
                                               grads["outer"])}
     return grads, ef
 
+  def _scatter_grads(self, grads: dict, ef: dict | None) -> tuple[dict, dict | None]:
+    """ZeRO's reduce_scatter of flat, padded gradients over the data level: this rank's shard.
+
+    Level by level (:meth:`_scatter_levels`, inside the node first): each level's
+    compressor quantizes each element once (its input on this rank: the local gradient, then
+    the node's partial sum of this rank's slice), with that level's error-feedback residual
+    (``ef[axis]``, per device) when it has one. Shards come out in the order that
+    :meth:`_local_shards` and :meth:`_gather` use.
+    """
+    new_ef = {} if ef is not None else None
+    for axis in self._scatter_levels():
+      if ef is not None and axis in ef:
+        local_ef = jax.tree.map(lambda e: e[0], ef[axis])
+        grads, local_ef = self.coll.ef_reduce(grads, local_ef, axis, "reduce_scatter")
+        new_ef[axis] = jax.tree.map(lambda e: e[None], local_ef)
+      else:
+        grads = jax.tree.map(lambda g: self.coll.reduce_scatter(g, axis), grads)
+    return grads, new_ef
+
   def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False):
     loss, grads = jax.value_and_grad(self._local_loss)(params, tokens, targets)
     grads, ef = self._sync_grads(grads, ef, zero)
@@ -389,9 +451,12 @@ class Parallel3D:
   def ef_specs(self) -> dict:
     """Error-feedback residuals are per-device state (each rank's own compression error; the
     'outer' ones even differ across 'pipe'): a leading axis over every device. In ZeRO mode
-    they are flat (the padded leaf that is reduce-scattered)."""
-    return jax.tree.map(lambda s: P(AXES, *([None] * (1 if self.zero else len(s)))),
+    they are flat (the padded leaf that each level reduce-scatters) and keyed by level:
+    ``{axis: tree}`` for the axes of :meth:`_ef_levels`."""
+    every = tuple(self.mesh.axis_names)
+    tree = jax.tree.map(lambda s: P(every, *([None] * (1 if self.zero else len(s)))),
                         self.specs, is_leaf=lambda x: isinstance(x, P))
+    return {axis: tree for axis in self._ef_levels()} if self.zero else tree
 
   def _local_shape(self, shape: tuple[int, ...], spec: P) -> tuple[int, ...]:
     return tuple(n // (self.sizes[a] if a else 1)
@@ -401,41 +466,69 @@ class Parallel3D:
     """Zero residuals for :meth:`train_step` when the policy asks for error feedback."""
     if not self.uses_error_feedback():
       return None
-    ndev = int(np.prod([self.sizes[a] for a in AXES]))
-    local = lambda p, s: ((self._shard_len(p.shape, s) * self.sizes["data"],) if self.zero
-                          else self._local_shape(p.shape, s))
-    shapes = jax.tree.map(lambda p, s: (ndev, *local(p, s)), params, self.specs,
+    ndev = self.mesh.devices.size
+
+    def shapes(level: str | None) -> dict:
+      # A level reduce-scatters the flat padded leaf divided by the levels before it.
+      before = (1 if level is None else
+                int(np.prod([self.sizes[a] for a in self._scatter_levels()[
+                    :self._scatter_levels().index(level)]])))
+      local = lambda p, s: ((self._shard_len(p.shape, s) * self.n_data // before,)
+                            if self.zero else self._local_shape(p.shape, s))
+      return jax.tree.map(lambda p, s: (ndev, *local(p, s)), params, self.specs,
                           is_leaf=lambda x: isinstance(x, P))
-    make = lambda: jax.tree.map(lambda sh: jnp.zeros(sh, jnp.float32), shapes,
-                                is_leaf=lambda x: isinstance(x, tuple))
+
+    zeros = lambda t: jax.tree.map(lambda sh: jnp.zeros(sh, jnp.float32), t,
+                                   is_leaf=lambda x: isinstance(x, tuple))
+    make = ((lambda: {a: zeros(shapes(a)) for a in self._ef_levels()}) if self.zero
+            else (lambda: zeros(shapes(None))))
     return jax.jit(make, out_shardings=self.sharding(self.ef_specs()))()
 
   # -- ZeRO: each rank's flat 1/data shard of every (local) parameter ----------------------
   def _shard_len(self, shape: tuple[int, ...], spec: P) -> int:
-    """Length of a leaf's ZeRO shard: its local size, padded to a multiple of 'data', / data."""
-    return -(-int(np.prod(self._local_shape(shape, spec))) // self.sizes["data"])
+    """Length of a leaf's ZeRO shard: its local size, padded to a multiple of the data
+    level's ranks, / their number."""
+    return -(-int(np.prod(self._local_shape(shape, spec))) // self.n_data)
 
   def zero_specs(self) -> dict:
-    """Specs of ZeRO shards (the optimizer state's leaves): flat, split over 'data' and over
-    the axes that split the parameter, so each device holds [shard_len]."""
-    return jax.tree.map(lambda s: P(("data", *(a for a in s if a))), self.specs,
+    """Specs of ZeRO shards (master weights and optimizer state): flat, split over the data
+    level (in shard order: 'data' major, then 'node') and over the axes that split the
+    parameter, so each device holds [shard_len]."""
+    data = tuple(a for a in (DATA_AXIS, NODE) if a in self.data_axes)
+    return jax.tree.map(lambda s: P((*data, *(a for a in s if a))), self.specs,
                         is_leaf=lambda x: isinstance(x, P))
 
   def _pad_flat(self, x: jax.Array) -> jax.Array:
-    return jnp.pad(x.reshape(-1), (0, -x.size % self.sizes["data"]))
+    return jnp.pad(x.reshape(-1), (0, -x.size % self.n_data))
+
+  def _shard_index(self) -> jax.Array:
+    """This rank's shard of the flat leaf: reduce_scatter inside the node gives slice
+    ``data`` of ``sizes['data']``, the one across nodes its sub-slice ``node``."""
+    if NODE not in self.data_axes:
+      return lax.axis_index(DATA_AXIS)
+    return lax.axis_index(DATA_AXIS) * self.sizes[NODE] + lax.axis_index(NODE)
 
   def _local_shards(self, params: dict) -> dict:
     """This rank's ZeRO shard of each local parameter (inside shard_map)."""
     def leaf(x):
       flat = self._pad_flat(x)
-      k = flat.size // self.sizes["data"]
-      return lax.dynamic_slice_in_dim(flat, lax.axis_index("data") * k, k)
+      k = flat.size // self.n_data
+      return lax.dynamic_slice_in_dim(flat, self._shard_index() * k, k)
     return jax.tree.map(leaf, params)
 
   def _gather(self, shards: dict, like: dict) -> dict:
-    """Local parameters (shaped like ``like``) from every rank's shard: all_gather 'data'."""
-    return jax.tree.map(lambda s, x: self.coll.all_gather(s, "data")[:x.size].reshape(x.shape),
-                        shards, like)
+    """Local parameters (shaped like ``like``) from every rank's shard.
+
+    Across nodes first: that all_gather yields the node's secondary shard (hpZ: the 1/data
+    slice that every rank of a node keeps, so later gathers stay inside the node), then
+    inside the node. Each level quantizes its input once with its all_gather compressor
+    (qwZ); the master shards are not changed.
+    """
+    def leaf(s, x):
+      for axis in reversed(self._scatter_levels()):
+        s = self.coll.all_gather(s, axis)
+      return s[:x.size].reshape(x.shape)
+    return jax.tree.map(leaf, shards, like)
 
   def _shard_map(self, f: Callable, in_specs: tuple, out_specs: Any) -> Callable:
     return jax.shard_map(f, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
@@ -451,8 +544,9 @@ class Parallel3D:
     Returns:
       (loss scalar, grads with the layout and sharding of ``params``).
     """
+    batch = self._batch_spec()
     f = self._shard_map(lambda *a: self._local_loss_and_grads(*a)[:2],
-                        (self.specs, P("data"), P("data")), (P(), self.specs))
+                        (self.specs, batch, batch), (P(), self.specs))
     batch = self.batch_sharding()
     return jax.jit(f)(params, jax.device_put(tokens, batch), jax.device_put(targets, batch))
 
@@ -462,6 +556,8 @@ class Parallel3D:
     over 'tensor'/'pipe', summed over ``axes`` (also 'data' for ZeRO shards, whose padding is 0)."""
     t, p = self.sizes["tensor"], self.sizes["pipe"]
     total = jnp.float32(0.0)
+    axes = tuple(a for a in self.mesh.axis_names if a in axes or
+                 (a == NODE and DATA_AXIS in axes))
     for part, spec_tree in (("outer", self.specs["outer"]), ("blocks", self.specs["blocks"])):
       for g, spec in zip(jax.tree.leaves(grads[part]),
                          jax.tree.leaves(spec_tree, is_leaf=lambda x: isinstance(x, P))):
@@ -473,17 +569,25 @@ class Parallel3D:
     return jnp.sqrt(total)
 
   def opt_specs(self, tx: optax.GradientTransformation, params: dict) -> Any:
-    """Specs of ``tx``'s state: the parameters' (ZeRO mode: :meth:`zero_specs`), P() else."""
+    """Specs of the optimizer state: ``tx``'s, with the parameters' specs and P() else; in
+    ZeRO mode ``{"master": ..., "tx": ...}``, both on :meth:`zero_specs`."""
     state = jax.eval_shape(tx.init, params)  # only its structure is used
-    return optax.tree_map_params(tx, lambda _, s: s, state,
-                                 self.zero_specs() if self.zero else self.specs,
-                                 transform_non_params=lambda _: P(),
-                                 is_leaf=lambda x: isinstance(x, P))
+    specs = optax.tree_map_params(tx, lambda _, s: s, state,
+                                  self.zero_specs() if self.zero else self.specs,
+                                  transform_non_params=lambda _: P(),
+                                  is_leaf=lambda x: isinstance(x, P))
+    return {"master": self.zero_specs(), "tx": specs} if self.zero else specs
 
   def init_opt(self, tx: optax.GradientTransformation, params: dict) -> Any:
-    """``tx``'s initial state, placed on the mesh (ZeRO mode: of each rank's shards)."""
+    """The optimizer state, placed on the mesh. ZeRO mode: ``{"master": float32 master
+    shards of ``params``, "tx": tx's state of them}``, each rank holding its own shards."""
     specs = self.opt_specs(tx, params)
-    init = (lambda p: tx.init(self._local_shards(p))) if self.zero else tx.init
+
+    def init_zero(p):
+      master = self._local_shards(p)
+      return {"master": master, "tx": tx.init(master)}
+
+    init = init_zero if self.zero else tx.init
     f = self._shard_map(init, (self.specs,), specs)
     return jax.jit(f)(params)
 
@@ -493,8 +597,10 @@ class Parallel3D:
 
     ``ef`` is :meth:`init_ef`'s residuals (None without error feedback). Gradients are
     clipped to ``clip_norm`` by their global norm (over all shards) before ``tx``; metrics
-    are ``loss`` and ``grad_norm``. In ZeRO mode ``tx`` updates each rank's 1/data shard
-    (gradients reduce-scattered, state sharded) and the new shards are all-gathered.
+    are ``loss`` and ``grad_norm``. In ZeRO mode ``tx`` updates each rank's float32 master
+    shard (``opt_state["master"]``; gradients reduce-scattered, state sharded) and the new
+    shards are all-gathered into the parameters that the next step computes with (through
+    the all_gather compressor: quantized weights under qwZ).
     """
     specs, ospecs = self.specs, self.opt_specs(tx, params)
     espec = self.ef_specs() if self.uses_error_feedback() else None
@@ -505,15 +611,38 @@ class Parallel3D:
       if clip_norm is not None:
         scale = jnp.minimum(1.0, clip_norm / (norm + 1e-6))
         grads = jax.tree.map(lambda g: g * scale, grads)
-      own = self._local_shards(params) if self.zero else params
-      updates, opt_state = tx.update(grads, opt_state, own)
-      new = optax.apply_updates(own, updates)
-      return (self._gather(new, params) if self.zero else new, opt_state, ef,
-              {"loss": loss, "grad_norm": norm})
+      metrics = {"loss": loss, "grad_norm": norm}
+      if not self.zero:
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, ef, metrics
+      updates, tx_state = tx.update(grads, opt_state["tx"], opt_state["master"])
+      master = optax.apply_updates(opt_state["master"], updates)
+      return (self._gather(master, params), {"master": master, "tx": tx_state}, ef, metrics)
 
-    f = self._shard_map(local, (specs, ospecs, espec, P("data"), P("data")),
+    batch = self._batch_spec()
+    f = self._shard_map(local, (specs, ospecs, espec, batch, batch),
                         (specs, ospecs, espec, {"loss": P(), "grad_norm": P()}))
     return jax.jit(f, donate_argnums=(0, 1, 2))
+
+
+def _split_nodes(mesh: jax.sharding.Mesh, nodes: int, zero: bool) -> jax.sharding.Mesh:
+  """``mesh`` with its 'data' axis split into ("node", "data") for ``nodes`` > 1 (ZeRO++).
+
+  Devices keep their order: node k holds data ranks [k*D/K, (k+1)*D/K), so under
+  ``make_mesh``'s multi-process layout (data outer, in process order) a node is a group of
+  consecutive processes (one process each when K = the process count).
+  """
+  if nodes == 1:
+    return mesh
+  d = mesh.shape[DATA_AXIS]
+  if not zero:
+    raise ValueError(f"the policy's [data] nodes = {nodes} needs ZeRO mode ([data] zero = "
+                     f"true) and a data axis of size > 1 (got {d})")
+  if d % nodes:
+    raise ValueError(f"the policy's [data] nodes = {nodes} must divide the data axis size {d}")
+  shape = (nodes, d // nodes, mesh.shape["tensor"], mesh.shape["pipe"])
+  return jax.sharding.Mesh(mesh.devices.reshape(shape), (NODE, *AXES),
+                           axis_types=(jax.sharding.AxisType.Auto,) * 4)
 
 
 def reference_loss_and_grads(model: nnx.Module, tokens: jax.Array, targets: jax.Array):

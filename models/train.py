@@ -4,6 +4,7 @@
   python -m models.train --model qwen --mesh 4,2,1 --policy models/configs/int8.toml
   python -m models.train --compress data.all_reduce=int4 --compress data.min_bytes=0
   python -m models.train --zero                           # ZeRO: sharded AdamW state over 'data'
+  python -m models.train --zero --policy zeropp           # ZeRO++: int8 weights, int4 grads, nodes
   python -m models.train --resume                         # continue runs/<name>
 
 Every flag and the policy are checked before anything is loaded or compiled: a bad flag exits
@@ -159,7 +160,7 @@ def check_args(args: argparse.Namespace, n_devices: int) -> None:
   args.policy_path = policy_path(args.policy)
   for spec in args.compress:
     try:
-      Policy.from_specs([spec], axes=parallel.AXES)
+      Policy.from_specs([spec], axes=parallel.POLICY_AXES)
     except ValueError as e:
       raise ValueError(f"--compress {spec!r}: {e}") from None
 
@@ -257,16 +258,31 @@ def load_policy(args: argparse.Namespace) -> Policy:
   """
   path = getattr(args, "policy_path", None) or policy_path(args.policy)
   try:
-    base = Policy.from_toml(str(path), axes=parallel.AXES)
+    base = Policy.from_toml(str(path), axes=parallel.POLICY_AXES)
   except (ValueError, TypeError, OSError) as e:
     raise SetupError(str(e)) from e
   table = {axis: dict(entry) for axis, entry in base.source.items()}
   for spec in args.compress:
-    for axis, entries in Policy.from_specs([spec], axes=parallel.AXES).source.items():
+    for axis, entries in Policy.from_specs([spec], axes=parallel.POLICY_AXES).source.items():
       _axis_entry(table, axis).update(entries)
   if args.zero:
     _axis_entry(table, "data")["zero"] = True
-  return Policy.from_dict(table, axes=parallel.AXES)
+  policy = Policy.from_dict(table, axes=parallel.POLICY_AXES)
+  _check_nodes(policy, args, path)
+  return policy
+
+
+def _check_nodes(policy: Policy, args: argparse.Namespace, path: pathlib.Path) -> None:
+  """ZeRO++'s ``[data] nodes`` needs ZeRO mode and must divide the mesh's data size."""
+  nodes, data = policy.nodes("data"), getattr(args, "mesh_shape", (0,))[0]
+  if nodes == 1 or not data:
+    return
+  if not policy.zero("data"):
+    raise SetupError(f"{path}: [data] nodes = {nodes} splits ZeRO's data level; it needs "
+                     f"[data] zero = true (or --zero)")
+  if data % nodes:
+    raise SetupError(f"{path}: [data] nodes = {nodes} must divide the data size {data} of "
+                     f"--mesh {args.mesh}")
 
 
 def _axis_entry(table: dict, axis: str) -> dict:
@@ -452,7 +468,8 @@ def _process_split(by_axis: dict) -> dict:
 
 def _axis_order(key: str) -> tuple:
   names = key.split(",")
-  return (len(names), [parallel.AXES.index(n) if n in parallel.AXES else 99 for n in names])
+  order = parallel.POLICY_AXES
+  return (len(names), [order.index(n) if n in order else 99 for n in names])
 
 
 def evaluate(par, eval_fn, state: State, corpus, args) -> float:
@@ -547,8 +564,9 @@ def main(argv: list[str] | None = None) -> dict:
   params = par.shard(model)
   state = State(params, par.init_opt(tx, params), par.init_ef(params))
   # The uncompressed reference for the wire-bytes report: same model, mesh and ZeRO mode
-  # (the same optimizer-state layout), exact policy.
-  ref = Policy.from_dict({"data": {"zero": True}} if policy.zero("data") else {})
+  # (the same optimizer-state layout and node split), exact policy.
+  ref = Policy.from_dict({"data": {"zero": True, "nodes": policy.nodes("data")}}
+                         if policy.zero("data") else {})
   exact = None if args.no_hlo_wire else parallel.Parallel3D(model, mesh, ref, n_micro=args.micro)
   args.out.mkdir(parents=True, exist_ok=True)
   mngr = _checkpointer(args.out)

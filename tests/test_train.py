@@ -82,9 +82,11 @@ def test_zero_loss_drops(tmp_path):
   assert summary["loss_end"] < summary["loss_start"] - 0.5, summary
   wire = summary["wire"]["by_axis"]["data"]
   assert 0 < wire["compressed"] < wire["uncompressed"], wire
-  # The checkpoint holds the AdamW moments as flat shards over 'data'.
-  mu = _restore(out, 20)["opt_state"][0]["mu"]
-  assert all(a.ndim == 1 and "data" in a.sharding.spec[0] for a in jax.tree.leaves(mu))
+  # The checkpoint holds the float32 master weights and the AdamW moments as flat shards
+  # over 'data'.
+  opt = _restore(out, 20)["opt_state"]
+  for t in (opt["master"], opt["tx"][0]["mu"]):
+    assert all(a.ndim == 1 and "data" in a.sharding.spec[0] for a in jax.tree.leaves(t))
 
 
 

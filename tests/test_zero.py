@@ -121,11 +121,13 @@ def test_zero_state_sharded_over_more_data_ranks(name, make, mesh, micro):
 
 
 def _assert_state_sharded(zero, plain, opt_zero, opt_plain):
-  """Each moment leaf holds ceil(n/data) values per device where plain DP holds n."""
-  d = zero.sizes["data"]
+  """Each moment leaf, and each float32 master shard, holds ceil(n/data) values per device
+  where plain DP holds n (the parameter)."""
+  d = zero.n_data
   per_device = lambda t: sum(a.addressable_shards[0].data.size for a in jax.tree.leaves(t))
-  for moment in ("mu", "nu"):
-    zs, ps = getattr(opt_zero[0], moment), getattr(opt_plain[0], moment)
+  assert set(opt_zero) == {"master", "tx"}
+  for zs, ps in [(getattr(opt_zero["tx"][0], m), getattr(opt_plain[0], m))
+                 for m in ("mu", "nu")] + [(opt_zero["master"], opt_plain[0].mu)]:
     for (path, p), z in zip(jax.tree_util.tree_flatten_with_path(ps)[0], jax.tree.leaves(zs)):
       n = p.addressable_shards[0].data.size
       assert z.ndim == 1 and "data" in z.sharding.spec[0], jax.tree_util.keystr(path)
