@@ -53,6 +53,9 @@ def shard_map_mesh():
   """
   import sys
   from jax._src import mesh as _mesh
+  lowering = _lowering_mesh.get()
+  if isinstance(lowering, _mesh.Mesh) and not lowering.empty:
+    return lowering
   frame = sys._getframe(1)
   while frame is not None:
     if frame.f_globals.get("__name__") == "jax._src.shard_map":
@@ -150,3 +153,113 @@ def executable_device_ids(compiled) -> list[int] | None:
   except Exception:  # noqa: BLE001 - a backend without the method: caller falls back
     return None
   return [d.id for d in devices]
+
+
+# --- collectives as primitives: definition, abstract evaluation, lowering, AD, batching ------
+
+import contextvars as _contextvars
+
+# The concrete mesh of the shard_map whose body is being lowered, set by the collectives'
+# lowering rules (the trace-time frames shard_map_mesh reads are gone by then).
+_lowering_mesh: _contextvars.ContextVar = _contextvars.ContextVar("jcoccl_lowering_mesh",
+                                                                  default=None)
+
+
+def lowering_collective() -> bool:
+  """True while one of jcoccl's collective primitives is being lowered."""
+  return _lowering_mesh.get() is not None
+
+
+def new_primitive(name: str):
+  """A ``jax.extend.core.Primitive`` named ``name``."""
+  from jax.extend.core import Primitive
+  return Primitive(name)
+
+
+def collective_aval(aval, shape, vma):
+  """``aval`` reshaped to ``shape`` and varying over ``vma`` (other attributes kept)."""
+  mat = getattr(aval, "mat", None)
+  if mat is None:
+    return aval.update(shape=tuple(shape), weak_type=False)
+  return aval.update(shape=tuple(shape), weak_type=False,
+                     manual_axis_type=mat.update(varying=frozenset(vma)))
+
+
+def aval_vma(aval) -> frozenset:
+  """The varying manual axes of an abstract value."""
+  mat = getattr(aval, "mat", None)
+  return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None:
+  """Registers the rules of collective primitive ``p``.
+
+  Args:
+    p: the primitive.
+    abstract_eval: ``(aval, *key_avals, **params) -> (out_aval, axes)``; the axes become
+      named-axis effects, as for lax's collectives.
+    lower: ``(*args, **params) -> out``, a traceable function lowered in place of ``p``
+      (inside shard_map's manual lowering context: axis names bound, check_vma as traced).
+    jvp: ``(primals, tangents, **params) -> (out, tangent_out)``.
+    transpose: ``(ct, *args, **params) -> list of cotangents``.
+    batch: ``(args, dims, **params) -> (out, out_dim)``.
+  """
+  from jax._src import core as _core
+  from jax._src import dispatch as _dispatch
+  from jax.interpreters import ad, batching, mlir
+  import functools
+
+  def effectful(*avals, **params):
+    out, axes = abstract_eval(*avals, **params)
+    return out, {_core.NamedAxisEffect(a) for a in axes}
+
+  p.def_impl(functools.partial(_dispatch.apply_primitive, p))
+  p.def_effectful_abstract_eval(effectful)
+  lowered = mlir.lower_fun(lower, multiple_results=False)
+
+  def lowering(ctx, *args, **params):
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    token = _lowering_mesh.set(mesh if mesh is not None else False)
+    try:
+      return lowered(ctx, *args, **params)
+    finally:
+      _lowering_mesh.reset(token)
+
+  mlir.register_lowering(p, lowering)
+  ad.primitive_jvps[p] = jvp
+  ad.primitive_transposes[p] = transpose
+  batching.primitive_batchers[p] = batch
+
+
+def is_zero_cotangent(ct) -> bool:
+  """True for AD's symbolic zero."""
+  from jax.interpreters import ad
+  return type(ct) is ad.Zero
+
+
+def zero_like_aval(aval):
+  from jax.interpreters import ad
+  return ad.Zero(aval)
+
+
+def zero_tangent_of(value):
+  from jax.interpreters import ad
+  return ad.Zero.from_primal_value(value)
+
+
+def undefined_aval(x):
+  """The abstract value of a transpose rule's linear (undefined) input."""
+  from jax.interpreters import ad
+  return x.aval if ad.is_undefined_primal(x) else _jax.typeof(x)
+
+
+def instantiate_zero(t):
+  from jax.interpreters import ad
+  return ad.instantiate_zeros(t)
+
+
+def mesh_axis_names() -> frozenset:
+  """The axis names of the mesh in context (abstract, as inside shard_map's trace)."""
+  from jax._src import mesh as _mesh
+  m = _mesh.get_abstract_mesh()
+  return frozenset(() if m is None or m.empty else m.axis_names)
