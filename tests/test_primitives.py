@@ -247,3 +247,70 @@ def test_pytree_with_integer_leaves_compresses_only_the_floats():
   np.testing.assert_array_equal(np.asarray(got["step"]), np.asarray(want_step))
   with pytest.raises(TypeError, match="int32"):  # a lone integer array is a mistake
     jax.jit(_smap(lambda v: jcoccl.all_reduce(v, "b", compressor=INT8, min_bytes=0)))(step)
+
+
+def test_all_gather_to_invarying():
+  x = rand((8, 8, 64), jnp.float32, seed=11)
+  for c, exact in ((None, True), (INT8, False)):
+    body = lambda v: jcoccl.all_gather(v, "b", axis=0, tiled=True, to="invarying",
+                                       compressor=c, min_bytes=0)
+    got = jax.jit(_smap(body, out_specs=P("a")))(x)  # typed invariant over "b"
+    plain = jax.jit(_smap(lambda v: jcoccl.all_gather(v, "b", axis=0, tiled=True,
+                                                      compressor=c, min_bytes=0)))(x)
+    # Rank (a, b)'s gather is plain's block 4a + b; the invariant result holds b = 0's.
+    np.testing.assert_array_equal(bits(got), bits(plain.reshape(2, 4, 4, 8, 64)[:, 0]
+                                                  .reshape(8, 8, 64)))
+    loss = lambda to: lambda a: jnp.sum(jnp.sin(_smap(
+        lambda v: jcoccl.all_gather(v, "b", axis=0, tiled=True, to=to, compressor=c,
+                                    min_bytes=0), out_specs=P("a"))(a)))
+    g = jax.jit(jax.grad(loss("invarying")))(x)
+    gl = jax.jit(jax.grad(lambda a: jnp.sum(jnp.sin(_smap(
+        lambda v: lax.all_gather(v, "b", axis=0, tiled=True, to="invarying"),
+        out_specs=P("a"))(a)))))(x)
+    if exact:
+      np.testing.assert_array_equal(bits(g), bits(gl))
+    else:  # cos of a decoded value: |d cos| <= |x - decoded| <= the int8 bound
+      bound = np.concatenate([eb(INT8, x[r]) for r in range(8)]).reshape(x.shape)
+      assert_within(g, f64(gl), bound, "all_gather to=invarying grad")
+
+
+def test_axis_index_groups_run_the_exact_lax_op():
+  m = mesh((8,), ("d",))
+  groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
+  x = rand((8, 64), jnp.float32, seed=12)
+  run = lambda body: jax.jit(jax.shard_map(lambda v: body(v[0])[None], mesh=m,
+                                           in_specs=P("d"), out_specs=P("d"),
+                                           check_vma=False))(x)
+  cases = [
+      (lambda v: jcoccl.all_reduce(v, "d", compressor="int8", axis_index_groups=groups),
+       lambda v: lax.psum(v, "d", axis_index_groups=groups)),
+      (lambda v: jcoccl.all_gather(v, "d", compressor="int8", axis_index_groups=groups),
+       lambda v: lax.all_gather(v, "d", axis_index_groups=groups)),
+  ]
+  for j, l in cases:
+    try:
+      want = run(l)
+    except NotImplementedError:
+      with pytest.raises(NotImplementedError):
+        run(j)
+      continue
+    np.testing.assert_array_equal(bits(run(j)), bits(want))
+
+
+def test_partial_auto_shard_map_ppermute():
+  """shard_map over "i" with "j" left Auto and a sharding constraint inside."""
+  m = jax.make_mesh((4, 2), ("i", "j"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  x = rand((8, 256), jnp.float32, seed=13)
+  perm = [(k, k + 1) for k in range(3)]  # rank 0 receives nothing: zeros
+
+  def run(fn):
+    body = lambda v: fn(lax.with_sharding_constraint(v, P(None, "j")))
+    return jax.jit(jax.shard_map(body, mesh=m, in_specs=P("i"), out_specs=P("i"),
+                                 axis_names={"i"}))(x)
+
+  want = run(lambda v: lax.ppermute(v, "i", perm))
+  np.testing.assert_array_equal(bits(run(lambda v: jcoccl.ppermute(v, "i", perm))), bits(want))
+  got = run(lambda v: jcoccl.ppermute(v, "i", perm, compressor=INT8, min_bytes=0))
+  np.testing.assert_array_equal(f64(got[:2]), 0.0)
+  bound = np.concatenate([eb(INT8, x[2 * r:2 * r + 2]) for r in range(3)])
+  assert_within(got[2:], f64(want[2:]), bound, "partial-auto ppermute")
