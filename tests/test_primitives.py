@@ -314,3 +314,45 @@ def test_partial_auto_shard_map_ppermute():
   np.testing.assert_array_equal(f64(got[:2]), 0.0)
   bound = np.concatenate([eb(INT8, x[2 * r:2 * r + 2]) for r in range(3)])
   assert_within(got[2:], f64(want[2:]), bound, "partial-auto ppermute")
+
+
+def test_unreduced_input_as_lax_psum():
+  """A value unreduced over "x" (an einsum's partial sums) is summed as lax.psum sums it:
+  exactly without a compressor, within int8's one_shot bound with one; its cotangent is
+  typed reduced, as lax's."""
+  mesh_x = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+  a_np = np.asarray(rand((16, 64), jnp.float32, seed=14))
+  b_np = np.asarray(rand((64, 256), jnp.float32, seed=15))
+  c = jc.int8()
+
+  def prog(fn):
+    def f(a, b):
+      part = jnp.einsum("mk,kn->mn", a, b, out_sharding=P(unreduced={"x"}))
+      return jax.shard_map(fn, in_specs=P(unreduced={"x"}), out_specs=P())(part)
+    return f
+
+  with jax.set_mesh(mesh_x):
+    a = jax.device_put(a_np, P(None, "x"))
+    b = jax.device_put(b_np, P("x", None))
+    want = jax.jit(prog(lambda v: lax.psum(v, "x")))(a, b)
+    exact = jax.jit(prog(lambda v: jcoccl.all_reduce(v, "x", min_bytes=0)))(a, b)
+    np.testing.assert_array_equal(bits(exact), bits(want))
+    ar8 = lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot",
+                                      min_bytes=0)
+    got = jax.jit(prog(ar8))(a, b)
+    loss = lambda fn: jax.jit(jax.grad(lambda a, b: jnp.sum(jnp.sin(prog(fn)(a, b)))))
+    ga = loss(ar8)(a, b)
+    ga_lax = loss(lambda v: lax.psum(v, "x"))(a, b)
+  parts = np.stack([a_np[:, 8 * r:8 * r + 8].astype(np.float64) @ b_np[8 * r:8 * r + 8]
+                    for r in range(8)])
+  # Each device's partial comes from a float32 matmul, not the float64 one above: bound
+  # its rounding too (8 products summed: 8 eps of the |a| |b| products, generously).
+  mm = np.stack([np.abs(a_np[:, 8 * r:8 * r + 8]).astype(np.float64)
+                 @ np.abs(b_np[8 * r:8 * r + 8]) for r in range(8)]) * 8 * 2.0**-24
+  per = np.stack([eb(c, jnp.asarray(p, jnp.float32)) for p in parts])
+  bound = (per + mm).sum(0) + 8 * 2.0**-24 * (np.abs(parts).sum(0) + per.sum(0))
+  assert_within(got, f64(want), bound + mm.sum(0), "unreduced int8 all_reduce")
+  # d/da sum(sin(y)) = cos(y) @ b.T: |cos(y) - cos(y')| <= |y - y'|.
+  gbound = (bound + mm.sum(0)) @ np.abs(b_np).T.astype(np.float64)
+  gbound += 64 * 2.0**-24 * (np.ones_like(bound) @ np.abs(b_np).T)  # matmul rounding
+  assert_within(ga, f64(ga_lax), gbound, "unreduced int8 all_reduce grad")

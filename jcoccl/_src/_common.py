@@ -105,7 +105,9 @@ def ensure_varying(x: jax.Array, axes: Sequence[str]) -> jax.Array:
   """Marks ``x`` as varying over ``axes`` (as lax collectives do implicitly) under check_vma."""
   if not _compat.check_vma_enabled():
     return x
-  missing = tuple(a for a in axes if a not in _compat.varying_axes(x))
+  # Unreduced axes stay so: the sum over them is the collective's (see all_reduce).
+  have = _compat.varying_axes(x) | _compat.unreduced_axes(x)
+  missing = tuple(a for a in axes if a not in have)
   return lax.pcast(x, missing, to="varying") if missing else x
 
 

@@ -176,19 +176,62 @@ def new_primitive(name: str):
   return Primitive(name)
 
 
-def collective_aval(aval, shape, vma):
-  """``aval`` reshaped to ``shape`` and varying over ``vma`` (other attributes kept)."""
+def collective_aval(aval, shape, vma, reduced_axes=()):
+  """``aval`` reshaped to ``shape``, varying over ``vma``, and no longer unreduced over
+  ``reduced_axes`` (the axes a sum ran over); other attributes kept."""
   mat = getattr(aval, "mat", None)
   if mat is None:
     return aval.update(shape=tuple(shape), weak_type=False)
-  return aval.update(shape=tuple(shape), weak_type=False,
-                     manual_axis_type=mat.update(varying=frozenset(vma)))
+  mat = mat.update(varying=frozenset(vma))
+  unreduced = frozenset(mat.unreduced) - set(reduced_axes)
+  if unreduced != mat.unreduced:
+    mat = mat.update(unreduced=unreduced,
+                     unreduced_kind=mat.unreduced_kind if unreduced else None)
+  return aval.update(shape=tuple(shape), weak_type=False, manual_axis_type=mat)
+
+
+def unreduced_axes(x) -> frozenset:
+  """The manual mesh axes over which ``x`` is unreduced (a partial sum per device)."""
+  mat = getattr(_jax.typeof(x), "mat", None)
+  return frozenset(mat.unreduced) if mat is not None else frozenset()
+
+
+_unreduced_vary_p = None
+
+
+def unreduced_as_varying(x, axes):
+  """``x`` (unreduced over ``axes``) retyped varying over them: each device's partial
+  value is its own operand of the compressed sum. Only used inside the lowering of
+  jcoccl's all_reduce (no AD or batching rule: it never appears in a user's jaxpr)."""
+  global _unreduced_vary_p
+  if _unreduced_vary_p is None:
+    from jax.interpreters import mlir
+    p = new_primitive("jcoccl_unreduced_as_varying")
+
+    def abstract(aval, *, axes):
+      mat = aval.mat
+      unreduced = frozenset(mat.unreduced) - set(axes)
+      mat = mat.update(varying=frozenset(mat.varying) | set(axes), unreduced=unreduced,
+                       unreduced_kind=mat.unreduced_kind if unreduced else None)
+      return aval.update(manual_axis_type=mat)
+
+    p.def_abstract_eval(abstract)
+    mlir.register_lowering(p, lambda ctx, x, *, axes: [x])
+    _unreduced_vary_p = p
+  return _unreduced_vary_p.bind(x, axes=tuple(axes))
 
 
 def aval_vma(aval) -> frozenset:
   """The varying manual axes of an abstract value."""
   mat = getattr(aval, "mat", None)
   return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def aval_unreduced(aval) -> frozenset:
+  """The manual axes an abstract value is unreduced over, or (a transpose rule's
+  cotangent type of an unreduced input) reduced over."""
+  mat = getattr(aval, "mat", None)
+  return frozenset(mat.unreduced) | frozenset(mat.reduced) if mat is not None else frozenset()
 
 
 def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None:

@@ -12,6 +12,7 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import _compat
 from jcoccl._src import primitives as P
 from jcoccl._src import all_gather as _ag
 from jcoccl._src import reduce_scatter as _rs
@@ -177,6 +178,10 @@ def reduce_leaf(x: jax.Array, key: Any, *, axes: tuple, compressor: Any,
   C.group_size(axes)
   if C.off_mesh(axes):
     return lax.psum(x, axes)
+  partial = set(axes) & _compat.unreduced_axes(x)
+  if partial and partial != set(axes):
+    raise ValueError(f"all_reduce over {axes}: x is unreduced over {sorted(partial)} only; "
+                     "sum over the unreduced and the other axes in two calls")
   c = _levels_effective(x, compressor, min_bytes, strict)
   gc = _grad_levels(x, grad_compressor)
   _backend.validate("all_reduce", backend)
@@ -201,6 +206,8 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, compressor: Any, algorithm:
   comp = P.load(compressor)
   if comp is None:
     return lax.psum(x, axes)
+  if set(axes) & _compat.unreduced_axes(x):
+    x = _compat.unreduced_as_varying(x, axes)  # each device's partial is one operand
   lead, shape = x.shape[:batch], x.shape[batch:]
   m = math.prod(shape)
   unit = slice_unit(comp, algorithm, axes)

@@ -158,8 +158,10 @@ def _make(o: Op) -> Any:
     nb = params["batch"]
     shape = aval.shape[:nb] + tuple(o.out_shape(aval.shape[nb:], params))
     vin = _compat.aval_vma(aval)
-    vma = vin - set(params["axes"]) if o.reduces(params) else vin
-    return _compat.collective_aval(aval, shape, vma), params["axes"]
+    if o.reduces(params):
+      return (_compat.collective_aval(aval, shape, vin - set(params["axes"]),
+                                      params["axes"]), params["axes"])
+    return _compat.collective_aval(aval, shape, vin), params["axes"]
 
   def lower(x, *keys, key_type, **params):
     return o.forward(x, _unwrap_key(keys, key_type), **params)
@@ -180,6 +182,12 @@ def _make(o: Op) -> Any:
     if _compat.is_zero_cotangent(ct):
       return [_compat.zero_like_aval(aval)] + rest
     vma = _compat.aval_vma(aval)
+    unreduced = set(params["axes"]) & _compat.aval_unreduced(aval)
+    if unreduced:
+      # lax.psum of an unreduced value transposes to the cotangent typed reduced.
+      out = _batched(lambda v: jax.lax.pcast(v, tuple(sorted(unreduced)), to="reduced"), ct,
+                     params["batch"])
+      return [out] + rest
     if o.reduces(params) and set(params["axes"]) <= vma:
       out = _batched(lambda v: o.invariant_transpose(v, params), ct, params["batch"])
       return [C.match_vma(out, vma)] + rest
