@@ -356,3 +356,19 @@ def test_unreduced_input_as_lax_psum():
   gbound = (bound + mm.sum(0)) @ np.abs(b_np).T.astype(np.float64)
   gbound += 64 * 2.0**-24 * (np.ones_like(bound) @ np.abs(b_np).T)  # matmul rounding
   assert_within(ga, f64(ga_lax), gbound, "unreduced int8 all_reduce grad")
+
+
+def test_vmap_with_a_key_is_a_loop_of_single_calls():
+  """Stochastic rounding draws its random stream per call: vmap with a key runs one call
+  per element (mapped or shared key), each bitwise the single call."""
+  c = jc.int8(block_size=32, rounding="stochastic")
+  x = rand((8, 3, 64), jnp.float32, seed=16)
+  keys = jax.random.split(jax.random.key(5), 3)
+  call = lambda v, k: jcoccl.all_reduce(v, "b", compressor=c, min_bytes=0, key=k)
+  got = jax.jit(_smap(lambda v: jax.vmap(call)(v[0], keys)[None]))(x)
+  shared = jax.jit(_smap(lambda v: jax.vmap(call, (0, None))(v[0], keys[0])[None]))(x)
+  for i in range(3):
+    one = jax.jit(_smap(lambda v: call(v[0], keys[i])[None]))(x[:, i])
+    np.testing.assert_array_equal(bits(got[:, i]), bits(one))
+    one0 = jax.jit(_smap(lambda v: call(v[0], keys[0])[None]))(x[:, i])
+    np.testing.assert_array_equal(bits(shared[:, i]), bits(one0))
