@@ -372,3 +372,16 @@ def test_vmap_with_a_key_is_a_loop_of_single_calls():
     np.testing.assert_array_equal(bits(got[:, i]), bits(one))
     one0 = jax.jit(_smap(lambda v: call(v[0], keys[0])[None]))(x[:, i])
     np.testing.assert_array_equal(bits(shared[:, i]), bits(one0))
+
+
+def test_vmap_with_spmd_axis_name_as_lax():
+  """vmap of a shard_map over "b" with the batch sharded over "a" (spmd_axis_name): each
+  element bitwise its own call, as lax.psum's."""
+  m = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  x = rand((2, 4 * 64), jnp.float32, seed=17)
+  for body in (lambda v: lax.psum(v, "b"),
+               lambda v: jcoccl.all_reduce(v, "b", compressor=INT8, min_bytes=0)):
+    f = jax.shard_map(body, mesh=m, in_specs=P("b"), out_specs=P())
+    got = jax.jit(jax.vmap(f, spmd_axis_name="a"))(x)
+    for i in range(2):
+      np.testing.assert_array_equal(bits(got[i]), bits(jax.jit(f)(x[i])))
