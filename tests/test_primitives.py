@@ -385,3 +385,26 @@ def test_vmap_with_spmd_axis_name_as_lax():
     got = jax.jit(jax.vmap(f, spmd_axis_name="a"))(x)
     for i in range(2):
       np.testing.assert_array_equal(bits(got[i]), bits(jax.jit(f)(x[i])))
+
+
+def test_reduced_input_keeps_its_type():
+  """A value reduced over "y" summed over "x": the result stays reduced over "y", so
+  out_specs=P(reduced={"y"}) is accepted, as for lax.psum; exact bitwise, int8 within
+  its one_shot bound."""
+  m = jax.make_mesh((4, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  x_np = np.asarray(rand((8, 256), jnp.float32, seed=18))
+  c = jc.int8()
+  with jax.set_mesh(m):
+    x = jax.device_put(x_np, P("x", reduced={"y"}))
+    run = lambda fn: jax.jit(jax.shard_map(fn, in_specs=P("x", reduced={"y"}),
+                                           out_specs=P(None, reduced={"y"})))(x)
+    want = run(lambda v: lax.psum(v, "x"))
+    exact = run(lambda v: jcoccl.all_reduce(v, "x", min_bytes=0))
+    got = run(lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot",
+                                          min_bytes=0))
+    assert jax.typeof(got).sharding.spec.reduced == frozenset({"y"})
+  np.testing.assert_array_equal(bits(exact), bits(want))
+  rows = x_np.reshape(4, 2, 256).astype(np.float64)
+  per = np.stack([eb(c, jnp.asarray(r, jnp.float32)) for r in rows])
+  bound = per.sum(0) + 4 * 2.0**-24 * (np.abs(rows).sum(0) + per.sum(0))
+  assert_within(got, rows.sum(0), bound, "reduced-input int8 all_reduce")
