@@ -10,7 +10,7 @@ from jax import lax
 import jcoccl
 from jcoccl import compressors as jc
 from jcoccl._src import primitives
-from collectives_util import LOSSY, assert_within, bits, eb, f64, mesh, P, rand
+from collectives_util import assert_within, bits, eb, f64, mesh, P, rand
 
 INT8 = jc.int8(block_size=32)
 PERM = [(0, 1), (1, 2), (2, 3), (3, 0)]
