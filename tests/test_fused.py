@@ -652,3 +652,33 @@ def test_unsupported_is_the_one_predicate():
   comp = _CANNOT["stochastic"][0]
   _one_op(mesh, "all_gather", comp, "auto").trace(x)
   assert seen == [("all_gather", ("x",), comp)]
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                "ppermute"])
+def test_vmap_is_one_fused_call_bitwise_a_loop(op):
+  """The batching rule maps a vmapped batch to more rows of one engine call (no sequential
+  loop of calls), with each element's bits as on its own."""
+  mesh = _mesh((4,), ("x",))
+  jcoccl.init(mesh)
+  comp = jc.int8(block_size=32)
+  kw = dict(compressor=comp, backend="fused", min_bytes=0, chunks=2)
+  call = {
+      "all_reduce": lambda v: jcoccl.all_reduce(v, "x", algorithm="two_shot", **kw),
+      "all_gather": lambda v: jcoccl.all_gather(v, "x", tiled=True, **kw),
+      "reduce_scatter": lambda v: jcoccl.reduce_scatter(v, "x", tiled=True, **kw),
+      "all_to_all": lambda v: jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
+      "ppermute": lambda v: jcoccl.ppermute(v, "x", _perm(4), **kw),
+  }[op]
+  x = jax.device_put(jax.random.normal(jax.random.key(3), (4, 3, 8, 40), jnp.float32),
+                     jax.NamedSharding(mesh, jax.P("x")))
+  smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"),
+                                            out_specs=jax.P("x")))
+  batched = smap(lambda v: jax.vmap(call)(v[0])[None])
+  hlo = batched.lower(x).compile().as_text()
+  assert hlo.count(f'custom_call_target="jcoccl_fused_{op}"') == 1
+  got = batched(x)
+  single = smap(lambda v: call(v[0])[None])
+  for i in range(3):
+    np.testing.assert_array_equal(np.asarray(got[:, i]).view(np.uint32),
+                                  np.asarray(single(x[:, i])).view(np.uint32))

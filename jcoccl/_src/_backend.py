@@ -148,6 +148,11 @@ def resolve(op: str, backend: str, axes: Sequence[str],
   return backend, impls[backend]
 
 
+def implementation(op: str, name: str) -> Callable[..., Any]:
+  """The implementation of ``op`` registered by backend ``name`` (already resolved)."""
+  return _REGISTRY[op][name]
+
+
 def _fused_reason(op: str, axes: Sequence[str], call: dict[str, Any]) -> str | None:
   if _fused_check is None:
     return ("backend='fused' is not available: call jcoccl.init(mesh) first, or use "

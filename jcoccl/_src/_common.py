@@ -6,7 +6,6 @@ The fused backend reuses these helpers so that both backends slice and pad ident
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from typing import Any, Callable, Sequence
@@ -76,54 +75,45 @@ def canonical_axes(axis_name: Any) -> tuple[str, ...]:
   return axes
 
 
+class AxisNameError(NameError, ValueError):
+  """An axis name not bound where the collective runs (a NameError, as lax raises, and a
+  ValueError, as earlier jcoccl versions raised)."""
+
+
 def group_size(axes: Sequence[Any]) -> int:
-  """Product of the sizes of ``axes``; raises ValueError for names not bound by shard_map."""
+  """Product of the sizes of ``axes``; raises :class:`AxisNameError` for unbound names."""
   size = 1
   for a in axes:
     try:
       size *= lax.axis_size(a)
     except (NameError, KeyError, ValueError) as e:
-      raise ValueError(
+      raise AxisNameError(
           f"axis_name {a!r} is not a mesh axis bound here (call the op inside jax.shard_map "
           f"over a mesh with that axis): {e}") from None
   return int(size)
+
+
+def off_mesh(axes: Sequence[str]) -> bool:
+  """True when some of ``axes`` are bound by ``jax.vmap(..., axis_name=...)`` rather than by
+  a mesh: values there live in one program and nothing crosses a wire, so the collective
+  runs exactly (the lax op)."""
+  names = _compat.mesh_axis_names()
+  return any(a not in names for a in axes)
 
 
 def ensure_varying(x: jax.Array, axes: Sequence[str]) -> jax.Array:
   """Marks ``x`` as varying over ``axes`` (as lax collectives do implicitly) under check_vma."""
   if not _compat.check_vma_enabled():
     return x
-  missing = tuple(a for a in axes if a not in _compat.varying_axes(x))
+  # Unreduced axes stay so: the sum over them is the collective's (see all_reduce).
+  have = _compat.varying_axes(x) | _compat.unreduced_axes(x)
+  missing = tuple(a for a in axes if a not in have)
   return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def vma_of(x: jax.Array) -> frozenset:
   """The axes ``x`` varies over (empty outside check_vma)."""
   return _compat.varying_axes(x) if _compat.check_vma_enabled() else frozenset()
-
-
-def linear_collective(forward: Callable, transpose: Callable) -> Callable:
-  """Wraps a linear collective in a custom_vjp whose backward pass is its dual collective.
-
-  Args:
-    forward: ``forward(cfg, x, key) -> y``, the collective (``cfg`` static and hashable).
-    transpose: ``transpose(cfg, ct) -> ct_x``, the dual collective (e.g. all_gather's is a
-      reduce_scatter) run with ``cfg``'s grad compressor.
-
-  Returns:
-    ``op(cfg, x, key)``, differentiable in ``x``. Nothing is saved for the backward pass
-    (the op is linear); the cotangent gets the primal's varying axes, as shard_map needs.
-
-  Example:
-    >>> op = linear_collective(lambda cfg, x, key: x, lambda cfg, ct: ct)  # doctest: +SKIP
-  """
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-  def op(cfg: Any, x: jax.Array, key: Any) -> jax.Array:
-    return forward(cfg, x, key)
-
-  op.defvjp(lambda cfg, x, key: (forward(cfg, x, key), None),
-            lambda cfg, _, ct: (match_vma(transpose(cfg, ct), cfg.vma), None))
-  return op
 
 
 def match_vma(x: jax.Array, vma: frozenset) -> jax.Array:
@@ -242,9 +232,23 @@ def check_dtype(dtype: Any, compressor: Any, argname: str = "compressor") -> Non
         f"got dtype {jnp.dtype(dtype).name} (pass compressor=None for this leaf)")
 
 
-def effective_compressor(x: jax.Array, compressor: Any, min_bytes: int | None) -> Any:
-  """The compressor for leaf ``x`` after the size threshold (None = exact lax path)."""
+def is_float(dtype: Any) -> bool:
+  """float32, bfloat16 or float16: the dtypes lossy compressors take."""
+  return jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                              jnp.dtype(jnp.float16))
+
+
+def effective_compressor(x: jax.Array, compressor: Any, min_bytes: int | None,
+                         strict: bool = True) -> Any:
+  """The compressor for leaf ``x`` after the size threshold (None = exact lax path).
+
+  A lossy compressor applies to float32/bfloat16/float16 leaves of at least ``min_bytes``
+  bytes; other leaves of a pytree go exactly (``strict=False``), while a lone array of
+  another dtype (``strict=True``) raises TypeError.
+  """
   if compressor is None:
+    return None
+  if not strict and not compressor.lossless and not is_float(x.dtype):
     return None
   check_dtype(x.dtype, compressor)
   threshold = default_min_bytes() if min_bytes is None else min_bytes
@@ -252,6 +256,11 @@ def effective_compressor(x: jax.Array, compressor: Any, min_bytes: int | None) -
     raise ValueError(f"min_bytes must be a non-negative int or None, got {min_bytes!r}")
   nbytes = x.size * jnp.dtype(x.dtype).itemsize
   return compressor if nbytes >= threshold else None
+
+
+def is_lone_array(x: Any) -> bool:
+  """True when ``x`` is one array rather than a container of them."""
+  return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(x))
 
 
 SAME = "same"  # grad_compressor default: reuse the forward compressor

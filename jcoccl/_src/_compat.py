@@ -53,6 +53,9 @@ def shard_map_mesh():
   """
   import sys
   from jax._src import mesh as _mesh
+  lowering = _lowering_mesh.get()
+  if isinstance(lowering, _mesh.Mesh) and not lowering.empty:
+    return lowering
   frame = sys._getframe(1)
   while frame is not None:
     if frame.f_globals.get("__name__") == "jax._src.shard_map":
@@ -170,3 +173,156 @@ def trace_closed_jaxpr(fn, in_avals, name: str = "jcoccl_compress"):
   jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(_lu.wrap_init(fn, debug_info=dbg),
                                                 list(in_avals))
   return _core.ClosedJaxpr(jaxpr, consts)
+
+
+# --- collectives as primitives: definition, abstract evaluation, lowering, AD, batching ------
+
+import contextvars as _contextvars
+
+# The concrete mesh of the shard_map whose body is being lowered, set by the collectives'
+# lowering rules (the trace-time frames shard_map_mesh reads are gone by then).
+_lowering_mesh: _contextvars.ContextVar = _contextvars.ContextVar("jcoccl_lowering_mesh",
+                                                                  default=None)
+
+
+def lowering_collective() -> bool:
+  """True while one of jcoccl's collective primitives is being lowered."""
+  return _lowering_mesh.get() is not None
+
+
+def new_primitive(name: str):
+  """A ``jax.extend.core.Primitive`` named ``name``."""
+  from jax.extend.core import Primitive
+  return Primitive(name)
+
+
+def collective_aval(aval, shape, vma, reduced_axes=()):
+  """``aval`` reshaped to ``shape``, varying over ``vma``, and no longer unreduced over
+  ``reduced_axes`` (the axes a sum ran over); other attributes kept."""
+  mat = getattr(aval, "mat", None)
+  if mat is None:
+    return aval.update(shape=tuple(shape), weak_type=False)
+  mat = mat.update(varying=frozenset(vma))
+  unreduced = frozenset(mat.unreduced) - set(reduced_axes)
+  if unreduced != mat.unreduced:
+    mat = mat.update(unreduced=unreduced,
+                     unreduced_kind=mat.unreduced_kind if unreduced else None)
+  return aval.update(shape=tuple(shape), weak_type=False, manual_axis_type=mat)
+
+
+def unreduced_axes(x) -> frozenset:
+  """The manual mesh axes over which ``x`` is unreduced (a partial sum per device)."""
+  mat = getattr(_jax.typeof(x), "mat", None)
+  return frozenset(mat.unreduced) if mat is not None else frozenset()
+
+
+_unreduced_vary_p = None
+
+
+def unreduced_as_varying(x, axes):
+  """``x`` (unreduced over ``axes``) retyped varying over them: each device's partial
+  value is its own operand of the compressed sum. Only used inside the lowering of
+  jcoccl's all_reduce (no AD or batching rule: it never appears in a user's jaxpr)."""
+  global _unreduced_vary_p
+  if _unreduced_vary_p is None:
+    from jax.interpreters import mlir
+    p = new_primitive("jcoccl_unreduced_as_varying")
+
+    def abstract(aval, *, axes):
+      mat = aval.mat
+      unreduced = frozenset(mat.unreduced) - set(axes)
+      mat = mat.update(varying=frozenset(mat.varying) | set(axes), unreduced=unreduced,
+                       unreduced_kind=mat.unreduced_kind if unreduced else None)
+      return aval.update(manual_axis_type=mat)
+
+    p.def_abstract_eval(abstract)
+    mlir.register_lowering(p, lambda ctx, x, *, axes: [x])
+    _unreduced_vary_p = p
+  return _unreduced_vary_p.bind(x, axes=tuple(axes))
+
+
+def aval_vma(aval) -> frozenset:
+  """The varying manual axes of an abstract value."""
+  mat = getattr(aval, "mat", None)
+  return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def aval_unreduced(aval) -> frozenset:
+  """The manual axes an abstract value is unreduced over, or (a transpose rule's
+  cotangent type of an unreduced input) reduced over."""
+  mat = getattr(aval, "mat", None)
+  return frozenset(mat.unreduced) | frozenset(mat.reduced) if mat is not None else frozenset()
+
+
+def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None:
+  """Registers the rules of collective primitive ``p``.
+
+  Args:
+    p: the primitive.
+    abstract_eval: ``(aval, *key_avals, **params) -> (out_aval, axes)``; the axes become
+      named-axis effects, as for lax's collectives.
+    lower: ``(*args, **params) -> out``, a traceable function lowered in place of ``p``
+      (inside shard_map's manual lowering context: axis names bound, check_vma as traced).
+    jvp: ``(primals, tangents, **params) -> (out, tangent_out)``.
+    transpose: ``(ct, *args, **params) -> list of cotangents``.
+    batch: ``(args, dims, **params) -> (out, out_dim)``.
+  """
+  from jax._src import core as _core
+  from jax._src import dispatch as _dispatch
+  from jax.interpreters import ad, batching, mlir
+  import functools
+
+  def effectful(*avals, **params):
+    out, axes = abstract_eval(*avals, **params)
+    return out, {_core.NamedAxisEffect(a) for a in axes}
+
+  p.def_impl(functools.partial(_dispatch.apply_primitive, p))
+  p.def_effectful_abstract_eval(effectful)
+  lowered = mlir.lower_fun(lower, multiple_results=False)
+
+  def lowering(ctx, *args, **params):
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    token = _lowering_mesh.set(mesh if mesh is not None else False)
+    try:
+      return lowered(ctx, *args, **params)
+    finally:
+      _lowering_mesh.reset(token)
+
+  mlir.register_lowering(p, lowering)
+  ad.primitive_jvps[p] = jvp
+  ad.primitive_transposes[p] = transpose
+  batching.primitive_batchers[p] = batch
+
+
+def is_zero_cotangent(ct) -> bool:
+  """True for AD's symbolic zero."""
+  from jax.interpreters import ad
+  return type(ct) is ad.Zero
+
+
+def zero_like_aval(aval):
+  from jax.interpreters import ad
+  return ad.Zero(aval)
+
+
+def zero_tangent_of(value):
+  from jax.interpreters import ad
+  return ad.Zero.from_primal_value(value)
+
+
+def undefined_aval(x):
+  """The abstract value of a transpose rule's linear (undefined) input."""
+  from jax.interpreters import ad
+  return x.aval if ad.is_undefined_primal(x) else _jax.typeof(x)
+
+
+def instantiate_zero(t):
+  from jax.interpreters import ad
+  return ad.instantiate_zeros(t)
+
+
+def mesh_axis_names() -> frozenset:
+  """The axis names of the mesh in context (abstract, as inside shard_map's trace)."""
+  from jax._src import mesh as _mesh
+  m = _mesh.get_abstract_mesh()
+  return frozenset(() if m is None or m.empty else m.axis_names)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -11,6 +11,7 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import primitives as P
 
 SAME = C.SAME
 
@@ -18,7 +19,8 @@ SAME = C.SAME
 def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
                compressor: Any = None, backend: str = "auto", chunks: int = 1,
                min_bytes: int | None = None, grad_compressor: Any = SAME,
-               key: Any = None) -> Any:
+               key: Any = None, to: str = "varying",
+               axis_index_groups: Any = None) -> Any:
   """Gathers ``x`` from every rank of ``axis_name``, as ``jax.lax.all_gather``.
 
   Each rank encodes its shard once, the uint8 payloads are gathered with
@@ -41,6 +43,15 @@ def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
       (:func:`jcoccl.set_default_min_bytes`, 4 MiB).
     grad_compressor: compressor of the backward reduce_scatter; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
+    to: the result's type over ``axis_name``, as lax.all_gather's: "varying", or
+      "invarying" (every rank decodes the same payloads in the same order, so the result
+      is the same everywhere; its transpose takes this rank's block, no communication);
+      "reduced" runs the exact lax.all_gather.
+    axis_index_groups: as lax.all_gather's; given, the exact lax.all_gather runs (the
+      compressed algorithms gather over whole mesh axes).
+
+  Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
+  exactly; a lone array of another dtype with a lossy compressor raises TypeError.
 
   Returns:
     The gathered array(s), shaped like ``lax.all_gather``'s.
@@ -49,27 +60,26 @@ def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
     >>> y = jcoccl.all_gather(x, "data", compressor="int8", min_bytes=0)  # doctest: +SKIP
   """
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
+  if to not in TOS:
+    raise ValueError(f"to must be one of {TOS}, got {to!r}")
+  if axis_index_groups is not None or to == "reduced":
+    return lax.all_gather(x, axes, axis_index_groups=axis_index_groups, axis=axis,
+                          tiled=tiled, to=to)
+  strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: gather_leaf(leaf, axes, axis, tiled, comp, gcomp, backend, chunks,
-                               min_bytes, key), x)
+      lambda leaf: gather_leaf(leaf, key, axes=axes, axis=axis, tiled=tiled, compressor=comp,
+                               grad_compressor=gcomp, backend=backend, chunks=chunks,
+                               min_bytes=min_bytes, strict=strict, to=to), x)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Cfg:
-  axes: tuple
-  axis: int
-  tiled: bool
-  compressor: Any
-  grad_compressor: Any
-  backend: str
-  chunks: int
-  min_bytes: Any
-  vma: frozenset = frozenset()
+TOS = ("varying", "invarying", "reduced")
 
 
-def gather_leaf(x: jax.Array, axes: tuple, axis: int, tiled: bool, comp: Any, gcomp: Any,
-                backend: str, chunks: int, min_bytes: Any, key: Any) -> jax.Array:
-  """all_gather of one array (arguments already canonicalised)."""
+def gather_leaf(x: jax.Array, key: Any, *, axes: tuple, axis: Any, tiled: bool,
+                compressor: Any, grad_compressor: Any, backend: str, chunks: int,
+                min_bytes: Any, strict: bool = True, to: str = "varying") -> jax.Array:
+  """all_gather of one array (arguments already canonicalised): the exact lax.all_gather,
+  or the ``jcoccl_all_gather`` primitive."""
   x = jnp.asarray(x)
   C.group_size(axes)  # validates axis names
   out_ndim = x.ndim if tiled else x.ndim + 1
@@ -78,29 +88,50 @@ def gather_leaf(x: jax.Array, axes: tuple, axis: int, tiled: bool, comp: Any, gc
   axis = axis % out_ndim
   if tiled and x.ndim == 0:
     raise ValueError("tiled=True needs an input of rank >= 1 (x is a scalar)")
-  c = C.effective_compressor(x, comp, min_bytes)
-  gc = C.grad_for(x, gcomp)
+  if C.off_mesh(axes):
+    return lax.all_gather(x, axes, axis=axis, tiled=tiled, to=to)
+  c = C.effective_compressor(x, compressor, min_bytes, strict)
+  gc = C.grad_for(x, grad_compressor)
   _backend.validate("all_gather", backend)
   if c is None and gc is None:
-    return lax.all_gather(x, axes, axis=axis, tiled=tiled)
+    return lax.all_gather(x, axes, axis=axis, tiled=tiled, to=to)
+  name = "xla" if c is None else _backend.resolve("all_gather", backend, axes, compressor=c,
+                                                  dtype=x.dtype)[0]
+  if c is not None:  # fail at trace time, not at lowering
+    C.slices(chunks, x.size, c.granule)
   x = C.ensure_varying(x, axes)
-  cfg = _Cfg(axes, axis, tiled, c, gc, backend, chunks, min_bytes, C.vma_of(x))
-  return _gather_vjp(cfg, x, key)
+  return P.bind("all_gather", x, key, axes=axes, axis=axis, tiled=tiled, to=to,
+                compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
+                backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
 
 
-def _gather_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  if cfg.compressor is None:
-    return lax.all_gather(x, cfg.axes, axis=cfg.axis, tiled=cfg.tiled)
-  n = C.group_size(cfg.axes)
-  m = x.size
-  g = cfg.compressor.granule
-  k = C.slices(cfg.chunks, m, g)
-  flat = C.pad_last(x.reshape(-1), C.padded_len(m, k * g))
-  _, impl = _backend.resolve("all_gather", cfg.backend, cfg.axes, compressor=cfg.compressor,
-                             dtype=x.dtype)
-  rows = impl(flat, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
-  stacked = rows[:, :m].reshape((n,) + x.shape)  # [n, *x.shape], rank order
-  return arrange(stacked, cfg.axis, cfg.tiled)
+def _out_shape(shape: tuple, params: dict) -> tuple:
+  n, axis = C.group_size(params["axes"]), params["axis"]
+  if params["tiled"]:
+    return shape[:axis] + (n * shape[axis],) + shape[axis + 1:]
+  return shape[:axis] + (n,) + shape[axis:]
+
+
+def _forward(x: jax.Array, key: Any, *, axes: tuple, axis: int, tiled: bool, to: str,
+             compressor: Any, backend: str, chunks: int, batch: int, **_: Any) -> jax.Array:
+  comp = P.load(compressor)
+  if comp is None:
+    return lax.all_gather(x, axes, axis=axis + batch, tiled=tiled, to=to)
+  # to="invarying" lowers as "varying": the bytes are the same on every rank either way.
+  n = C.group_size(axes)
+  lead, shape = x.shape[:batch], x.shape[batch:]
+  m = math.prod(shape)
+  g = comp.granule
+  k = C.slices(chunks, m, g)
+  rows = P.rows_in(lambda v: C.pad_last(v.reshape(-1), C.padded_len(m, k * g)), x, batch)
+  impl = _backend.implementation("all_gather", backend)
+  got = impl(P.interleave(rows, k), axes=axes, compressor=comp, chunks=k, key=key)
+
+  def post(r: jax.Array) -> jax.Array:
+    stacked = r[:, :m].reshape((n,) + shape)  # [n, *shape], rank order
+    return arrange(stacked, axis, tiled)
+
+  return P.rows_out(post, P.deinterleave(got, rows.shape[0], k), lead)
 
 
 def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
@@ -113,13 +144,28 @@ def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
   return moved.reshape(shape[:axis] + (n * shape[axis],) + shape[axis + 1:])
 
 
-def _gather_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
-  from jcoccl._src import reduce_scatter as rs
-  return rs.scatter_leaf(ct, cfg.axes, cfg.axis, cfg.tiled, cfg.grad_compressor,
-                         cfg.grad_compressor, cfg.backend, cfg.chunks, cfg.min_bytes, None)
+def _common_args(params: dict) -> dict:
+  gc = P.load(params["grad_compressor"])
+  return dict(axes=params["axes"], tiled=params["tiled"], compressor=gc, grad_compressor=gc,
+              backend=params["backend_arg"], chunks=params["chunks"],
+              min_bytes=params["min_bytes"])
 
 
-_gather_vjp = C.linear_collective(_gather_fwd_impl, _gather_transpose)
+def _own_block(ct: jax.Array, params: dict) -> jax.Array:
+  """This rank's block of an invariant cotangent (all_gather to="invarying")."""
+  axes, axis = params["axes"], params["axis"]
+  size = ct.shape[axis] // C.group_size(axes) if params["tiled"] else 1
+  out = lax.dynamic_slice_in_dim(ct, lax.axis_index(axes) * size, size, axis)
+  return out if params["tiled"] else jnp.squeeze(out, axis)
+
+
+P.register(P.Op(
+    "all_gather", out_shape=_out_shape, reduces=lambda params: params["to"] == "invarying",
+    forward=_forward, leaf=gather_leaf, invariant_transpose=_own_block,
+    tangent_args=lambda params: dict(_common_args(params), axis=params["axis"],
+                                     to=params["to"]),
+    # The dual, reduce_scatter, scatters the dimension the gather stacked or tiled.
+    dual_args=lambda params: dict(_common_args(params), scatter_dimension=params["axis"])))
 
 
 # ----------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ ring), chosen by a documented cost model when algorithm="auto"."""
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -13,6 +13,7 @@ from jax import lax
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
 from jcoccl._src import _compat
+from jcoccl._src import primitives as P
 from jcoccl._src import all_gather as _ag
 from jcoccl._src import reduce_scatter as _rs
 
@@ -21,7 +22,8 @@ ALGORITHMS = ("auto", "one_shot", "two_shot", "hierarchical")
 
 def all_reduce(x: Any, axis_name: Any, *, compressor: Any = None, algorithm: str = "auto",
                backend: str = "auto", chunks: int = 1, min_bytes: int | None = None,
-               grad_compressor: Any = C.SAME, key: Any = None) -> Any:
+               grad_compressor: Any = C.SAME, key: Any = None,
+               axis_index_groups: Any = None) -> Any:
   """Sums ``x`` over ``axis_name``, as ``jax.lax.psum``, optionally compressed.
 
   Algorithms (none re-quantizes at every hop):
@@ -69,6 +71,11 @@ def all_reduce(x: Any, axis_name: Any, *, compressor: Any = None, algorithm: str
       (:func:`jcoccl.set_default_min_bytes`, env ``JCOCCL_MIN_BYTES``, 4 MiB).
     grad_compressor: compressor of the backward pass; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
+    axis_index_groups: as lax's; given, the exact lax op runs (the compressed algorithms
+      work over whole mesh axes).
+
+  Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
+  exactly; a lone array of another dtype with a lossy compressor raises TypeError.
 
   Returns:
     The sum(s), shaped and typed like ``x``.
@@ -77,6 +84,8 @@ def all_reduce(x: Any, axis_name: Any, *, compressor: Any = None, algorithm: str
     >>> y = jcoccl.all_reduce(g, "data", compressor="int8", min_bytes=0)  # doctest: +SKIP
   """
   axes = C.canonical_axes(axis_name)
+  if axis_index_groups is not None:
+    return lax.psum(x, axes, axis_index_groups=axis_index_groups)
   if algorithm not in ALGORITHMS:
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
   comp = resolve_levels(compressor, axes, "compressor")
@@ -89,9 +98,11 @@ def all_reduce(x: Any, axis_name: Any, *, compressor: Any = None, algorithm: str
     raise ValueError(f"algorithm='hierarchical' needs a tuple of at least two axis names "
                      f"(outer..., inner), got axis_name={axis_name!r}")
   C.check_chunks(chunks)
+  strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: reduce_leaf(leaf, axes, comp, gcomp, algorithm, backend, chunks,
-                               min_bytes, key), x)
+      lambda leaf: reduce_leaf(leaf, key, axes=axes, compressor=comp, grad_compressor=gcomp,
+                               algorithm=algorithm, backend=backend, chunks=chunks,
+                               min_bytes=min_bytes, strict=strict), x)
 
 
 def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
@@ -116,24 +127,11 @@ def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
   return C.resolve_compressor(compressor, argname)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Cfg:
-  axes: tuple
-  compressor: Any          # Compressor | None | (outer, inner)
-  grad_compressor: Any
-  algorithm: str           # resolved: one_shot | two_shot | hierarchical
-  backend: str
-  chunks: int
-  min_bytes: Any
-  vma: frozenset = frozenset()
-  input_varying: bool = False  # x varied over all axes under check_vma (transpose = pvary)
-
-
-def _levels_effective(x: jax.Array, comp: Any, min_bytes: Any) -> Any:
+def _levels_effective(x: jax.Array, comp: Any, min_bytes: Any, strict: bool) -> Any:
   if isinstance(comp, tuple):
-    levels = tuple(C.effective_compressor(x, c, min_bytes) for c in comp)
+    levels = tuple(C.effective_compressor(x, c, min_bytes, strict) for c in comp)
     return None if all(c is None for c in levels) else levels
-  return C.effective_compressor(x, comp, min_bytes)
+  return C.effective_compressor(x, comp, min_bytes, strict)
 
 
 def _grad_levels(x: jax.Array, gcomp: Any) -> Any:
@@ -171,13 +169,21 @@ def padded_size(m: int, comp: Any, algorithm: str, axes: tuple, chunks: int) -> 
   return C.padded_len(m, C.slices(chunks, m, unit) * unit)
 
 
-def reduce_leaf(x: jax.Array, axes: tuple, comp: Any, gcomp: Any, algorithm: str,
-                backend: str, chunks: int, min_bytes: Any, key: Any) -> jax.Array:
-  """all_reduce of one array (arguments already canonicalised)."""
+def reduce_leaf(x: jax.Array, key: Any, *, axes: tuple, compressor: Any,
+                grad_compressor: Any, algorithm: str, backend: str, chunks: int,
+                min_bytes: Any, strict: bool = True) -> jax.Array:
+  """all_reduce of one array (arguments already canonicalised): the exact lax.psum, or
+  the ``jcoccl_all_reduce`` primitive."""
   x = jnp.asarray(x)
   C.group_size(axes)
-  c = _levels_effective(x, comp, min_bytes)
-  gc = _grad_levels(x, gcomp)
+  if C.off_mesh(axes):
+    return lax.psum(x, axes)
+  partial = set(axes) & _compat.unreduced_axes(x)
+  if partial and partial != set(axes):
+    raise ValueError(f"all_reduce over {axes}: x is unreduced over {sorted(partial)} only; "
+                     "sum over the unreduced and the other axes in two calls")
+  c = _levels_effective(x, compressor, min_bytes, strict)
+  gc = _grad_levels(x, grad_compressor)
   _backend.validate("all_reduce", backend)
   if c is None and gc is None:
     return lax.psum(x, axes)
@@ -185,36 +191,50 @@ def reduce_leaf(x: jax.Array, axes: tuple, comp: Any, gcomp: Any, algorithm: str
                                              x.size, x.dtype)
   if algo == "hierarchical" and not isinstance(c, tuple) and c is not None:
     c = (c, c)
+  name = "xla" if c is None else _backend.resolve(
+      "all_reduce", backend, axes, compressor=c, dtype=x.dtype, algorithm=algo)[0]
+  if c is not None:  # fail at trace time, not at lowering
+    C.slices(chunks, x.size, slice_unit(c, algo, axes))
   x = C.ensure_varying(x, axes)
-  varying = _compat.check_vma_enabled() and set(axes) <= _compat.varying_axes(x)
-  cfg = _Cfg(axes, c, gc, algo, backend, chunks, min_bytes, C.vma_of(x), varying)
-  return _reduce_vjp(cfg, x, key)
+  return P.bind("all_reduce", x, key, axes=axes, compressor=P.spec_of(c),
+                grad_compressor=P.spec_of(gc), algorithm=algo, backend=name,
+                backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
 
 
-def _reduce_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  if cfg.compressor is None:
-    return lax.psum(x, cfg.axes)
-  m = x.size
-  unit = slice_unit(cfg.compressor, cfg.algorithm, cfg.axes)
-  k = C.slices(cfg.chunks, m, unit)
-  flat = C.pad_last(x.reshape(-1), C.padded_len(m, k * unit))
-  _, impl = _backend.resolve("all_reduce", cfg.backend, cfg.axes, compressor=cfg.compressor,
-                             dtype=x.dtype, algorithm=cfg.algorithm)
-  out = impl(flat, axes=cfg.axes, compressor=cfg.compressor, algorithm=cfg.algorithm,
+def _forward(x: jax.Array, key: Any, *, axes: tuple, compressor: Any, algorithm: str,
+             backend: str, chunks: int, batch: int, **_: Any) -> jax.Array:
+  comp = P.load(compressor)
+  if comp is None:
+    return lax.psum(x, axes)
+  if set(axes) & _compat.unreduced_axes(x):
+    x = _compat.unreduced_as_varying(x, axes)  # each device's partial is one operand
+  lead, shape = x.shape[:batch], x.shape[batch:]
+  m = math.prod(shape)
+  unit = slice_unit(comp, algorithm, axes)
+  k = C.slices(chunks, m, unit)
+  rows = P.rows_in(lambda v: C.pad_last(v.reshape(-1), C.padded_len(m, k * unit)), x, batch)
+  impl = _backend.implementation("all_reduce", backend)
+  out = impl(P.interleave(rows, k), axes=axes, compressor=comp, algorithm=algorithm,
              chunks=k, key=key)
-  return out[:m].reshape(x.shape)
+  return P.rows_out(lambda r: r[:m].reshape(shape), P.deinterleave(out, rows.shape[0], k),
+                    lead)
 
 
-def _reduce_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
-  if cfg.input_varying:
-    # psum's transpose under check_vma: the invariant cotangent, marked varying.
-    return ct
-  algo = cfg.algorithm if cfg.algorithm != "hierarchical" or cfg.grad_compressor else "auto"
-  return reduce_leaf(ct, cfg.axes, cfg.grad_compressor, cfg.grad_compressor, algo,
-                     cfg.backend, cfg.chunks, cfg.min_bytes, None)
+def _grad_args(params: dict) -> dict:
+  """Arguments of reduce_leaf for the tangent and for the cotangent (its own dual)."""
+  gc = P.load(params["grad_compressor"])
+  algo = params["algorithm"]
+  algo = algo if algo != "hierarchical" or gc else "auto"
+  return dict(axes=params["axes"], compressor=gc, grad_compressor=gc, algorithm=algo,
+              backend=params["backend_arg"], chunks=params["chunks"],
+              min_bytes=params["min_bytes"])
 
 
-_reduce_vjp = C.linear_collective(_reduce_fwd_impl, _reduce_transpose)
+P.register(P.Op("all_reduce", out_shape=lambda shape, params: shape,
+                reduces=lambda params: True, forward=_forward, leaf=reduce_leaf,
+                tangent_args=_grad_args, dual_args=_grad_args,
+                # lax.psum's transpose under check_vma: the invariant cotangent itself.
+                invariant_transpose=lambda ct, params: ct))
 
 
 # ----------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ with one lax.all_to_all, decode each received chunk once."""
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -12,12 +12,14 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import primitives as P
 
 
 def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
                tiled: bool = False, compressor: Any = None, backend: str = "auto",
                chunks: int = 1, min_bytes: int | None = None,
-               grad_compressor: Any = C.SAME, key: Any = None) -> Any:
+               grad_compressor: Any = C.SAME, key: Any = None,
+               axis_index_groups: Any = None) -> Any:
   """Exchanges chunks of ``x`` between the ranks of ``axis_name``, as ``jax.lax.all_to_all``.
 
   ``x`` is split along ``split_axis`` into n chunks (chunk j goes to rank j) and the
@@ -42,6 +44,11 @@ def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default.
     grad_compressor: compressor of the backward all_to_all; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
+    axis_index_groups: as lax's; given, the exact lax op runs (the compressed algorithms
+      work over whole mesh axes).
+
+  Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
+  exactly; a lone array of another dtype with a lossy compressor raises TypeError.
 
   Returns:
     Array(s) shaped like ``lax.all_to_all``'s output.
@@ -50,23 +57,16 @@ def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
     >>> y = jcoccl.all_to_all(x, "expert", 0, 0, tiled=True, compressor="fp8")  # doctest: +SKIP
   """
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
+  if axis_index_groups is not None:
+    return jax.tree_util.tree_map(
+        lambda leaf: lax.all_to_all(leaf, axes, split_axis, concat_axis,
+                                    axis_index_groups=axis_index_groups, tiled=tiled), x)
+  strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: a2a_leaf(leaf, axes, split_axis, concat_axis, tiled, comp, gcomp,
-                            backend, chunks, min_bytes, key), x)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cfg:
-  axes: tuple
-  split_axis: int
-  concat_axis: int
-  tiled: bool
-  compressor: Any
-  grad_compressor: Any
-  backend: str
-  chunks: int
-  min_bytes: Any
-  vma: frozenset = frozenset()
+      lambda leaf: a2a_leaf(leaf, key, axes=axes, split_axis=split_axis,
+                            concat_axis=concat_axis, tiled=tiled, compressor=comp,
+                            grad_compressor=gcomp, backend=backend, chunks=chunks,
+                            min_bytes=min_bytes, strict=strict), x)
 
 
 def _check_axes(shape: tuple, split_axis: Any, concat_axis: Any, tiled: bool,
@@ -91,52 +91,86 @@ def _check_axes(shape: tuple, split_axis: Any, concat_axis: Any, tiled: bool,
   return split_axis, concat_axis
 
 
-def a2a_leaf(x: jax.Array, axes: tuple, split_axis: Any, concat_axis: Any, tiled: bool,
-             comp: Any, gcomp: Any, backend: str, chunks: int, min_bytes: Any,
-             key: Any) -> jax.Array:
-  """all_to_all of one array (arguments already canonicalised)."""
+def a2a_leaf(x: jax.Array, key: Any, *, axes: tuple, split_axis: Any, concat_axis: Any,
+             tiled: bool, compressor: Any, grad_compressor: Any, backend: str, chunks: int,
+             min_bytes: Any, strict: bool = True) -> jax.Array:
+  """all_to_all of one array (arguments already canonicalised): the exact lax.all_to_all,
+  or the ``jcoccl_all_to_all`` primitive."""
   x = jnp.asarray(x)
   n = C.group_size(axes)
   sa, ca = _check_axes(x.shape, split_axis, concat_axis, tiled, n)
-  c = C.effective_compressor(x, comp, min_bytes)
-  gc = C.grad_for(x, gcomp)
+  if C.off_mesh(axes):
+    return lax.all_to_all(x, axes, sa, ca, tiled=tiled)
+  c = C.effective_compressor(x, compressor, min_bytes, strict)
+  gc = C.grad_for(x, grad_compressor)
   _backend.validate("all_to_all", backend)
   if c is None and gc is None:
     return lax.all_to_all(x, axes, sa, ca, tiled=tiled)
+  name = "xla" if c is None else _backend.resolve("all_to_all", backend, axes, compressor=c,
+                                                  dtype=x.dtype)[0]
+  if c is not None:  # fail at trace time, not at lowering
+    C.slices(chunks, x.size // n, c.granule)
   x = C.ensure_varying(x, axes)
-  cfg = _Cfg(axes, sa, ca, tiled, c, gc, backend, chunks, min_bytes, C.vma_of(x))
-  return _a2a_vjp(cfg, x, key)
+  return P.bind("all_to_all", x, key, axes=axes, split_axis=sa, concat_axis=ca, tiled=tiled,
+                compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
+                backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
 
 
-def _a2a_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  if cfg.compressor is None:
-    return lax.all_to_all(x, cfg.axes, cfg.split_axis, cfg.concat_axis, tiled=cfg.tiled)
-  n = C.group_size(cfg.axes)
-  sa, ca = cfg.split_axis, cfg.concat_axis
-  moved = jnp.moveaxis(x, sa, 0)
-  block = (moved.shape[0] // n,) + moved.shape[1:]
-  rows = moved.reshape(n, -1)
-  c = rows.shape[1]
-  g = cfg.compressor.granule
-  k = C.slices(cfg.chunks, c, g)
-  rows = C.pad_last(rows, C.padded_len(c, k * g))
-  _, impl = _backend.resolve("all_to_all", cfg.backend, cfg.axes, compressor=cfg.compressor,
-                             dtype=x.dtype)
-  got = impl(rows, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
-  blocks = jnp.moveaxis(got[:, :c].reshape((n,) + block), 1, sa + 1)  # [n, *x block]
-  if not cfg.tiled:
-    return jnp.moveaxis(jnp.squeeze(blocks, sa + 1), 0, ca)
-  shape = blocks.shape[1:]
-  return jnp.moveaxis(blocks, 0, ca).reshape(shape[:ca] + (n * shape[ca],) + shape[ca + 1:])
+def _out_shape(shape: tuple, params: dict) -> tuple:
+  n = C.group_size(params["axes"])
+  sa, ca = params["split_axis"], params["concat_axis"]
+  if not params["tiled"]:
+    rest = shape[:sa] + shape[sa + 1:]
+    return rest[:ca] + (n,) + rest[ca:]
+  out = list(shape)
+  out[sa] //= n
+  out[ca] *= n
+  return tuple(out)
 
 
-def _a2a_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
-  return a2a_leaf(ct, cfg.axes, cfg.concat_axis, cfg.split_axis, cfg.tiled,
-                  cfg.grad_compressor, cfg.grad_compressor, cfg.backend, cfg.chunks,
-                  cfg.min_bytes, None)
+def _forward(x: jax.Array, key: Any, *, axes: tuple, split_axis: int, concat_axis: int,
+             tiled: bool, compressor: Any, backend: str, chunks: int, batch: int,
+             **_: Any) -> jax.Array:
+  sa, ca = split_axis, concat_axis
+  comp = P.load(compressor)
+  if comp is None:
+    return lax.all_to_all(x, axes, sa + batch, ca + batch, tiled=tiled)
+  n = C.group_size(axes)
+  lead, shape = x.shape[:batch], x.shape[batch:]
+  block = (shape[sa] // n,) + tuple(s for i, s in enumerate(shape) if i != sa)
+  c = math.prod(block)
+  g = comp.granule
+  k = C.slices(chunks, c, g)
+  rows = P.rows_in(
+      lambda v: C.pad_last(jnp.moveaxis(v, sa, 0).reshape(n, -1), C.padded_len(c, k * g)),
+      x, batch)
+  impl = _backend.implementation("all_to_all", backend)
+  got = impl(P.interleave(rows, k), axes=axes, compressor=comp, chunks=k, key=key)
+
+  def post(r: jax.Array) -> jax.Array:
+    blocks = jnp.moveaxis(r[:, :c].reshape((n,) + block), 1, sa + 1)  # [n, *x block]
+    if not tiled:
+      return jnp.moveaxis(jnp.squeeze(blocks, sa + 1), 0, ca)
+    bshape = blocks.shape[1:]
+    return jnp.moveaxis(blocks, 0, ca).reshape(
+        bshape[:ca] + (n * bshape[ca],) + bshape[ca + 1:])
+
+  return P.rows_out(post, P.deinterleave(got, rows.shape[0], k), lead)
 
 
-_a2a_vjp = C.linear_collective(_a2a_fwd_impl, _a2a_transpose)
+def _grad_args(params: dict, swap: bool) -> dict:
+  gc = P.load(params["grad_compressor"])
+  sa, ca = params["split_axis"], params["concat_axis"]
+  if swap:  # the dual: the inverse exchange
+    sa, ca = ca, sa
+  return dict(axes=params["axes"], split_axis=sa, concat_axis=ca, tiled=params["tiled"],
+              compressor=gc, grad_compressor=gc, backend=params["backend_arg"],
+              chunks=params["chunks"], min_bytes=params["min_bytes"])
+
+
+P.register(P.Op("all_to_all", out_shape=_out_shape, reduces=lambda params: False, forward=_forward,
+                leaf=a2a_leaf, tangent_args=lambda params: _grad_args(params, False),
+                dual_args=lambda params: _grad_args(params, True)))
 
 
 # ----------------------------------------------------------------------------------------

@@ -433,7 +433,10 @@ def _codec_attrs(c: Any, prefix: str = "") -> dict[str, Any]:
 
 def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
   """The state and communicator id for ``axes`` of the shard_map being traced."""
-  reason = _mesh_reason(axes) or _comms_reason(axes, None)
+  # While a collective primitive is lowered, the mesh check is the mesh guard's (with the
+  # message for a trace reused on other devices); at trace time it is _mesh_reason's.
+  mesh_reason = None if _compat.lowering_collective() else _mesh_reason(axes)
+  reason = mesh_reason or _comms_reason(axes, None)
   if reason is not None:
     raise ValueError(reason)
   return _state, _state.comms[axes]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -11,6 +11,7 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import primitives as P
 
 
 def ppermute(x: Any, axis_name: Any, perm: Any, *, compressor: Any = None,
@@ -37,6 +38,9 @@ def ppermute(x: Any, axis_name: Any, perm: Any, *, compressor: Any = None,
     grad_compressor: compressor of the backward ppermute; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
 
+  Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
+  exactly; a lone array of another dtype with a lossy compressor raises TypeError.
+
   Returns:
     The received array(s), shaped like ``x``.
 
@@ -46,9 +50,11 @@ def ppermute(x: Any, axis_name: Any, perm: Any, *, compressor: Any = None,
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks)
   n = C.group_size(axes)
   perm = check_perm(perm, n)
+  strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: permute_leaf(leaf, axes, perm, comp, gcomp, backend, chunks, min_bytes,
-                                key), x)
+      lambda leaf: permute_leaf(leaf, key, axes=axes, perm=perm, compressor=comp,
+                                grad_compressor=gcomp, backend=backend, chunks=chunks,
+                                min_bytes=min_bytes, strict=strict), x)
 
 
 def check_perm(perm: Any, n: int) -> tuple:
@@ -70,53 +76,59 @@ def check_perm(perm: Any, n: int) -> tuple:
   return pairs
 
 
-@dataclasses.dataclass(frozen=True)
-class _Cfg:
-  axes: tuple
-  perm: tuple
-  compressor: Any
-  grad_compressor: Any
-  backend: str
-  chunks: int
-  min_bytes: Any
-  vma: frozenset = frozenset()
-
-
-def permute_leaf(x: jax.Array, axes: tuple, perm: tuple, comp: Any, gcomp: Any,
-                 backend: str, chunks: int, min_bytes: Any, key: Any) -> jax.Array:
-  """ppermute of one array (arguments already canonicalised)."""
+def permute_leaf(x: jax.Array, key: Any, *, axes: tuple, perm: tuple, compressor: Any,
+                 grad_compressor: Any, backend: str, chunks: int, min_bytes: Any,
+                 strict: bool = True) -> jax.Array:
+  """ppermute of one array (arguments already canonicalised): the exact lax.ppermute, or
+  the ``jcoccl_ppermute`` primitive."""
   x = jnp.asarray(x)
-  c = C.effective_compressor(x, comp, min_bytes)
-  gc = C.grad_for(x, gcomp)
+  if C.off_mesh(axes):
+    return lax.ppermute(x, axes, perm)
+  c = C.effective_compressor(x, compressor, min_bytes, strict)
+  gc = C.grad_for(x, grad_compressor)
   _backend.validate("ppermute", backend)
   if c is None and gc is None:
     return lax.ppermute(x, axes, perm)
+  name = "xla" if c is None else _backend.resolve("ppermute", backend, axes, compressor=c,
+                                                  dtype=x.dtype)[0]
+  if c is not None:  # fail at trace time, not at lowering
+    C.slices(chunks, x.size, c.granule)
   x = C.ensure_varying(x, axes)
-  cfg = _Cfg(axes, perm, c, gc, backend, chunks, min_bytes, C.vma_of(x))
-  return _permute_vjp(cfg, x, key)
+  return P.bind("ppermute", x, key, axes=axes, perm=perm, compressor=P.spec_of(c),
+                grad_compressor=P.spec_of(gc), backend=name, backend_arg=backend,
+                chunks=chunks, min_bytes=min_bytes)
 
 
-def _permute_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  if cfg.compressor is None:
-    return lax.ppermute(x, cfg.axes, cfg.perm)
-  m = x.size
-  g = cfg.compressor.granule
-  k = C.slices(cfg.chunks, m, g)
-  flat = C.pad_last(x.reshape(-1), C.padded_len(m, k * g))
-  _, impl = _backend.resolve("ppermute", cfg.backend, cfg.axes, compressor=cfg.compressor,
-                             dtype=x.dtype)
-  got = impl(flat, axes=cfg.axes, perm=cfg.perm, compressor=cfg.compressor, chunks=k,
-             key=key)
-  return got[:m].reshape(x.shape)
+def _forward(x: jax.Array, key: Any, *, axes: tuple, perm: tuple, compressor: Any,
+             backend: str, chunks: int, batch: int, **_: Any) -> jax.Array:
+  comp = P.load(compressor)
+  if comp is None:
+    return lax.ppermute(x, axes, perm)
+  lead, shape = x.shape[:batch], x.shape[batch:]
+  m = math.prod(shape)
+  g = comp.granule
+  k = C.slices(chunks, m, g)
+  rows = P.rows_in(lambda v: C.pad_last(v.reshape(-1), C.padded_len(m, k * g)), x, batch)
+  impl = _backend.implementation("ppermute", backend)
+  got = impl(P.interleave(rows, k), axes=axes, perm=perm, compressor=comp, chunks=k, key=key)
+  return P.rows_out(lambda r: r[:m].reshape(shape), P.deinterleave(got, rows.shape[0], k),
+                    lead)
 
 
-def _permute_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
-  inverse = tuple((d, s) for s, d in cfg.perm)
-  return permute_leaf(ct, cfg.axes, inverse, cfg.grad_compressor, cfg.grad_compressor,
-                      cfg.backend, cfg.chunks, cfg.min_bytes, None)
+def _grad_args(params: dict, invert: bool) -> dict:
+  gc = P.load(params["grad_compressor"])
+  perm = params["perm"]
+  if invert:  # the dual: every pair sent back
+    perm = tuple((d, s) for s, d in perm)
+  return dict(axes=params["axes"], perm=perm, compressor=gc, grad_compressor=gc,
+              backend=params["backend_arg"], chunks=params["chunks"],
+              min_bytes=params["min_bytes"])
 
 
-_permute_vjp = C.linear_collective(_permute_fwd_impl, _permute_transpose)
+P.register(P.Op("ppermute", out_shape=lambda shape, params: shape, reduces=lambda params: False,
+                forward=_forward, leaf=permute_leaf,
+                tangent_args=lambda params: _grad_args(params, False),
+                dual_args=lambda params: _grad_args(params, True)))
 
 
 # ----------------------------------------------------------------------------------------
@@ -136,8 +148,10 @@ def _xla_ppermute(x: jax.Array, *, axes: tuple, perm: tuple, compressor: Any, ch
     got = lax.ppermute(buf, axes, perm)
     # A rank that receives nothing holds an all-zero buffer: lax.ppermute gives zeros,
     # and a zero payload need not decode to zeros (e.g. scale fields), so mask it.
+    # A scalar zero, not zeros_like(xs): that would carry xs's sharding, which under a
+    # partial-auto shard_map names a mesh other than the context's.
     return jnp.where(receives, C.decode_rows(compressor, got, xs.shape[-1], xs.dtype)[0],
-                     jnp.zeros_like(xs))
+                     jnp.zeros((), xs.dtype))
 
   return C.chunked(one, x, chunks)
 

@@ -3,7 +3,7 @@ payloads with one all_to_all, decode and sum in float32 in source-rank order."""
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -12,12 +12,14 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import primitives as P
 
 
 def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0,
                    tiled: bool = False, compressor: Any = None, algorithm: str = "auto",
                    backend: str = "auto", chunks: int = 1, min_bytes: int | None = None,
-                   grad_compressor: Any = C.SAME, key: Any = None) -> Any:
+                   grad_compressor: Any = C.SAME, key: Any = None,
+                   axis_index_groups: Any = None) -> Any:
   """Sums ``x`` over ``axis_name`` and scatters the result, as ``jax.lax.psum_scatter``.
 
   Algorithm "one_shot" (the only one; "auto" means it): each rank splits its input into
@@ -45,6 +47,11 @@ def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0,
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default.
     grad_compressor: compressor of the backward all_gather; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
+    axis_index_groups: as lax's; given, the exact lax op runs (the compressed algorithms
+      work over whole mesh axes).
+
+  Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
+  exactly; a lone array of another dtype with a lossy compressor raises TypeError.
 
   Returns:
     This rank's reduced shard(s), shaped like ``lax.psum_scatter``'s.
@@ -56,22 +63,15 @@ def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0,
     raise ValueError(f"algorithm must be 'auto' or 'one_shot' for reduce_scatter, "
                      f"got {algorithm!r}")
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
+  if axis_index_groups is not None:
+    return lax.psum_scatter(x, axes, scatter_dimension=scatter_dimension,
+                            axis_index_groups=axis_index_groups, tiled=tiled)
+  strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: scatter_leaf(leaf, axes, scatter_dimension, tiled, comp, gcomp, backend,
-                                chunks, min_bytes, key), x)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cfg:
-  axes: tuple
-  dim: int
-  tiled: bool
-  compressor: Any
-  grad_compressor: Any
-  backend: str
-  chunks: int
-  min_bytes: Any
-  vma: frozenset = frozenset()
+      lambda leaf: scatter_leaf(leaf, key, axes=axes, scatter_dimension=scatter_dimension,
+                                tiled=tiled, compressor=comp, grad_compressor=gcomp,
+                                backend=backend, chunks=chunks, min_bytes=min_bytes,
+                                strict=strict), x)
 
 
 def check_scatter(shape: tuple, dim: Any, tiled: bool, n: int) -> int:
@@ -93,20 +93,29 @@ def check_scatter(shape: tuple, dim: Any, tiled: bool, n: int) -> int:
   return dim
 
 
-def scatter_leaf(x: jax.Array, axes: tuple, dim: int, tiled: bool, comp: Any, gcomp: Any,
-                 backend: str, chunks: int, min_bytes: Any, key: Any) -> jax.Array:
-  """reduce_scatter of one array (arguments already canonicalised)."""
+def scatter_leaf(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: Any,
+                 tiled: bool, compressor: Any, grad_compressor: Any, backend: str,
+                 chunks: int, min_bytes: Any, strict: bool = True) -> jax.Array:
+  """reduce_scatter of one array (arguments already canonicalised): the exact
+  lax.psum_scatter, or the ``jcoccl_reduce_scatter`` primitive."""
   x = jnp.asarray(x)
   n = C.group_size(axes)
-  dim = check_scatter(x.shape, dim, tiled, n)
-  c = C.effective_compressor(x, comp, min_bytes)
-  gc = C.grad_for(x, gcomp)
+  dim = check_scatter(x.shape, scatter_dimension, tiled, n)
+  if C.off_mesh(axes):
+    return lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=tiled)
+  c = C.effective_compressor(x, compressor, min_bytes, strict)
+  gc = C.grad_for(x, grad_compressor)
   _backend.validate("reduce_scatter", backend)
   if c is None and gc is None:
     return lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=tiled)
+  name = "xla" if c is None else _backend.resolve("reduce_scatter", backend, axes,
+                                                  compressor=c, dtype=x.dtype)[0]
+  if c is not None:  # fail at trace time, not at lowering
+    C.slices(chunks, x.size // n, c.granule)
   x = C.ensure_varying(x, axes)
-  cfg = _Cfg(axes, dim, tiled, c, gc, backend, chunks, min_bytes, C.vma_of(x))
-  return _scatter_vjp(cfg, x, key)
+  return P.bind("reduce_scatter", x, key, axes=axes, scatter_dimension=dim, tiled=tiled,
+                compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
+                backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
 
 
 def to_rows(x: jax.Array, dim: int, n: int) -> tuple[jax.Array, tuple]:
@@ -122,28 +131,47 @@ def from_block(flat: jax.Array, block: tuple, dim: int, tiled: bool) -> jax.Arra
   return out if tiled else jnp.squeeze(out, dim)
 
 
-def _scatter_fwd_impl(cfg: _Cfg, x: jax.Array, key: Any) -> jax.Array:
-  if cfg.compressor is None:
-    return lax.psum_scatter(x, cfg.axes, scatter_dimension=cfg.dim, tiled=cfg.tiled)
-  n = C.group_size(cfg.axes)
-  rows, block = to_rows(x, cfg.dim, n)
-  c = rows.shape[1]
-  g = cfg.compressor.granule
-  k = C.slices(cfg.chunks, c, g)
-  rows = C.pad_last(rows, C.padded_len(c, k * g))
-  _, impl = _backend.resolve("reduce_scatter", cfg.backend, cfg.axes,
-                             compressor=cfg.compressor, dtype=x.dtype)
-  out = impl(rows, axes=cfg.axes, compressor=cfg.compressor, chunks=k, key=key)
-  return from_block(out[:c], block, cfg.dim, cfg.tiled)
+def _out_shape(shape: tuple, params: dict) -> tuple:
+  n, dim = C.group_size(params["axes"]), params["scatter_dimension"]
+  if params["tiled"]:
+    return shape[:dim] + (shape[dim] // n,) + shape[dim + 1:]
+  return shape[:dim] + shape[dim + 1:]
 
 
-def _scatter_transpose(cfg: _Cfg, ct: jax.Array) -> jax.Array:
-  from jcoccl._src import all_gather as ag
-  return ag.gather_leaf(ct, cfg.axes, cfg.dim, cfg.tiled, cfg.grad_compressor,
-                        cfg.grad_compressor, cfg.backend, cfg.chunks, cfg.min_bytes, None)
+def _forward(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: int, tiled: bool,
+             compressor: Any, backend: str, chunks: int, batch: int, **_: Any) -> jax.Array:
+  dim = scatter_dimension
+  comp = P.load(compressor)
+  if comp is None:
+    return lax.psum_scatter(x, axes, scatter_dimension=dim + batch, tiled=tiled)
+  n = C.group_size(axes)
+  lead, shape = x.shape[:batch], x.shape[batch:]
+  block = (shape[dim] // n,) + tuple(s for i, s in enumerate(shape) if i != dim)
+  c = math.prod(block)
+  g = comp.granule
+  k = C.slices(chunks, c, g)
+  rows = P.rows_in(lambda v: C.pad_last(to_rows(v, dim, n)[0], C.padded_len(c, k * g)), x,
+                   batch)
+  impl = _backend.implementation("reduce_scatter", backend)
+  out = impl(P.interleave(rows, k), axes=axes, compressor=comp, chunks=k, key=key)
+  return P.rows_out(lambda r: from_block(r[:c], block, dim, tiled),
+                    P.deinterleave(out, rows.shape[0], k), lead)
 
 
-_scatter_vjp = C.linear_collective(_scatter_fwd_impl, _scatter_transpose)
+def _common_args(params: dict) -> dict:
+  gc = P.load(params["grad_compressor"])
+  return dict(axes=params["axes"], tiled=params["tiled"], compressor=gc, grad_compressor=gc,
+              backend=params["backend_arg"], chunks=params["chunks"],
+              min_bytes=params["min_bytes"])
+
+
+P.register(P.Op(
+    "reduce_scatter", out_shape=_out_shape, reduces=lambda params: False, forward=_forward,
+    leaf=scatter_leaf,
+    tangent_args=lambda params: dict(_common_args(params),
+                                     scatter_dimension=params["scatter_dimension"]),
+    # The dual, all_gather, stacks or tiles along the scattered dimension.
+    dual_args=lambda params: dict(_common_args(params), axis=params["scatter_dimension"])))
 
 
 # ----------------------------------------------------------------------------------------
