@@ -5,9 +5,8 @@ used inside ``jax.shard_map`` with the same arguments as their ``jax.lax`` count
 plus a ``compressor``.
 """
 
+from jcoccl._src.info import __version__ as __version__
 from jcoccl._src.info import info as info
-
-__version__ = "0.1.0"
 
 # Collectives (used inside jax.shard_map; same arguments as their jax.lax counterparts).
 from jcoccl._src.all_reduce import all_reduce as all_reduce

@@ -1,6 +1,8 @@
 """The installation: native extensions, `python -m jcoccl info`."""
 
+import ast
 import json
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -61,3 +63,36 @@ def test_native_module_exports_the_ffi_enums():
   assert codes == set(ops.values())
   with pytest.raises(ValueError, match="table must be one of"):
     _ffi.codes("NOPE")
+
+
+def _import_graph(root: pathlib.Path) -> dict[str, set[str]]:
+  """Module -> the jcoccl modules it imports (anywhere in it, late imports included)."""
+  mods = {}
+  for p in root.rglob("*.py"):
+    name = ".".join(p.relative_to(root.parent).with_suffix("").parts)
+    mods[name.removesuffix(".__init__")] = p
+  graph = {}
+  for name, p in mods.items():
+    deps = set()
+    for node in ast.walk(ast.parse(p.read_text())):
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jcoccl"):
+        deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                 for a in node.names}
+      elif isinstance(node, ast.Import):
+        deps |= {a.name for a in node.names if a.name.startswith("jcoccl")}
+    graph[name] = {d for d in deps if d in mods and d != name}
+  return graph
+
+
+def test_no_import_cycles_in_the_package():
+  """No module of jcoccl/ reaches itself through imports (the public package included)."""
+  graph = _import_graph(pathlib.Path(jcoccl.__file__).parent)
+  for start in graph:
+    stack, seen = [(start, (start,))], set()
+    while stack:
+      mod, path = stack.pop()
+      for dep in graph[mod]:
+        assert dep != start, "import cycle: " + " -> ".join((*path, dep))
+        if dep not in seen:
+          seen.add(dep)
+          stack.append((dep, (*path, dep)))

@@ -52,7 +52,11 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jex
 
-import jcoccl
+from jcoccl._src.all_gather import all_gather
+from jcoccl._src.all_reduce import all_reduce
+from jcoccl._src.all_to_all import all_to_all
+from jcoccl._src.ppermute import ppermute
+from jcoccl._src.reduce_scatter import reduce_scatter
 from jcoccl._src import _compat
 from jcoccl.policy import WILDCARD, Policy
 
@@ -305,18 +309,18 @@ def _collective(eqn: Any, invals: list, axes: tuple, comp: Any, opts: dict) -> l
       outs.append(y[0] if eqn.primitive.multiple_results else y)
       continue
     if op == "all_reduce":
-      outs.append(jcoccl.all_reduce(x, axes, compressor=comp, **opts))
+      outs.append(all_reduce(x, axes, compressor=comp, **opts))
     elif op == "all_gather":
-      outs.append(jcoccl.all_gather(x, axes, axis=p["all_gather_dimension"], tiled=p["tiled"],
+      outs.append(all_gather(x, axes, axis=p["all_gather_dimension"], tiled=p["tiled"],
                                     compressor=comp, **opts))
     elif op == "reduce_scatter":
-      outs.append(jcoccl.reduce_scatter(x, axes, scatter_dimension=p["scatter_dimension"],
+      outs.append(reduce_scatter(x, axes, scatter_dimension=p["scatter_dimension"],
                                         tiled=p["tiled"], compressor=comp, **opts))
     elif op == "all_to_all":
       axis_name = p["axis_name"]
-      outs.append(jcoccl.all_to_all(x, axis_name, p["split_axis"], p["concat_axis"],
+      outs.append(all_to_all(x, axis_name, p["split_axis"], p["concat_axis"],
                                     tiled=p["tiled"], compressor=comp, **opts))
     else:
-      outs.append(jcoccl.ppermute(x, axes, [tuple(pair) for pair in p["perm"]],
+      outs.append(ppermute(x, axes, [tuple(pair) for pair in p["perm"]],
                                   compressor=comp, **opts))
   return outs

@@ -10,6 +10,9 @@ import jaxlib
 
 from jcoccl._src import _ffi
 
+# The source tree's version (pyproject.toml's); an installed distribution reports its own.
+__version__ = "0.1.0"
+
 
 def _version(dist: str) -> str | None:
   try:
@@ -26,9 +29,7 @@ def version() -> str:
     >>> version()
     '0.1.0'
   """
-  import jcoccl  # late: this module is imported while jcoccl/__init__ runs
-
-  return _version("jcoccl") or jcoccl.__version__
+  return _version("jcoccl") or __version__
 
 
 def _nccl_version() -> str | None:
