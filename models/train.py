@@ -11,7 +11,9 @@ Every flag and the policy are checked before anything is loaded or compiled: a b
 with ``error: --flag ...`` (status 2), a bad policy file names its table and key.
 
 Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation, and
-one "wire" record), loss.png, summary.json and orbax checkpoints under ckpt/. ``--resume``
+one "wire" record), loss.png, summary.json, config.json (the flags that rebuild the model, for
+``python -m models.sample``) and orbax checkpoints under ckpt/; the final loss line is
+followed by a short greedy sample of the trained model. ``--resume``
 continues from the newest checkpoint that restores; damaged newer ones are named, skipped and
 moved to ckpt-skipped/, and a torn last line of metrics.jsonl is dropped. Bytes on the
 wire per step and device, by mesh axis, are measured on the compiled train step with
@@ -105,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--no-hlo-wire", action="store_true",
                  help="skip measuring bytes on the wire (saves two compiles; none are reported)")
   p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--sample-tokens", type=int, default=48,
+                 help="greedy sample printed after the final loss (0: none; more: "
+                      "python -m models.sample)")
   return p
 
 
@@ -124,7 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # Flags (by dest) and their smallest accepted value.
 _AT_LEAST = {"steps": 0, "batch": 1, "seq_len": 1, "micro": 1, "warmup": 0, "eval_every": 1,
-             "eval_batches": 1, "ckpt_every": 1, "log_every": 1, "seed": 0}
+             "eval_batches": 1, "ckpt_every": 1, "log_every": 1, "seed": 0,
+             "sample_tokens": 0}
 
 
 def _flag(dest: str) -> str:
@@ -569,6 +575,8 @@ def main(argv: list[str] | None = None) -> dict:
                          if policy.zero("data") else {})
   exact = None if args.no_hlo_wire else parallel.Parallel3D(model, mesh, ref, n_micro=args.micro)
   args.out.mkdir(parents=True, exist_ok=True)
+  if lead():
+    write_config(args)
   mngr = _checkpointer(args.out)
   metrics_path = args.out / "metrics.jsonl"
   if args.resume:
@@ -583,6 +591,18 @@ def main(argv: list[str] | None = None) -> dict:
     return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
   except jax.errors.JaxRuntimeError as e:
     _lost_peer(e)
+
+
+# The flags recorded in config.json: what rebuilds the model and its data (models.sample).
+CONFIG_FLAGS = ("model", "size", "tokenizer", "max_chars", "seq_len", "mesh", "policy",
+                "compress", "zero", "steps", "batch", "micro", "lr", "seed")
+
+
+def write_config(args: argparse.Namespace) -> None:
+  """``out/config.json``: the run's flags that name its model, vocabulary and training."""
+  cfg = {k: getattr(args, k) for k in CONFIG_FLAGS}
+  cfg["policy_path"] = str(args.policy_path) if getattr(args, "policy_path", None) else None
+  (args.out / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
 def _start_metrics(path: pathlib.Path, resumed_at: int | None) -> list[dict]:
@@ -669,7 +689,7 @@ def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, pol
         save(mngr, state)
   bar.close()
   tps = tokens_per_step * n_steady / t_steady if n_steady else None
-  return _finish(args, state, records, wire or NO_WIRE, tps, start_step)
+  return _finish(args, state, records, wire or NO_WIRE, tps, start_step, corpus)
 
 
 def print_wire(wire: dict) -> None:
@@ -699,7 +719,21 @@ def _num(v: float | None) -> str:
   return "n/a" if v is None else f"{v:.4f}"
 
 
-def _finish(args, state, records, wire, tps, start_step) -> dict:
+def final_sample(args: argparse.Namespace, params: dict, corpus: data.Corpus) -> str:
+  """A short greedy continuation of a fixed prompt by the trained parameters (one device):
+  runs under different policies can be read side by side, not only their losses."""
+  from models import sample
+  try:
+    prompt = corpus.encode(sample.DEFAULT_PROMPT)
+  except ValueError:  # a --max-chars corpus too short to hold the prompt's characters
+    prompt = corpus.val[:8]
+  model = build_model(args, corpus.vocab_size)
+  fwd = sample.single_device_forward(model, sample.host_params(params))
+  s = sample.generate(fwd, prompt, length=args.sample_tokens, context=args.seq_len)
+  return corpus.decode(prompt) + corpus.decode(s.tokens)
+
+
+def _finish(args, state, records, wire, tps, start_step, corpus) -> dict:
   if not lead():
     return {"steps": state.step, "resumed_from": start_step if args.resume else None,
             "wire": wire, "tokens_per_s": tps}
@@ -718,8 +752,12 @@ def _finish(args, state, records, wire, tps, start_step) -> dict:
           + (f" (val {vals[-1]:.4f})" if vals else "") + f" over steps {start_step}.."
           f"{state.step}, " + (f"{tps:,.0f} tokens/s (steady state)" if tps else
                                 "no steady-state steps timed"))
+    if args.sample_tokens:
+      text = final_sample(args, state.params, corpus)
+      print(f"greedy sample ({args.sample_tokens} tokens; more: python -m models.sample "
+            f"--out {args.out}):\n  " + text.replace("\n", "\n  "))
   print_wire(wire)
-  print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, ckpt/)")
+  print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, config.json, ckpt/)")
   return summary
 
 
