@@ -743,7 +743,10 @@ def _finish(args, state, records, wire, tps, start_step, corpus) -> dict:
   summary = {"steps": state.step, "resumed_from": start_step if args.resume else None,
              "loss_start": losses[0] if losses else None,
              "loss_end": losses[-1] if losses else None,
-             "val_loss_end": vals[-1] if vals else None, "tokens_per_s": tps, "wire": wire}
+             "val_loss_end": vals[-1] if vals else None, "tokens_per_s": tps, "wire": wire,
+             "sample": None}
+  if args.sample_tokens and state.step > start_step:
+    summary["sample"] = final_sample(args, state.params, corpus)
   (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
   if state.step == start_step:
     print(f"\nno steps run: at step {state.step}, --steps {args.steps}")
@@ -752,10 +755,9 @@ def _finish(args, state, records, wire, tps, start_step, corpus) -> dict:
           + (f" (val {vals[-1]:.4f})" if vals else "") + f" over steps {start_step}.."
           f"{state.step}, " + (f"{tps:,.0f} tokens/s (steady state)" if tps else
                                 "no steady-state steps timed"))
-    if args.sample_tokens:
-      text = final_sample(args, state.params, corpus)
+    if summary["sample"] is not None:
       print(f"greedy sample ({args.sample_tokens} tokens; more: python -m models.sample "
-            f"--out {args.out}):\n  " + text.replace("\n", "\n  "))
+            f"--out {args.out}):\n  " + summary["sample"].replace("\n", "\n  "))
   print_wire(wire)
   print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, config.json, ckpt/)")
   return summary
