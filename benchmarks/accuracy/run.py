@@ -88,11 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.error("--policies must name at least one policy")
   args.policy_paths, args.skipped = {}, {}
   for name in dict.fromkeys(names):
+    label = pathlib.Path(name).stem  # a TOML path is labelled by its file name
     try:
-      args.policy_paths[name] = train.policy_path(name)
+      args.policy_paths[label] = train.policy_path(name)
     except ValueError:
-      args.skipped[name] = (f"policy {name!r} skipped: no file {name} nor "
-                            f"models/configs/{name}.toml (yet)")
+      args.skipped[label] = (f"policy {name!r} skipped: no file {name} nor "
+                             f"models/configs/{name}.toml (yet)")
   if not args.policy_paths:
     p.error(f"none of --policies {args.policies} exists: {'; '.join(args.skipped.values())}")
   args.out = pathlib.Path(args.out or ROOT / "benchmarks" / "results" /
