@@ -1,7 +1,8 @@
 """Generate text from a run of ``python -m models.train``: what the policy's training produced.
 
-  python -m models.sample --name gpt-small                       # runs/gpt-small, greedy
-  python -m models.sample --name gpt-small --temperature 0.8 --top-k 20 --seed 1 --length 300
+  python -m models.sample --name gpt-small                       # runs/gpt-small
+  python -m models.sample --name gpt-small --temperature 0 --length 300     # greedy
+  python -m models.sample --name gpt-small --top-k 20 --seed 1
   python -m models.sample --out runs/x --mesh 2,2,2 --prompt "**ROMEO**"  # on a mesh
 
 Reads the run's config.json (model, size, tokenizer, --max-chars, --seq-len; written by
@@ -238,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
   p.add_argument("--prompt", default=DEFAULT_PROMPT)
   p.add_argument("--length", type=int, default=200, help="tokens to generate")
-  p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+  p.add_argument("--temperature", type=float, default=0.8,
+                 help="softmax temperature (default 0.8); 0: greedy (argmax)")
   p.add_argument("--top-k", type=int, default=None, help="draw among the k likeliest tokens")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--mesh", default="1,1,1",

@@ -13,7 +13,7 @@ with ``error: --flag ...`` (status 2), a bad policy file names its table and key
 Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation, and
 one "wire" record), loss.png, summary.json, config.json (the flags that rebuild the model, for
 ``python -m models.sample``) and orbax checkpoints under ckpt/; the final loss line is
-followed by a short greedy sample of the trained model. ``--resume``
+followed by a short sample of the trained model (fixed prompt, seed and temperature). ``--resume``
 continues from the newest checkpoint that restores; damaged newer ones are named, skipped and
 moved to ckpt-skipped/, and a torn last line of metrics.jsonl is dropped. Bytes on the
 wire per step and device, by mesh axis, are measured on the compiled train step with
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="skip measuring bytes on the wire (saves two compiles; none are reported)")
   p.add_argument("--no-progress", action="store_true")
   p.add_argument("--sample-tokens", type=int, default=48,
-                 help="greedy sample printed after the final loss (0: none; more: "
+                 help="length of the sample printed after the final loss (0: none; more: "
                       "python -m models.sample)")
   return p
 
@@ -719,9 +719,14 @@ def _num(v: float | None) -> str:
   return "n/a" if v is None else f"{v:.4f}"
 
 
+# The end-of-run sample: a fixed prompt, seed and temperature, so that runs under different
+# policies can be read side by side (greedy decoding of small char models mostly loops).
+SAMPLE_TEMPERATURE, SAMPLE_SEED = 0.8, 0
+
+
 def final_sample(args: argparse.Namespace, params: dict, corpus: data.Corpus) -> str:
-  """A short greedy continuation of a fixed prompt by the trained parameters (one device):
-  runs under different policies can be read side by side, not only their losses."""
+  """A short continuation of a fixed prompt by the trained parameters (one device, fixed
+  seed and temperature :data:`SAMPLE_TEMPERATURE`)."""
   from models import sample
   try:
     prompt = corpus.encode(sample.DEFAULT_PROMPT)
@@ -729,7 +734,8 @@ def final_sample(args: argparse.Namespace, params: dict, corpus: data.Corpus) ->
     prompt = corpus.val[:8]
   model = build_model(args, corpus.vocab_size)
   fwd = sample.single_device_forward(model, sample.host_params(params))
-  s = sample.generate(fwd, prompt, length=args.sample_tokens, context=args.seq_len)
+  s = sample.generate(fwd, prompt, length=args.sample_tokens, context=args.seq_len,
+                      temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED)
   return corpus.decode(prompt) + corpus.decode(s.tokens)
 
 
@@ -756,8 +762,9 @@ def _finish(args, state, records, wire, tps, start_step, corpus) -> dict:
           f"{state.step}, " + (f"{tps:,.0f} tokens/s (steady state)" if tps else
                                 "no steady-state steps timed"))
     if summary["sample"] is not None:
-      print(f"greedy sample ({args.sample_tokens} tokens; more: python -m models.sample "
-            f"--out {args.out}):\n  " + summary["sample"].replace("\n", "\n  "))
+      print(f"sample ({args.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}, seed "
+            f"{SAMPLE_SEED}; more: python -m models.sample --out {args.out}):\n  "
+            + summary["sample"].replace("\n", "\n  "))
   print_wire(wire)
   print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, config.json, ckpt/)")
   return summary

@@ -9,7 +9,7 @@ data, steps and mesh (the same seed gives every policy the same initial weights 
 and reads what each run reports: its final validation loss and its bytes on the wire per
 step and device by mesh axis (summary.json "wire", measured on the compiled train step).
 Writes into ``--out`` (default benchmarks/results/<date>-accuracy/): ``results.md`` (the
-table and one greedy sample per model and policy), ``results.json`` (every run and the
+table and one text sample per model and policy), ``results.json`` (every run and the
 table), ``val_loss_vs_bytes.png`` (one point per policy and seed, one panel per model) and
 ``runs/<model>-<policy>-s<seed>/`` (each run's outputs and log). A run whose summary.json is
 already there with the same settings is read, not trained again, so an interrupted study
@@ -123,19 +123,19 @@ def run_one(args: argparse.Namespace, model: str, policy: str, seed: int) -> dic
   done = out / "summary.json"
   cmd_file = out / "argv.json"
   if done.is_file() and cmd_file.is_file() and json.loads(cmd_file.read_text()) == argv:
-    summary, wall, reused = json.loads(done.read_text()), None, True
+    summary, wall, cpu, reused = json.loads(done.read_text()), None, None, True
   else:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cmd_file.write_text(json.dumps(argv))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     try:
       with open(out / "train.log", "w") as log, contextlib.redirect_stdout(log):
         summary = train.main(argv)
     except Exception as e:
       raise RuntimeError(f"the {model} {policy} seed {seed} run failed ({type(e).__name__}: "
                          f"{e}); its log: {out / 'train.log'}") from e
-    wall, reused = time.perf_counter() - t0, False
+    wall, cpu, reused = time.perf_counter() - t0, _cpu_s() - c0, False
   wire = summary["wire"]
   if not wire.get("source"):
     raise RuntimeError(f"{out}: the run reports no bytes on the wire")
@@ -143,8 +143,17 @@ def run_one(args: argparse.Namespace, model: str, policy: str, seed: int) -> dic
   return {"model": model, "policy": policy, "seed": seed, "val_loss": summary["val_loss_end"],
           "loss_end": summary["loss_end"], "bytes_by_axis": by_axis,
           "bytes": wire["total"]["compressed"], "exact_bytes": wire["total"]["uncompressed"],
-          "tokens_per_s": summary["tokens_per_s"], "wall_s": wall, "reused": reused,
+          "tokens_per_s": summary["tokens_per_s"], "wall_s": wall, "cpu_s": cpu,
+          "reused": reused,
           "sample": summary.get("sample"), "dir": str(out)}
+
+
+def _cpu_s() -> float:
+  """CPU seconds of this process, all threads (user + system): on an idle machine the wall
+  time of a run lies between this over the core count and this."""
+  import resource
+  u = resource.getrusage(resource.RUSAGE_SELF)
+  return u.ru_utime + u.ru_stime
 
 
 def _spread(values: list[float]) -> float:
@@ -201,7 +210,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"{r['val_loss_std']:.4f} [{r['val_loss_min']:.4f}, {r['val_loss_max']:.4f}] | "
         f"{val_ratio} | {ax['data'] / 1e3:.1f} | {ax['tensor'] / 1e3:.1f} | "
         f"{ax['pipe'] / 1e3:.1f} | {r['bytes'] / 1e3:.1f} | {r['byte_ratio']:.3f} |")
-  lines += ["", "## Greedy samples (seed 0, the prompt then the continuation)", ""]
+  lines += ["", f"## Samples (run seed 0; the prompt, then {train.SAMPLE_TEMPERATURE} "
+            f"temperature sampling with seed {train.SAMPLE_SEED})", ""]
   for r in rows:
     if r["sample"]:
       lines += [f"**{r['model']} / {r['policy']}**", "", "```", r["sample"].rstrip(), "```", ""]
@@ -269,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
   (args.out / "results.json").write_text(json.dumps(result, indent=1))
   (args.out / "results.md").write_text(markdown(rows, meta))
   plot(runs, args.out / "val_loss_vs_bytes.png")
-  print(markdown(rows, meta).split("\n## Greedy")[0])
+  print(markdown(rows, meta).split("\n## Samples")[0])
   print(f"written: {args.out}/results.md, results.json, val_loss_vs_bytes.png, runs/")
   return result
 
