@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--size", choices=tuple(presets.GPT), default="small")
   p.add_argument("--mesh", default="2,2,2", help="data,tensor,pipe sizes (default 2,2,2)")
   p.add_argument("--policy", default="coccl",
-                 help="a TOML file, or a name under models/configs (exact, coccl, int8)")
+                 help="a TOML file, or a name under models/configs (exact, coccl, int8, lean)")
   p.add_argument("--compress", action="append", default=[], metavar="AXIS.OP=SPEC",
                  help="override one policy entry, e.g. data.all_reduce=int4 (repeatable)")
   p.add_argument("--zero", action="store_true",

@@ -38,7 +38,7 @@ from models import train  # noqa: E402  (before jax: asks for 8 host CPU devices
 
 PROG = "python -m benchmarks.accuracy.run"
 MODELS = ("gpt", "qwen")
-DEFAULT_POLICIES = "exact,int8,coccl,zeropp"
+DEFAULT_POLICIES = "exact,int8,coccl,zeropp,lean"
 # The study's fixed training settings (the defaults of models.train unless named here):
 # validation only at the end, on 16 batches (16 x 16 x 64 = 16k tokens; the default 4 would
 # leave a seed-to-seed sampling spread of the same order as the differences measured).
