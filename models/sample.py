@@ -24,17 +24,17 @@ import math
 import pathlib
 import sys
 import types
-from typing import Callable
+from collections.abc import Callable
 
-from models import train  # first: asks for 8 host devices before jax starts
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+from jcoccl.policy import Policy
 
-from jcoccl.policy import Policy  # noqa: E402
-from models import data, parallel  # noqa: E402
+# Importing models.train asks for 8 host CPU devices (before jax's backend starts).
+from models import data, parallel, train
 
 PROG = "python -m models.sample"
 DEFAULT_PROMPT = "**HAMLET**  \n"

@@ -189,7 +189,7 @@ def table(runs: list[dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
-  lines = [f"# Accuracy study: validation loss vs bytes on the wire", "",
+  lines = ["# Accuracy study: validation loss vs bytes on the wire", "",
            f"`{meta['command']}`", "",
            f"{meta['steps']} steps per run, seeds {meta['seeds']}, mesh data x tensor x pipe = "
            f"2x2x2, models.train arguments: `{' '.join(meta['train_args'])}`. "
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
           "policies": {p: str(path) for p, path in args.policy_paths.items()},
           "skipped": list(args.skipped.values()),
           "train_args": common_argv(args),
-          "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          "commit": _commit(), "date": datetime.datetime.now(datetime.UTC).isoformat(
               timespec="seconds"), "wall_s": time.perf_counter() - t0}
   result = {"meta": meta, "table": rows, "runs": runs}
   (args.out / "results.json").write_text(json.dumps(result, indent=1))
