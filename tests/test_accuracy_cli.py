@@ -24,11 +24,13 @@ def test_two_policies_one_seed(tmp_path, capsys):
   assert 0.25 < int8["byte_ratio"] < 0.3
   for axis in ("data", "tensor", "pipe"):
     assert 0 < int8["bytes_by_axis"][axis] < exact["bytes_by_axis"][axis]
+  assert int8["bytes_by_axis"]["other"] == 0
   # The table repeats what each run's summary.json reports.
   for r in result["runs"]:
     summary = json.loads((tmp_path / r["dir"] / "summary.json").read_text())
     assert r["val_loss"] == summary["val_loss_end"]
     assert r["bytes"] == summary["wire"]["total"]["compressed"]
+    assert sum(r["bytes_by_axis"].values()) == pytest.approx(r["bytes"])
   assert int8["val_ratio"] == pytest.approx(
       result["runs"][1]["val_loss"] / result["runs"][0]["val_loss"])
   on_disk = json.loads((out / "results.json").read_text())
@@ -52,3 +54,9 @@ def test_bad_flags(argv, match, capsys):
   with pytest.raises(SystemExit) as e:
     study.parse_args(argv)
   assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_columns_fold_zeropp_levels_into_data():
+  cols = study.columns({"node": 3.0, "data": 4.0, "tensor": 5.0, "pipe": 6.0,
+                        "data,tensor": 1.0, "?": 2.0})
+  assert cols == {"data": 7.0, "tensor": 5.0, "pipe": 6.0, "other": 3.0}

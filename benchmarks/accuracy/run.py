@@ -46,7 +46,7 @@ STUDY = ["--eval-batches", "16", "--sample-tokens", "64"]
 # --tiny: seconds of compute per run, for tests and trying the command.
 TINY = ["--size", "tiny", "--batch", "8", "--seq-len", "32", "--micro", "2", "--lr", "1e-2",
         "--warmup", "2", "--max-chars", "200000", "--eval-batches", "2", "--sample-tokens", "16"]
-AXES = ("data", "tensor", "pipe")
+COLUMNS = ("data", "tensor", "pipe", "other")
 DEFAULT_STEPS = 200
 
 
@@ -139,13 +139,27 @@ def run_one(args: argparse.Namespace, model: str, policy: str, seed: int) -> dic
   wire = summary["wire"]
   if not wire.get("source"):
     raise RuntimeError(f"{out}: the run reports no bytes on the wire")
-  by_axis = {a: wire["by_axis"].get(a, {}).get("compressed", 0.0) for a in AXES}
+  by_axis = columns({k: v["compressed"] for k, v in wire["by_axis"].items()})
   return {"model": model, "policy": policy, "seed": seed, "val_loss": summary["val_loss_end"],
           "loss_end": summary["loss_end"], "bytes_by_axis": by_axis,
+          "wire_by_axis": {k: v["compressed"] for k, v in wire["by_axis"].items()},
           "bytes": wire["total"]["compressed"], "exact_bytes": wire["total"]["uncompressed"],
           "tokens_per_s": summary["tokens_per_s"], "wall_s": wall, "cpu_s": cpu,
           "reused": reused,
           "sample": summary.get("sample"), "dir": str(out)}
+
+
+def columns(by_axis: dict[str, float]) -> dict[str, float]:
+  """The table's columns from models.train's by-axis bytes: 'data' is the whole data level
+  (ZeRO++ splits it into 'node' and 'data' axes), 'tensor', 'pipe', and 'other' for groups
+  over several of these or none ("?")."""
+  out = dict.fromkeys(COLUMNS, 0.0)
+  for key, value in by_axis.items():
+    names = set(key.split(","))
+    col = ("data" if names <= {"data", "node"} else
+           key if key in ("tensor", "pipe") else "other")
+    out[col] += value
+  return out
 
 
 def _cpu_s() -> float:
@@ -180,7 +194,7 @@ def table(runs: list[dict]) -> list[dict]:
           "model": model, "policy": policy, "seeds": len(rs), "val_loss_mean": mean,
           "val_loss_std": _spread(vals), "val_loss_min": min(vals), "val_loss_max": max(vals),
           "bytes_by_axis": {a: statistics.mean(r["bytes_by_axis"][a] for r in rs)
-                            for a in AXES},
+                            for a in COLUMNS},
           "bytes": total, "byte_ratio": total / ref if ref else math.nan,
           "byte_ratio_to": "exact policy" if exact else "uncompressed reference compile",
           "val_ratio": mean / exact_val if exact_val else None,
@@ -195,13 +209,16 @@ def markdown(rows: list[dict], meta: dict) -> str:
            f"2x2x2, models.train arguments: `{' '.join(meta['train_args'])}`. "
            f"Bytes per step and device, by mesh axis, as models.train measures them on the "
            f"compiled step; val loss = final validation loss (mean ± sample standard deviation "
-           f"over seeds, [min, max]). Ratios are to the exact policy of the same model. "
+           f"over seeds, [min, max]); the data column is the whole data level (ZeRO++ splits "
+           f"it into node and data axes), other = groups over several axes. Ratios are to the "
+           f"exact policy of the same model. "
            f"Commit {meta['commit']}, {meta['date']}, total wall time {meta['wall_s']:.0f} s.",
            ""]
   if meta["skipped"]:
     lines += [f"- {why}" for why in meta["skipped"]] + [""]
   lines += ["| model | policy | seeds | val loss | val / exact | data kB | tensor kB | pipe kB "
-            "| total kB | bytes / exact |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "| other kB | total kB | bytes / exact |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     ax = r["bytes_by_axis"]
     val_ratio = "n/a" if r["val_ratio"] is None else f"{r['val_ratio']:.4f}"
@@ -209,7 +226,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"| {r['model']} | {r['policy']} | {r['seeds']} | {r['val_loss_mean']:.4f} ± "
         f"{r['val_loss_std']:.4f} [{r['val_loss_min']:.4f}, {r['val_loss_max']:.4f}] | "
         f"{val_ratio} | {ax['data'] / 1e3:.1f} | {ax['tensor'] / 1e3:.1f} | "
-        f"{ax['pipe'] / 1e3:.1f} | {r['bytes'] / 1e3:.1f} | {r['byte_ratio']:.3f} |")
+        f"{ax['pipe'] / 1e3:.1f} | {ax['other'] / 1e3:.1f} | {r['bytes'] / 1e3:.1f} | "
+        f"{r['byte_ratio']:.3f} |")
   lines += ["", f"## Samples (run seed 0; the prompt, then {train.SAMPLE_TEMPERATURE} "
             f"temperature sampling with seed {train.SAMPLE_SEED})", ""]
   for r in rows:
