@@ -93,11 +93,68 @@ class Corpus:
     return w[:, :-1], w[:, 1:]
 
   def decode(self, ids: np.ndarray) -> str:
+    return Vocab(self.tokenizer, self.vocab_size, self.itos).decode(ids)
+
+  def encode(self, text: str) -> np.ndarray:
+    return Vocab(self.tokenizer, self.vocab_size, self.itos).encode(text)
+
+
+@dataclasses.dataclass
+class Vocab:
+  """A tokenizer without the tokenized corpus: what sampling needs (see :func:`load_vocab`)."""
+
+  tokenizer: str
+  size: int
+  itos: list[str] | None = None
+
+  def encode(self, text: str) -> np.ndarray:
+    """Token ids, int32 [n].
+
+    Raises:
+      ValueError: a character the char vocabulary lacks (named, with its position).
+    """
+    if self.itos is None:
+      return np.asarray(_bpe().encode(text).ids, np.int32)
+    stoi = {c: i for i, c in enumerate(self.itos)}
+    for pos, c in enumerate(text):
+      if c not in stoi:
+        raise ValueError(f"character {c!r} at position {pos} of the text is not in the "
+                         f"{self.size}-character vocabulary of this corpus")
+    return np.asarray([stoi[c] for c in text], np.int32)
+
+  def decode(self, ids: np.ndarray) -> str:
     if self.itos is not None:
-      return "".join(self.itos[i] for i in ids)
-    from tokenizers import ByteLevelBPETokenizer
-    enc, merges = bpe_files()
-    return ByteLevelBPETokenizer(str(enc), str(merges)).decode([int(i) for i in ids])
+      return "".join(self.itos[int(i)] for i in ids)
+    return _bpe().decode([int(i) for i in ids])
+
+
+def _bpe():
+  from tokenizers import ByteLevelBPETokenizer
+  enc, merges = bpe_files()
+  return ByteLevelBPETokenizer(str(enc), str(merges))
+
+
+def _check(tokenizer: str, max_chars: int | None) -> None:
+  if tokenizer not in TOKENIZERS:
+    raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
+  if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int)
+                                or max_chars < 1):
+    raise ValueError(f"max_chars must be None or an int >= 1, got {max_chars!r}")
+
+
+def load_vocab(tokenizer: str = "char", *, max_chars: int | None = None) -> Vocab:
+  """The vocabulary :func:`load_corpus` builds for the same arguments, without tokenizing
+  the corpus (the char vocabulary depends on ``max_chars``; BPE's does not).
+
+  Example:
+    >>> v = load_vocab("char"); v.decode(v.encode("Romeo"))
+    'Romeo'
+  """
+  _check(tokenizer, max_chars)
+  if tokenizer == "bpe":
+    return Vocab("bpe", _bpe().get_vocab_size())
+  itos = sorted(set(shakespeare_text()[:max_chars]))
+  return Vocab("char", len(itos), itos)
 
 
 def load_corpus(tokenizer: str = "char", *, max_chars: int | None = None) -> Corpus:
@@ -110,11 +167,7 @@ def load_corpus(tokenizer: str = "char", *, max_chars: int | None = None) -> Cor
   Returns:
     A :class:`Corpus`.
   """
-  if tokenizer not in TOKENIZERS:
-    raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
-  if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int)
-                                or max_chars < 1):
-    raise ValueError(f"max_chars must be None or an int >= 1, got {max_chars!r}")
+  _check(tokenizer, max_chars)
   text = shakespeare_text()[:max_chars]
   if tokenizer == "char":
     itos = sorted(set(text))
@@ -122,9 +175,7 @@ def load_corpus(tokenizer: str = "char", *, max_chars: int | None = None) -> Cor
     ids = np.fromiter((stoi[c] for c in text), np.int32, len(text))
     vocab, itos_out = len(itos), itos
   else:
-    from tokenizers import ByteLevelBPETokenizer
-    enc, merges = bpe_files()
-    tok = ByteLevelBPETokenizer(str(enc), str(merges))
+    tok = _bpe()
     ids = np.asarray(tok.encode(text).ids, np.int32)
     vocab, itos_out = tok.get_vocab_size(), None
   cut = int(0.9 * len(ids))

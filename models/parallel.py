@@ -550,6 +550,25 @@ class Parallel3D:
     batch = self.batch_sharding()
     return jax.jit(f)(params, jax.device_put(tokens, batch), jax.device_put(targets, batch))
 
+  def logits_fn(self) -> Callable[[dict, jax.Array], jax.Array]:
+    """A jitted ``logits(params, tokens)``: the whole model's float32 logits [batch, seq,
+    vocab] computed on the mesh (one micro-batch through the pipeline), replicated on every
+    device. ``tokens`` are replicated too, so any batch size works on any 'data' size.
+
+    Example:
+      >>> logits = Parallel3D(model, mesh).logits_fn()(params, tokens)
+    """
+    def local(params, tokens):
+      model, n_pipe = self._stage(params), self.sizes["pipe"]
+      y = pipeline.gpipe(lambda h: model.run_blocks(h, self._comm()), model.embed(tokens)[None],
+                         axis_name="pipe", n_stages=n_pipe,
+                         permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm))[0]
+      out = jnp.where(pipeline.is_last_stage("pipe", n_pipe), model.head(y), 0.0)
+      # Only the last stage holds real logits; the others add exact zeros.
+      return self.coll.all_reduce(out, "pipe", exact=True) if n_pipe > 1 else out
+
+    return jax.jit(self._shard_map(local, (self.specs, P()), P()))
+
   # -- training -----------------------------------------------------------------------------
   def _global_norm(self, grads: dict, axes: tuple[str, ...] = ("tensor", "pipe")) -> jax.Array:
     """The gradient norm over all shards: each device adds its share, divided by replication

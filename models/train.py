@@ -11,7 +11,9 @@ Every flag and the policy are checked before anything is loaded or compiled: a b
 with ``error: --flag ...`` (status 2), a bad policy file names its table and key.
 
 Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation, and
-one "wire" record), loss.png, summary.json and orbax checkpoints under ckpt/. ``--resume``
+one "wire" record), loss.png, summary.json, config.json (the flags that rebuild the model, for
+``python -m models.sample``) and orbax checkpoints under ckpt/; the final loss line is
+followed by a short sample of the trained model (fixed prompt, seed and temperature). ``--resume``
 continues from the newest checkpoint that restores; damaged newer ones are named, skipped and
 moved to ckpt-skipped/, and a torn last line of metrics.jsonl is dropped. Bytes on the
 wire per step and device, by mesh axis, are measured on the compiled train step with
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--size", choices=tuple(presets.GPT), default="small")
   p.add_argument("--mesh", default="2,2,2", help="data,tensor,pipe sizes (default 2,2,2)")
   p.add_argument("--policy", default="coccl",
-                 help="a TOML file, or a name under models/configs (exact, coccl, int8)")
+                 help="a TOML file, or a name under models/configs (exact, coccl, int8, lean)")
   p.add_argument("--compress", action="append", default=[], metavar="AXIS.OP=SPEC",
                  help="override one policy entry, e.g. data.all_reduce=int4 (repeatable)")
   p.add_argument("--zero", action="store_true",
@@ -105,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--no-hlo-wire", action="store_true",
                  help="skip measuring bytes on the wire (saves two compiles; none are reported)")
   p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--sample-tokens", type=int, default=48,
+                 help="length of the sample printed after the final loss (0: none; more: "
+                      "python -m models.sample)")
   return p
 
 
@@ -124,7 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # Flags (by dest) and their smallest accepted value.
 _AT_LEAST = {"steps": 0, "batch": 1, "seq_len": 1, "micro": 1, "warmup": 0, "eval_every": 1,
-             "eval_batches": 1, "ckpt_every": 1, "log_every": 1, "seed": 0}
+             "eval_batches": 1, "ckpt_every": 1, "log_every": 1, "seed": 0,
+             "sample_tokens": 0}
 
 
 def _flag(dest: str) -> str:
@@ -569,6 +575,8 @@ def main(argv: list[str] | None = None) -> dict:
                          if policy.zero("data") else {})
   exact = None if args.no_hlo_wire else parallel.Parallel3D(model, mesh, ref, n_micro=args.micro)
   args.out.mkdir(parents=True, exist_ok=True)
+  if lead():
+    write_config(args)
   mngr = _checkpointer(args.out)
   metrics_path = args.out / "metrics.jsonl"
   if args.resume:
@@ -583,6 +591,18 @@ def main(argv: list[str] | None = None) -> dict:
     return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
   except jax.errors.JaxRuntimeError as e:
     _lost_peer(e)
+
+
+# The flags recorded in config.json: what rebuilds the model and its data (models.sample).
+CONFIG_FLAGS = ("model", "size", "tokenizer", "max_chars", "seq_len", "mesh", "policy",
+                "compress", "zero", "steps", "batch", "micro", "lr", "seed")
+
+
+def write_config(args: argparse.Namespace) -> None:
+  """``out/config.json``: the run's flags that name its model, vocabulary and training."""
+  cfg = {k: getattr(args, k) for k in CONFIG_FLAGS}
+  cfg["policy_path"] = str(args.policy_path) if getattr(args, "policy_path", None) else None
+  (args.out / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
 def _start_metrics(path: pathlib.Path, resumed_at: int | None) -> list[dict]:
@@ -669,7 +689,7 @@ def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, pol
         save(mngr, state)
   bar.close()
   tps = tokens_per_step * n_steady / t_steady if n_steady else None
-  return _finish(args, state, records, wire or NO_WIRE, tps, start_step)
+  return _finish(args, state, records, wire or NO_WIRE, tps, start_step, corpus)
 
 
 def print_wire(wire: dict) -> None:
@@ -699,7 +719,27 @@ def _num(v: float | None) -> str:
   return "n/a" if v is None else f"{v:.4f}"
 
 
-def _finish(args, state, records, wire, tps, start_step) -> dict:
+# The end-of-run sample: a fixed prompt, seed and temperature, so that runs under different
+# policies can be read side by side (greedy decoding of small char models mostly loops).
+SAMPLE_TEMPERATURE, SAMPLE_SEED = 0.8, 0
+
+
+def final_sample(args: argparse.Namespace, params: dict, corpus: data.Corpus) -> str:
+  """A short continuation of a fixed prompt by the trained parameters (one device, fixed
+  seed and temperature :data:`SAMPLE_TEMPERATURE`)."""
+  from models import sample
+  try:
+    prompt = corpus.encode(sample.DEFAULT_PROMPT)
+  except ValueError:  # a --max-chars corpus too short to hold the prompt's characters
+    prompt = corpus.val[:8]
+  model = build_model(args, corpus.vocab_size)
+  fwd = sample.single_device_forward(model, sample.host_params(params))
+  s = sample.generate(fwd, prompt, length=args.sample_tokens, context=args.seq_len,
+                      temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED)
+  return corpus.decode(prompt) + corpus.decode(s.tokens)
+
+
+def _finish(args, state, records, wire, tps, start_step, corpus) -> dict:
   if not lead():
     return {"steps": state.step, "resumed_from": start_step if args.resume else None,
             "wire": wire, "tokens_per_s": tps}
@@ -709,7 +749,10 @@ def _finish(args, state, records, wire, tps, start_step) -> dict:
   summary = {"steps": state.step, "resumed_from": start_step if args.resume else None,
              "loss_start": losses[0] if losses else None,
              "loss_end": losses[-1] if losses else None,
-             "val_loss_end": vals[-1] if vals else None, "tokens_per_s": tps, "wire": wire}
+             "val_loss_end": vals[-1] if vals else None, "tokens_per_s": tps, "wire": wire,
+             "sample": None}
+  if args.sample_tokens and state.step > start_step:
+    summary["sample"] = final_sample(args, state.params, corpus)
   (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
   if state.step == start_step:
     print(f"\nno steps run: at step {state.step}, --steps {args.steps}")
@@ -718,8 +761,12 @@ def _finish(args, state, records, wire, tps, start_step) -> dict:
           + (f" (val {vals[-1]:.4f})" if vals else "") + f" over steps {start_step}.."
           f"{state.step}, " + (f"{tps:,.0f} tokens/s (steady state)" if tps else
                                 "no steady-state steps timed"))
+    if summary["sample"] is not None:
+      print(f"sample ({args.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}, seed "
+            f"{SAMPLE_SEED}; more: python -m models.sample --out {args.out}):\n  "
+            + summary["sample"].replace("\n", "\n  "))
   print_wire(wire)
-  print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, ckpt/)")
+  print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, config.json, ckpt/)")
   return summary
 
 

@@ -132,7 +132,7 @@ def test_good_policies_load():
   assert "algorithm=two_shot" in p.describe()
 
 
-@pytest.mark.parametrize("name", ["exact", "coccl", "int8"])
+@pytest.mark.parametrize("name", ["exact", "coccl", "int8", "lean"])
 def test_shipped_configs_are_valid(name):
   from models.train import CONFIGS
   Policy.from_toml(str(CONFIGS / f"{name}.toml"), axes=AXES)

@@ -107,6 +107,7 @@ BAD_FLAGS = [
     (["--eval-batches", "0"], "--eval-batches must be >= 1"),
     (["--ckpt-every", "0"], "--ckpt-every must be >= 1"),
     (["--log-every", "0"], "--log-every must be >= 1"),
+    (["--sample-tokens", "-1"], "--sample-tokens must be >= 0"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
     (["--seed", "-1"], "--seed must be >= 0"),
     (["--seed", str(2**32)], "--seed must be < 2..32"),

@@ -137,6 +137,8 @@ def _check_lead_outputs(stdout: str, out) -> None:
   """Process 0 alone reports (one summary line, one wire table); 'data' crosses processes."""
   assert re.findall(r"^\[(\d)\] loss [\d.]+ -> .* over steps 2\.\.6", stdout, re.M) == ["0"]
   assert "over 2 process(es)" in stdout
+  # The end-of-run sample is drawn on process 0 from its own copy of the parameters.
+  assert re.findall(r"^\[(\d)\] sample \(48 tokens", stdout, re.M) == ["0"]
   summary = json.loads((out / "summary.json").read_text())
   assert summary["steps"] == STEPS and summary["resumed_from"] == 2
   assert (out / "loss.png").stat().st_size > 1000
