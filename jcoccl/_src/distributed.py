@@ -18,6 +18,7 @@ Environment (set by ``python -m jcoccl.launch``, or by hand on a cluster):
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import jax
 
@@ -101,6 +102,7 @@ def initialize() -> bool:
     return False
   # Only the CPU client reads this; GPU processes use NCCL through their own plugin.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(**(layout or {}), heartbeat_timeout_seconds=_heartbeat_s())
+  kwargs: dict[str, Any] = dict(layout or {})
+  jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=_heartbeat_s())
   _initialized = True
   return jax.process_count() > 1

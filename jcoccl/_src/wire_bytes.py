@@ -241,7 +241,7 @@ def parse_hlo(text: str, num_devices: int, *, mesh: jax.sharding.Mesh | None = N
     for line in body:
       c = _collective(line, lines, num_devices, matcher)
       if c is not None:
-        times, exact = runs.get(comp, (1, entry is None))
+        times, exact = runs.get(comp or "", (1, entry is None))
         c.update(executions=times, executions_exact=exact)
         c["sent_bytes"] *= times
         out.append(c)

@@ -106,7 +106,7 @@ def _specs(text: str) -> list[str]:
 def _programs(op: str, mesh: Mesh, n: int, kw: dict) -> tuple[Any, Any, float]:
   """(jcoccl program, lax program, nccl-tests busbw factor); input [n, m], one row a rank."""
   import jcoccl
-  spec = dict(mesh=mesh, in_specs=jax.P("r"), out_specs=jax.P("r"))
+  spec: dict[str, Any] = dict(mesh=mesh, in_specs=jax.P("r"), out_specs=jax.P("r"))
   perm = [(i, (i + 1) % n) for i in range(n)]
   bodies = {
       "all_reduce": (lambda v: jcoccl.all_reduce(v, "r", **kw), lambda v: lax.psum(v, "r"),
@@ -287,7 +287,7 @@ def fit_and_report(rows: list[dict[str, Any]], path: str, out: Any = sys.stdout)
     by_case.setdefault((s["compressor"], s["bytes"], s["ranks"], s["ratio"]), {})[
         s["algorithm"]] = s["seconds"]
   for (comp, nbytes, n, ratio), t in sorted(by_case.items(), key=lambda kv: kv[0][:2]):
-    fastest = min(t, key=t.get)
+    fastest = min(t, key=lambda algo: t[algo])
     chosen = model.choose(nbytes, n, ratio)
     print(f"   {comp:>10}  {nbytes:>9d}  {fastest:>16}  {chosen:>13}", file=out)
   return model

@@ -33,7 +33,11 @@ Numerics notes (why the jnp code looks the way it does):
 
 # Family modules register themselves with the spec registry on import; this order is the
 # order in which error messages list their names.
-from jcoccl._src.compressors import identity, intq, fp8, error_bounded, hadamard  # noqa: F401
+from jcoccl._src.compressors import error_bounded as _error_bounded_family  # noqa: F401
+from jcoccl._src.compressors import fp8 as _fp8_family  # noqa: F401
+from jcoccl._src.compressors import hadamard as _hadamard_family  # noqa: F401
+from jcoccl._src.compressors import identity as _identity_family  # noqa: F401
+from jcoccl._src.compressors import intq as _intq_family  # noqa: F401
 from jcoccl._src.compressors._base import Compressor as Compressor
 from jcoccl._src.compressors._base import Payload as Payload
 from jcoccl._src.compressors.error_bounded import ErrorBoundedCompressor as ErrorBoundedCompressor

@@ -56,7 +56,7 @@ class ErrorBoundedCompressor(B.Compressor):
     nb = n // bs
     step = np.float32(2 * self.abs_error)
     xb = B.blocks(x2d, bs)
-    q = jnp.round(B.div(xb, step))
+    q = jnp.round(B.div(xb, jnp.float32(step)))
     # Barrier: q*step is rounded before the subtraction (no fused multiply-subtract).
     xhat = B.barrier(q * step)
     good = (jnp.all(jnp.isfinite(xb), axis=-1) & jnp.all(jnp.abs(q) < QMAX, axis=-1)

@@ -26,6 +26,7 @@ def round_codes(v: jax.Array, key: jax.Array | None, stochastic: bool) -> jax.Ar
   """round-half-even(v), or floor(v + r) with r ~ U[0, 1) of shape [rows, n] (stochastic)."""
   if not stochastic:
     return jnp.round(v)
+  assert key is not None, "stochastic rounding draws from key"  # checked by the callers
   r = jax.random.uniform(key, (v.shape[0], v.shape[1] * v.shape[2]), jnp.float32)
   return jnp.floor(v + r.reshape(v.shape))
 

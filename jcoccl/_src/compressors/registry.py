@@ -100,7 +100,7 @@ def register(family: Family) -> Family:
 
 def family_of(c: Any) -> Family:
   """The family of compressor ``c`` (TypeError if ``c`` is not a registered compressor)."""
-  fam = _FAMILIES.get(getattr(c, "kind", None)) if hasattr(c, "encode_rows") else None
+  fam = _FAMILIES.get(str(getattr(c, "kind", ""))) if hasattr(c, "encode_rows") else None
   if fam is None:
     raise TypeError(f"not a jcoccl Compressor: {type(c).__name__}")
   return fam

@@ -104,7 +104,7 @@ def parse(spec: str) -> Any:
   s = "".join(spec.split()).lower()
   m = _NAME.match(s)
   fam = registry.family_of_name(m.group()) if m else None
-  if fam is None:
+  if m is None or fam is None:
     raise _bad(spec, s.split(":")[0].split("(")[0], ", ".join(registry.spec_names()))
   name, rest = m.group(), s[m.end():]
   inner = None
