@@ -12,7 +12,7 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _common as C
+from jcoccl._src import layout as L
 from jcoccl._src import _ffi
 from jcoccl._src import fused
 
@@ -117,12 +117,12 @@ def test_slices_clamps_to_whole_units(unit):
       continue
     units = -(-length // unit)
     for chunks in (1, 2, 7, 64, 65, 10_000, 2**20):
-      if min(chunks, units) > C.MAX_SLICES:
+      if min(chunks, units) > L.MAX_SLICES:
         with pytest.raises(ValueError, match=r"chunks=\d+ would cut .* at most 64"):
-          C.slices(chunks, length, unit)
+          L.slices(chunks, length, unit)
         continue
-      k = C.slices(chunks, length, unit)
-      assert k == min(chunks, units) and 1 <= k <= C.MAX_SLICES
+      k = L.slices(chunks, length, unit)
+      assert k == min(chunks, units) and 1 <= k <= L.MAX_SLICES
       assert (k - 1) * unit < length  # the last slice holds real data
 
 
@@ -177,7 +177,7 @@ def test_huge_chunks_on_a_small_message_is_clamped(op, backend):
   x = jax.device_put(jax.random.normal(jax.random.key(1), (64, 128), jnp.float32),
                      jax.NamedSharding(mesh, jax.P("x")))
   k = _slices_used(op, comp)
-  assert 1 < k <= C.MAX_SLICES
+  assert 1 < k <= L.MAX_SLICES
   huge, fit = _program(mesh, op, 2**20, backend, comp), _program(mesh, op, k, backend, comp)
   counts = _hlo_counts(huge.lower(x).compile().as_text())
   assert counts == _hlo_counts(fit.lower(x).compile().as_text())

@@ -19,9 +19,9 @@ picks "fused" when it is registered for the op and the check passes, else "xla";
 Implementation signatures (every implementation of an op takes exactly these arguments;
 all arrays are local, per-device values inside ``jax.shard_map``; ``n`` = product of the
 sizes of ``axes``; ``dtype`` is float32, bfloat16 or float16; ``chunks`` is the slice count
-the op module settled on (the user's value clamped by :func:`jcoccl._src._common.slices`);
+the op module settled on (the user's value clamped by :func:`jcoccl._src.layout.slices`);
 every row length is already padded with zeros so that it is a multiple of
-``chunks * granule`` (see :func:`jcoccl._src._common.padded_len`); AD, vmap and
+``chunks * granule`` (see :class:`jcoccl._src.layout.RowLayout`); AD, vmap and
 varying-axes bookkeeping are done by the op module, so implementations need none of them):
 
   all_reduce(x: dtype[M], *, axes, compressor, algorithm, chunks, key) -> dtype[M]

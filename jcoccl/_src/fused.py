@@ -11,8 +11,8 @@ inside a single custom call, over jcoccl's own communicators:
        encode / communicate / decode on three CUDA streams ordered by per-slice events.
 
 Results are bit-identical to backend="xla" for the same compressor, algorithm and chunks,
-because the slicing and padding come from the same canonicalisation
-(:mod:`jcoccl._src._common`) and the codecs are the same native kernels.
+because the slicing and padding come from the same row layout (:mod:`jcoccl._src.layout`)
+and the codecs are the same native kernels.
 
 Lifecycle: :func:`init` creates communicators for every ordered tuple of the mesh's axes
 (nothing is ever created inside a running collective) and registers the backend;
@@ -65,6 +65,7 @@ from jcoccl._src import _backend
 from jcoccl._src import _common as C
 from jcoccl._src import _compat
 from jcoccl._src import _ffi
+from jcoccl._src import layout as L
 
 # algo -> engine::Op name (cuda/engine/engine.h; values from the native module).
 _OP = {"one_shot": "all_reduce_one_shot", "two_shot": "all_reduce_two_shot",
@@ -550,37 +551,41 @@ def _fused_all_reduce(x: jax.Array, *, axes: tuple, compressor: Any, algorithm: 
                       chunks: int, key: Any) -> jax.Array:
   del key  # round-to-nearest only (checked in _codec_attrs)
   axes = tuple(axes)
-  M, k = x.shape[0], chunks
+  k = chunks
+  xs = L.slice_major(x, k)  # [k, w]
+  w = xs.shape[-1]
   if algorithm == "one_shot":
-    out = _fused_call("all_reduce", "one_shot", x.reshape(k, M // k), (k, M // k), axes,
-                      compressor, k, M // k, reduces=True)
+    out = _fused_call("all_reduce", "one_shot", xs, (k, w), axes, compressor, k, w,
+                      reduces=True)
   elif algorithm == "two_shot":
     n = C.group_size(axes)
-    m = M // (k * n)
-    out = _fused_call("all_reduce", "two_shot", x.reshape(k, n, m), (k, n, m), axes,
-                      compressor, k, m, reduces=True)
+    xs = L.rank_rows(xs, n)  # [k, n, w / n]
+    m = xs.shape[-1]
+    out = _fused_call("all_reduce", "two_shot", xs, (k, n, m), axes, compressor, k, m,
+                      reduces=True)
   elif algorithm == "hierarchical":
     if len(axes) < 2:
       raise ValueError("algorithm='hierarchical' needs a tuple of at least two axes")
     outer, inner = compressor
     n = C.group_size(axes[-1:])
-    m = M // (k * n)
-    out = _fused_call("all_reduce", "hierarchical", x.reshape(k, n, m), (k, n, m), axes, inner,
-                      k, m, reduces=True, outer=outer)
+    xs = L.rank_rows(xs, n)
+    m = xs.shape[-1]
+    out = _fused_call("all_reduce", "hierarchical", xs, (k, n, m), axes, inner, k, m,
+                      reduces=True, outer=outer)
   else:
     raise ValueError(f"algorithm must be one_shot, two_shot or hierarchical, got {algorithm!r}")
-  return out.reshape(M)
+  return L.from_slice_major(out.reshape(k, -1))
 
 
 def _fused_reduce_scatter(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
                           key: Any) -> jax.Array:
   del key
-  n, Cn = x.shape
-  k, m = chunks, Cn // chunks
-  xs = x.reshape(n, k, m).transpose(1, 0, 2)
+  k = chunks
+  xs = L.slice_major(x, k)  # [k, n, m]
+  m = xs.shape[-1]
   out = _fused_call("reduce_scatter", "reduce_scatter", xs, (k, m), tuple(axes), compressor,
                     k, m, reduces=False)
-  return out.reshape(Cn)
+  return L.from_slice_major(out)
 
 
 def _fused_all_gather(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
@@ -588,22 +593,23 @@ def _fused_all_gather(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int
   del key
   axes = tuple(axes)
   n = C.group_size(axes)
-  Cn = x.shape[0]
-  k, m = chunks, Cn // chunks
-  out = _fused_call("all_gather", "all_gather", x.reshape(k, m), (k, n, m), axes, compressor,
-                    k, m, reduces=False)
-  return out.transpose(1, 0, 2).reshape(n, Cn)
+  k = chunks
+  xs = L.slice_major(x, k)  # [k, m]
+  m = xs.shape[-1]
+  out = _fused_call("all_gather", "all_gather", xs, (k, n, m), axes, compressor, k, m,
+                    reduces=False)
+  return L.from_slice_major(out)  # [n, k * m]
 
 
 def _fused_all_to_all(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
                       key: Any) -> jax.Array:
   del key
-  n, Cn = x.shape
-  k, m = chunks, Cn // chunks
-  xs = x.reshape(n, k, m).transpose(1, 0, 2)
+  k = chunks
+  xs = L.slice_major(x, k)  # [k, n, m]
+  n, m = xs.shape[1:]
   out = _fused_call("all_to_all", "all_to_all", xs, (k, n, m), tuple(axes), compressor, k, m,
                     reduces=False)
-  return out.transpose(1, 0, 2).reshape(n, Cn)
+  return L.from_slice_major(out)
 
 
 def _fused_ppermute(x: jax.Array, *, axes: tuple, perm: Sequence[tuple[int, int]],
@@ -614,11 +620,12 @@ def _fused_ppermute(x: jax.Array, *, axes: tuple, perm: Sequence[tuple[int, int]
   dst = np.full((n,), -1, np.int32)
   for s, d in perm:
     dst[int(s)] = int(d)
-  Cn = x.shape[0]
-  k, m = chunks, Cn // chunks
-  out = _fused_call("ppermute", "ppermute", x.reshape(k, m), (k, m), axes, compressor, k, m,
+  k = chunks
+  xs = L.slice_major(x, k)  # [k, m]
+  m = xs.shape[-1]
+  out = _fused_call("ppermute", "ppermute", xs, (k, m), axes, compressor, k, m,
                     reduces=False, perm=dst)
-  return out.reshape(Cn)
+  return L.from_slice_major(out)
 
 
 _IMPLS = {"all_reduce": _fused_all_reduce, "reduce_scatter": _fused_reduce_scatter,
