@@ -14,7 +14,8 @@ import jcoccl
 from jcoccl import compressors as jc
 from jcoccl._src import layout as L
 from jcoccl._src import _ffi
-from jcoccl._src import fused
+from jcoccl._src import fused_comms
+from jcoccl._src import fused_ffi
 
 needs_native = pytest.mark.skipif(
     _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built")
@@ -22,9 +23,9 @@ needs_native = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _clean():
-  fused.shutdown()
+  fused_comms.shutdown()
   yield
-  fused.shutdown()
+  fused_comms.shutdown()
 
 
 def _mesh(n):
@@ -49,19 +50,19 @@ def test_invalid_timeout_is_rejected_by_python_and_engine(monkeypatch, value):
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", value)
   msg = "JCOCCL_TIMEOUT_S must be a positive number of seconds"
   with pytest.raises(ValueError, match=msg):
-    fused.timeout_seconds()
+    fused_ffi.timeout_seconds()
   with pytest.raises(ValueError, match=msg):
     _ffi.native_module("cpu").fused_timeout_s()
   with pytest.raises(ValueError, match=msg):
     jcoccl.init(_mesh(2))
-  assert not fused.is_initialized()
+  assert not fused_comms.is_initialized()
 
 
 @needs_native
 @pytest.mark.parametrize("value,seconds", _GOOD_TIMEOUTS, ids=repr)
 def test_valid_timeout_is_parsed_alike_by_python_and_engine(monkeypatch, value, seconds):
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", value)
-  assert fused.timeout_seconds() == seconds
+  assert fused_ffi.timeout_seconds() == seconds
   assert _ffi.native_module("cpu").fused_timeout_s() == seconds
 
 

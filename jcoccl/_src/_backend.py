@@ -7,8 +7,8 @@ calls the implementation registered for the chosen backend. Backends:
   "xla"    codec (jnp or native custom call) + XLA's own collectives; registered by each op
            module of jcoccl/_src; always available.
   "fused"  one custom call per collective, run by jcoccl's engine; registered by
-           jcoccl/_src/fused.py with ``register("fused", op, fn)`` and
-           ``set_fused_check(fn)``.
+           jcoccl/_src/fused_comms.py (at init, the implementations of fused_ops.py) with
+           ``register("fused", op, fn)`` and ``set_fused_check(fn)``.
 
 One predicate, the fused check ``fn(op, axes, **call) -> str | None``, says why the fused
 engine cannot run a call (or None when it can); ``call`` holds what the op module knows at
