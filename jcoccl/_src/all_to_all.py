@@ -138,7 +138,7 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, split_axis: int, concat_axi
     return lax.all_to_all(x, axes, sa + batch, ca + batch, tiled=tiled)
   n = C.group_size(axes)
   shape = x.shape[batch:]
-  block = (shape[sa] // n,) + tuple(s for i, s in enumerate(shape) if i != sa)
+  block = L.row_block(shape, sa, n)
   c = math.prod(block)
   lay = L.RowLayout.of(c, comp.granule, chunks)
   impl = _backend.implementation("all_to_all", backend)

@@ -173,6 +173,17 @@ def flat_row(x: jax.Array) -> jax.Array:
   return x.reshape(-1)
 
 
+def row_block(shape: tuple, dim: int, n: int) -> tuple:
+  """The shape of one destination row's block of a message of ``shape`` split along
+  ``dim`` over ``n`` ranks, with ``dim`` moved first (the layout of :func:`to_rows`).
+
+  Example:
+    >>> row_block((4, 6), 1, 3)
+    (2, 4)
+  """
+  return (shape[dim] // n,) + tuple(s for i, s in enumerate(shape) if i != dim)
+
+
 def to_rows(x: jax.Array, dim: int, n: int) -> tuple[jax.Array, tuple]:
   """A message as ``n`` destination rows, split along ``dim``.
 
@@ -190,9 +201,7 @@ def to_rows(x: jax.Array, dim: int, n: int) -> tuple[jax.Array, tuple]:
     >>> rows.shape, block
     ((3, 8), (2, 4))
   """
-  moved = jnp.moveaxis(x, dim, 0)
-  block = (moved.shape[0] // n,) + moved.shape[1:]
-  return moved.reshape(n, -1), block
+  return jnp.moveaxis(x, dim, 0).reshape(n, -1), row_block(x.shape, dim, n)
 
 
 def from_rows(rows: jax.Array, block: tuple, dim: int) -> jax.Array:

@@ -141,7 +141,7 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: int, til
     return lax.psum_scatter(x, axes, scatter_dimension=dim + batch, tiled=tiled)
   n = C.group_size(axes)
   shape = x.shape[batch:]
-  block = (shape[dim] // n,) + tuple(s for i, s in enumerate(shape) if i != dim)
+  block = L.row_block(shape, dim, n)
   c = math.prod(block)
   lay = L.RowLayout.of(c, comp.granule, chunks)
   impl = _backend.implementation("reduce_scatter", backend)
