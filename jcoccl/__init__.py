@@ -30,8 +30,8 @@ from jcoccl._src.error_feedback import ef_reduce_scatter as ef_reduce_scatter
 from jcoccl._src.wire_bytes import wire_bytes as wire_bytes
 
 # Fused backend: jcoccl's own communicators, one custom call per collective.
-from jcoccl._src.fused import init as init
-from jcoccl._src.fused import shutdown as shutdown
+from jcoccl._src.fused_comms import init as init
+from jcoccl._src.fused_comms import shutdown as shutdown
 
 # Per-axis, per-op compression policy (used by models/ for 3D-parallel training).
 from jcoccl.policy import Policy as Policy

@@ -23,4 +23,4 @@ from jcoccl._src.compressors.native import decode_rows as decode_rows
 from jcoccl._src.compressors.native import decode_sum as decode_sum
 from jcoccl._src.compressors.native import decode_sum_encode as decode_sum_encode
 from jcoccl._src.compressors.native import encode_rows as encode_rows
-from jcoccl._src.fused import engine_call as engine_call
+from jcoccl._src.fused_ffi import engine_call as engine_call

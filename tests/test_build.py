@@ -43,7 +43,7 @@ def test_info_command_line_json():
 
 def test_native_module_exports_the_ffi_enums():
   """Python reads the C++ enum values from the module instead of mirroring them."""
-  from jcoccl._src import fused
+  from jcoccl._src import fused_ffi
   from jcoccl._src.compressors import native
 
   kinds = _ffi.codes("CODEC_KINDS")
@@ -54,7 +54,7 @@ def test_native_module_exports_the_ffi_enums():
   assert native.codec_attrs(jcoccl.compressors.fp8("e5m2"))["fp8"] == _ffi.codes("FP8_FORMATS")["e5m2"]
   ops = _ffi.codes("OPS")
   assert len(set(ops.values())) == len(ops) == 10
-  codes = {fused._op_code(op, algo, None, jnp.float32)
+  codes = {fused_ffi.op_code(op, algo, None, jnp.float32)
            for op, algo in [("all_reduce", "one_shot"), ("all_reduce", "two_shot"),
                             ("all_reduce", "hierarchical"), ("reduce_scatter", "reduce_scatter"),
                             ("all_gather", "all_gather"), ("all_to_all", "all_to_all"),

@@ -17,7 +17,8 @@ from jcoccl import compressors as jc
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
 from jcoccl._src import _ffi
-from jcoccl._src import fused
+from jcoccl._src import fused_comms
+from jcoccl._src import fused_ffi
 
 pytestmark = pytest.mark.skipif(
     _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built")
@@ -28,9 +29,9 @@ _COLLECTIVE_OPS = ("all-gather", "all-reduce", "all-to-all", "collective-permute
 
 @pytest.fixture(autouse=True)
 def _clean():
-  fused.shutdown()
+  fused_comms.shutdown()
   yield
-  fused.shutdown()
+  fused_comms.shutdown()
 
 
 def _mesh(shape, names):
@@ -226,7 +227,7 @@ def test_rendezvous_timeout_fails_instead_of_hanging(monkeypatch):
   devs = jax.devices()[:2]
   mod.fused_host_comm_create(cid, [d.id for d in devs])
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", "0.3")
-  f = jax.jit(lambda v: fused.engine_call("all_reduce", "one_shot", v, v.shape, cid, 2,
+  f = jax.jit(lambda v: fused_ffi.engine_call("all_reduce", "one_shot", v, v.shape, cid, 2,
                                           jc.int8(block_size=32), 1, 32, platform="cpu"))
   x = jax.device_put(jnp.ones((1, 32), jnp.float32), devs[0])
   try:
@@ -244,11 +245,11 @@ def test_init_shutdown_registry():
   mesh = _mesh((2, 4), ("a", "b"))
   mod = _ffi.native_module("cpu")
   jcoccl.init(mesh)
-  assert fused.is_initialized(("a", "b")) and fused.is_initialized(("b",))
+  assert fused_comms.is_initialized(("a", "b")) and fused_comms.is_initialized(("b",))
   # 4 axis tuples: (a), (b), (a, b), (b, a); every device is in one group of each.
   assert len(mod.fused_comm_keys()) == 4 * 8
   jcoccl.shutdown()
-  assert not fused.is_initialized() and mod.fused_comm_keys() == []
+  assert not fused_comms.is_initialized() and mod.fused_comm_keys() == []
 
 
 def test_vmap_and_scan_match_xla():
@@ -306,9 +307,9 @@ def test_identity_codec_engine_matches_lax(dtype):
   n, m = 8, 64
   mesh = _mesh((n,), ("x",))
   jcoccl.init(mesh)
-  cid = fused._state.comms[("x",)]
+  cid = fused_comms._state.comms[("x",)]
   x = _data(mesh, dtype, rows=n, cols=m, nonfinite=True)
-  call = lambda algo, v, shape: fused.engine_call(
+  call = lambda algo, v, shape: fused_ffi.engine_call(
       "all_reduce" if algo == "one_shot" else algo, algo, v, shape, cid, n, None, 1, m,
       platform="cpu")
 
@@ -376,10 +377,10 @@ def test_plain_ops_host_transport(n, k):
   m = 48
   mesh = _mesh((n,), ("x",))
   jcoccl.init(mesh)
-  cid = fused._state.comms[("x",)]
+  cid = fused_comms._state.comms[("x",)]
   xh = _plain_data(n, k, m, seed=n)
   x = jax.device_put(jnp.asarray(xh.reshape(n * k, n, m)), jax.NamedSharding(mesh, jax.P("x")))
-  call = lambda op, v, shape: fused.engine_call(op, "plain", v, shape, cid, n, None, k, m,
+  call = lambda op, v, shape: fused_ffi.engine_call(op, "plain", v, shape, cid, n, None, k, m,
                                                 platform="cpu")
 
   def body(v):
@@ -413,14 +414,14 @@ def test_plain_ops_reject_bad_arguments():
   x = jnp.ones((1, 32), jnp.float32)
   kw = dict(platform="cpu")
   with pytest.raises(ValueError, match="compressor=None"):
-    fused.engine_call("all_reduce", "plain", x, x.shape, 1, 2, jc.int8(block_size=32), 1, 32, **kw)
+    fused_ffi.engine_call("all_reduce", "plain", x, x.shape, 1, 2, jc.int8(block_size=32), 1, 32, **kw)
   with pytest.raises(TypeError, match="float32"):
-    fused.engine_call("all_reduce", "plain", x.astype(jnp.bfloat16), x.shape, 1, 2, None, 1, 32,
+    fused_ffi.engine_call("all_reduce", "plain", x.astype(jnp.bfloat16), x.shape, 1, 2, None, 1, 32,
                       **kw)
   with pytest.raises(ValueError, match="all_reduce, reduce_scatter or all_gather"):
-    fused.engine_call("all_to_all", "plain", x, x.shape, 1, 2, None, 1, 32, **kw)
+    fused_ffi.engine_call("all_to_all", "plain", x, x.shape, 1, 2, None, 1, 32, **kw)
   with pytest.raises(ValueError, match="algo must be"):
-    fused.engine_call("all_reduce", "ring", x, x.shape, 1, 2, None, 1, 32, **kw)
+    fused_ffi.engine_call("all_reduce", "ring", x, x.shape, 1, 2, None, 1, 32, **kw)
 
 
 # ----------------------------------------------------------------------------------------
@@ -645,7 +646,7 @@ def test_unsupported_is_the_one_predicate():
 
   def spy(op, axes, **call):
     seen.append((op, axes, call["compressor"]))
-    return fused.unsupported(op, axes, **call)
+    return fused_comms.unsupported(op, axes, **call)
 
   _backend.set_fused_check(spy)
   x = _data(mesh, jnp.float32, cols=64)

@@ -12,9 +12,10 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _common as C
+from jcoccl._src import layout as L
 from jcoccl._src import _ffi
-from jcoccl._src import fused
+from jcoccl._src import fused_comms
+from jcoccl._src import fused_ffi
 
 needs_native = pytest.mark.skipif(
     _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built")
@@ -22,9 +23,9 @@ needs_native = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _clean():
-  fused.shutdown()
+  fused_comms.shutdown()
   yield
-  fused.shutdown()
+  fused_comms.shutdown()
 
 
 def _mesh(n):
@@ -49,19 +50,19 @@ def test_invalid_timeout_is_rejected_by_python_and_engine(monkeypatch, value):
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", value)
   msg = "JCOCCL_TIMEOUT_S must be a positive number of seconds"
   with pytest.raises(ValueError, match=msg):
-    fused.timeout_seconds()
+    fused_ffi.timeout_seconds()
   with pytest.raises(ValueError, match=msg):
     _ffi.native_module("cpu").fused_timeout_s()
   with pytest.raises(ValueError, match=msg):
     jcoccl.init(_mesh(2))
-  assert not fused.is_initialized()
+  assert not fused_comms.is_initialized()
 
 
 @needs_native
 @pytest.mark.parametrize("value,seconds", _GOOD_TIMEOUTS, ids=repr)
 def test_valid_timeout_is_parsed_alike_by_python_and_engine(monkeypatch, value, seconds):
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", value)
-  assert fused.timeout_seconds() == seconds
+  assert fused_ffi.timeout_seconds() == seconds
   assert _ffi.native_module("cpu").fused_timeout_s() == seconds
 
 
@@ -117,12 +118,12 @@ def test_slices_clamps_to_whole_units(unit):
       continue
     units = -(-length // unit)
     for chunks in (1, 2, 7, 64, 65, 10_000, 2**20):
-      if min(chunks, units) > C.MAX_SLICES:
+      if min(chunks, units) > L.MAX_SLICES:
         with pytest.raises(ValueError, match=r"chunks=\d+ would cut .* at most 64"):
-          C.slices(chunks, length, unit)
+          L.slices(chunks, length, unit)
         continue
-      k = C.slices(chunks, length, unit)
-      assert k == min(chunks, units) and 1 <= k <= C.MAX_SLICES
+      k = L.slices(chunks, length, unit)
+      assert k == min(chunks, units) and 1 <= k <= L.MAX_SLICES
       assert (k - 1) * unit < length  # the last slice holds real data
 
 
@@ -177,7 +178,7 @@ def test_huge_chunks_on_a_small_message_is_clamped(op, backend):
   x = jax.device_put(jax.random.normal(jax.random.key(1), (64, 128), jnp.float32),
                      jax.NamedSharding(mesh, jax.P("x")))
   k = _slices_used(op, comp)
-  assert 1 < k <= C.MAX_SLICES
+  assert 1 < k <= L.MAX_SLICES
   huge, fit = _program(mesh, op, 2**20, backend, comp), _program(mesh, op, k, backend, comp)
   counts = _hlo_counts(huge.lower(x).compile().as_text())
   assert counts == _hlo_counts(fit.lower(x).compile().as_text())

@@ -1,6 +1,6 @@
 // Shared by the CPU and CUDA fused handlers: reads a fused call's attributes.
 //
-// Attributes (Python: jcoccl/_src/fused.py):
+// Attributes (Python: jcoccl/_src/fused_ffi.py):
 //   op: int32 (engine::Op; 7-9 are the plain uncompressed ops), k: int64 slices,
 //   m: int64 row length, comm: int64 id,
 //   outer_comm: int64 id (hierarchical; else -1), perm: int32[size] destination of each

@@ -7,8 +7,8 @@ calls the implementation registered for the chosen backend. Backends:
   "xla"    codec (jnp or native custom call) + XLA's own collectives; registered by each op
            module of jcoccl/_src; always available.
   "fused"  one custom call per collective, run by jcoccl's engine; registered by
-           jcoccl/_src/fused.py with ``register("fused", op, fn)`` and
-           ``set_fused_check(fn)``.
+           jcoccl/_src/fused_comms.py (at init, the implementations of fused_ops.py) with
+           ``register("fused", op, fn)`` and ``set_fused_check(fn)``.
 
 One predicate, the fused check ``fn(op, axes, **call) -> str | None``, says why the fused
 engine cannot run a call (or None when it can); ``call`` holds what the op module knows at
@@ -19,9 +19,9 @@ picks "fused" when it is registered for the op and the check passes, else "xla";
 Implementation signatures (every implementation of an op takes exactly these arguments;
 all arrays are local, per-device values inside ``jax.shard_map``; ``n`` = product of the
 sizes of ``axes``; ``dtype`` is float32, bfloat16 or float16; ``chunks`` is the slice count
-the op module settled on (the user's value clamped by :func:`jcoccl._src._common.slices`);
+the op module settled on (the user's value clamped by :func:`jcoccl._src.layout.slices`);
 every row length is already padded with zeros so that it is a multiple of
-``chunks * granule`` (see :func:`jcoccl._src._common.padded_len`); AD, vmap and
+``chunks * granule`` (see :class:`jcoccl._src.layout.RowLayout`); AD, vmap and
 varying-axes bookkeeping are done by the op module, so implementations need none of them):
 
   all_reduce(x: dtype[M], *, axes, compressor, algorithm, chunks, key) -> dtype[M]

@@ -1,14 +1,13 @@
-"""Shared canonicalisation for the collectives: axes, compressors, padding, chunks, threshold,
-and the all_reduce algorithm cost model.
+"""Shared canonicalisation for the collectives: axes, compressors, chunks, threshold, the
+payload gathers, and the all_reduce algorithm cost model.
 
-The fused backend reuses these helpers so that both backends slice and pad identically.
+How a message becomes padded, sliced rows is :mod:`jcoccl._src.layout`'s.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ from jax import lax
 
 from jcoccl._src import _compat
 from jcoccl._src import cost_model
+from jcoccl._src import layout
 
 # ----------------------------------------------------------------------------------------
 # Threshold: messages (per pytree leaf, local bytes) under it go uncompressed.
@@ -311,80 +311,14 @@ def canonical_args(axis_name: Any, compressor: Any, grad_compressor: Any, chunks
 
 def check_chunks(chunks: Any) -> int:
   """Checks that ``chunks`` is a positive int (its upper limit depends on the message:
-  see :func:`slices`)."""
+  see :func:`jcoccl._src.layout.slices`)."""
   if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
     raise ValueError(f"chunks must be a positive int, got {chunks!r}")
   return chunks
 
 
-# Each slice is its own encode -> collective -> decode in the compiled program (unrolled on
-# the xla backend, one engine round per slice on the fused one), so compile time and launch
-# overhead grow linearly with the slice count, while the overlap it buys saturates after a
-# few slices (COCCL pipelines 1 to 16 deep). 64 leaves room above that.
-MAX_SLICES = 64
-
-
-def slices(chunks: int, length: int, unit: int) -> int:
-  """The number of slices a message is cut into for ``chunks``.
-
-  A slice holds at least one ``unit`` (the granule, times the group size where the
-  algorithm splits a slice over ranks), so ``chunks`` is clamped to the number of units
-  the ``length``-element message holds. Slices are cut at unit boundaries and processed
-  independently, so the result has the same bits as with that smaller ``chunks``.
-
-  Args:
-    chunks: the requested slice count (positive int, see :func:`check_chunks`).
-    length: message length in elements.
-    unit: elements of the smallest slice.
-
-  Returns:
-    min(chunks, ceil(length / unit)), at least 1.
-
-  Raises:
-    ValueError: more than :data:`MAX_SLICES` slices would be used.
-
-  Example:
-    >>> slices(2**20, 1024, 32), slices(4, 1024, 32)
-    (32, 4)
-  """
-  k = min(chunks, max(1, -(-length // unit)))
-  if k > MAX_SLICES:
-    raise ValueError(
-        f"chunks={chunks} would cut this message of {length} elements into {k} slices; at "
-        f"most {MAX_SLICES} are supported (each slice is unrolled into the compiled "
-        f"program): pass chunks <= {MAX_SLICES}")
-  return k
-
-
 # ----------------------------------------------------------------------------------------
-# Padding and chunking.
-
-def padded_len(length: int, multiple: int) -> int:
-  """``length`` rounded up to a positive multiple of ``multiple``."""
-  return max(1, -(-length // multiple)) * multiple
-
-
-def pad_last(x: jax.Array, size: int) -> jax.Array:
-  """Zero-pads the last axis of ``x`` to ``size``."""
-  extra = size - x.shape[-1]
-  if extra == 0:
-    return x
-  widths = [(0, 0)] * (x.ndim - 1) + [(0, extra)]
-  return jnp.pad(x, widths)
-
-
-def chunked(fn: Callable[[jax.Array, int], jax.Array], x: jax.Array, chunks: int) -> jax.Array:
-  """Applies ``fn(slice, index)`` to ``chunks`` equal slices of x's last axis; concatenates.
-
-  Each slice runs its own encode -> collective -> decode, so XLA can overlap one slice's
-  communication with another's codec work.
-  """
-  if chunks == 1:
-    return fn(x, 0)
-  width = x.shape[-1] // chunks
-  outs = [fn(x[..., i * width:(i + 1) * width], i) for i in range(chunks)]
-  return jnp.concatenate(outs, axis=-1)
-
+# Per-slice keys.
 
 def rank_key(key: Any, axes: Sequence[str], chunk: int) -> Any:
   """A per-rank, per-chunk PRNG key (None stays None)."""
@@ -392,13 +326,6 @@ def rank_key(key: Any, axes: Sequence[str], chunk: int) -> Any:
     return None
   idx = lax.axis_index(tuple(axes))
   return jax.random.fold_in(jax.random.fold_in(key, idx), chunk)
-
-
-def lcm(*values: int) -> int:
-  out = 1
-  for v in values:
-    out = out * v // math.gcd(out, v)
-  return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -417,5 +344,5 @@ def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
 
 def compression_ratio(compressor: Any, n: int, dtype: Any) -> float:
   """payload_nbytes / raw bytes for a row of ``n`` elements (granule-padded)."""
-  n = padded_len(n, compressor.granule)
+  n = layout.padded_len(n, compressor.granule)
   return compressor.payload_nbytes(n, dtype) / (n * jnp.dtype(dtype).itemsize)

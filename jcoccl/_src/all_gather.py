@@ -11,6 +11,7 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 
 SAME = C.SAME
@@ -98,7 +99,7 @@ def gather_leaf(x: jax.Array, key: Any, *, axes: tuple, axis: Any, tiled: bool,
   name = "xla" if c is None else _backend.resolve("all_gather", backend, axes, compressor=c,
                                                   dtype=x.dtype)[0]
   if c is not None:  # fail at trace time, not at lowering
-    C.slices(chunks, x.size, c.granule)
+    L.slices(chunks, x.size, c.granule)
   x = C.ensure_varying(x, axes)
   return P.bind("all_gather", x, key, axes=axes, axis=axis, tiled=tiled, to=to,
                 compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
@@ -119,19 +120,18 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, axis: int, tiled: bool, to:
     return lax.all_gather(x, axes, axis=axis + batch, tiled=tiled, to=to)
   # to="invarying" lowers as "varying": the bytes are the same on every rank either way.
   n = C.group_size(axes)
-  lead, shape = x.shape[:batch], x.shape[batch:]
+  shape = x.shape[batch:]
   m = math.prod(shape)
-  g = comp.granule
-  k = C.slices(chunks, m, g)
-  rows = P.rows_in(lambda v: C.pad_last(v.reshape(-1), C.padded_len(m, k * g)), x, batch)
+  lay = L.RowLayout.of(m, comp.granule, chunks)
   impl = _backend.implementation("all_gather", backend)
-  got = impl(P.interleave(rows, k), axes=axes, compressor=comp, chunks=k, key=key)
 
   def post(r: jax.Array) -> jax.Array:
-    stacked = r[:, :m].reshape((n,) + shape)  # [n, *shape], rank order
+    stacked = r.reshape((n,) + shape)  # [n, *shape], rank order
     return arrange(stacked, axis, tiled)
 
-  return P.rows_out(post, P.deinterleave(got, rows.shape[0], k), lead)
+  return L.run_batched(
+      lay, L.flat_row, x, batch,
+      lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key), post)
 
 
 def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
@@ -184,7 +184,7 @@ def gather_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int, key: An
     return C.gather_decode(compressor, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=False,
                            invariant=invariant)
 
-  return C.chunked(one, x, chunks)
+  return L.chunked(one, x, chunks)
 
 
 def _xla_all_gather(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,

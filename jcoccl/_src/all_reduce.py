@@ -13,6 +13,7 @@ from jax import lax
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
 from jcoccl._src import _compat
+from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 from jcoccl._src import all_gather as _ag
 from jcoccl._src import reduce_scatter as _rs
@@ -155,18 +156,17 @@ def slice_unit(comp: Any, algorithm: str, axes: tuple) -> int:
   """Elements of the smallest slice: the granule, times the ranks a slice is split over."""
   if algorithm == "hierarchical":
     levels = comp if isinstance(comp, tuple) else (comp, comp)
-    g = C.lcm(*(1 if c is None else c.granule for c in levels))
+    g = L.lcm(*(1 if c is None else c.granule for c in levels))
     return C.group_size(axes[-1:]) * g
   if algorithm == "two_shot":
     return C.group_size(axes) * comp.granule
   return comp.granule
 
 
-def padded_size(m: int, comp: Any, algorithm: str, axes: tuple, chunks: int) -> int:
-  """The padded message length the backend sees: a multiple of (slices x slice unit),
-  with ``chunks`` clamped as in :func:`jcoccl._src._common.slices`."""
-  unit = slice_unit(comp, algorithm, axes)
-  return C.padded_len(m, C.slices(chunks, m, unit) * unit)
+def row_layout(m: int, comp: Any, algorithm: str, axes: tuple, chunks: int) -> L.RowLayout:
+  """The layout of an ``m``-element message's row: padded to a multiple of (slices x
+  slice unit), with ``chunks`` clamped as in :func:`jcoccl._src.layout.slices`."""
+  return L.RowLayout.of(m, slice_unit(comp, algorithm, axes), chunks)
 
 
 def reduce_leaf(x: jax.Array, key: Any, *, axes: tuple, compressor: Any,
@@ -194,7 +194,7 @@ def reduce_leaf(x: jax.Array, key: Any, *, axes: tuple, compressor: Any,
   name = "xla" if c is None else _backend.resolve(
       "all_reduce", backend, axes, compressor=c, dtype=x.dtype, algorithm=algo)[0]
   if c is not None:  # fail at trace time, not at lowering
-    C.slices(chunks, x.size, slice_unit(c, algo, axes))
+    L.slices(chunks, x.size, slice_unit(c, algo, axes))
   x = C.ensure_varying(x, axes)
   return P.bind("all_reduce", x, key, axes=axes, compressor=P.spec_of(c),
                 grad_compressor=P.spec_of(gc), algorithm=algo, backend=name,
@@ -208,16 +208,15 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, compressor: Any, algorithm:
     return lax.psum(x, axes)
   if set(axes) & _compat.unreduced_axes(x):
     x = _compat.unreduced_as_varying(x, axes)  # each device's partial is one operand
-  lead, shape = x.shape[:batch], x.shape[batch:]
+  shape = x.shape[batch:]
   m = math.prod(shape)
-  unit = slice_unit(comp, algorithm, axes)
-  k = C.slices(chunks, m, unit)
-  rows = P.rows_in(lambda v: C.pad_last(v.reshape(-1), C.padded_len(m, k * unit)), x, batch)
+  lay = row_layout(m, comp, algorithm, axes, chunks)
   impl = _backend.implementation("all_reduce", backend)
-  out = impl(P.interleave(rows, k), axes=axes, compressor=comp, algorithm=algorithm,
-             chunks=k, key=key)
-  return P.rows_out(lambda r: r[:m].reshape(shape), P.deinterleave(out, rows.shape[0], k),
-                    lead)
+  return L.run_batched(
+      lay, L.flat_row, x, batch,
+      lambda r: impl(r, axes=axes, compressor=comp, algorithm=algorithm, chunks=lay.slices,
+                     key=key),
+      lambda r: r.reshape(shape))
 
 
 def _grad_args(params: dict) -> dict:
@@ -251,24 +250,23 @@ def _one_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
 def _two_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   n = C.group_size(axes)
   width = xs.shape[-1] // n
-  buf = C.encode_rows(comp, xs.reshape(n, width), key=key)
+  buf = C.encode_rows(comp, L.rank_rows(xs, n), key=key)
   got = lax.all_to_all(buf, axes, 0, 0, tiled=True)
   shard = C.decode_sum_encode(comp, got, width, xs.dtype)  # second quantization
-  return C.gather_decode(comp, shard, axes, width, xs.dtype, sum_rows=False,
-                         invariant=True).reshape(-1)
+  return L.flat_row(C.gather_decode(comp, shard, axes, width, xs.dtype, sum_rows=False,
+                                   invariant=True))
 
 
 def _hierarchical(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   outer, inner = axes[:-1], axes[-1:]
   c_out, c_in = comp
   n_in = C.group_size(inner)
-  width = xs.shape[-1] // n_in
   # Distinct stochastic-rounding streams per rank and per stage.
   key_in = C.rank_key(key, outer, 1)
   key_out = None if key is None else C.rank_key(C.rank_key(key, inner, 2), outer, 0)
-  shard = _rs.scatter_rows(xs.reshape(n_in, width), inner, c_in, 1, key_in)
+  shard = _rs.scatter_rows(L.rank_rows(xs, n_in), inner, c_in, 1, key_in)
   shard = _one_shot(shard, outer, c_out, key_out)
-  return _ag.gather_rows(shard, inner, c_in, 1, None, invariant=True).reshape(-1)
+  return L.flat_row(_ag.gather_rows(shard, inner, c_in, 1, None, invariant=True))
 
 
 _ALGOS = {"one_shot": _one_shot, "two_shot": _two_shot, "hierarchical": _hierarchical}
@@ -283,7 +281,7 @@ def _xla_all_reduce(x: jax.Array, *, axes: tuple, compressor: Any, algorithm: st
         None if key is None else jax.random.fold_in(key, i))
     return run(xs, axes, compressor, k)
 
-  return C.chunked(one, x, chunks)
+  return L.chunked(one, x, chunks)
 
 
 _backend.register("xla", "all_reduce", _xla_all_reduce)

@@ -12,6 +12,7 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 
 
@@ -109,7 +110,7 @@ def a2a_leaf(x: jax.Array, key: Any, *, axes: tuple, split_axis: Any, concat_axi
   name = "xla" if c is None else _backend.resolve("all_to_all", backend, axes, compressor=c,
                                                   dtype=x.dtype)[0]
   if c is not None:  # fail at trace time, not at lowering
-    C.slices(chunks, x.size // n, c.granule)
+    L.slices(chunks, x.size // n, c.granule)
   x = C.ensure_varying(x, axes)
   return P.bind("all_to_all", x, key, axes=axes, split_axis=sa, concat_axis=ca, tiled=tiled,
                 compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
@@ -136,26 +137,23 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, split_axis: int, concat_axi
   if comp is None:
     return lax.all_to_all(x, axes, sa + batch, ca + batch, tiled=tiled)
   n = C.group_size(axes)
-  lead, shape = x.shape[:batch], x.shape[batch:]
-  block = (shape[sa] // n,) + tuple(s for i, s in enumerate(shape) if i != sa)
+  shape = x.shape[batch:]
+  block = L.row_block(shape, sa, n)
   c = math.prod(block)
-  g = comp.granule
-  k = C.slices(chunks, c, g)
-  rows = P.rows_in(
-      lambda v: C.pad_last(jnp.moveaxis(v, sa, 0).reshape(n, -1), C.padded_len(c, k * g)),
-      x, batch)
+  lay = L.RowLayout.of(c, comp.granule, chunks)
   impl = _backend.implementation("all_to_all", backend)
-  got = impl(P.interleave(rows, k), axes=axes, compressor=comp, chunks=k, key=key)
 
   def post(r: jax.Array) -> jax.Array:
-    blocks = jnp.moveaxis(r[:, :c].reshape((n,) + block), 1, sa + 1)  # [n, *x block]
+    blocks = L.from_rows(r, block, sa)  # [n, *x block]
     if not tiled:
       return jnp.moveaxis(jnp.squeeze(blocks, sa + 1), 0, ca)
     bshape = blocks.shape[1:]
     return jnp.moveaxis(blocks, 0, ca).reshape(
         bshape[:ca] + (n * bshape[ca],) + bshape[ca + 1:])
 
-  return P.rows_out(post, P.deinterleave(got, rows.shape[0], k), lead)
+  return L.run_batched(
+      lay, lambda v: L.to_rows(v, sa, n)[0], x, batch,
+      lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key), post)
 
 
 def _grad_args(params: dict, swap: bool) -> dict:
@@ -186,7 +184,7 @@ def _xla_all_to_all(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
     got = lax.all_to_all(buf, axes, 0, 0, tiled=True)
     return C.decode_rows(compressor, got, xs.shape[-1], xs.dtype)
 
-  return C.chunked(one, x, chunks)
+  return L.chunked(one, x, chunks)
 
 
 _backend.register("xla", "all_to_all", _xla_all_to_all)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from jcoccl._src import _common as C
 from jcoccl._src import all_reduce as _ar
+from jcoccl._src import layout as L
 from jcoccl._src import reduce_scatter as _rs
 
 
@@ -39,22 +40,22 @@ class ErrorFeedback(NamedTuple):
   compensate: Any
 
 
-def _roundtrip_flat(y: jax.Array, comp: Any, multiple: int) -> jax.Array:
-  """decode(encode(y)) with the flat layout of all_reduce (blocks from element 0)."""
-  m = y.size
-  flat = C.pad_last(y.reshape(1, -1), C.padded_len(m, multiple))
-  back = comp.decode_rows(comp.encode_rows(flat), flat.shape[-1], y.dtype)
-  return back[0, :m].reshape(y.shape)
+def _roundtrip(rows: jax.Array, comp: Any, lay: L.RowLayout) -> jax.Array:
+  """decode(encode(rows)) with the padding of ``lay`` (blocks from element 0 of each row)."""
+  padded = lay.pad(rows)
+  return lay.unpad(comp.decode_rows(comp.encode_rows(padded), lay.padded, rows.dtype))
+
+
+def _roundtrip_flat(y: jax.Array, comp: Any, lay: L.RowLayout) -> jax.Array:
+  """decode(encode(y)) with the flat layout of all_reduce."""
+  return _roundtrip(L.flat_row(y)[None], comp, lay)[0].reshape(y.shape)
 
 
 def _roundtrip_rows(y: jax.Array, comp: Any, dim: int, n: int, chunks: int) -> jax.Array:
-  """decode(encode(y)) with reduce_scatter's per-destination rows."""
-  rows, _ = _rs.to_rows(y, dim, n)
-  c = rows.shape[1]
-  padded = C.pad_last(rows, C.padded_len(c, chunks * comp.granule))
-  back = comp.decode_rows(comp.encode_rows(padded), padded.shape[-1], y.dtype)[:, :c]
-  moved_shape = jnp.moveaxis(y, dim, 0).shape
-  return jnp.moveaxis(back.reshape(moved_shape), 0, dim)
+  """decode(encode(y)) with reduce_scatter's per-destination rows (and its slicing)."""
+  rows, block = L.to_rows(y, dim, n)
+  back = _roundtrip(rows, comp, L.RowLayout.of(rows.shape[1], comp.granule, chunks))
+  return jnp.moveaxis(back.reshape((n * block[0],) + tuple(block[1:])), 0, dim)
 
 
 def error_feedback(compressor: Any) -> ErrorFeedback:
@@ -109,7 +110,7 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
       if algo == "hierarchical":
         raise ValueError("error_feedback.all_reduce supports one_shot and two_shot, not "
                          "hierarchical")
-      return _roundtrip_flat(y, c, _ar.padded_size(y.size, c, algo, axes, chunks))
+      return _roundtrip_flat(y, c, _ar.row_layout(y.size, c, algo, axes, chunks))
 
     ys, new_state = compensate(grads, state, roundtrip)
     out = _ar.all_reduce(ys, axis_name, compressor=comp, algorithm=algorithm,

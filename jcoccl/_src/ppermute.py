@@ -11,6 +11,7 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 
 
@@ -92,7 +93,7 @@ def permute_leaf(x: jax.Array, key: Any, *, axes: tuple, perm: tuple, compressor
   name = "xla" if c is None else _backend.resolve("ppermute", backend, axes, compressor=c,
                                                   dtype=x.dtype)[0]
   if c is not None:  # fail at trace time, not at lowering
-    C.slices(chunks, x.size, c.granule)
+    L.slices(chunks, x.size, c.granule)
   x = C.ensure_varying(x, axes)
   return P.bind("ppermute", x, key, axes=axes, perm=perm, compressor=P.spec_of(c),
                 grad_compressor=P.spec_of(gc), backend=name, backend_arg=backend,
@@ -104,15 +105,14 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, perm: tuple, compressor: An
   comp = P.load(compressor)
   if comp is None:
     return lax.ppermute(x, axes, perm)
-  lead, shape = x.shape[:batch], x.shape[batch:]
+  shape = x.shape[batch:]
   m = math.prod(shape)
-  g = comp.granule
-  k = C.slices(chunks, m, g)
-  rows = P.rows_in(lambda v: C.pad_last(v.reshape(-1), C.padded_len(m, k * g)), x, batch)
+  lay = L.RowLayout.of(m, comp.granule, chunks)
   impl = _backend.implementation("ppermute", backend)
-  got = impl(P.interleave(rows, k), axes=axes, perm=perm, compressor=comp, chunks=k, key=key)
-  return P.rows_out(lambda r: r[:m].reshape(shape), P.deinterleave(got, rows.shape[0], k),
-                    lead)
+  return L.run_batched(
+      lay, L.flat_row, x, batch,
+      lambda r: impl(r, axes=axes, perm=perm, compressor=comp, chunks=lay.slices, key=key),
+      lambda r: r.reshape(shape))
 
 
 def _grad_args(params: dict, invert: bool) -> dict:
@@ -153,7 +153,7 @@ def _xla_ppermute(x: jax.Array, *, axes: tuple, perm: tuple, compressor: Any, ch
     return jnp.where(receives, C.decode_rows(compressor, got, xs.shape[-1], xs.dtype)[0],
                      jnp.zeros((), xs.dtype))
 
-  return C.chunked(one, x, chunks)
+  return L.chunked(one, x, chunks)
 
 
 _backend.register("xla", "ppermute", _xla_ppermute)

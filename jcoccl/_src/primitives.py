@@ -16,7 +16,8 @@ Each op module (all_reduce.py, all_gather.py, ...) describes its collective with
     broadcast of the invariant cotangent (no communication).
   batching: the mapped axis becomes more rows of the backend's row API (every row is
     padded to whole codec blocks and slices, so each batch element is encoded, sent and
-    decoded exactly as on its own: ``vmap(f)(x)[i]`` is bitwise ``f(x[i])``). Calls with
+    decoded exactly as on its own: ``vmap(f)(x)[i]`` is bitwise ``f(x[i])``; the rows are
+    :mod:`jcoccl._src.layout`'s :func:`~jcoccl._src.layout.run_batched`). Calls with
     a PRNG key are unrolled per batch element instead (their random streams are drawn per
     call).
 
@@ -221,47 +222,3 @@ def register(o: Op) -> None:
     raise ValueError(f"op must be one of {tuple(DUALS)}, got {o.name!r}")
   _OPS[o.name] = o
   _PRIMS[o.name] = _make(o)
-
-
-# ----------------------------------------------------------------------------------------
-# Row layout of a batch: B padded messages -> the backend's rows.
-
-def interleave(rows: jax.Array, k: int) -> jax.Array:
-  """``[B, *mid, L]`` -> ``[*mid, k * B * (L / k)]``: slice i of every message, then i+1.
-
-  Each backend slice then holds slice i of each message, whole codec blocks each, so each
-  message is encoded, sent and decoded as on its own. B == 1 is a plain reshape.
-  """
-  b, mid, length = rows.shape[0], rows.shape[1:-1], rows.shape[-1]
-  if b == 1:
-    return rows.reshape(mid + (length,))
-  w = length // k
-  out = jnp.moveaxis(rows.reshape((b,) + mid + (k, w)), 0, -2)
-  return out.reshape(mid + (k * b * w,))
-
-
-def deinterleave(out: jax.Array, b: int, k: int) -> jax.Array:
-  """Inverse of :func:`interleave`: ``[*mid, k * B * w]`` -> ``[B, *mid, k * w]``."""
-  mid, total = out.shape[:-1], out.shape[-1]
-  if b == 1:
-    return out.reshape((1,) + mid + (total,))
-  w = total // (k * b)
-  y = jnp.moveaxis(out.reshape(mid + (k, b, w)), -2, 0)
-  return y.reshape((b,) + mid + (k * w,))
-
-
-def rows_in(pre: Callable, x: jax.Array, nb: int) -> jax.Array:
-  """``pre`` (one message -> its padded rows) applied to each of the ``nb``-dim batch of
-  ``x``: ``[B, *rows]`` (B = 1 without batch axes)."""
-  if nb == 0:
-    return pre(x)[None]
-  return jax.vmap(pre)(x.reshape((-1,) + x.shape[nb:]))
-
-
-def rows_out(post: Callable, y: jax.Array, lead: tuple) -> jax.Array:
-  """``post`` (one message's rows -> its result) applied to each of ``y``'s B messages,
-  reshaped to the batch axes ``lead``."""
-  if not lead:
-    return post(y[0])
-  out = jax.vmap(post)(y)
-  return out.reshape(tuple(lead) + out.shape[1:])

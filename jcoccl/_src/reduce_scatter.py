@@ -12,6 +12,7 @@ from jax import lax
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
+from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 
 
@@ -111,23 +112,17 @@ def scatter_leaf(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: Any,
   name = "xla" if c is None else _backend.resolve("reduce_scatter", backend, axes,
                                                   compressor=c, dtype=x.dtype)[0]
   if c is not None:  # fail at trace time, not at lowering
-    C.slices(chunks, x.size // n, c.granule)
+    L.slices(chunks, x.size // n, c.granule)
   x = C.ensure_varying(x, axes)
   return P.bind("reduce_scatter", x, key, axes=axes, scatter_dimension=dim, tiled=tiled,
                 compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
                 backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
 
 
-def to_rows(x: jax.Array, dim: int, n: int) -> tuple[jax.Array, tuple]:
-  """[.., S, ..] -> ([n, c] destination rows, the shape of one row's block, moved layout)."""
-  moved = jnp.moveaxis(x, dim, 0)
-  block = (moved.shape[0] // n,) + moved.shape[1:]
-  return moved.reshape(n, -1), block
-
-
 def from_block(flat: jax.Array, block: tuple, dim: int, tiled: bool) -> jax.Array:
-  """One destination block (flat, moved layout) -> psum_scatter's output layout."""
-  out = jnp.moveaxis(flat.reshape(block), 0, dim)
+  """One destination block (a row of :func:`jcoccl._src.layout.to_rows`) -> psum_scatter's
+  output layout."""
+  out = L.from_rows(flat, block, dim)
   return out if tiled else jnp.squeeze(out, dim)
 
 
@@ -145,17 +140,15 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: int, til
   if comp is None:
     return lax.psum_scatter(x, axes, scatter_dimension=dim + batch, tiled=tiled)
   n = C.group_size(axes)
-  lead, shape = x.shape[:batch], x.shape[batch:]
-  block = (shape[dim] // n,) + tuple(s for i, s in enumerate(shape) if i != dim)
+  shape = x.shape[batch:]
+  block = L.row_block(shape, dim, n)
   c = math.prod(block)
-  g = comp.granule
-  k = C.slices(chunks, c, g)
-  rows = P.rows_in(lambda v: C.pad_last(to_rows(v, dim, n)[0], C.padded_len(c, k * g)), x,
-                   batch)
+  lay = L.RowLayout.of(c, comp.granule, chunks)
   impl = _backend.implementation("reduce_scatter", backend)
-  out = impl(P.interleave(rows, k), axes=axes, compressor=comp, chunks=k, key=key)
-  return P.rows_out(lambda r: from_block(r[:c], block, dim, tiled),
-                    P.deinterleave(out, rows.shape[0], k), lead)
+  return L.run_batched(
+      lay, lambda v: L.to_rows(v, dim, n)[0], x, batch,
+      lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key),
+      lambda r: from_block(r, block, dim, tiled))
 
 
 def _common_args(params: dict) -> dict:
@@ -188,7 +181,7 @@ def scatter_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int,
     got = lax.all_to_all(buf, axes, 0, 0, tiled=True)  # row i came from rank i
     return C.decode_sum(compressor, got, xs.shape[-1], xs.dtype)
 
-  return C.chunked(one, x, chunks)
+  return L.chunked(one, x, chunks)
 
 
 def _xla_reduce_scatter(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jcoccl._src import layout
 from jcoccl._src.compressors import native, parse, spec
 from jcoccl.bench import _harness as H
 
@@ -46,7 +47,7 @@ def bench_one(c: Any, impl: str, dtype: Any, size: int, iters: int) -> dict[str,
   d = jnp.dtype(dtype)
   if impl == "native" and not (native.available(c, "encode", d) and native.available(c, "decode", d)):
     return None
-  n = max(size // d.itemsize // c.granule, 1) * c.granule
+  n = layout.granule_rows(size, d.itemsize, c.granule)
   x = jax.random.normal(jax.random.key(0), (1, n), jnp.float32).astype(d)
   key = jax.random.key(1)
   enc = jax.jit(lambda v, k: c.encode_rows(v, key=k, impl=impl))

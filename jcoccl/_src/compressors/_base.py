@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jcoccl._src import layout
 from jcoccl._src.compressors import spec
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -394,9 +395,8 @@ class Compressor:
     return self._encode_jnp(self._decode_sum_jnp(buf, n, d)[None], key)[0]
 
   def _flat_row(self, x: jax.Array) -> tuple[jax.Array, int]:
-    flat = x.reshape(-1)
-    npad = round_up(max(flat.shape[0], 1), self.granule)
-    return jnp.pad(flat, (0, npad - flat.shape[0]))[None], npad
+    npad = layout.padded_len(x.size, self.granule)
+    return layout.pad_last(layout.flat_row(x), npad)[None], npad
 
   def encode(self, x: jax.Array, *, key: jax.Array | None = None, impl: str = "auto") -> Payload:
     """Encodes an array of any shape: flattened, zero-padded to the granule, one row.
@@ -415,7 +415,7 @@ class Compressor:
     if not isinstance(payload, Payload):
       raise TypeError(f"payload must be a jcoccl Payload (from encode), got {type(payload).__name__}")
     size = math.prod(payload.shape)
-    npad = round_up(max(size, 1), self.granule)
+    npad = layout.padded_len(size, self.granule)
     out = self.decode_rows(payload.data[None], npad, payload.dtype, impl=impl)[0]
     return out[:size].reshape(payload.shape)
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jcoccl._src import layout
 from jcoccl._src.compressors import _base as B
 from jcoccl._src.compressors._base import Payload
 from jcoccl._src.compressors import registry
@@ -127,7 +128,7 @@ class ErrorBoundedCompressor(B.Compressor):
       raise TypeError(f"payload must be a jcoccl Payload, got {type(payload).__name__}")
     data = np.asarray(payload.data)
     size = math.prod(payload.shape)
-    n = B.round_up(max(size, 1), self.granule)
+    n = layout.padded_len(size, self.granule)
     nb = n // self.block_size
     w = data[:nb].astype(np.int64)
     words = np.where(w == RAW, self.block_size, -(-w * self.block_size // 32))

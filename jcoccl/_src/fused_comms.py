@@ -1,4 +1,6 @@
-"""The fused backend: each compressed collective is ONE XLA custom call run by jcoccl's engine.
+"""The fused backend's communicators: init / shutdown, the mesh-keyed state, communicator ids.
+
+The fused backend runs each compressed collective as ONE XLA custom call of jcoccl's engine.
 
 The engine (cuda/engine/) runs the same algorithms as the "xla" backend (encode, move the
 uint8 payloads, decode_sum as an f32 left fold over source ranks in rank order, cast once)
@@ -11,8 +13,8 @@ inside a single custom call, over jcoccl's own communicators:
        encode / communicate / decode on three CUDA streams ordered by per-slice events.
 
 Results are bit-identical to backend="xla" for the same compressor, algorithm and chunks,
-because the slicing and padding come from the same canonicalisation
-(:mod:`jcoccl._src._common`) and the codecs are the same native kernels.
+because the slicing and padding come from the same row layout (:mod:`jcoccl._src.layout`)
+and the codecs are the same native kernels.
 
 Lifecycle: :func:`init` creates communicators for every ordered tuple of the mesh's axes
 (nothing is ever created inside a running collective) and registers the backend;
@@ -24,18 +26,10 @@ What the engine runs is decided by one predicate, :func:`unsupported`, at trace 
 ``backend="auto"`` picks "fused" when it returns None and "xla" otherwise, and
 ``backend="fused"`` raises ValueError with its reason.
 
-Environment:
-  JCOCCL_TIMEOUT_S  seconds a rank waits for its peers before the collective fails with an
-                    exception: a positive number (default 300); "inf" or any value above
-                    1e8 s (about 3 years) means no practical limit and is clamped to 1e8.
-                    Anything else (0, negatives, nan, text) is rejected: by :func:`init` and
-                    :func:`timeout_seconds` with ValueError, by a running fused call with an
-                    error. On timeout the communicator is marked broken (NCCL: aborted);
-                    call :func:`shutdown` and :func:`init` again.
-  JCOCCL_NCCL_WAIT  GPU only. "1" (default): each fused call waits for its NCCL work while
-                    polling ncclCommGetAsyncError, so a lost peer fails the call after
-                    JCOCCL_TIMEOUT_S instead of hanging the stream. "0": return once the work
-                    is enqueued (fully asynchronous; no hang protection).
+The backend in three modules: this one (communicators, and the one call over the
+communicator of a shard_map's axes), :mod:`jcoccl._src.fused_ffi` (the custom call, its
+attributes, the codes and the timeout the engine reads) and :mod:`jcoccl._src.fused_ops`
+(what each collective lays out and calls).
 
 Example:
   >>> import jax, jcoccl
@@ -51,43 +45,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-import math
-import os
-import re
 import threading
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jcoccl._src import _backend
 from jcoccl._src import _common as C
 from jcoccl._src import _compat
 from jcoccl._src import _ffi
-
-# algo -> engine::Op name (cuda/engine/engine.h; values from the native module).
-_OP = {"one_shot": "all_reduce_one_shot", "two_shot": "all_reduce_two_shot",
-       "hierarchical": "all_reduce_hierarchical", "reduce_scatter": "reduce_scatter",
-       "all_gather": "all_gather", "all_to_all": "all_to_all", "ppermute": "ppermute"}
-# algo="plain": the transport's own uncompressed collective (on GPU ncclAllReduce /
-# ncclReduceScatter with ncclSum on float32, ncclAllGather), the baseline for benchmarks.
-_PLAIN_OP = {"all_reduce": "plain_all_reduce", "reduce_scatter": "plain_reduce_scatter",
-             "all_gather": "plain_all_gather"}
-_TARGET = {"all_reduce": "jcoccl_fused_all_reduce", "reduce_scatter": "jcoccl_fused_reduce_scatter",
-           "all_gather": "jcoccl_fused_all_gather", "all_to_all": "jcoccl_fused_all_to_all",
-           "ppermute": "jcoccl_fused_ppermute"}
-_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-_ENV_TIMEOUT = "JCOCCL_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 300.0
-MAX_TIMEOUT_S = 1e8  # "no limit": larger values (inf too) are clamped, as in the engine
-# What the engine accepts (cuda/transport/transport.h, ParseTimeoutSeconds): a decimal
-# number, or inf / infinity; blanks around it allowed.
-_TIMEOUT_RE = re.compile(r"\s*\+?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)\s*",
-                         re.IGNORECASE | re.ASCII)
-_NONE_ATTRS = {"kind": np.int32(0), "bits": np.int32(8), "block": np.int32(1),
-               "symmetric": np.int32(1), "fp8": np.int32(0), "cast_dtype": np.int32(1),
-               "hadamard": np.int32(0), "abs_error": np.float32(0.0)}
+from jcoccl._src import fused_ffi as F
+from jcoccl._src import fused_ops
 
 
 @dataclasses.dataclass
@@ -105,34 +74,6 @@ _generation = itertools.count(1)
 
 # ----------------------------------------------------------------------------------------
 # Lifecycle.
-
-def timeout_seconds() -> float:
-  """Seconds a fused collective waits for its peers: ``JCOCCL_TIMEOUT_S``, read now.
-
-  Unset or empty means 300. Accepted: a positive decimal number of seconds, or ``inf``
-  (no limit); values above 1e8 s (about 3 years) are clamped to 1e8. The native engine
-  parses the variable the same way at the start of every fused call.
-
-  Returns:
-    The timeout in seconds, in (0, 1e8].
-
-  Raises:
-    ValueError: the variable holds anything else (0, a negative number, nan, text).
-
-  Example:
-    >>> import os; os.environ["JCOCCL_TIMEOUT_S"] = "inf"   # doctest: +SKIP
-    >>> timeout_seconds()                                    # doctest: +SKIP
-    100000000.0
-  """
-  text = os.environ.get(_ENV_TIMEOUT, "")
-  if text == "":
-    return DEFAULT_TIMEOUT_S
-  value = float(text) if _TIMEOUT_RE.fullmatch(text) else math.nan
-  if not value > 0:
-    raise ValueError(f"{_ENV_TIMEOUT} must be a positive number of seconds, or inf for no "
-                     f"limit (clamped to {MAX_TIMEOUT_S:g} s); got {text!r}")
-  return min(value, MAX_TIMEOUT_S)
-
 
 def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
   """Creates jcoccl's communicators for ``mesh`` and enables backend="fused".
@@ -154,13 +95,13 @@ def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
   Raises:
     RuntimeError: the native engine for the mesh's platform is missing, or NCCL failed.
     ValueError: ``axes`` names something that is not an axis of ``mesh``, or
-      ``JCOCCL_TIMEOUT_S`` is invalid (see :func:`timeout_seconds`).
+      ``JCOCCL_TIMEOUT_S`` is invalid (see :func:`jcoccl._src.fused_ffi.timeout_seconds`).
 
   Example:
     >>> jcoccl.init(jax.make_mesh((8,), ("data",)))  # doctest: +SKIP
   """
   global _state
-  timeout_seconds()  # a bad JCOCCL_TIMEOUT_S fails here, not in the first collective
+  F.timeout_seconds()  # a bad JCOCCL_TIMEOUT_S fails here, not in the first collective
   names = tuple(mesh.axis_names)
   platform = _platform_of(mesh)
   tuples = _axis_tuples(names, axes)
@@ -182,8 +123,9 @@ def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
     raise
   with _lock:
     _state = _State(mesh, _mesh_key(mesh), platform, comms)
+  impls = fused_ops.implementations(collective_call)
   for op in _backend.OPS:
-    _backend.register("fused", op, _IMPLS[op])
+    _backend.register("fused", op, impls[op])
   _backend.set_fused_check(unsupported)
 
 
@@ -239,8 +181,8 @@ def unsupported(op: str, axes: tuple[str, ...], *, compressor: Any, dtype: Any,
     >>> unsupported("all_gather", ("x",), compressor=jc.int8(), dtype=jnp.float32)  # doctest: +SKIP
   """
   del op
-  return (_mesh_reason(axes) or _comms_reason(axes, algorithm) or _dtype_reason(dtype)
-          or _compressor_reason(compressor))
+  return (_mesh_reason(axes) or _comms_reason(axes, algorithm) or F.dtype_reason(dtype)
+          or F.compressor_reason(compressor))
 
 
 def _mesh_key(mesh: Any) -> tuple:
@@ -294,30 +236,6 @@ def _comms_reason(axes: tuple[str, ...], algorithm: str | None) -> str | None:
   if missing:
     return (f"backend='fused' has no communicator for axes {missing[0]}: jcoccl.init(mesh, "
             "axes=...) did not create it (or use backend='xla' / 'auto')")
-  return None
-
-
-def _dtype_reason(dtype: Any) -> str | None:
-  if jnp.dtype(dtype) not in _DTYPES:
-    return (f"backend='fused' accepts x of dtype float32, bfloat16 or float16, got "
-            f"{jnp.dtype(dtype).name} (use backend='xla' / 'auto')")
-  return None
-
-
-def _compressor_reason(compressor: Any) -> str | None:
-  from jcoccl._src.compressors import native
-  for c in compressor if isinstance(compressor, tuple) else (compressor,):
-    if c is None:
-      continue
-    parts = [c] + ([c.inner] if getattr(c, "kind", None) == "hadamard" else [])
-    if any(getattr(p, "stochastic", False) or getattr(p, "rounding", "nearest") != "nearest"
-           for p in parts):
-      return (f"compressor {c}: the fused backend implements round-to-nearest only; use "
-              "backend='xla' (or 'auto') for stochastic rounding")
-    if not native._supported(c):
-      return (f"compressor {c} has no native kernel for the fused backend (native: none, "
-              "cast, int2/4/8 and fp8 and error_bounded with power-of-two blocks of 32 to "
-              "4096, and one hadamard around one of those); use backend='xla' (or 'auto')")
   return None
 
 
@@ -405,7 +323,7 @@ def _create_nccl(cid: int, groups: list[list[Any]], generation: int) -> None:
       _compat.kv_set(key, uid.hex())
     else:
       # The key-value store takes a 32-bit millisecond count.
-      wait_ms = min(int(1000 * timeout_seconds()), 2**31 - 1)
+      wait_ms = min(int(1000 * F.timeout_seconds()), 2**31 - 1)
       uid = bytes.fromhex(_compat.kv_get(key, timeout_ms=wait_ms))
     mod.nccl_comm_init(cid, uid, len(g), [(_ordinal(d), r) for r, d in local])
 
@@ -417,19 +335,7 @@ def _destroy(platform: str, cid: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# One custom call.
-
-def _codec_attrs(c: Any, prefix: str = "") -> dict[str, Any]:
-  from jcoccl._src.compressors import native
-  if c is None:
-    attrs = dict(_NONE_ATTRS)
-  else:
-    reason = _compressor_reason(c)
-    if reason is not None:
-      raise ValueError(reason)
-    attrs = native.codec_attrs(c)
-  return {prefix + k: v for k, v in attrs.items()}
-
+# The call over a shard_map's communicator.
 
 def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
   """The state and communicator id for ``axes`` of the shard_map being traced."""
@@ -442,89 +348,22 @@ def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
   return _state, _state.comms[axes]
 
 
-def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], comm: int,
-                n: int, compressor: Any, k: int, m: int, *, platform: str, outer: Any = None,
-                outer_comm: int = -1, outer_size: int = 0, perm: np.ndarray | None = None,
-                vma: frozenset | None = None) -> jax.Array:
-  """Binds one fused custom call over communicator id ``comm`` (``n`` ranks here).
-
-  The low-level entry point under the backend implementations; the GPU scripts use it to
-  drive communicators they created themselves. Shapes follow cuda/engine/engine.h ("Call").
-
-  Args:
-    op: collective name (picks the target "jcoccl_fused_<op>").
-    algo: engine algorithm: one_shot, two_shot, hierarchical, reduce_scatter, all_gather,
-      all_to_all or ppermute; or "plain" (op all_reduce, reduce_scatter or all_gather): the
-      transport's own uncompressed collective with ``compressor=None`` (NCCL's on GPU; on
-      CPU the host transport's, whose sums are the float32 left fold in rank order).
-      Plain all_reduce / reduce_scatter take float32 only.
-    x: input laid out as the engine expects ([k, m] or [k, n, m]).
-    out_shape: output shape.
-    comm: communicator id (inner one for hierarchical).
-    n: ranks of ``comm``.
-    compressor: Compressor (or None for the identity codec).
-    k: slices; m: row length of a slice (multiple of the granule).
-    platform: "cpu" or "cuda".
-    outer, outer_comm, outer_size: hierarchical only.
-    perm: ppermute only: destination of each rank, or -1.
-    vma: varying manual axes of the result (inside shard_map with check_vma), else None.
-
-  Returns:
-    The output array (the workspace output is dropped).
-
-  Example:
-    >>> y = engine_call("all_reduce", "one_shot", x2d, x2d.shape, cid, 2, jc.int8(),
-    ...                 1, 256, platform="cuda")  # doctest: +SKIP
-    >>> base = engine_call("all_reduce", "plain", x2d, x2d.shape, cid, 2, None,
-    ...                    1, 256, platform="cuda")  # doctest: +SKIP
-  """
-  timeout_seconds()  # fail at trace time, not in the running collective
-  dtype = jnp.dtype(x.dtype)
-  if dtype not in _DTYPES:
-    raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
-  code = _op_code(op, algo, compressor, dtype)
-  attrs: dict[str, Any] = dict(op=np.int32(code), k=np.int64(k), m=np.int64(m),
-                               comm=np.int64(comm), outer_comm=np.int64(outer_comm),
-                               perm=np.full((n,), -1, np.int32) if perm is None else perm)
-  attrs.update(_codec_attrs(compressor))
-  if algo == "hierarchical":
-    attrs.update(_codec_attrs(outer, "o_"))
-  codec = {k_: v for k_, v in attrs.items() if k_ in _NONE_ATTRS}
-  ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
-  ws = int(_ffi.native_module("cpu").fused_workspace_bytes(
-      code, k, m, n, outer_size, codec, ocodec, _ffi.codes("DTYPES")[dtype.name]))
-  _ffi.register(platform)
-  if vma is None:
-    types = (jax.ShapeDtypeStruct(out_shape, dtype), jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
-  else:
-    types = (_compat.shape_dtype_with_vma(out_shape, dtype, vma),
-             _compat.shape_dtype_with_vma((max(ws, 1),), jnp.uint8, vma))
-  # Under vmap each batch element is its own collective, issued in the same order everywhere.
-  out, _ = jax.ffi.ffi_call(_TARGET[op], types, vmap_method="sequential")(x, **attrs)
-  return out
-
-
-def _op_code(op: str, algo: str, compressor: Any, dtype: Any) -> int:
-  """The engine::Op code of (op, algo); checks what the plain ops accept."""
-  if op not in _TARGET:
-    raise ValueError(f"op must be one of {sorted(_TARGET)}, got {op!r}")
-  if algo != "plain":
-    if algo not in _OP:
-      raise ValueError(f"algo must be one of {sorted(_OP) + ['plain']}, got {algo!r}")
-    return _ffi.codes("OPS")[_OP[algo]]
-  if op not in _PLAIN_OP:
-    raise ValueError(f"algo='plain' needs op all_reduce, reduce_scatter or all_gather, got {op!r}")
-  if compressor is not None:
-    raise ValueError("algo='plain' is the uncompressed collective: pass compressor=None")
-  if op != "all_gather" and dtype != jnp.dtype(jnp.float32):
-    raise TypeError(f"algo='plain' {op} sums float32 only, got x of dtype {dtype.name}")
-  return _ffi.codes("OPS")[_PLAIN_OP[op]]
-
-
-def _fused_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], axes: tuple,
+def collective_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], axes: tuple,
                 compressor: Any, k: int, m: int, *, reduces: bool, outer: Any = None,
                 perm: np.ndarray | None = None) -> jax.Array:
-  """engine_call for a collective over mesh ``axes`` inside shard_map."""
+  """:func:`jcoccl._src.fused_ffi.engine_call` over the communicator of mesh ``axes``
+  inside shard_map (for "hierarchical", the inner and outer levels' communicators).
+
+  Args:
+    op, algo, x, out_shape, compressor, k, m: as for engine_call.
+    axes: the collective's mesh axes.
+    reduces: the result is invariant over ``axes`` (a sum), else varying.
+    outer: hierarchical only: the outer level's compressor.
+    perm: ppermute only: destination of each rank, or -1.
+
+  Returns:
+    The engine's output.
+  """
   kw: dict[str, Any] = {}
   if algo == "hierarchical":  # the inner and outer levels' communicators, not axes'
     st, cid = _comm(axes[-1:])
@@ -539,88 +378,5 @@ def _fused_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], ax
   if _compat.check_vma_enabled():
     vin = _compat.varying_axes(x)
     vma = (vin - set(axes)) if reduces else (vin | set(axes))
-  return engine_call(op, algo, x, out_shape, cid, n, compressor, k, m, platform=st.platform,
+  return F.engine_call(op, algo, x, out_shape, cid, n, compressor, k, m, platform=st.platform,
                      perm=perm, vma=vma, **kw)
-
-
-# ----------------------------------------------------------------------------------------
-# Backend implementations (signatures: jcoccl/_src/_backend.py).
-
-def _fused_all_reduce(x: jax.Array, *, axes: tuple, compressor: Any, algorithm: str,
-                      chunks: int, key: Any) -> jax.Array:
-  del key  # round-to-nearest only (checked in _codec_attrs)
-  axes = tuple(axes)
-  M, k = x.shape[0], chunks
-  if algorithm == "one_shot":
-    out = _fused_call("all_reduce", "one_shot", x.reshape(k, M // k), (k, M // k), axes,
-                      compressor, k, M // k, reduces=True)
-  elif algorithm == "two_shot":
-    n = C.group_size(axes)
-    m = M // (k * n)
-    out = _fused_call("all_reduce", "two_shot", x.reshape(k, n, m), (k, n, m), axes,
-                      compressor, k, m, reduces=True)
-  elif algorithm == "hierarchical":
-    if len(axes) < 2:
-      raise ValueError("algorithm='hierarchical' needs a tuple of at least two axes")
-    outer, inner = compressor
-    n = C.group_size(axes[-1:])
-    m = M // (k * n)
-    out = _fused_call("all_reduce", "hierarchical", x.reshape(k, n, m), (k, n, m), axes, inner,
-                      k, m, reduces=True, outer=outer)
-  else:
-    raise ValueError(f"algorithm must be one_shot, two_shot or hierarchical, got {algorithm!r}")
-  return out.reshape(M)
-
-
-def _fused_reduce_scatter(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                          key: Any) -> jax.Array:
-  del key
-  n, Cn = x.shape
-  k, m = chunks, Cn // chunks
-  xs = x.reshape(n, k, m).transpose(1, 0, 2)
-  out = _fused_call("reduce_scatter", "reduce_scatter", xs, (k, m), tuple(axes), compressor,
-                    k, m, reduces=False)
-  return out.reshape(Cn)
-
-
-def _fused_all_gather(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                      key: Any) -> jax.Array:
-  del key
-  axes = tuple(axes)
-  n = C.group_size(axes)
-  Cn = x.shape[0]
-  k, m = chunks, Cn // chunks
-  out = _fused_call("all_gather", "all_gather", x.reshape(k, m), (k, n, m), axes, compressor,
-                    k, m, reduces=False)
-  return out.transpose(1, 0, 2).reshape(n, Cn)
-
-
-def _fused_all_to_all(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                      key: Any) -> jax.Array:
-  del key
-  n, Cn = x.shape
-  k, m = chunks, Cn // chunks
-  xs = x.reshape(n, k, m).transpose(1, 0, 2)
-  out = _fused_call("all_to_all", "all_to_all", xs, (k, n, m), tuple(axes), compressor, k, m,
-                    reduces=False)
-  return out.transpose(1, 0, 2).reshape(n, Cn)
-
-
-def _fused_ppermute(x: jax.Array, *, axes: tuple, perm: Sequence[tuple[int, int]],
-                    compressor: Any, chunks: int, key: Any) -> jax.Array:
-  del key
-  axes = tuple(axes)
-  n = C.group_size(axes)
-  dst = np.full((n,), -1, np.int32)
-  for s, d in perm:
-    dst[int(s)] = int(d)
-  Cn = x.shape[0]
-  k, m = chunks, Cn // chunks
-  out = _fused_call("ppermute", "ppermute", x.reshape(k, m), (k, m), axes, compressor, k, m,
-                    reduces=False, perm=dst)
-  return out.reshape(Cn)
-
-
-_IMPLS = {"all_reduce": _fused_all_reduce, "reduce_scatter": _fused_reduce_scatter,
-          "all_gather": _fused_all_gather, "all_to_all": _fused_all_to_all,
-          "ppermute": _fused_ppermute}

@@ -1,0 +1,332 @@
+"""The row layout: how a message becomes the rows the backends encode and move.
+
+Every compressed collective sees its message as rows of elements: one row (all_reduce,
+all_gather, ppermute) or one row per destination rank (reduce_scatter, all_to_all). A row
+is zero-padded to a whole number of *slices*, each a whole number of *units* (the codec's
+granule, times the ranks a slice is split over), and slice i of every row is encoded, sent
+and decoded on its own. A vmap batch adds messages, which are interleaved slice by slice
+so that each one is encoded exactly as on its own.
+
+This module is the one place that knows this arithmetic; the op modules, the fused
+backend, error feedback and the benchmarks all ask it, so every path pads and slices alike
+(which is what makes ``chunks`` and ``backend`` choices bit-identical).
+
+Example:
+  >>> lay = RowLayout.of(length=1000, unit=32, chunks=4)
+  >>> lay.slices, lay.padded, lay.width
+  (4, 1024, 256)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+# Each slice is its own encode -> collective -> decode in the compiled program (unrolled on
+# the xla backend, one engine round per slice on the fused one), so compile time and launch
+# overhead grow linearly with the slice count, while the overlap it buys saturates after a
+# few slices (COCCL pipelines 1 to 16 deep). 64 leaves room above that.
+MAX_SLICES = 64
+
+
+# ----------------------------------------------------------------------------------------
+# Arithmetic.
+
+def padded_len(length: int, multiple: int) -> int:
+  """``length`` rounded up to a positive multiple of ``multiple``.
+
+  Args:
+    length: elements (0 pads to one ``multiple``: a row is never empty).
+    multiple: positive int.
+
+  Returns:
+    The padded length.
+
+  Example:
+    >>> padded_len(1000, 64), padded_len(0, 32)
+    (1024, 32)
+  """
+  return max(1, -(-length // multiple)) * multiple
+
+
+def lcm(*values: int) -> int:
+  """Least common multiple of positive ints (1 for none), e.g. of several granules.
+
+  Example:
+    >>> lcm(32, 128, 1)
+    128
+  """
+  out = 1
+  for v in values:
+    out = out * v // math.gcd(out, v)
+  return out
+
+
+def granule_rows(nbytes: int, itemsize: int, granule: int) -> int:
+  """Elements of a row of about ``nbytes`` bytes holding whole granules (at least one):
+  rounded down to the granule, up for sizes under one granule.
+
+  Example:
+    >>> granule_rows(1000, 4, 32), granule_rows(8, 4, 32)
+    (224, 32)
+  """
+  return max(nbytes // itemsize // granule, 1) * granule
+
+
+def slices(chunks: int, length: int, unit: int) -> int:
+  """The number of slices a message is cut into for ``chunks``.
+
+  A slice holds at least one ``unit`` (the granule, times the group size where the
+  algorithm splits a slice over ranks), so ``chunks`` is clamped to the number of units
+  the ``length``-element message holds. Slices are cut at unit boundaries and processed
+  independently, so the result has the same bits as with that smaller ``chunks``.
+
+  Args:
+    chunks: the requested slice count (a positive int).
+    length: message length in elements.
+    unit: elements of the smallest slice.
+
+  Returns:
+    min(chunks, ceil(length / unit)), at least 1.
+
+  Raises:
+    ValueError: more than :data:`MAX_SLICES` slices would be used.
+
+  Example:
+    >>> slices(2**20, 1024, 32), slices(4, 1024, 32)
+    (32, 4)
+  """
+  k = min(chunks, max(1, -(-length // unit)))
+  if k > MAX_SLICES:
+    raise ValueError(
+        f"chunks={chunks} would cut this message of {length} elements into {k} slices; at "
+        f"most {MAX_SLICES} are supported (each slice is unrolled into the compiled "
+        f"program): pass chunks <= {MAX_SLICES}")
+  return k
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+  """The padded layout of rows of ``length`` elements cut into ``slices`` slices.
+
+  Attributes:
+    length: elements of a row before padding.
+    unit: elements of the smallest slice.
+    slices: slices per row (``chunks`` clamped by :func:`slices`).
+  """
+  length: int
+  unit: int
+  slices: int
+
+  @classmethod
+  def of(cls, length: int, unit: int, chunks: int) -> "RowLayout":
+    """The layout for ``chunks`` requested slices (raises as :func:`slices` does).
+
+    Example:
+      >>> RowLayout.of(100, 32, 8).slices
+      4
+    """
+    return cls(length, unit, slices(chunks, length, unit))
+
+  @property
+  def padded(self) -> int:
+    """Elements of a padded row: a positive multiple of ``slices * unit``."""
+    return padded_len(self.length, self.slices * self.unit)
+
+  @property
+  def width(self) -> int:
+    """Elements of one slice of a padded row."""
+    return self.padded // self.slices
+
+  def pad(self, rows: jax.Array) -> jax.Array:
+    """Zero-pads the last axis of ``rows`` (``length`` elements) to :attr:`padded`."""
+    return pad_last(rows, self.padded)
+
+  def unpad(self, rows: jax.Array) -> jax.Array:
+    """The first ``length`` elements of the last axis (drops the padding)."""
+    return rows[..., :self.length]
+
+
+# ----------------------------------------------------------------------------------------
+# Arrays.
+
+def pad_last(x: jax.Array, size: int) -> jax.Array:
+  """Zero-pads the last axis of ``x`` to ``size``.
+
+  Example:
+    >>> pad_last(jnp.ones((2, 3)), 4).shape
+    (2, 4)
+  """
+  extra = size - x.shape[-1]
+  if extra == 0:
+    return x
+  widths = [(0, 0)] * (x.ndim - 1) + [(0, extra)]
+  return jnp.pad(x, widths)
+
+
+def flat_row(x: jax.Array) -> jax.Array:
+  """A message as one row: ``x`` flattened (the all_reduce/all_gather/ppermute layout)."""
+  return x.reshape(-1)
+
+
+def row_block(shape: tuple, dim: int, n: int) -> tuple:
+  """The shape of one destination row's block of a message of ``shape`` split along
+  ``dim`` over ``n`` ranks, with ``dim`` moved first (the layout of :func:`to_rows`).
+
+  Example:
+    >>> row_block((4, 6), 1, 3)
+    (2, 4)
+  """
+  return (shape[dim] // n,) + tuple(s for i, s in enumerate(shape) if i != dim)
+
+
+def to_rows(x: jax.Array, dim: int, n: int) -> tuple[jax.Array, tuple]:
+  """A message as ``n`` destination rows, split along ``dim``.
+
+  Args:
+    x: the message; ``x.shape[dim]`` is a multiple of ``n``.
+    dim: the axis split over destinations.
+    n: destinations (ranks).
+
+  Returns:
+    (``[n, c]`` rows, row j = block j of ``dim`` with ``dim`` moved first and flattened;
+    the shape of one block in that moved layout).
+
+  Example:
+    >>> rows, block = to_rows(jnp.zeros((4, 6)), 1, 3)
+    >>> rows.shape, block
+    ((3, 8), (2, 4))
+  """
+  return jnp.moveaxis(x, dim, 0).reshape(n, -1), row_block(x.shape, dim, n)
+
+
+def from_rows(rows: jax.Array, block: tuple, dim: int) -> jax.Array:
+  """Inverse of :func:`to_rows` for ``[..., c]`` rows (leading axes kept): each row back
+  to its block, with ``dim`` (of the block) back in place: ``[..., *x block]``.
+
+  Example:
+    >>> x = jnp.arange(24.0).reshape(4, 6)
+    >>> rows, block = to_rows(x, 1, 3)
+    >>> from_rows(rows, block, 1).shape
+    (3, 4, 2)
+  """
+  lead = rows.shape[:-1]
+  out = rows.reshape(lead + tuple(block))
+  return jnp.moveaxis(out, len(lead), len(lead) + dim)
+
+
+def rank_rows(x: jax.Array, n: int) -> jax.Array:
+  """Rows ``[..., w]`` split over ``n`` ranks: ``[..., n, w / n]`` (part j goes to rank j).
+
+  Example:
+    >>> rank_rows(jnp.zeros((2, 12)), 3).shape
+    (2, 3, 4)
+  """
+  return x.reshape(x.shape[:-1] + (n, x.shape[-1] // n))
+
+
+def chunked(fn: Callable[[jax.Array, int], jax.Array], x: jax.Array, chunks: int) -> jax.Array:
+  """Applies ``fn(slice, index)`` to ``chunks`` equal slices of x's last axis; concatenates.
+
+  Each slice runs its own encode -> collective -> decode, so XLA can overlap one slice's
+  communication with another's codec work.
+
+  Example:
+    >>> chunked(lambda s, i: s * (i + 1), jnp.ones(4), 2).tolist()
+    [1.0, 1.0, 2.0, 2.0]
+  """
+  if chunks == 1:
+    return fn(x, 0)
+  width = x.shape[-1] // chunks
+  outs = [fn(x[..., i * width:(i + 1) * width], i) for i in range(chunks)]
+  return jnp.concatenate(outs, axis=-1)
+
+
+def slice_major(x: jax.Array, k: int) -> jax.Array:
+  """``[*mid, k * w]`` -> ``[k, *mid, w]``: slice i of every row, slices first (the fused
+  engine's layout).
+
+  Example:
+    >>> slice_major(jnp.zeros((3, 8)), 2).shape
+    (2, 3, 4)
+  """
+  mid, total = x.shape[:-1], x.shape[-1]
+  y = x.reshape(mid + (k, total // k))
+  return y if not mid else jnp.moveaxis(y, -2, 0)
+
+
+def from_slice_major(y: jax.Array) -> jax.Array:
+  """Inverse of :func:`slice_major`: ``[k, *mid, w]`` -> ``[*mid, k * w]``."""
+  k, mid, w = y.shape[0], y.shape[1:-1], y.shape[-1]
+  if mid:
+    y = jnp.moveaxis(y, 0, -2)
+  return y.reshape(mid + (k * w,))
+
+
+# ----------------------------------------------------------------------------------------
+# A vmap batch: B padded messages -> the backend's rows.
+
+def interleave(rows: jax.Array, k: int) -> jax.Array:
+  """``[B, *mid, L]`` -> ``[*mid, k * B * (L / k)]``: slice i of every message, then i+1.
+
+  Each backend slice then holds slice i of each message, whole codec blocks each, so each
+  message is encoded, sent and decoded as on its own. B == 1 is a plain reshape.
+  """
+  b, mid, length = rows.shape[0], rows.shape[1:-1], rows.shape[-1]
+  if b == 1:
+    return rows.reshape(mid + (length,))
+  w = length // k
+  out = jnp.moveaxis(rows.reshape((b,) + mid + (k, w)), 0, -2)
+  return out.reshape(mid + (k * b * w,))
+
+
+def deinterleave(out: jax.Array, b: int, k: int) -> jax.Array:
+  """Inverse of :func:`interleave`: ``[*mid, k * B * w]`` -> ``[B, *mid, k * w]``."""
+  mid, total = out.shape[:-1], out.shape[-1]
+  if b == 1:
+    return out.reshape((1,) + mid + (total,))
+  w = total // (k * b)
+  y = jnp.moveaxis(out.reshape(mid + (k, b, w)), -2, 0)
+  return y.reshape((b,) + mid + (k * w,))
+
+
+def rows_in(pre: Callable, x: jax.Array, nb: int) -> jax.Array:
+  """``pre`` (one message -> its padded rows) applied to each of the ``nb``-dim batch of
+  ``x``: ``[B, *rows]`` (B = 1 without batch axes)."""
+  if nb == 0:
+    return pre(x)[None]
+  return jax.vmap(pre)(x.reshape((-1,) + x.shape[nb:]))
+
+
+def rows_out(post: Callable, y: jax.Array, lead: tuple) -> jax.Array:
+  """``post`` (one message's rows -> its result) applied to each of ``y``'s B messages,
+  reshaped to the batch axes ``lead``."""
+  if not lead:
+    return post(y[0])
+  out = jax.vmap(post)(y)
+  return out.reshape(tuple(lead) + out.shape[1:])
+
+
+def run_batched(lay: RowLayout, pre: Callable, x: jax.Array, nb: int,
+                impl: Callable[[jax.Array], jax.Array], post: Callable) -> jax.Array:
+  """One message or an ``nb``-dim batch of them through a backend, laid out as rows.
+
+  Args:
+    lay: the layout of each message's rows.
+    pre: one message -> its unpadded rows (``[..., lay.length]``).
+    x: the message, with ``nb`` leading batch axes.
+    nb: batch axes of ``x``.
+    impl: the backend call on the interleaved padded rows (``lay.slices`` slices).
+    post: one message's unpadded result rows -> its result.
+
+  Returns:
+    ``post`` of each message's rows, with the batch axes in front.
+  """
+  rows = rows_in(lambda v: lay.pad(pre(v)), x, nb)
+  out = impl(interleave(rows, lay.slices))
+  return rows_out(lambda r: post(lay.unpad(r)), deinterleave(out, rows.shape[0], lay.slices),
+                  x.shape[:nb])
