@@ -68,6 +68,20 @@ def codes(table: str) -> dict[str, int]:
   return {str(k): int(v) for k, v in getattr(mod, table).items()}
 
 
+def require_module(platform: str) -> ModuleType:
+  """The native module for ``platform``; ImportError saying why where it is absent.
+
+  Example:
+    >>> require_module("cpu").__name__
+    'jcoccl._cpu'
+  """
+  mod = native_module(platform)
+  if mod is None:
+    why = native_import_error(platform) or "disabled by JCOCCL_DISABLE_NATIVE"
+    raise ImportError(f"jcoccl's native module for {platform!r} is unavailable: {why}")
+  return mod
+
+
 def native_import_error(platform: str) -> str | None:
   """The ImportError text of a native module that failed to load, else None."""
   try:
@@ -110,7 +124,7 @@ def _preload_nccl() -> None:
   path = os.environ.get("JCOCCL_NCCL_LIBRARY")
   if not path:
     try:
-      import nvidia.nccl  # type: ignore[import-not-found]
+      import nvidia.nccl
     except ImportError:
       return
     path = os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2")

@@ -231,6 +231,8 @@ def _describe(mesh: Any) -> str:
 
 def _comms_reason(axes: tuple[str, ...], algorithm: str | None) -> str | None:
   st = _state
+  if st is None:
+    return "the fused backend is not initialized: call jcoccl.init(mesh) first"
   need = [axes[-1:], axes[:-1]] if algorithm == "hierarchical" and len(axes) > 1 else [axes]
   missing = [t for t in need if t not in st.comms]
   if missing:
@@ -301,14 +303,14 @@ def _ordinal(d: Any) -> int:
 
 
 def _create_host(cid: int, groups: list[list[Any]]) -> None:
-  mod = _ffi.native_module("cpu")
+  mod = _ffi.require_module("cpu")
   for g in groups:
     mod.fused_host_comm_create(cid, [_ordinal(d) for d in g])
 
 
 def _create_nccl(cid: int, groups: list[list[Any]], generation: int) -> None:
   """One NCCL communicator per group; ids shared through jax.distributed when multi-process."""
-  mod = _ffi.native_module("cuda")
+  mod = _ffi.require_module("cuda")
   me = jax.process_index()
   multi = jax.process_count() > 1
   for gi, g in enumerate(groups):
@@ -343,7 +345,7 @@ def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
   # message for a trace reused on other devices); at trace time it is _mesh_reason's.
   mesh_reason = None if _compat.lowering_collective() else _mesh_reason(axes)
   reason = mesh_reason or _comms_reason(axes, None)
-  if reason is not None:
+  if reason is not None or _state is None:
     raise ValueError(reason)
   return _state, _state.comms[axes]
 

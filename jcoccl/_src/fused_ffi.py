@@ -127,6 +127,7 @@ def codec_attrs(c: Any, prefix: str = "") -> dict[str, Any]:
     ValueError: the engine cannot run ``c`` (see :func:`compressor_reason`).
   """
   from jcoccl._src.compressors import native
+  attrs: dict[str, Any]
   if c is None:
     attrs = dict(NONE_ATTRS)
   else:
@@ -186,7 +187,7 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
     attrs.update(codec_attrs(outer, "o_"))
   codec = {k_: v for k_, v in attrs.items() if k_ in NONE_ATTRS}
   ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
-  ws = int(_ffi.native_module("cpu").fused_workspace_bytes(
+  ws = int(_ffi.require_module("cpu").fused_workspace_bytes(
       code, k, m, n, outer_size, codec, ocodec, _ffi.codes("DTYPES")[dtype.name]))
   _ffi.register(platform)
   if vma is None:

@@ -114,6 +114,6 @@ def implementations(call: Call) -> dict[str, Call]:
   Returns:
     {op name: implementation} for every op of :data:`jcoccl._src._backend.OPS`.
   """
-  ops = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter,
+  ops: dict[str, Callable[..., Any]] = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter,
          "all_gather": _all_gather, "all_to_all": _all_to_all, "ppermute": _ppermute}
   return {name: functools.partial(fn, call) for name, fn in ops.items()}
