@@ -17,7 +17,7 @@ jcoccl's compressor keys and options (``all_reduce``, ..., ``min_bytes``, ``algo
       (default: ``[data]``'s).
 
 A :class:`Recipe` splits these keys off and builds the jcoccl.Policy from the rest. Errors name
-the entry as its source writes it (``recipe['data']['zero']`` for a dict, ``p.toml: [data]
+the entry as its source writes it (``policy['data']['zero']`` for a dict, ``p.toml: [data]
 zero`` for a file, ``data.zero`` for a command-line spec) and say what is accepted.
 
 Example:
@@ -45,7 +45,8 @@ class _Where:
   """Names an entry the way its source writes it (as jcoccl.policy's errors do)."""
 
   kind: str  # "dict", "toml" or "spec"
-  name: str = "recipe"
+  # As jcoccl.Policy names the dict it reports on: one name for every key of one table.
+  name: str = "policy"
 
   def __call__(self, axis: Any, key: Any = None) -> str:
     if self.kind == "toml":
