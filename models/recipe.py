@@ -144,7 +144,7 @@ class Recipe:
       key, sep, value = s.partition("=")
       axis, _, name = key.strip().partition(".")
       axis, name = axis.strip(), name.strip()
-      if sep and name in KEYS:
+      if sep and axis and name in KEYS:
         table.setdefault(axis, {})[name] = _spec_value(where(axis, name), name, value.strip())
       else:
         rest.append(s)
