@@ -6,29 +6,25 @@ not named) to a table of op -> compressor spec, plus per-axis options:
   ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``ppermute``:
       a spec string for ``jcoccl.compressors.parse`` (``"int8"``, ``"int4:block=128,asym"``,
       ``"fp8"``), ``"hadamard(<inner spec>)"``, a Compressor, or ``"none"``/None (exact).
-  ``error_feedback``: bool (``[data]`` only), keep the compression residual of the gradient
-      sums over the data axis and add it back.
-  ``zero``: bool (``[data]`` only), ZeRO-style data parallelism in ``models.parallel``:
-      gradients reduce-scattered over the axis (with ``reduce_scatter``'s compressor), the
-      optimizer state sharded over it, updated parameters all-gathered (with ``all_gather``'s).
-  ``nodes``: int >= 1 (``[data]`` only, with ``zero``), ZeRO++'s hierarchy in
-      ``models.parallel``: the data ranks form this many nodes, the mesh's data level becomes
-      the two axes ("node", "data") (node outer; in a multi-process run node = process), and
-      gradients and parameters move inside the node and across nodes in separate steps. A
-      ``[node]`` table sets the across-node compressors (default: ``[data]``'s).
   ``min_bytes``: int >= 0, messages under it go uncompressed (jcoccl's default otherwise).
   ``algorithm``: the all_reduce algorithm on one axis: ``"auto"``, ``"one_shot"`` or
       ``"two_shot"`` (``"hierarchical"`` needs two axes, which a per-axis entry cannot name).
 
+Training-recipe switches (``error_feedback``, ``zero``, ``nodes``) are not part of a jcoccl
+policy: they belong to the training loop in ``models/`` (``models.recipe.Recipe`` reads them
+from the same TOML files next to the compressor keys), and a Policy refuses them with an
+error that says so.
+
 Everything is checked when the policy is built: unknown axes (with ``axes=``, the mesh's axis
 names), unknown ops or options, values of the wrong type or range, unknown algorithms and
 malformed compressor specs raise an error that names the entry the way its source writes it:
-``policy['data']['zero']`` (dict), ``p.toml: [data] zero`` (TOML file), ``data.zero`` (specs).
+``policy['data']['min_bytes']`` (dict), ``p.toml: [data] min_bytes`` (TOML file),
+``data.min_bytes`` (specs).
 
 Example:
   >>> policy = Policy.from_dict({
   ...     "data": {"all_reduce": "hadamard(int4)", "reduce_scatter": "int4",
-  ...              "error_feedback": True},
+  ...              "min_bytes": 0},
   ...     "tensor": {"all_reduce": "fp8"},
   ...     "pipe": {"ppermute": "int8"}})
   >>> policy.compressor("pipe", "ppermute")    # a Compressor
@@ -45,13 +41,12 @@ import tomllib
 from typing import Any, Mapping, Sequence
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
-OPTIONS = ("error_feedback", "zero", "nodes", "min_bytes", "algorithm")
+OPTIONS = ("min_bytes", "algorithm")
 ALGORITHMS = ("auto", "one_shot", "two_shot")
 WILDCARD = "*"
-DATA_AXIS = "data"
-# Options that models.parallel reads on the data axis only: anywhere else they would be
-# silently ignored, so they are rejected there.
-DATA_OPTIONS = ("error_feedback", "zero", "nodes")
+# Keys of the TOML files that models/ reads which are training-loop switches, not collective
+# settings: refused here with a pointer to where they belong.
+TRAINING_OPTIONS = ("error_feedback", "zero", "nodes")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -63,7 +58,7 @@ class _Origin:
   name: str = "policy"
 
   def at(self, axis: Any, key: Any = None) -> str:
-    """``policy['data']['zero']``, ``p.toml: [data] zero`` or ``data.zero``."""
+    """``policy['data']['min_bytes']``, ``p.toml: [data] min_bytes`` or ``data.min_bytes``."""
     if self.kind == "toml":
       head = axis if _BARE_KEY.fullmatch(str(axis)) else json.dumps(str(axis))
       return f"{self.name}: [{head}]" + ("" if key is None else f" {key}")
@@ -103,9 +98,6 @@ class AxisPolicy:
   """What one mesh axis uses: a compressor (or None) per op, and options."""
 
   compressors: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  error_feedback: bool = False
-  zero: bool = False
-  nodes: int = 1
   min_bytes: int | None = None
   algorithm: str = "auto"
 
@@ -129,14 +121,15 @@ class Policy:
     Args:
       table: axis name (or ``"*"``) -> mapping of ops (``all_reduce``, ``all_gather``,
         ``reduce_scatter``, ``all_to_all``, ``ppermute``) to compressor specs and options
-        (``error_feedback``, ``zero``, ``min_bytes``, ``algorithm``).
+        (``min_bytes``, ``algorithm``).
       axes: the mesh's axis names, if known: other axis names (except ``"*"``) are errors.
 
     Returns:
       A Policy.
 
     Raises:
-      ValueError: unknown axis, op or option; out-of-range value; bad spec or algorithm.
+      ValueError: unknown axis, op or option (``error_feedback``, ``zero`` and ``nodes`` are
+        training options of models.recipe); out-of-range value; bad spec or algorithm.
       TypeError: a value of the wrong type.
 
     Example:
@@ -145,25 +138,25 @@ class Policy:
     return cls._build(table, _Origin("dict"), axes)
 
   @classmethod
-  def from_toml(cls, path: str, *, axes: Sequence[str] | None = None) -> "Policy":
+  def from_toml(cls, path: str, *, axes: Sequence[str] | None = None,
+                table: Mapping[str, Any] | None = None) -> "Policy":
     """Reads a TOML file with one table per axis, e.g. ``[data]\\nall_reduce = "int8"``.
 
     Args:
       path: the file.
       axes: as in :meth:`from_dict`.
+      table: the file's contents, already parsed (a reader that takes keys of its own out of
+        the file first passes the rest here); errors still name ``path``.
 
     Returns:
       A Policy. Errors are ValueErrors that name the file, table and key
-      (``p.toml: [tensor] zero: ...``).
+      (``p.toml: [tensor] algorithm: ...``).
 
     Example:
-      >>> Policy.from_toml("models/configs/coccl.toml", axes=("data", "tensor", "pipe"))
+      >>> Policy.from_toml("models/configs/int8.toml", axes=("data", "tensor", "pipe"))
     """
-    with open(path, "rb") as f:
-      try:
-        table = tomllib.load(f)
-      except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    if table is None:
+      table = load_toml(path)
     return cls._build(table, _Origin("toml", str(path)), axes)
 
   @classmethod
@@ -171,7 +164,7 @@ class Policy:
     """Builds a policy from ``"axis.op=spec"`` strings (command-line form).
 
     Args:
-      specs: e.g. ``["data.all_reduce=int8", "data.zero=true", "data.min_bytes=0"]``.
+      specs: e.g. ``["data.all_reduce=int8", "data.min_bytes=0"]``.
       axes: as in :meth:`from_dict`.
 
     Returns:
@@ -179,7 +172,7 @@ class Policy:
 
     Example:
       >>> Policy.from_specs(["data.all_reduce=int8", "pipe.ppermute=fp8",
-      ...                    "data.error_feedback=true", "data.zero=true"])
+      ...                    "data.min_bytes=0"])
     """
     if isinstance(specs, str):
       raise TypeError(f"specs must be a list of 'axis.op=spec' strings, got the string {specs!r}")
@@ -214,19 +207,6 @@ class Policy:
       raise ValueError(f"op must be one of {OPS}, got {op!r}")
     return self._axis(axis).compressors.get(op)
 
-  def error_feedback(self, axis: str) -> bool:
-    """Whether gradient sums over ``axis`` keep and re-add their compression residual."""
-    return self._axis(axis).error_feedback
-
-  def zero(self, axis: str) -> bool:
-    """Whether ``axis`` (the data axis) runs ZeRO-style: reduce_scatter, sharded optimizer
-    state, all_gather."""
-    return self._axis(axis).zero
-
-  def nodes(self, axis: str) -> int:
-    """How many nodes ZeRO++ splits ``axis`` (the data axis) into (1: no hierarchy)."""
-    return self._axis(axis).nodes
-
   def options(self, axis: str) -> dict[str, Any]:
     """Keyword arguments (``min_bytes``, ``algorithm``) for jcoccl collectives on ``axis``."""
     a = self._axis(axis)
@@ -236,16 +216,10 @@ class Policy:
     return out
 
   def describe(self) -> str:
-    """One line per axis, e.g. ``data: all_reduce=int8 error_feedback``."""
+    """One line per axis, e.g. ``data: all_reduce=int8 min_bytes=0``."""
     lines = []
     for axis, a in sorted(self.axes.items()):
       ops = [f"{op}={c}" for op, c in a.compressors.items()]
-      if a.error_feedback:
-        ops.append("error_feedback")
-      if a.zero:
-        ops.append("zero")
-      if a.nodes != 1:
-        ops.append(f"nodes={a.nodes}")
       if a.min_bytes is not None:
         ops.append(f"min_bytes={a.min_bytes}")
       if a.algorithm != "auto":
@@ -254,13 +228,18 @@ class Policy:
     return "\n".join(lines) or "exact everywhere"
 
 
+def load_toml(path: str) -> dict[str, Any]:
+  """The parsed TOML file ``path``; a syntax error is a ValueError naming the file."""
+  with open(path, "rb") as f:
+    try:
+      return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+      raise ValueError(f"{path}: not valid TOML: {e}") from None
+
+
 def _option_value(where: str, op: str, value: str) -> Any:
   """The typed value of a command-line ``axis.op=value``."""
-  if op in ("error_feedback", "zero"):
-    if value.lower() not in ("true", "false", "1", "0"):
-      raise ValueError(f"{where}: {op} must be true or false, got {value!r}")
-    return value.lower() in ("true", "1")
-  if op in ("min_bytes", "nodes"):
+  if op == "min_bytes":
     if not re.fullmatch(r"[0-9]+", value):
       raise ValueError(f"{where}: {op} must be a non-negative integer, got {value!r}")
     return int(value)
@@ -294,27 +273,20 @@ def _axis_policy(axis: str, entry: Mapping[str, Any], origin: _Origin) -> AxisPo
       if c is not None:
         comps[key] = c
     elif key in OPTIONS:
-      kw[key] = _option(axis, key, value, where, origin)
+      kw[key] = _option(key, value, where, origin)
+    elif key in TRAINING_OPTIONS:
+      raise ValueError(f"{where}: {key} is a training option of models/ (models.recipe.Recipe, "
+                       f"which python -m models.train --policy uses), not a jcoccl.Policy "
+                       f"setting; read the file with models.recipe.Recipe.from_toml (its "
+                       f".policy is this Policy) or leave {key} out")
     else:
       raise ValueError(f"{origin.at(axis)} has unknown key {key!r}; accepted: "
                        f"{', '.join(OPS + OPTIONS)}" + _did_you_mean(str(key), OPS + OPTIONS))
   return AxisPolicy(compressors=comps, **kw)
 
 
-def _option(axis: str, key: str, value: Any, where: str, origin: _Origin) -> Any:
-  """The checked value of option ``key`` (one of OPTIONS) on ``axis``."""
-  if key == "nodes":
-    if isinstance(value, bool) or not isinstance(value, int):
-      raise origin.type_error(f"{where} must be a positive int, got {value!r}")
-    if value < 1:
-      raise ValueError(f"{where} must be a positive int, got {value!r}")
-  elif key in DATA_OPTIONS and not isinstance(value, bool):
-    raise origin.type_error(f"{where} must be a bool (true or false), got {value!r}")
-  if key in DATA_OPTIONS:
-    if axis != DATA_AXIS:
-      raise ValueError(f"{where}: {key} applies to the {DATA_AXIS!r} axis only; set it there "
-                       f"({origin.at(DATA_AXIS, key)})")
-    return value
+def _option(key: str, value: Any, where: str, origin: _Origin) -> Any:
+  """The checked value of option ``key`` (one of OPTIONS)."""
   if key == "min_bytes":
     if isinstance(value, bool) or not isinstance(value, int):
       raise origin.type_error(f"{where} must be a non-negative int, got {value!r}")

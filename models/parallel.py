@@ -12,10 +12,10 @@ cross-device sum is an explicit collective):
   * pipe: GPipe over ppermute (``models.pipeline``), whose transpose carries gradients back;
     gradients of the replicated ``outer`` parameters are summed over 'pipe';
   * data: gradients summed with all_reduce (optionally with error feedback); or, with the
-    policy's ``[data] zero = true``, ZeRO-style: each gradient leaf flattened, padded and
-    reduce-scattered, AdamW run on this rank's float32 master shard (1/data of each leaf,
-    kept with the optimizer state, sharded over 'data'), and the updated shards
-    all-gathered. That all_gather may be lossy (ZeRO++'s qwZ, e.g. int8): the model then
+    recipe's ``[data] zero = true`` (models.recipe), ZeRO-style: each gradient leaf
+    flattened, padded and reduce-scattered, AdamW run on this rank's float32 master shard
+    (1/data of each leaf, kept with the optimizer state, sharded over 'data'), and the
+    updated shards all-gathered. That all_gather may be lossy (ZeRO++'s qwZ, e.g. int8): the model then
     computes with quantized weights while the master shards stay exact, so quantization
     errors do not accumulate over steps.
   * ZeRO++ hierarchy (``[data] nodes = K``): the data level becomes two mesh axes
@@ -52,6 +52,7 @@ from jax.sharding import PartitionSpec as P
 
 import jcoccl
 from jcoccl.policy import Policy
+from models.recipe import Recipe, as_recipe
 from models import gpt, pipeline, qwen
 from models.layers import LOCAL, Comm, cross_entropy
 
@@ -279,21 +280,24 @@ class Parallel3D:
   Args:
     model: the model (its weights are the initial parameters; see :meth:`shard`).
     mesh: a mesh with axes ``AXES``.
-    policy: compressors per (axis, op); its ``zero`` option on 'data' turns on ZeRO mode
-      (``self.zero``, when 'data' has more than one rank), its ``nodes`` option (ZeRO mode
-      only) splits the data level into ("node", "data") mesh axes: ``self.mesh`` then has
-      axes ``(NODE, *AXES)``, with 'data' the ranks inside one node.
+    recipe: a :class:`models.recipe.Recipe` (or a jcoccl.Policy alone: every switch off, or
+      a mapping for ``Recipe.from_dict``): its policy's compressors per (axis, op) and the
+      training switches. ``zero`` turns on ZeRO mode (``self.zero``, when 'data' has more
+      than one rank), ``nodes`` (ZeRO mode only) splits the data level into ("node", "data")
+      mesh axes: ``self.mesh`` then has axes ``(NODE, *AXES)``, with 'data' the ranks inside
+      one node; ``error_feedback`` keeps the data level's compression residuals.
     n_micro: pipeline micro-batches per step (must divide the per-data-rank batch).
   """
 
-  def __init__(self, model: nnx.Module, mesh: jax.sharding.Mesh, policy: Policy | None = None,
-               *, n_micro: int = 1):
+  def __init__(self, model: nnx.Module, mesh: jax.sharding.Mesh,
+               recipe: Recipe | Policy | None = None, *, n_micro: int = 1):
     if tuple(mesh.axis_names) != AXES:
       raise ValueError(f"mesh axis names must be {AXES}, got {tuple(mesh.axis_names)}")
     fam = _family(model)
-    self.policy, self.n_micro = policy or Policy(), int(n_micro)
-    self.zero = self.policy.zero(DATA_AXIS) and mesh.shape[DATA_AXIS] > 1
-    self.mesh = _split_nodes(mesh, self.policy.nodes(DATA_AXIS), self.zero)
+    self.recipe, self.n_micro = as_recipe(recipe), int(n_micro)
+    self.policy = self.recipe.policy
+    self.zero = self.recipe.zero and mesh.shape[DATA_AXIS] > 1
+    self.mesh = _split_nodes(mesh, self.recipe.nodes, self.zero)
     self.sizes = {a: self.mesh.shape.get(a, 1) for a in POLICY_AXES}
     # The data level, outer to inner: ("node", "data") under ZeRO++'s hierarchy.
     self.data_axes = tuple(a for a in (NODE, DATA_AXIS) if a in self.mesh.axis_names)
@@ -397,8 +401,8 @@ class Parallel3D:
 
   def _ef_levels(self) -> tuple[str, ...]:
     """The data-level axes whose gradient sum keeps an error-feedback residual: those with a
-    lossy compressor, when the policy asks for error feedback."""
-    if not self.policy.error_feedback(DATA_AXIS):
+    lossy compressor, when the recipe asks for error feedback."""
+    if not self.recipe.error_feedback:
       return ()
     levels = self._scatter_levels() if self.zero else (DATA_AXIS,)
     return tuple(a for a in levels if self.coll.compressor(a, self._data_op()) is not None)
@@ -463,7 +467,7 @@ class Parallel3D:
                  for n, a in zip(shape, tuple(spec) + (None,) * len(shape)))
 
   def init_ef(self, params: dict) -> dict | None:
-    """Zero residuals for :meth:`train_step` when the policy asks for error feedback."""
+    """Zero residuals for :meth:`train_step` when the recipe asks for error feedback."""
     if not self.uses_error_feedback():
       return None
     ndev = self.mesh.devices.size
@@ -655,10 +659,10 @@ def _split_nodes(mesh: jax.sharding.Mesh, nodes: int, zero: bool) -> jax.shardin
     return mesh
   d = mesh.shape[DATA_AXIS]
   if not zero:
-    raise ValueError(f"the policy's [data] nodes = {nodes} needs ZeRO mode ([data] zero = "
+    raise ValueError(f"the recipe's [data] nodes = {nodes} needs ZeRO mode ([data] zero = "
                      f"true) and a data axis of size > 1 (got {d})")
   if d % nodes:
-    raise ValueError(f"the policy's [data] nodes = {nodes} must divide the data axis size {d}")
+    raise ValueError(f"the recipe's [data] nodes = {nodes} must divide the data axis size {d}")
   shape = (nodes, d // nodes, mesh.shape["tensor"], mesh.shape["pipe"])
   return jax.sharding.Mesh(mesh.devices.reshape(shape), (NODE, *AXES),
                            axis_types=(jax.sharding.AxisType.Auto,) * 4)

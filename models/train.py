@@ -56,8 +56,9 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jcoccl  # noqa: E402
-from jcoccl.policy import WILDCARD, Policy  # noqa: E402
+from jcoccl.policy import WILDCARD  # noqa: E402
 from models import data, gpt, parallel, qwen  # noqa: E402
+from models.recipe import Recipe  # noqa: E402
 from models.configs import models as presets  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).parent / "configs"
@@ -77,11 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--size", choices=tuple(presets.GPT), default="small")
   p.add_argument("--mesh", default="2,2,2", help="data,tensor,pipe sizes (default 2,2,2)")
   p.add_argument("--policy", default="coccl",
-                 help="a TOML file, or a name under models/configs (exact, coccl, int8, lean)")
+                 help="a TOML file, or a name under models/configs (exact, coccl, int8, "
+                      "zeropp, lean): per-axis compressors and the [data] training switches "
+                      "zero, error_feedback, nodes (models/recipe.py)")
   p.add_argument("--compress", action="append", default=[], metavar="AXIS.OP=SPEC",
-                 help="override one policy entry, e.g. data.all_reduce=int4 (repeatable)")
+                 help="override one entry of --policy, e.g. data.all_reduce=int4 or "
+                      "data.error_feedback=false (repeatable)")
   p.add_argument("--zero", action="store_true",
-                 help="ZeRO data parallelism (policy data.zero = true): reduce_scatter gradients, "
+                 help="ZeRO data parallelism (--policy's [data] zero = true): reduce_scatter gradients, "
                       "AdamW state sharded over 'data', all_gather parameters")
   p.add_argument("--steps", type=int, default=300,
                  help="train until this step (0: build everything, train nothing)")
@@ -166,7 +170,7 @@ def check_args(args: argparse.Namespace, n_devices: int) -> None:
   args.policy_path = policy_path(args.policy)
   for spec in args.compress:
     try:
-      Policy.from_specs([spec], axes=parallel.POLICY_AXES)
+      Recipe.from_specs([spec], axes=parallel.POLICY_AXES)
     except ValueError as e:
       raise ValueError(f"--compress {spec!r}: {e}") from None
 
@@ -251,8 +255,9 @@ def policy_path(name: str) -> pathlib.Path:
   return path
 
 
-def load_policy(args: argparse.Namespace) -> Policy:
-  """--policy with --compress overrides and --zero on top, every entry checked.
+def load_policy(args: argparse.Namespace) -> Recipe:
+  """--policy (a recipe: the jcoccl.Policy and the training switches, models.recipe) with
+  --compress overrides and --zero on top, every entry checked.
 
   An override of an axis that the file leaves to ``"*"`` starts from the ``"*"`` entry, so
   ``--compress data.all_reduce=int4`` changes that one op and keeps the rest.
@@ -264,26 +269,26 @@ def load_policy(args: argparse.Namespace) -> Policy:
   """
   path = getattr(args, "policy_path", None) or policy_path(args.policy)
   try:
-    base = Policy.from_toml(str(path), axes=parallel.POLICY_AXES)
+    base = Recipe.from_toml(str(path), axes=parallel.POLICY_AXES)
   except (ValueError, TypeError, OSError) as e:
     raise SetupError(str(e)) from e
   table = {axis: dict(entry) for axis, entry in base.source.items()}
   for spec in args.compress:
-    for axis, entries in Policy.from_specs([spec], axes=parallel.POLICY_AXES).source.items():
+    for axis, entries in Recipe.from_specs([spec], axes=parallel.POLICY_AXES).source.items():
       _axis_entry(table, axis).update(entries)
   if args.zero:
     _axis_entry(table, "data")["zero"] = True
-  policy = Policy.from_dict(table, axes=parallel.POLICY_AXES)
-  _check_nodes(policy, args, path)
-  return policy
+  recipe = Recipe.from_dict(table, axes=parallel.POLICY_AXES)
+  _check_nodes(recipe, args, path)
+  return recipe
 
 
-def _check_nodes(policy: Policy, args: argparse.Namespace, path: pathlib.Path) -> None:
+def _check_nodes(recipe: Recipe, args: argparse.Namespace, path: pathlib.Path) -> None:
   """ZeRO++'s ``[data] nodes`` needs ZeRO mode and must divide the mesh's data size."""
-  nodes, data = policy.nodes("data"), getattr(args, "mesh_shape", (0,))[0]
+  nodes, data = recipe.nodes, getattr(args, "mesh_shape", (0,))[0]
   if nodes == 1 or not data:
     return
-  if not policy.zero("data"):
+  if not recipe.zero:
     raise SetupError(f"{path}: [data] nodes = {nodes} splits ZeRO's data level; it needs "
                      f"[data] zero = true (or --zero)")
   if data % nodes:
@@ -560,19 +565,18 @@ def main(argv: list[str] | None = None) -> dict:
   """
   multi = jcoccl.distributed.initialize()
   args = parse_args(argv)
-  policy = load_policy(args)
+  recipe = load_policy(args)
   corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
   check_corpus(args, corpus)
   model = build_model(args, corpus.vocab_size)
   mesh = parallel.make_mesh(*args.mesh_shape)
-  par = parallel.Parallel3D(model, mesh, policy, n_micro=args.micro)
+  par = parallel.Parallel3D(model, mesh, recipe, n_micro=args.micro)
   tx = make_optimizer(args)
   params = par.shard(model)
   state = State(params, par.init_opt(tx, params), par.init_ef(params))
   # The uncompressed reference for the wire-bytes report: same model, mesh and ZeRO mode
   # (the same optimizer-state layout and node split), exact policy.
-  ref = Policy.from_dict({"data": {"zero": True, "nodes": policy.nodes("data")}}
-                         if policy.zero("data") else {})
+  ref = Recipe(zero=True, nodes=recipe.nodes) if recipe.zero else Recipe()
   exact = None if args.no_hlo_wire else parallel.Parallel3D(model, mesh, ref, n_micro=args.micro)
   args.out.mkdir(parents=True, exist_ok=True)
   if lead():
@@ -586,9 +590,9 @@ def main(argv: list[str] | None = None) -> dict:
                        f"to resume; pass --steps {state.step} or more")
   records = _start_metrics(metrics_path, state.step if args.resume else None)
   if not multi:
-    return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
+    return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, recipe)
   try:
-    return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy)
+    return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, recipe)
   except jax.errors.JaxRuntimeError as e:
     _lost_peer(e)
 
@@ -646,14 +650,14 @@ def cli(argv: list[str] | None = None) -> int:
   return 0
 
 
-def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, policy) -> dict:
+def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, recipe) -> dict:
   step_fn = par.train_step(tx, state.params, clip_norm=args.clip)
   eval_fn = jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
   start_step, n_params = state.step, sum(a.size for a in jax.tree.leaves(state.params))
   say(f"{args.model}-{args.size}: {n_params / 1e6:.2f}M params, vocab {corpus.vocab_size} "
         f"({args.tokenizer}), mesh data x tensor x pipe = {args.mesh} over "
       f"{jax.process_count()} process(es), policy:\n  "
-        + policy.describe().replace("\n", "\n  "))
+        + recipe.describe().replace("\n", "\n  "))
   from tqdm import tqdm
   bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps,
              disable=args.no_progress or not lead(), desc="train")

@@ -341,13 +341,21 @@ def test_training_step_matches_hand_wired_trainer():
       np.testing.assert_array_equal(a, b)
 
 
-def test_training_loop_options_warn_and_keyword_arguments():
+def test_training_switches_refused_and_keyword_arguments(tmp_path):
   m = mesh((8,), ("data",))
   sm = _smap(lambda v, w: lax.psum(v * w, "data"), m, (P("data"), P("data")), P())
   f = lambda v, *, w: sm(v, w)
-  pol = {"data": {"all_reduce": C8, "min_bytes": 0, "error_feedback": True}}
-  with pytest.warns(UserWarning, match=r"\[data\] error_feedback .* no effect"):
-    g = jcoccl.compress(f, pol)
+  pol = {"data": {"all_reduce": C8, "min_bytes": 0}}
+  # models/' training switches are no jcoccl.Policy settings: refused from a mapping and a
+  # file alike, with a pointer to models.recipe.
+  with pytest.raises(ValueError, match=r"\['error_feedback'\]: error_feedback is a training "
+                                       r"option of models/ \(models.recipe.Recipe"):
+    jcoccl.compress(f, {"data": {**pol["data"], "error_feedback": True}})
+  toml = tmp_path / "p.toml"
+  toml.write_text('[data]\nall_reduce = "int8"\nzero = true\n')
+  with pytest.raises(ValueError, match=r"p.toml: \[data\] zero: zero is a training option"):
+    jcoccl.compress(f, toml)
+  g = jcoccl.compress(f, pol)
   x = _x((8, 512))
   hand = _smap(lambda v, w: jcoccl.all_reduce(v * w, "data", compressor=C8, min_bytes=0), m,
                (P("data"), P("data")), P())(x, 2 * x)

@@ -17,6 +17,7 @@ from jcoccl import compressors as jc
 from jcoccl.policy import Policy
 from models import gpt, qwen
 from models.parallel import AXES, Collectives, Parallel3D, make_mesh, reference_loss_and_grads
+from models.recipe import Recipe
 
 VOCAB = 64
 
@@ -240,7 +241,7 @@ def _measured_wire_by_axis(model, par, params, x, y):
 def test_train_step_error_feedback_and_clipping():
   import optax
   model = _gpt()
-  policy = Policy.from_dict({"data": {"all_reduce": "int4", "error_feedback": True,
+  policy = Recipe.from_dict({"data": {"all_reduce": "int4", "error_feedback": True,
                                       "min_bytes": 0}})
   par = Parallel3D(model, make_mesh(2, 2, 2), policy, n_micro=2)
   params = par.shard(model)
@@ -269,13 +270,14 @@ def test_bad_mesh_rejected():
 
 
 def test_policy_lookup_and_errors(tmp_path):
-  p = Policy.from_dict({"data": {"all_reduce": "hadamard(int4)", "error_feedback": True},
+  r = Recipe.from_dict({"data": {"all_reduce": "hadamard(int4)", "error_feedback": True},
                         "*": {"ppermute": "int8"}})
+  p = r.policy
   assert p.compressor("data", "all_reduce") is not None
   assert p.compressor("data", "ppermute") is None  # 'data' is named: no fallback to '*'
   assert p.compressor("pipe", "ppermute") is not None
   assert p.compressor("tensor", "all_reduce") is None
-  assert p.error_feedback("data") and not p.error_feedback("pipe")
+  assert r.error_feedback
   f = tmp_path / "p.toml"
   f.write_text('[tensor]\nall_reduce = "fp8"\nmin_bytes = 0\n')
   t = Policy.from_toml(str(f))

@@ -211,10 +211,11 @@ def test_compress_override_keeps_the_wildcard_entries(tmp_path):
   import jcoccl.compressors as jc
   args = train.parse_args(TINY + ["--policy", "int8", "--compress", "data.all_reduce=int4",
                                   "--zero", "--out", str(tmp_path / "run")])
-  policy = train.load_policy(args)
+  recipe = train.load_policy(args)
+  policy = recipe.policy
   assert policy.compressor("data", "all_reduce") == jc.int4()
   assert policy.compressor("data", "ppermute") == jc.int8()
-  assert policy.options("data")["min_bytes"] == 0 and policy.zero("data")
+  assert policy.options("data")["min_bytes"] == 0 and recipe.zero
   assert policy.compressor("tensor", "all_reduce") == jc.int8()
 
 

@@ -1,4 +1,4 @@
-"""ZeRO data parallelism (policy ``[data] zero = true``) in the 3D-parallel trainer: the same
+"""ZeRO data parallelism (recipe ``[data] zero = true``) in the 3D-parallel trainer: the same
 training steps as plain data parallelism with compression off, an optimizer state sharded
 over 'data', and a compressed reduce_scatter (jcoccl's one-shot all-to-all) on the wire."""
 
@@ -15,6 +15,7 @@ import jcoccl
 from jcoccl.policy import Policy
 from models import gpt, qwen
 from models.parallel import Parallel3D, make_mesh
+from models.recipe import Recipe
 
 VOCAB, LR = 64, 1e-2
 
@@ -44,7 +45,7 @@ def _train(make, mesh, table, micro, steps=2, clip_norm=1.0):
   """``steps`` AdamW steps (clipped to ``clip_norm``) from the model's weights:
   (par, params, opt_state, error-feedback residuals, last metrics)."""
   model = make()  # fresh per run: the step donates the parameters, which alias the model's
-  par = Parallel3D(model, mesh, Policy.from_dict(table), n_micro=micro)
+  par = Parallel3D(model, mesh, Recipe.from_dict(table), n_micro=micro)
   params = par.shard(model)
   opt, ef, tx = par.init_opt(_tx(), params), par.init_ef(params), _tx()
   step = par.train_step(tx, params, clip_norm=clip_norm)
@@ -146,7 +147,7 @@ def test_compressed_reduce_scatter_all_to_all_and_fewer_bytes():
 
   def compile_step(table):
     model = _gpt()
-    par = Parallel3D(model, mesh, Policy.from_dict(table), n_micro=2)
+    par = Parallel3D(model, mesh, Recipe.from_dict(table), n_micro=2)
     params = par.shard(model)
     args = (params, par.init_opt(tx, params), par.init_ef(params), x, y)
     return par, par.train_step(tx, params), args
@@ -190,17 +191,17 @@ def test_compressed_zero_with_error_feedback_trains():
   assert any(float(jnp.abs(e).max()) > 0 for e in jax.tree.leaves(ef))
 
 
-def test_policy_zero_option(tmp_path):
-  p = Policy.from_dict({"data": {"zero": True, "reduce_scatter": "int4"}})
-  assert p.zero("data") and not p.zero("tensor")
-  assert "zero" in p.describe()
-  assert Policy.from_specs(["data.zero=true"]).zero("data")
+def test_recipe_zero_option(tmp_path):
+  r = Recipe.from_dict({"data": {"zero": True, "reduce_scatter": "int4"}})
+  assert r.zero and not Recipe.from_dict({"data": {"reduce_scatter": "int4"}}).zero
+  assert "zero" in r.describe()
+  assert Recipe.from_specs(["data.zero=true"]).zero
   f = tmp_path / "p.toml"
   f.write_text("[data]\nzero = true\n")
-  assert Policy.from_toml(str(f)).zero("data")
+  assert Recipe.from_toml(str(f)).zero
   with pytest.raises(TypeError, match="'zero'.*must be a bool"):
-    Policy.from_dict({"data": {"zero": "yes"}})
+    Recipe.from_dict({"data": {"zero": "yes"}})
   with pytest.raises(ValueError, match="zero must be true or false"):
-    Policy.from_specs(["data.zero=maybe"])
+    Recipe.from_specs(["data.zero=maybe"])
   # One data rank: nothing to shard, plain data parallelism.
-  assert not Parallel3D(_gpt(), make_mesh(1, 2, 2), Policy.from_dict({"data": {"zero": True}})).zero
+  assert not Parallel3D(_gpt(), make_mesh(1, 2, 2), Recipe.from_dict({"data": {"zero": True}})).zero

@@ -14,9 +14,9 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jcoccl
-from jcoccl.policy import Policy
 from models import train
 from models.parallel import NODE, Parallel3D, make_mesh
+from models.recipe import Recipe
 from test_train import TINY, _restore
 from test_zero import _batch, _gpt, _train, _tx
 
@@ -128,7 +128,7 @@ def test_hpz_gathers_across_nodes_once_per_step():
   table = {"data": {"zero": True, "nodes": 2, "all_gather": "int8", "reduce_scatter": "int4",
                     "error_feedback": True, "min_bytes": 0}}
   model = _gpt()
-  par = Parallel3D(model, mesh, Policy.from_dict(table), n_micro=2)
+  par = Parallel3D(model, mesh, Recipe.from_dict(table), n_micro=2)
   tx = _tx()
   params = par.shard(model)
   args = (params, par.init_opt(tx, params), par.init_ef(params), *_batch())
@@ -165,7 +165,7 @@ def _scatter(table, x):
   """Parallel3D's hierarchical gradient reduce_scatter of ``x`` [ranks, m] over a 2 x 2
   (node x data) mesh: rank r = node * 2 + data holds x[r]; returns [ranks, m / 4] in shard
   order (data * 2 + node)."""
-  par = Parallel3D(_gpt(), make_mesh(4, 1, 1), Policy.from_dict(table))
+  par = Parallel3D(_gpt(), make_mesh(4, 1, 1), Recipe.from_dict(table))
   assert par.data_axes == (NODE, "data") and par.sizes[NODE] == par.sizes["data"] == 2
   f = par._shard_map(lambda v: par._scatter_grads({"g": v[0]}, None)[0]["g"][None],
                      (P((NODE, "data")),), P(("data", NODE)))
@@ -251,22 +251,23 @@ def test_zeropp_run_loss_drops_and_resumes_bit_exactly(tmp_path):
   assert loss(a) == loss(b)
 
 
-# ---- the policy option -------------------------------------------------------------------
+# ---- the recipe option -------------------------------------------------------------------
 
 def test_nodes_option_checked(tmp_path):
-  p = Policy.from_dict({"data": {"zero": True, "nodes": 2}, NODE: {"reduce_scatter": "int8"}},
+  r = Recipe.from_dict({"data": {"zero": True, "nodes": 2}, NODE: {"reduce_scatter": "int8"}},
                        axes=("node", "data", "tensor", "pipe"))
-  assert p.nodes("data") == 2 and p.nodes("tensor") == 1 and "nodes=2" in p.describe()
-  assert Policy.from_specs(["data.nodes=4"]).nodes("data") == 4
+  assert r.nodes == 2 and "nodes=2" in r.describe()
+  assert r.policy.compressor(NODE, "reduce_scatter") is not None
+  assert Recipe.from_specs(["data.nodes=4"]).nodes == 4
   for value, err, match in [("2", TypeError, "nodes'\\] must be a positive int"),
                             (True, TypeError, "must be a positive int"),
                             (0, ValueError, "must be a positive int")]:
     with pytest.raises(err, match=match):
-      Policy.from_dict({"data": {"nodes": value}})
+      Recipe.from_dict({"data": {"nodes": value}})
   with pytest.raises(ValueError, match="nodes applies to the 'data' axis only"):
-    Policy.from_dict({"tensor": {"nodes": 2}})
-  with pytest.raises(ValueError, match="nodes must be a non-negative integer"):
-    Policy.from_specs(["data.nodes=two"])
+    Recipe.from_dict({"tensor": {"nodes": 2}})
+  with pytest.raises(ValueError, match="nodes must be a positive integer"):
+    Recipe.from_specs(["data.nodes=two"])
   # In the trainer: the node split needs ZeRO mode and must divide the data size.
   for text, flags, match in [("nodes = 2", [], "needs \\[data\\] zero = true"),
                              ("zero = true\nnodes = 3", ["--mesh", "4,1,2"],
@@ -277,5 +278,5 @@ def test_nodes_option_checked(tmp_path):
     with pytest.raises(train.SetupError, match=match):
       train.load_policy(args)
   with pytest.raises(ValueError, match="must divide the data axis size 4"):
-    Parallel3D(_gpt(), make_mesh(4, 1, 2), Policy.from_dict({"data": {"zero": True,
+    Parallel3D(_gpt(), make_mesh(4, 1, 2), Recipe.from_dict({"data": {"zero": True,
                                                                        "nodes": 3}}))

@@ -31,9 +31,12 @@ Rules:
   collectives, and collectives inside ``custom_jvp``/``custom_vjp`` functions: a custom rule
   defines the derivative of exactly the function it was written for, so the function and
   its rule are kept together, both as written.
-* ``error_feedback`` and ``zero`` are training-loop options of ``models.parallel`` (state
-  carried across steps, a sharded optimizer); a rewrite of the collectives cannot add them,
-  so ``compress`` warns and uses the compressors, ``min_bytes`` and ``algorithm`` only.
+* The policy is a :class:`jcoccl.Policy` and nothing more: compressors, ``min_bytes`` and
+  ``algorithm``. A TOML file with the training switches of ``models/`` (``error_feedback``,
+  ``zero``, ``nodes``: state carried across steps, a sharded optimizer, which a rewrite of
+  the collectives cannot add) is refused like any jcoccl.Policy refuses them, with a message
+  naming ``models.recipe``; ``models.recipe.Recipe.from_toml(path).policy`` is the jcoccl
+  part of such a file.
 * Gradients: collectives that AD produced inside ``f`` (``jax.grad`` in a training step)
   are equations like any other and are rewritten by op and axis; differentiating the
   compressed function uses the jcoccl ops' own transposes (their ``grad_compressor``
@@ -45,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 import jax
@@ -87,7 +89,9 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
     f: the function to rewrite.
     policy: a :class:`jcoccl.Policy`, a mapping ``{axis: {op: spec, ...}}`` (as
       :meth:`Policy.from_dict`) or the path of a TOML policy file (as
-      ``models/configs/*.toml``). Axis ``"*"`` applies to every mesh axis not named.
+      :meth:`Policy.from_toml`: compressors and options, no training switches; for a
+      ``models/configs/*.toml`` with them pass ``models.recipe.Recipe.from_toml(path).policy``).
+      Axis ``"*"`` applies to every mesh axis not named.
 
   Returns:
     The compressed function. At trace time it raises ValueError if the policy names an axis
@@ -109,7 +113,6 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
     raise TypeError(f"compress: f must be a callable (the function to rewrite), got "
                     f"{type(f).__name__} {f!r}")
   pol = as_policy(policy)
-  _warn_unused_options(pol)
 
   @functools.wraps(f)
   def compressed(*args: Any, **kwargs: Any) -> Any:
@@ -133,7 +136,9 @@ def as_policy(policy: Any) -> Policy:
   """The Policy that ``policy`` gives.
 
   Args:
-    policy: a Policy, a mapping ``{axis: {op or option: value}}`` or a TOML file's path.
+    policy: a Policy, a mapping ``{axis: {op or option: value}}`` or a TOML file's path
+      (``error_feedback``, ``zero`` and ``nodes`` there are refused: they are models/'
+      training switches).
 
   Returns:
     A :class:`jcoccl.Policy` (errors in a mapping or file name the entry).
@@ -149,15 +154,6 @@ def as_policy(policy: Any) -> Policy:
     return Policy.from_toml(os.fspath(policy))
   raise TypeError(f"compress: policy must be a jcoccl.Policy, a mapping {{axis: {{op: spec}}}} "
                   f"or the path of a TOML policy file, got {type(policy).__name__} {policy!r}")
-
-
-def _warn_unused_options(pol: Policy) -> None:
-  used = [f"[{a}] {k}" for a, ap in sorted(pol.axes.items())
-          for k in ("error_feedback", "zero") if getattr(ap, k)]
-  if used:
-    warnings.warn(f"compress: the policy's {', '.join(used)} are options of models.parallel's "
-                  f"training loop and have no effect here; the compressors, min_bytes and "
-                  f"algorithm apply", stacklevel=3)
 
 
 # -- which collectives are rewritten ------------------------------------------------------
