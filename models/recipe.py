@@ -75,6 +75,17 @@ class Recipe:
   nodes: int = 1
   source: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
+  def __post_init__(self):
+    # The trainer draws no PRNG key per collective call, which stochastic rounding needs;
+    # refusing here beats a failure inside the first compiled step.
+    for axis, ap in self.policy.axes.items():
+      for op, c in ap.compressors.items():
+        parts = [c, getattr(c, "inner", None)]
+        if any(getattr(p, "stochastic", False) for p in parts if p is not None):
+          raise ValueError(f"policy {axis}.{op} = {c}: stochastic rounding needs a PRNG key "
+                           "per collective call, which models.train does not draw; use "
+                           "round-to-nearest (drop 'stochastic' from the spec)")
+
   @classmethod
   def from_dict(cls, table: Mapping[str, Mapping[str, Any]], *,
                 axes: Sequence[str] | None = None) -> "Recipe":
