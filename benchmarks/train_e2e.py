@@ -38,24 +38,51 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # grow with the parameters and compute with parameters x tokens, so the tokens per step set
 # how communication-bound a step is; a CPU computes each token about a thousand times slower
 # than a GPU, hence so few.
-MODEL = ["--size", "wide", "--batch", "2", "--seq-len", "16", "--micro", "1", "--lr", "1e-3",
-         "--warmup", "3", "--max-chars", "1000000", "--eval-batches", "4"]
+MODEL = [
+  "--size",
+  "wide",
+  "--batch",
+  "2",
+  "--seq-len",
+  "16",
+  "--micro",
+  "1",
+  "--lr",
+  "1e-3",
+  "--warmup",
+  "3",
+  "--max-chars",
+  "1000000",
+  "--eval-batches",
+  "4",
+]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(prog="python benchmarks/train_e2e.py",
-                              description=__doc__.split("\n")[0])
-  p.add_argument("--link-rate", action="append", default=None,
-                 help="tc rate of the link between the processes (repeatable; 'none' = "
-                      "unshaped); default 1gbit")
-  p.add_argument("--policy", action="append", default=None,
-                 help="policies to compare (repeatable; default exact and coccl)")
+  p = argparse.ArgumentParser(
+    prog="python benchmarks/train_e2e.py", description=__doc__.split("\n")[0]
+  )
+  p.add_argument(
+    "--link-rate",
+    action="append",
+    default=None,
+    help="tc rate of the link between the processes (repeatable; 'none' = unshaped); default 1gbit",
+  )
+  p.add_argument(
+    "--policy",
+    action="append",
+    default=None,
+    help="policies to compare (repeatable; default exact and coccl)",
+  )
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--repeats", type=int, default=2)
   p.add_argument("--processes", type=int, default=2)
   p.add_argument("--devices-per-process", type=int, default=4)
-  p.add_argument("--mesh", default="2,4,1",
-                 help="data,tensor,pipe (default 2,4,1: data across the processes, tensor inside)")
+  p.add_argument(
+    "--mesh",
+    default="2,4,1",
+    help="data,tensor,pipe (default 2,4,1: data across the processes, tensor inside)",
+  )
   p.add_argument("--out", default=None, help="directory for results.json and README.md")
   p.add_argument("--dry-run", action="store_true", help="print the commands only")
   args = p.parse_args(argv)
@@ -71,12 +98,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def command(args: argparse.Namespace, rate: str, policy: str, out: pathlib.Path) -> list[str]:
   """The launcher command line of one run."""
   link = [] if rate == "none" else ["--link-rate", rate]
-  return [sys.executable, "-m", "jcoccl.launch", "-n", str(args.processes),
-          "--devices-per-process", str(args.devices_per_process), *link, "--",
-          sys.executable, "-m", "models.train", *MODEL, "--mesh", args.mesh,
-          "--policy", policy, "--steps", str(args.steps), "--log-every", "1",
-          "--eval-every", str(args.steps), "--ckpt-every", str(10 * args.steps),
-          "--no-progress", "--no-hlo-wire", "--seed", "0", "--out", str(out)]
+  return [
+    sys.executable,
+    "-m",
+    "jcoccl.launch",
+    "-n",
+    str(args.processes),
+    "--devices-per-process",
+    str(args.devices_per_process),
+    *link,
+    "--",
+    sys.executable,
+    "-m",
+    "models.train",
+    *MODEL,
+    "--mesh",
+    args.mesh,
+    "--policy",
+    policy,
+    "--steps",
+    str(args.steps),
+    "--log-every",
+    "1",
+    "--eval-every",
+    str(args.steps),
+    "--ckpt-every",
+    str(10 * args.steps),
+    "--no-progress",
+    "--no-hlo-wire",
+    "--seed",
+    "0",
+    "--out",
+    str(out),
+  ]
 
 
 def run_one(args: argparse.Namespace, rate: str, policy: str, work: pathlib.Path) -> dict:
@@ -84,44 +138,63 @@ def run_one(args: argparse.Namespace, rate: str, policy: str, work: pathlib.Path
   out = work / f"{rate}-{policy}"
   shutil.rmtree(out, ignore_errors=True)
   t0 = time.perf_counter()
-  r = subprocess.run(command(args, rate, policy, out), cwd=ROOT, capture_output=True,
-                     text=True)
+  r = subprocess.run(command(args, rate, policy, out), cwd=ROOT, capture_output=True, text=True)
   wall = time.perf_counter() - t0
   if r.returncode:
     raise RuntimeError(f"{rate} {policy} failed ({r.returncode}):\n{r.stdout[-3000:]}")
   recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
   steps = [r["step_s"] for r in recs if "step_s" in r]
   val = [r["val_loss"] for r in recs if "val_loss" in r]
-  return {"link_rate": rate, "policy": policy, "step_s": steps,
-          "median_step_s": statistics.median(steps[1:]), "val_loss": val[-1], "wall_s": wall}
+  return {
+    "link_rate": rate,
+    "policy": policy,
+    "step_s": steps,
+    "median_step_s": statistics.median(steps[1:]),
+    "val_loss": val[-1],
+    "wall_s": wall,
+  }
 
 
 def table(runs: list[dict], policies: list[str], rates: list[str]) -> str:
   """Markdown: per link rate and policy, median step time, speedup over exact, val loss."""
-  lines = ["| link | policy | step time (s, median) | speedup vs exact | final val loss | "
-           "vs exact |", "|---|---|---|---|---|---|"]
+  lines = [
+    "| link | policy | step time (s, median) | speedup vs exact | final val loss | vs exact |",
+    "|---|---|---|---|---|---|",
+  ]
   for rate in rates:
     cell = {}
     for pol in policies:
       mine = [r for r in runs if r["link_rate"] == rate and r["policy"] == pol]
-      cell[pol] = (statistics.median(r["median_step_s"] for r in mine),
-                   statistics.median(r["val_loss"] for r in mine))
+      cell[pol] = (
+        statistics.median(r["median_step_s"] for r in mine),
+        statistics.median(r["val_loss"] for r in mine),
+      )
     t0, v0 = cell.get("exact", (float("nan"), float("nan")))
     for pol in policies:
       t, v = cell[pol]
-      lines.append(f"| {rate} | {pol} | {t:.2f} | {t0 / t:.2f}x | {v:.4f} | "
-                   f"{100 * (v - v0) / v0:+.2f}% |")
+      lines.append(
+        f"| {rate} | {pol} | {t:.2f} | {t0 / t:.2f}x | {v:.4f} | {100 * (v - v0) / v0:+.2f}% |"
+      )
   return "\n".join(lines)
 
 
 def machine() -> dict:
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
-  cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-              if l.startswith("model name")), platform.processor())
-  return {"commit": commit, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-          "cpu": cpu, "cores": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
-          "python": platform.python_version()}
+  commit = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+  ).stdout.strip()
+  cpuinfo = pathlib.Path("/proc/cpuinfo")
+  lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+  cpu = next(
+    (l.split(":", 1)[1].strip() for l in lines if l.startswith("model name")), platform.processor()
+  )
+  return {
+    "commit": commit,
+    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    "cpu": cpu,
+    "cores": os.cpu_count(),
+    "load_avg_at_start": os.getloadavg(),
+    "python": platform.python_version(),
+  }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,30 +212,41 @@ def main(argv: list[str] | None = None) -> None:
           run = run_one(args, rate, pol, pathlib.Path(tmp))
           run["repeat"] = rep
           runs.append(run)
-          print(f"repeat {rep} link {rate} {pol}: median step {run['median_step_s']:.2f} s, "
-                f"val loss {run['val_loss']:.4f} ({run['wall_s']:.0f} s)", flush=True)
+          print(
+            f"repeat {rep} link {rate} {pol}: median step {run['median_step_s']:.2f} s, "
+            f"val loss {run['val_loss']:.4f} ({run['wall_s']:.0f} s)",
+            flush=True,
+          )
   text = table(runs, args.policy, args.link_rate)
   print(text)
   if args.out:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    setup = {"processes": args.processes, "devices_per_process": args.devices_per_process,
-             "mesh": args.mesh, "steps": args.steps, "repeats": args.repeats,
-             "model_args": MODEL, "link_rates": args.link_rate}
+    setup = {
+      "processes": args.processes,
+      "devices_per_process": args.devices_per_process,
+      "mesh": args.mesh,
+      "steps": args.steps,
+      "repeats": args.repeats,
+      "model_args": MODEL,
+      "link_rates": args.link_rate,
+    }
     (out / "results.json").write_text(json.dumps({**info, **setup, "runs": runs}, indent=1))
     (out / "README.md").write_text(report(info, setup, text))
 
 
 def report(info: dict, setup: dict, text: str) -> str:
-  return (f"# End-to-end training across processes ({info['date'][:10]})\n\n"
-          f"jcoccl commit {info['commit']}; {info['cpu']}, {info['cores']} cores (shared; load "
-          f"average at start {info['load_avg_at_start'][0]:.1f}); Python {info['python']}.\n"
-          f"{setup['processes']} processes x {setup['devices_per_process']} host CPU devices "
-          f"(`python -m jcoccl.launch --link-rate RATE`: one tc token-bucket link shared by "
-          f"all traffic between the processes), mesh data,tensor,pipe = {setup['mesh']}; "
-          f"`python -m models.train {' '.join(setup['model_args'])}`, {setup['steps']} steps, "
-          f"seed 0, {setup['repeats']} interleaved repeats; step time = median over repeats "
-          f"of each run's median step after the first.\n\n{text}\n")
+  return (
+    f"# End-to-end training across processes ({info['date'][:10]})\n\n"
+    f"jcoccl commit {info['commit']}; {info['cpu']}, {info['cores']} cores (shared; load "
+    f"average at start {info['load_avg_at_start'][0]:.1f}); Python {info['python']}.\n"
+    f"{setup['processes']} processes x {setup['devices_per_process']} host CPU devices "
+    f"(`python -m jcoccl.launch --link-rate RATE`: one tc token-bucket link shared by "
+    f"all traffic between the processes), mesh data,tensor,pipe = {setup['mesh']}; "
+    f"`python -m models.train {' '.join(setup['model_args'])}`, {setup['steps']} steps, "
+    f"seed 0, {setup['repeats']} interleaved repeats; step time = median over repeats "
+    f"of each run's median step after the first.\n\n{text}\n"
+  )
 
 
 if __name__ == "__main__":

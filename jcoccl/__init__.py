@@ -16,6 +16,7 @@ from jcoccl._src.all_to_all import all_to_all as all_to_all
 from jcoccl._src.ppermute import ppermute as ppermute
 from jcoccl._src._common import set_default_min_bytes as set_default_min_bytes
 from jcoccl._src._common import default_min_bytes as default_min_bytes
+
 # all_reduce(algorithm="auto")'s cost model: constants measured per link and backend.
 from jcoccl._src.cost_model import CostModel as CostModel
 from jcoccl._src.cost_model import load as load_cost_model

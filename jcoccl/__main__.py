@@ -13,8 +13,12 @@ from jcoccl._src.info import version
 def main(argv: list[str] | None = None) -> int:
   """Entry point of ``python -m jcoccl`` and the ``jcoccl`` script."""
   p = argparse.ArgumentParser(prog="jcoccl", description="jcoccl utilities")
-  p.add_argument("--version", action="version", version=f"jcoccl {version()}",
-                 help="print jcoccl's version and exit")
+  p.add_argument(
+    "--version",
+    action="version",
+    version=f"jcoccl {version()}",
+    help="print jcoccl's version and exit",
+  )
   sub = p.add_subparsers(dest="cmd", required=True)
   i = sub.add_parser("info", help="versions, native extensions, devices")
   i.add_argument("--json", action="store_true", help="print JSON instead of text")

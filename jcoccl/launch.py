@@ -32,7 +32,8 @@ import sys
 import threading
 import time
 import uuid
-from typing import IO, Sequence
+from collections.abc import Sequence
+from typing import IO
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$", re.IGNORECASE)
 _DELAY = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$", re.IGNORECASE)
@@ -47,8 +48,9 @@ def rate_bits(text: str) -> float:
   """
   m = _RATE.match(text.strip())
   if not m or float(m.group(1)) <= 0:
-    raise ValueError(f"--link-rate must be a positive rate such as 1gbit, 500mbit or 10gbit, "
-                     f"got {text!r}")
+    raise ValueError(
+      f"--link-rate must be a positive rate such as 1gbit, 500mbit or 10gbit, got {text!r}"
+    )
   return float(m.group(1)) * _RATE_SCALE[m.group(2).lower()]
 
 
@@ -77,14 +79,15 @@ class LinkNamespace:
     """The command line that runs ``argv`` inside the namespace."""
     return ["ip", "netns", "exec", self.name, *argv]
 
-  def __enter__(self) -> "LinkNamespace":
+  def __enter__(self) -> LinkNamespace:
     missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
     if missing or os.geteuid() != 0:
       why = f"{' and '.join(missing)} not found" if missing else "not running as root"
       raise PermissionError(
-          f"--link-rate/--link-delay shape a private network namespace, which needs root "
-          f"(CAP_NET_ADMIN) and iproute2's ip and tc ({why}); run as root, or leave the link "
-          f"unshaped")
+        f"--link-rate/--link-delay shape a private network namespace, which needs root "
+        f"(CAP_NET_ADMIN) and iproute2's ip and tc ({why}); run as root, or leave the link "
+        f"unshaped"
+      )
     # Marked first: an interrupt that lands while `ip netns add` is finishing must still
     # remove the namespace (deleting one that was never made is harmless).
     self.created = True
@@ -95,13 +98,47 @@ class LinkNamespace:
       if self.rate:
         # The bucket must hold at least one 64 KiB loopback packet and ~4 ms of traffic.
         burst = max(512 * 1024, int(rate_bits(self.rate) / 8 * 0.004))
-        self._run(self.wrap(["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "tbf",
-                             "rate", self.rate, "burst", str(burst), "latency", "400ms"]))
+        self._run(
+          self.wrap(
+            [
+              "tc",
+              "qdisc",
+              "add",
+              "dev",
+              "lo",
+              "root",
+              "handle",
+              "1:",
+              "tbf",
+              "rate",
+              self.rate,
+              "burst",
+              str(burst),
+              "latency",
+              "400ms",
+            ]
+          )
+        )
         parent = ["parent", "1:1"]
       if self.delay:
-        self._run(self.wrap(["tc", "qdisc", "add", "dev", "lo", *parent, "handle", "10:",
-                             "netem", "delay", self.delay]),
-                  hint="--link-delay needs the netem qdisc (kernel module sch_netem)")
+        self._run(
+          self.wrap(
+            [
+              "tc",
+              "qdisc",
+              "add",
+              "dev",
+              "lo",
+              *parent,
+              "handle",
+              "10:",
+              "netem",
+              "delay",
+              self.delay,
+            ]
+          ),
+          hint="--link-delay needs the netem qdisc (kernel module sch_netem)",
+        )
     except BaseException:
       self.close()
       raise
@@ -139,8 +176,13 @@ def free_port() -> int:
 def process_env(rank: int, n: int, port: int, devices: int, link: str) -> dict[str, str]:
   """The environment of process ``rank`` of ``n``."""
   env = dict(os.environ)
-  env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n),
-             JAX_PROCESS_ID=str(rank), JCOCCL_LINK=link, PYTHONUNBUFFERED="1")
+  env.update(
+    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+    JAX_NUM_PROCESSES=str(n),
+    JAX_PROCESS_ID=str(rank),
+    JCOCCL_LINK=link,
+    PYTHONUNBUFFERED="1",
+  )
   flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
   env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
   return env
@@ -153,8 +195,15 @@ def _pump(rank: int, stream: IO[str], lock: threading.Lock) -> None:
       sys.stdout.flush()
 
 
-def run(argv: Sequence[str], n: int, *, devices: int = 1, link_rate: str | None = None,
-        link_delay: str | None = None, kill_after: float = 30.0) -> int:
+def run(
+  argv: Sequence[str],
+  n: int,
+  *,
+  devices: int = 1,
+  link_rate: str | None = None,
+  link_delay: str | None = None,
+  kill_after: float = 30.0,
+) -> int:
   """Runs ``argv`` as ``n`` processes; returns the first non-zero exit status, else 0.
 
   Args:
@@ -184,9 +233,14 @@ def run(argv: Sequence[str], n: int, *, devices: int = 1, link_rate: str | None 
     cmd = ns.wrap(argv) if ns else list(argv)
     pumps = []
     for rank in range(n):
-      p = subprocess.Popen(cmd, env=process_env(rank, n, port, devices, link),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+      p = subprocess.Popen(
+        cmd,
+        env=process_env(rank, n, port, devices, link),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+      )
       procs.append(p)
       t = threading.Thread(target=_pump, args=(rank, p.stdout, lock), daemon=True)
       t.start()
@@ -219,8 +273,12 @@ def _wait(procs: list[subprocess.Popen], kill_after: float, lock: threading.Lock
         status = _exit_status(rc)
         deadline = time.monotonic() + kill_after
         with lock:
-          print(f"jcoccl.launch: process {rank} exited with status {status}; the others get "
-                f"{kill_after:g} s to stop", file=sys.stderr, flush=True)
+          print(
+            f"jcoccl.launch: process {rank} exited with status {status}; the others get "
+            f"{kill_after:g} s to stop",
+            file=sys.stderr,
+            flush=True,
+          )
     if all(rc is not None for rc in codes):
       return status
     if deadline is not None and time.monotonic() > deadline:
@@ -252,15 +310,23 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """Command line entry point (see the module docstring)."""
-  p = argparse.ArgumentParser(prog="python -m jcoccl.launch", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="python -m jcoccl.launch",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   p.add_argument("-n", "--processes", type=int, required=True, help="number of processes")
-  p.add_argument("--devices-per-process", type=int, default=1,
-                 help="host CPU devices per process (default 1)")
+  p.add_argument(
+    "--devices-per-process", type=int, default=1, help="host CPU devices per process (default 1)"
+  )
   p.add_argument("--link-rate", help="shape the processes' shared link, e.g. 1gbit, 10gbit")
   p.add_argument("--link-delay", help="one-way delay per packet on that link, e.g. 100us")
-  p.add_argument("--kill-after", type=float, default=30.0,
-                 help="seconds the others get to stop once one process failed (default 30)")
+  p.add_argument(
+    "--kill-after",
+    type=float,
+    default=30.0,
+    help="seconds the others get to stop once one process failed (default 30)",
+  )
   p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program to run")
   args = p.parse_args(argv)
   command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -277,9 +343,14 @@ def main(argv: Sequence[str] | None = None) -> int:
       rate_bits(args.link_rate)
     if args.link_delay:
       check_delay(args.link_delay)
-    return run(command, args.processes, devices=args.devices_per_process,
-               link_rate=args.link_rate, link_delay=args.link_delay,
-               kill_after=args.kill_after)
+    return run(
+      command,
+      args.processes,
+      devices=args.devices_per_process,
+      link_rate=args.link_rate,
+      link_delay=args.link_delay,
+      kill_after=args.kill_after,
+    )
   except (ValueError, PermissionError, RuntimeError) as e:
     p.error(str(e))
     return 2

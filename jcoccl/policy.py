@@ -38,7 +38,8 @@ import difflib
 import json
 import re
 import tomllib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 OPTIONS = ("min_bytes", "algorithm")
@@ -81,10 +82,12 @@ def _parse(spec: Any, where: str, origin: _Origin) -> Any:
   if not isinstance(spec, str):
     if isinstance(spec, compressors.Compressor):
       return spec
-    raise origin.type_error(f"{where} must be a compressor spec string, a Compressor or None, "
-                            f"got {type(spec).__name__} {spec!r}")
+    raise origin.type_error(
+      f"{where} must be a compressor spec string, a Compressor or None, "
+      f"got {type(spec).__name__} {spec!r}"
+    )
   if not spec.strip():
-    raise ValueError(f"{where}: empty compressor spec; write \"none\" for the exact path")
+    raise ValueError(f'{where}: empty compressor spec; write "none" for the exact path')
   if spec.strip().lower() in ("none", "off"):
     return None
   try:
@@ -114,8 +117,9 @@ class Policy:
   source: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
   @classmethod
-  def from_dict(cls, table: Mapping[str, Mapping[str, Any]], *,
-                axes: Sequence[str] | None = None) -> "Policy":
+  def from_dict(
+    cls, table: Mapping[str, Mapping[str, Any]], *, axes: Sequence[str] | None = None
+  ) -> Policy:
     """Builds a policy from ``{axis: {op or option: value}}``.
 
     Args:
@@ -138,8 +142,9 @@ class Policy:
     return cls._build(table, _Origin("dict"), axes)
 
   @classmethod
-  def from_toml(cls, path: str, *, axes: Sequence[str] | None = None,
-                table: Mapping[str, Any] | None = None) -> "Policy":
+  def from_toml(
+    cls, path: str, *, axes: Sequence[str] | None = None, table: Mapping[str, Any] | None = None
+  ) -> Policy:
     """Reads a TOML file with one table per axis, e.g. ``[data]\\nall_reduce = "int8"``.
 
     Args:
@@ -160,7 +165,7 @@ class Policy:
     return cls._build(table, _Origin("toml", str(path)), axes)
 
   @classmethod
-  def from_specs(cls, specs: Sequence[str], *, axes: Sequence[str] | None = None) -> "Policy":
+  def from_specs(cls, specs: Sequence[str], *, axes: Sequence[str] | None = None) -> Policy:
     """Builds a policy from ``"axis.op=spec"`` strings (command-line form).
 
     Args:
@@ -182,16 +187,19 @@ class Policy:
       axis, dot, op = key.strip().partition(".")
       axis, op = axis.strip(), op.strip()
       if not sep or not dot or not axis or not op:
-        raise ValueError(f"policy spec must look like 'axis.op=spec' (e.g. "
-                         f"'data.all_reduce=int8'), got {s!r}")
+        raise ValueError(
+          f"policy spec must look like 'axis.op=spec' (e.g. 'data.all_reduce=int8'), got {s!r}"
+        )
       table.setdefault(axis, {})[op] = _option_value(f"{axis}.{op}", op, value.strip())
     return cls._build(table, _Origin("spec"), axes)
 
   @classmethod
-  def _build(cls, table: Any, origin: _Origin, axes: Sequence[str] | None) -> "Policy":
+  def _build(cls, table: Any, origin: _Origin, axes: Sequence[str] | None) -> Policy:
     if not isinstance(table, Mapping):
-      raise origin.type_error(f"{origin.name}: a policy must be a mapping axis -> {{op: spec}}, "
-                              f"got {type(table).__name__}")
+      raise origin.type_error(
+        f"{origin.name}: a policy must be a mapping axis -> {{op: spec}}, "
+        f"got {type(table).__name__}"
+      )
     built = {}
     for axis, entry in table.items():
       _check_axis(axis, entry, origin, axes)
@@ -251,12 +259,15 @@ def _check_axis(axis: Any, entry: Any, origin: _Origin, axes: Sequence[str] | No
   if not isinstance(axis, str) or not axis.strip():
     raise origin.type_error(f"{origin.at(axis)}: an axis name must be a non-empty string")
   if not isinstance(entry, Mapping):
-    raise origin.type_error(f"{origin.at(axis)} must be a table of ops and options (e.g. "
-                            f"all_reduce = \"int8\"), got {type(entry).__name__} {entry!r}")
+    raise origin.type_error(
+      f"{origin.at(axis)} must be a table of ops and options (e.g. "
+      f'all_reduce = "int8"), got {type(entry).__name__} {entry!r}'
+    )
   if axes is not None and axis != WILDCARD and axis not in axes:
-    raise ValueError(f"{origin.at(axis)}: unknown axis {axis!r}; the mesh's axes are "
-                     f"{', '.join(map(repr, axes))}, or '*' for every axis not named"
-                     + _did_you_mean(axis, axes))
+    raise ValueError(
+      f"{origin.at(axis)}: unknown axis {axis!r}; the mesh's axes are "
+      f"{', '.join(map(repr, axes))}, or '*' for every axis not named" + _did_you_mean(axis, axes)
+    )
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -275,13 +286,17 @@ def _axis_policy(axis: str, entry: Mapping[str, Any], origin: _Origin) -> AxisPo
     elif key in OPTIONS:
       kw[key] = _option(key, value, where, origin)
     elif key in TRAINING_OPTIONS:
-      raise ValueError(f"{where}: {key} is a training option of models/ (models.recipe.Recipe, "
-                       f"which python -m models.train --policy uses), not a jcoccl.Policy "
-                       f"setting; read the file with models.recipe.Recipe.from_toml (its "
-                       f".policy is this Policy) or leave {key} out")
+      raise ValueError(
+        f"{where}: {key} is a training option of models/ (models.recipe.Recipe, "
+        f"which python -m models.train --policy uses), not a jcoccl.Policy "
+        f"setting; read the file with models.recipe.Recipe.from_toml (its "
+        f".policy is this Policy) or leave {key} out"
+      )
     else:
-      raise ValueError(f"{origin.at(axis)} has unknown key {key!r}; accepted: "
-                       f"{', '.join(OPS + OPTIONS)}" + _did_you_mean(str(key), OPS + OPTIONS))
+      raise ValueError(
+        f"{origin.at(axis)} has unknown key {key!r}; accepted: "
+        f"{', '.join(OPS + OPTIONS)}" + _did_you_mean(str(key), OPS + OPTIONS)
+      )
   return AxisPolicy(compressors=comps, **kw)
 
 
@@ -296,7 +311,10 @@ def _option(key: str, value: Any, where: str, origin: _Origin) -> Any:
   if not isinstance(value, str):
     raise origin.type_error(f"{where} must be a string, one of {ALGORITHMS}, got {value!r}")
   if value not in ALGORITHMS:
-    why = (" ('hierarchical' needs a tuple of two or more axes; a policy entry names one)"
-           if value == "hierarchical" else _did_you_mean(value, ALGORITHMS))
+    why = (
+      " ('hierarchical' needs a tuple of two or more axes; a policy entry names one)"
+      if value == "hierarchical"
+      else _did_you_mean(value, ALGORITHMS)
+    )
     raise ValueError(f"{where} must be one of {ALGORITHMS}, got {value!r}{why}")
   return value

@@ -25,8 +25,10 @@ TOKENIZERS = ("char", "bpe")
 def _package_dir(name: str) -> pathlib.Path:
   spec = importlib.util.find_spec(name)
   if spec is None or not spec.submodule_search_locations:
-    raise ValueError(f"the {name!r} package is not installed; install the 'train' extra "
-                     f"(pip install -e '.[train]')")
+    raise ValueError(
+      f"the {name!r} package is not installed; install the 'train' extra "
+      f"(pip install -e '.[train]')"
+    )
   return pathlib.Path(list(spec.submodule_search_locations)[0])
 
 
@@ -57,8 +59,9 @@ class Corpus:
   tokenizer: str
   itos: list[str] | None = None
 
-  def batch(self, rng: np.random.Generator, split: str, *, batch: int,
-            seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+  def batch(
+    self, rng: np.random.Generator, split: str, *, batch: int, seq_len: int
+  ) -> tuple[np.ndarray, np.ndarray]:
     """Random windows: inputs and next-token targets, int32 [batch, seq_len] each."""
     return self.windows(split, self.starts(rng, split, batch=batch, seq_len=seq_len), seq_len)
 
@@ -67,8 +70,7 @@ class Corpus:
       raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     return self.train if split == "train" else self.val
 
-  def starts(self, rng: np.random.Generator, split: str, *, batch: int,
-             seq_len: int) -> np.ndarray:
+  def starts(self, rng: np.random.Generator, split: str, *, batch: int, seq_len: int) -> np.ndarray:
     """Where each of ``batch`` random windows begins: int64 [batch].
 
     Cheap for any batch, so every process can draw the whole global batch's starts from one
@@ -80,12 +82,13 @@ class Corpus:
     # A window is seq_len + 1 tokens and starts are drawn below len - seq_len - 1 (as every
     # saved run has drawn them), so one more token is needed.
     if seq_len + 2 > len(data):
-      raise ValueError(f"seq_len {seq_len} needs at least {seq_len + 2} tokens in the {split} "
-                       f"split, which has {len(data)}")
+      raise ValueError(
+        f"seq_len {seq_len} needs at least {seq_len + 2} tokens in the {split} "
+        f"split, which has {len(data)}"
+      )
     return rng.integers(0, len(data) - seq_len - 1, size=batch)
 
-  def windows(self, split: str, starts: np.ndarray, seq_len: int
-              ) -> tuple[np.ndarray, np.ndarray]:
+  def windows(self, split: str, starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and next-token targets, int32 [len(starts), seq_len] each, of the windows at
     ``starts`` (from :meth:`starts`)."""
     idx = np.asarray(starts)[:, None] + np.arange(seq_len + 1)[None, :]
@@ -118,8 +121,10 @@ class Vocab:
     stoi = {c: i for i, c in enumerate(self.itos)}
     for pos, c in enumerate(text):
       if c not in stoi:
-        raise ValueError(f"character {c!r} at position {pos} of the text is not in the "
-                         f"{self.size}-character vocabulary of this corpus")
+        raise ValueError(
+          f"character {c!r} at position {pos} of the text is not in the "
+          f"{self.size}-character vocabulary of this corpus"
+        )
     return np.asarray([stoi[c] for c in text], np.int32)
 
   def decode(self, ids: np.ndarray) -> str:
@@ -130,6 +135,7 @@ class Vocab:
 
 def _bpe():
   from tokenizers import ByteLevelBPETokenizer
+
   enc, merges = bpe_files()
   return ByteLevelBPETokenizer(str(enc), str(merges))
 
@@ -137,8 +143,9 @@ def _bpe():
 def _check(tokenizer: str, max_chars: int | None) -> None:
   if tokenizer not in TOKENIZERS:
     raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
-  if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int)
-                                or max_chars < 1):
+  if max_chars is not None and (
+    isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1
+  ):
     raise ValueError(f"max_chars must be None or an int >= 1, got {max_chars!r}")
 
 

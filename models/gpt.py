@@ -88,8 +88,9 @@ class GPT(nnx.Module):
     return x
 
   def head(self, x: jax.Array) -> jax.Array:
-    return jnp.einsum("bsd,vd->bsv", self.ln_f(x), self.wte[...],
-                      precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum(
+      "bsd,vd->bsv", self.ln_f(x), self.wte[...], precision=jax.lax.Precision.HIGHEST
+    )
 
   def __call__(self, tokens: jax.Array, comm: Comm = LOCAL) -> jax.Array:
     return self.head(self.run_blocks(self.embed(tokens), comm))
@@ -98,9 +99,16 @@ class GPT(nnx.Module):
 # Which axis of each block parameter is split over 'tensor' (column-parallel q/k/v/c_fc split
 # their outputs, row-parallel c_proj/mlp_proj their inputs); absent = replicated.
 TENSOR_AXIS: dict[tuple[str, str], int] = {
-    ("q", "kernel"): 1, ("q", "bias"): 0, ("k", "kernel"): 1, ("k", "bias"): 0,
-    ("v", "kernel"): 1, ("v", "bias"): 0, ("c_fc", "kernel"): 1, ("c_fc", "bias"): 0,
-    ("c_proj", "kernel"): 0, ("mlp_proj", "kernel"): 0,
+  ("q", "kernel"): 1,
+  ("q", "bias"): 0,
+  ("k", "kernel"): 1,
+  ("k", "bias"): 0,
+  ("v", "kernel"): 1,
+  ("v", "bias"): 0,
+  ("c_fc", "kernel"): 1,
+  ("c_fc", "bias"): 0,
+  ("c_proj", "kernel"): 0,
+  ("mlp_proj", "kernel"): 0,
 }
 
 
@@ -108,11 +116,18 @@ def config_from_hf(config: dict) -> GPTConfig:
   """Reads a ``GPT2Config.to_dict()``."""
   act = config.get("activation_function", "gelu_new")
   if act not in ("gelu_new", "gelu_pytorch_tanh"):
-    raise ValueError(f"config['activation_function'] must be 'gelu_new' or "
-                     f"'gelu_pytorch_tanh' (tanh GELU), got {act!r}")
-  return GPTConfig(vocab_size=config["vocab_size"], n_positions=config["n_positions"],
-                   n_embd=config["n_embd"], n_layer=config["n_layer"], n_head=config["n_head"],
-                   layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5))
+    raise ValueError(
+      f"config['activation_function'] must be 'gelu_new' or "
+      f"'gelu_pytorch_tanh' (tanh GELU), got {act!r}"
+    )
+  return GPTConfig(
+    vocab_size=config["vocab_size"],
+    n_positions=config["n_positions"],
+    n_embd=config["n_embd"],
+    n_layer=config["n_layer"],
+    n_head=config["n_head"],
+    layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
+  )
 
 
 def from_hf(config: dict, state_dict: dict[str, np.ndarray]) -> GPT:
@@ -140,11 +155,14 @@ def from_hf(config: dict, state_dict: dict[str, np.ndarray]) -> GPT:
     p = f"h.{i}."
     w, bias = get(p + "attn.c_attn.weight"), get(p + "attn.c_attn.bias")
     for j, dense in enumerate((blk.q, blk.k, blk.v)):
-      dense.kernel[...], dense.bias[...] = w[:, j * d:(j + 1) * d], bias[j * d:(j + 1) * d]
+      dense.kernel[...], dense.bias[...] = w[:, j * d : (j + 1) * d], bias[j * d : (j + 1) * d]
     for ours, theirs in ((blk.ln_1, "ln_1"), (blk.ln_2, "ln_2")):
       ours.scale[...], ours.bias[...] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
-    for ours, theirs in ((blk.c_proj, "attn.c_proj"), (blk.c_fc, "mlp.c_fc"),
-                         (blk.mlp_proj, "mlp.c_proj")):
+    for ours, theirs in (
+      (blk.c_proj, "attn.c_proj"),
+      (blk.c_fc, "mlp.c_fc"),
+      (blk.mlp_proj, "mlp.c_proj"),
+    ):
       ours.kernel[...], ours.bias[...] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
   return model
 

@@ -52,8 +52,7 @@ class Dense(nnx.Module):
     (2, 8)
   """
 
-  def __init__(self, din: int, dout: int, *, bias: bool = True, std: float = 0.02,
-               rngs: nnx.Rngs):
+  def __init__(self, din: int, dout: int, *, bias: bool = True, std: float = 0.02, rngs: nnx.Rngs):
     self.kernel = nnx.Param(_normal(rngs, (din, dout), std))
     self.bias = nnx.Param(jnp.zeros((dout,), jnp.float32)) if bias else None
 

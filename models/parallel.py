@@ -39,7 +39,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,9 +53,9 @@ from jax.sharding import PartitionSpec as P
 
 import jcoccl
 from jcoccl.policy import Policy
-from models.recipe import Recipe, as_recipe
 from models import gpt, pipeline, qwen
 from models.layers import LOCAL, Comm, cross_entropy
+from models.recipe import Recipe, as_recipe
 
 DATA_AXIS = "data"
 AXES = (DATA_AXIS, "tensor", "pipe")
@@ -65,6 +66,7 @@ POLICY_AXES = (NODE, *AXES)
 
 # ------------------------------------------------------------------------------------------
 # The one place where models/ calls collectives.
+
 
 @dataclasses.dataclass
 class Collectives:
@@ -104,18 +106,17 @@ class Collectives:
     """Sum over ``axis`` of a flat ``x``, this rank's 1/size slice (tiled on dimension 0)."""
     c = self.compressor(axis, "reduce_scatter")
     self._record(axis, "reduce_scatter", x, c)
-    return jcoccl.reduce_scatter(x, axis, tiled=True, compressor=c,
-                                 **self._options(axis, "reduce_scatter"))
+    return jcoccl.reduce_scatter(
+      x, axis, tiled=True, compressor=c, **self._options(axis, "reduce_scatter")
+    )
 
   def all_gather(self, x: jax.Array, axis: str) -> jax.Array:
     """Concatenation over ``axis`` of every rank's flat ``x`` (tiled on dimension 0)."""
     c = self.compressor(axis, "all_gather")
     self._record(axis, "all_gather", x, c)
-    return jcoccl.all_gather(x, axis, tiled=True, compressor=c,
-                             **self._options(axis, "all_gather"))
+    return jcoccl.all_gather(x, axis, tiled=True, compressor=c, **self._options(axis, "all_gather"))
 
-  def ef_reduce(self, grads: Any, state: Any, axis: str, op: str = "all_reduce"
-                ) -> tuple[Any, Any]:
+  def ef_reduce(self, grads: Any, state: Any, axis: str, op: str = "all_reduce") -> tuple[Any, Any]:
     """Sums a gradient pytree over ``axis`` with error feedback (jcoccl.error_feedback);
     ``op`` is "all_reduce" or "reduce_scatter" (flat leaves, tiled)."""
     c = self.compressor(axis, op)
@@ -165,6 +166,7 @@ class TensorComm:
 # ------------------------------------------------------------------------------------------
 # Parameter layout.
 
+
 @dataclasses.dataclass(frozen=True)
 class _Family:
   layers_field: str
@@ -173,10 +175,12 @@ class _Family:
 
 
 _FAMILIES = {
-    gpt.GPT: _Family("n_layer", lambda c: (c.n_head,), gpt.TENSOR_AXIS),
-    qwen.Qwen: _Family("num_hidden_layers",
-                       lambda c: (c.num_attention_heads, c.num_key_value_heads,
-                                  c.intermediate_size), qwen.TENSOR_AXIS),
+  gpt.GPT: _Family("n_layer", lambda c: (c.n_head,), gpt.TENSOR_AXIS),
+  qwen.Qwen: _Family(
+    "num_hidden_layers",
+    lambda c: (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size),
+    qwen.TENSOR_AXIS,
+  ),
 }
 
 
@@ -184,8 +188,7 @@ def _family(model: nnx.Module) -> _Family:
   for cls, fam in _FAMILIES.items():
     if isinstance(model, cls):
       return fam
-  raise TypeError(f"model must be a models.gpt.GPT or models.qwen.Qwen, got "
-                  f"{type(model).__name__}")
+  raise TypeError(f"model must be a models.gpt.GPT or models.qwen.Qwen, got {type(model).__name__}")
 
 
 def stack_params(model: nnx.Module) -> dict:
@@ -199,12 +202,13 @@ def stack_params(model: nnx.Module) -> dict:
 def unstack_params(params: dict) -> dict:
   """Inverse of :func:`stack_params` as a pure dict (``nnx.replace_by_pure_dict`` form)."""
   n = jax.tree.leaves(params["blocks"])[0].shape[0]
-  blocks = {i: jax.tree.map(lambda a: a[i], params["blocks"]) for i in range(n)}
+  blocks = {i: jax.tree.map(lambda a, i=i: a[i], params["blocks"]) for i in range(n)}
   return {**params["outer"], "blocks": blocks}
 
 
 def param_specs(params: dict, tensor_axis: dict[tuple[str, str], int]) -> dict:
   """PartitionSpecs: blocks over 'pipe' (layer axis) and 'tensor'; the rest replicated."""
+
   def block_spec(path, leaf):
     names = tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path)
     spec = [None] * leaf.ndim
@@ -214,12 +218,15 @@ def param_specs(params: dict, tensor_axis: dict[tuple[str, str], int]) -> dict:
       spec[1 + ax] = "tensor"
     return P(*spec)
 
-  return {"outer": jax.tree.map(lambda _: P(), params["outer"]),
-          "blocks": jax.tree_util.tree_map_with_path(block_spec, params["blocks"])}
+  return {
+    "outer": jax.tree.map(lambda _: P(), params["outer"]),
+    "blocks": jax.tree_util.tree_map_with_path(block_spec, params["blocks"]),
+  }
 
 
 # ------------------------------------------------------------------------------------------
 # The parallel model.
+
 
 def make_mesh(data: int, tensor: int, pipe: int) -> jax.sharding.Mesh:
   """A ('data', 'tensor', 'pipe') mesh; across processes, 'data' is the outer (slow) level.
@@ -236,27 +243,34 @@ def make_mesh(data: int, tensor: int, pipe: int) -> jax.sharding.Mesh:
   """
   n = data * tensor * pipe
   if min(data, tensor, pipe) < 1 or n > jax.device_count():
-    raise ValueError(f"mesh {data}x{tensor}x{pipe} needs {n} devices (each size >= 1); "
-                     f"{jax.device_count()} are available")
+    raise ValueError(
+      f"mesh {data}x{tensor}x{pipe} needs {n} devices (each size >= 1); "
+      f"{jax.device_count()} are available"
+    )
   if jax.process_count() > 1:
     _check_multiprocess_mesh(data, tensor, pipe)
   devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))[:n]
-  return jax.sharding.Mesh(np.array(devices).reshape(data, tensor, pipe), AXES,
-                           axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  return jax.sharding.Mesh(
+    np.array(devices).reshape(data, tensor, pipe),
+    AXES,
+    axis_types=(jax.sharding.AxisType.Auto,) * 3,
+  )
 
 
 def _check_multiprocess_mesh(data: int, tensor: int, pipe: int) -> None:
   procs, local = jax.process_count(), jax.local_device_count()
   if data * tensor * pipe != jax.device_count():
     raise ValueError(
-        f"--mesh {data},{tensor},{pipe} uses {data * tensor * pipe} devices; across "
-        f"{procs} processes the mesh must use all {jax.device_count()} "
-        f"(data x tensor x pipe = processes x devices per process)")
+      f"--mesh {data},{tensor},{pipe} uses {data * tensor * pipe} devices; across "
+      f"{procs} processes the mesh must use all {jax.device_count()} "
+      f"(data x tensor x pipe = processes x devices per process)"
+    )
   if local % (tensor * pipe):
     raise ValueError(
-        f"--mesh {data},{tensor},{pipe}: tensor x pipe = {tensor * pipe} must divide the "
-        f"{local} devices of each process, so that tensor and pipe groups stay inside one "
-        f"process (e.g. --mesh {jax.device_count() // local},{local},1)")
+      f"--mesh {data},{tensor},{pipe}: tensor x pipe = {tensor * pipe} must divide the "
+      f"{local} devices of each process, so that tensor and pipe groups stay inside one "
+      f"process (e.g. --mesh {jax.device_count() // local},{local},1)"
+    )
 
 
 def crosses_processes(mesh: jax.sharding.Mesh, axes: tuple[str, ...]) -> bool:
@@ -270,7 +284,8 @@ def crosses_processes(mesh: jax.sharding.Mesh, axes: tuple[str, ...]) -> bool:
   inner = [names.index(a) for a in axes]
   outer = [i for i in range(len(names)) if i not in inner]
   groups = np.transpose(procs, outer + inner).reshape(
-      int(np.prod([procs.shape[i] for i in outer])), -1)
+    int(np.prod([procs.shape[i] for i in outer])), -1
+  )
   return bool((groups != groups[:, :1]).any())
 
 
@@ -289,8 +304,14 @@ class Parallel3D:
     n_micro: pipeline micro-batches per step (must divide the per-data-rank batch).
   """
 
-  def __init__(self, model: nnx.Module, mesh: jax.sharding.Mesh,
-               recipe: Recipe | Policy | None = None, *, n_micro: int = 1):
+  def __init__(
+    self,
+    model: nnx.Module,
+    mesh: jax.sharding.Mesh,
+    recipe: Recipe | Policy | None = None,
+    *,
+    n_micro: int = 1,
+  ):
     if tuple(mesh.axis_names) != AXES:
       raise ValueError(f"mesh axis names must be {AXES}, got {tuple(mesh.axis_names)}")
     fam = _family(model)
@@ -308,8 +329,10 @@ class Parallel3D:
       raise ValueError(f"the 'pipe' axis size {p} must divide the number of layers {n_layers}")
     for n in fam.heads(model.cfg):
       if n % t:
-        raise ValueError(f"the 'tensor' axis size {t} must divide the head counts and MLP "
-                         f"width {fam.heads(model.cfg)} of the model")
+        raise ValueError(
+          f"the 'tensor' axis size {t} must divide the head counts and MLP "
+          f"width {fam.heads(model.cfg)} of the model"
+        )
     if self.n_micro < 1:
       raise ValueError(f"n_micro must be >= 1, got {n_micro}")
     stage_cfg = dataclasses.replace(model.cfg, **{fam.layers_field: n_layers // p})
@@ -320,8 +343,9 @@ class Parallel3D:
 
   # -- placement ---------------------------------------------------------------------------
   def sharding(self, spec_tree: Any) -> Any:
-    return jax.tree.map(lambda s: NamedSharding(self.mesh, s), spec_tree,
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(
+      lambda s: NamedSharding(self.mesh, s), spec_tree, is_leaf=lambda x: isinstance(x, P)
+    )
 
   def shard(self, model: nnx.Module) -> dict:
     """The model's parameters in the stacked layout, placed on the mesh."""
@@ -333,8 +357,9 @@ class Parallel3D:
   def _batch_spec(self) -> P:
     return P(self.data_axes if len(self.data_axes) > 1 else DATA_AXIS)
 
-  def make_batch(self, n: int, rows: Callable[[np.ndarray], tuple[np.ndarray, ...]]
-                 ) -> tuple[jax.Array, ...]:
+  def make_batch(
+    self, n: int, rows: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+  ) -> tuple[jax.Array, ...]:
     """Global batch arrays of ``n`` rows on :meth:`batch_sharding`, each process reading only
     its own rows.
 
@@ -376,8 +401,13 @@ class Parallel3D:
       raise ValueError(f"n_micro={self.n_micro} must divide the per-data-rank batch {b}")
     micro = tokens.reshape(self.n_micro, b // self.n_micro, s)
     x = jax.vmap(model.embed)(micro)
-    y = pipeline.gpipe(lambda h: model.run_blocks(h, comm), x, axis_name="pipe",
-                       n_stages=n_pipe, permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm))
+    y = pipeline.gpipe(
+      lambda h: model.run_blocks(h, comm),
+      x,
+      axis_name="pipe",
+      n_stages=n_pipe,
+      permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm),
+    )
     logits = model.head(y.reshape(b, s, -1))
     loss = cross_entropy(logits, targets) / self.n_data
     return jnp.where(pipeline.is_last_stage("pipe", n_pipe), loss, 0.0)
@@ -424,8 +454,10 @@ class Parallel3D:
       else:
         grads = jax.tree.map(lambda g: getattr(self.coll, op)(g, "data"), grads)
     if self.sizes["pipe"] > 1:
-      grads = {**grads, "outer": jax.tree.map(lambda g: self.coll.all_reduce(g, "pipe"),
-                                              grads["outer"])}
+      grads = {
+        **grads,
+        "outer": jax.tree.map(lambda g: self.coll.all_reduce(g, "pipe"), grads["outer"]),
+      }
     return grads, ef
 
   def _scatter_grads(self, grads: dict, ef: dict | None) -> tuple[dict, dict | None]:
@@ -444,7 +476,7 @@ class Parallel3D:
         grads, local_ef = self.coll.ef_reduce(grads, local_ef, axis, "reduce_scatter")
         new_ef[axis] = jax.tree.map(lambda e: e[None], local_ef)
       else:
-        grads = jax.tree.map(lambda g: self.coll.reduce_scatter(g, axis), grads)
+        grads = jax.tree.map(lambda g, axis=axis: self.coll.reduce_scatter(g, axis), grads)
     return grads, new_ef
 
   def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False):
@@ -458,13 +490,17 @@ class Parallel3D:
     they are flat (the padded leaf that each level reduce-scatters) and keyed by level:
     ``{axis: tree}`` for the axes of :meth:`_ef_levels`."""
     every = tuple(self.mesh.axis_names)
-    tree = jax.tree.map(lambda s: P(every, *([None] * (1 if self.zero else len(s)))),
-                        self.specs, is_leaf=lambda x: isinstance(x, P))
+    tree = jax.tree.map(
+      lambda s: P(every, *([None] * (1 if self.zero else len(s)))),
+      self.specs,
+      is_leaf=lambda x: isinstance(x, P),
+    )
     return {axis: tree for axis in self._ef_levels()} if self.zero else tree
 
   def _local_shape(self, shape: tuple[int, ...], spec: P) -> tuple[int, ...]:
-    return tuple(n // (self.sizes[a] if a else 1)
-                 for n, a in zip(shape, tuple(spec) + (None,) * len(shape)))
+    return tuple(
+      n // (self.sizes[a] if a else 1) for n, a in zip(shape, tuple(spec) + (None,) * len(shape))
+    )
 
   def init_ef(self, params: dict) -> dict | None:
     """Zero residuals for :meth:`train_step` when the recipe asks for error feedback."""
@@ -474,18 +510,32 @@ class Parallel3D:
 
     def shapes(level: str | None) -> dict:
       # A level reduce-scatters the flat padded leaf divided by the levels before it.
-      before = (1 if level is None else
-                int(np.prod([self.sizes[a] for a in self._scatter_levels()[
-                    :self._scatter_levels().index(level)]])))
-      local = lambda p, s: ((self._shard_len(p.shape, s) * self.n_data // before,)
-                            if self.zero else self._local_shape(p.shape, s))
-      return jax.tree.map(lambda p, s: (ndev, *local(p, s)), params, self.specs,
-                          is_leaf=lambda x: isinstance(x, P))
+      before = (
+        1
+        if level is None
+        else int(
+          np.prod(
+            [self.sizes[a] for a in self._scatter_levels()[: self._scatter_levels().index(level)]]
+          )
+        )
+      )
+      local = lambda p, s: (
+        (self._shard_len(p.shape, s) * self.n_data // before,)
+        if self.zero
+        else self._local_shape(p.shape, s)
+      )
+      return jax.tree.map(
+        lambda p, s: (ndev, *local(p, s)), params, self.specs, is_leaf=lambda x: isinstance(x, P)
+      )
 
-    zeros = lambda t: jax.tree.map(lambda sh: jnp.zeros(sh, jnp.float32), t,
-                                   is_leaf=lambda x: isinstance(x, tuple))
-    make = ((lambda: {a: zeros(shapes(a)) for a in self._ef_levels()}) if self.zero
-            else (lambda: zeros(shapes(None))))
+    zeros = lambda t: jax.tree.map(
+      lambda sh: jnp.zeros(sh, jnp.float32), t, is_leaf=lambda x: isinstance(x, tuple)
+    )
+    make = (
+      (lambda: {a: zeros(shapes(a)) for a in self._ef_levels()})
+      if self.zero
+      else (lambda: zeros(shapes(None)))
+    )
     return jax.jit(make, out_shardings=self.sharding(self.ef_specs()))()
 
   # -- ZeRO: each rank's flat 1/data shard of every (local) parameter ----------------------
@@ -499,8 +549,9 @@ class Parallel3D:
     level (in shard order: 'data' major, then 'node') and over the axes that split the
     parameter, so each device holds [shard_len]."""
     data = tuple(a for a in (DATA_AXIS, NODE) if a in self.data_axes)
-    return jax.tree.map(lambda s: P((*data, *(a for a in s if a))), self.specs,
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(
+      lambda s: P((*data, *(a for a in s if a))), self.specs, is_leaf=lambda x: isinstance(x, P)
+    )
 
   def _pad_flat(self, x: jax.Array) -> jax.Array:
     return jnp.pad(x.reshape(-1), (0, -x.size % self.n_data))
@@ -514,10 +565,12 @@ class Parallel3D:
 
   def _local_shards(self, params: dict) -> dict:
     """This rank's ZeRO shard of each local parameter (inside shard_map)."""
+
     def leaf(x):
       flat = self._pad_flat(x)
       k = flat.size // self.n_data
       return lax.dynamic_slice_in_dim(flat, self._shard_index() * k, k)
+
     return jax.tree.map(leaf, params)
 
   def _gather(self, shards: dict, like: dict) -> dict:
@@ -528,15 +581,16 @@ class Parallel3D:
     inside the node. Each level quantizes its input once with its all_gather compressor
     (qwZ); the master shards are not changed.
     """
+
     def leaf(s, x):
       for axis in reversed(self._scatter_levels()):
         s = self.coll.all_gather(s, axis)
-      return s[:x.size].reshape(x.shape)
+      return s[: x.size].reshape(x.shape)
+
     return jax.tree.map(leaf, shards, like)
 
   def _shard_map(self, f: Callable, in_specs: tuple, out_specs: Any) -> Callable:
-    return jax.shard_map(f, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
-                         check_vma=False)
+    return jax.shard_map(f, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
   def loss_and_grads(self, params: dict, tokens: jax.Array, targets: jax.Array):
     """Global mean cross entropy and its gradient (stacked layout), computed 3D-parallel.
@@ -549,8 +603,9 @@ class Parallel3D:
       (loss scalar, grads with the layout and sharding of ``params``).
     """
     batch = self._batch_spec()
-    f = self._shard_map(lambda *a: self._local_loss_and_grads(*a)[:2],
-                        (self.specs, batch, batch), (P(), self.specs))
+    f = self._shard_map(
+      lambda *a: self._local_loss_and_grads(*a)[:2], (self.specs, batch, batch), (P(), self.specs)
+    )
     batch = self.batch_sharding()
     return jax.jit(f)(params, jax.device_put(tokens, batch), jax.device_put(targets, batch))
 
@@ -562,11 +617,16 @@ class Parallel3D:
     Example:
       >>> logits = Parallel3D(model, mesh).logits_fn()(params, tokens)
     """
+
     def local(params, tokens):
       model, n_pipe = self._stage(params), self.sizes["pipe"]
-      y = pipeline.gpipe(lambda h: model.run_blocks(h, self._comm()), model.embed(tokens)[None],
-                         axis_name="pipe", n_stages=n_pipe,
-                         permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm))[0]
+      y = pipeline.gpipe(
+        lambda h: model.run_blocks(h, self._comm()),
+        model.embed(tokens)[None],
+        axis_name="pipe",
+        n_stages=n_pipe,
+        permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm),
+      )[0]
       out = jnp.where(pipeline.is_last_stage("pipe", n_pipe), model.head(y), 0.0)
       # Only the last stage holds real logits; the others add exact zeros.
       return self.coll.all_reduce(out, "pipe", exact=True) if n_pipe > 1 else out
@@ -579,11 +639,11 @@ class Parallel3D:
     over 'tensor'/'pipe', summed over ``axes`` (also 'data' for ZeRO shards, whose padding is 0)."""
     t, p = self.sizes["tensor"], self.sizes["pipe"]
     total = jnp.float32(0.0)
-    axes = tuple(a for a in self.mesh.axis_names if a in axes or
-                 (a == NODE and DATA_AXIS in axes))
+    axes = tuple(a for a in self.mesh.axis_names if a in axes or (a == NODE and DATA_AXIS in axes))
     for part, spec_tree in (("outer", self.specs["outer"]), ("blocks", self.specs["blocks"])):
-      for g, spec in zip(jax.tree.leaves(grads[part]),
-                         jax.tree.leaves(spec_tree, is_leaf=lambda x: isinstance(x, P))):
+      for g, spec in zip(
+        jax.tree.leaves(grads[part]), jax.tree.leaves(spec_tree, is_leaf=lambda x: isinstance(x, P))
+      ):
         repl = (1 if "tensor" in spec else t) * (1 if "pipe" in spec else p)
         total = total + jnp.sum(jnp.square(g.astype(jnp.float32))) / repl
     for axis in axes:
@@ -595,10 +655,14 @@ class Parallel3D:
     """Specs of the optimizer state: ``tx``'s, with the parameters' specs and P() else; in
     ZeRO mode ``{"master": ..., "tx": ...}``, both on :meth:`zero_specs`."""
     state = jax.eval_shape(tx.init, params)  # only its structure is used
-    specs = optax.tree_map_params(tx, lambda _, s: s, state,
-                                  self.zero_specs() if self.zero else self.specs,
-                                  transform_non_params=lambda _: P(),
-                                  is_leaf=lambda x: isinstance(x, P))
+    specs = optax.tree_map_params(
+      tx,
+      lambda _, s: s,
+      state,
+      self.zero_specs() if self.zero else self.specs,
+      transform_non_params=lambda _: P(),
+      is_leaf=lambda x: isinstance(x, P),
+    )
     return {"master": self.zero_specs(), "tx": specs} if self.zero else specs
 
   def init_opt(self, tx: optax.GradientTransformation, params: dict) -> Any:
@@ -614,8 +678,9 @@ class Parallel3D:
     f = self._shard_map(init, (self.specs,), specs)
     return jax.jit(f)(params)
 
-  def train_step(self, tx: optax.GradientTransformation, params: dict, *,
-                 clip_norm: float | None = 1.0) -> Callable:
+  def train_step(
+    self, tx: optax.GradientTransformation, params: dict, *, clip_norm: float | None = 1.0
+  ) -> Callable:
     """A jitted ``step(params, opt_state, ef, tokens, targets) -> (params, opt_state, ef, metrics)``.
 
     ``ef`` is :meth:`init_ef`'s residuals (None without error feedback). Gradients are
@@ -643,8 +708,11 @@ class Parallel3D:
       return (self._gather(master, params), {"master": master, "tx": tx_state}, ef, metrics)
 
     batch = self._batch_spec()
-    f = self._shard_map(local, (specs, ospecs, espec, batch, batch),
-                        (specs, ospecs, espec, {"loss": P(), "grad_norm": P()}))
+    f = self._shard_map(
+      local,
+      (specs, ospecs, espec, batch, batch),
+      (specs, ospecs, espec, {"loss": P(), "grad_norm": P()}),
+    )
     return jax.jit(f, donate_argnums=(0, 1, 2))
 
 
@@ -659,17 +727,21 @@ def _split_nodes(mesh: jax.sharding.Mesh, nodes: int, zero: bool) -> jax.shardin
     return mesh
   d = mesh.shape[DATA_AXIS]
   if not zero:
-    raise ValueError(f"the recipe's [data] nodes = {nodes} needs ZeRO mode ([data] zero = "
-                     f"true) and a data axis of size > 1 (got {d})")
+    raise ValueError(
+      f"the recipe's [data] nodes = {nodes} needs ZeRO mode ([data] zero = "
+      f"true) and a data axis of size > 1 (got {d})"
+    )
   if d % nodes:
     raise ValueError(f"the recipe's [data] nodes = {nodes} must divide the data axis size {d}")
   shape = (nodes, d // nodes, mesh.shape["tensor"], mesh.shape["pipe"])
-  return jax.sharding.Mesh(mesh.devices.reshape(shape), (NODE, *AXES),
-                           axis_types=(jax.sharding.AxisType.Auto,) * 4)
+  return jax.sharding.Mesh(
+    mesh.devices.reshape(shape), (NODE, *AXES), axis_types=(jax.sharding.AxisType.Auto,) * 4
+  )
 
 
 def reference_loss_and_grads(model: nnx.Module, tokens: jax.Array, targets: jax.Array):
   """Single-device loss and gradients in the stacked layout, for comparison."""
+
   def loss_fn(m):
     return cross_entropy(m(tokens), targets)
 

@@ -8,7 +8,7 @@ inverse permutation (the transpose of ppermute), which is the backward half of G
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +17,14 @@ from jax import lax
 Permute = Callable[[jax.Array, list[tuple[int, int]]], jax.Array]
 
 
-def gpipe(stage_fn: Callable[[jax.Array], jax.Array], inputs: jax.Array, *, axis_name: str,
-          n_stages: int, permute: Permute) -> jax.Array:
+def gpipe(
+  stage_fn: Callable[[jax.Array], jax.Array],
+  inputs: jax.Array,
+  *,
+  axis_name: str,
+  n_stages: int,
+  permute: Permute,
+) -> jax.Array:
   """Runs ``inputs`` through ``n_stages`` pipeline stages, one micro-batch per tick.
 
   Call inside ``jax.shard_map`` over ``axis_name``.

@@ -51,7 +51,7 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
   freqs = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * inv_freq[None, :]
   emb = jnp.concatenate([freqs, freqs], -1)
   cos, sin = jnp.cos(emb)[None, :, None, :], jnp.sin(emb)[None, :, None, :]
-  x1, x2 = x[..., : d // 2], x[..., d // 2:]
+  x1, x2 = x[..., : d // 2], x[..., d // 2 :]
   rotated = jnp.concatenate([-x2, x1], -1)
   return (x * cos + rotated * sin).astype(x.dtype)
 
@@ -98,8 +98,11 @@ class Qwen(nnx.Module):
     self.embed_tokens = nnx.Param(0.02 * jax.random.normal(rngs.params(), (v, d)))
     self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
     self.norm = RMSNorm(d, cfg.rms_norm_eps)
-    self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(
-        0.02 * jax.random.normal(rngs.params(), (d, v)))
+    self.lm_head = (
+      None
+      if cfg.tie_word_embeddings
+      else nnx.Param(0.02 * jax.random.normal(rngs.params(), (d, v)))
+    )
 
   def embed(self, tokens: jax.Array) -> jax.Array:
     return self.embed_tokens[...][tokens]
@@ -120,10 +123,16 @@ class Qwen(nnx.Module):
 # Which axis of each block parameter is split over 'tensor'; absent = replicated. Splitting
 # q_proj and k/v_proj by contiguous heads keeps GQA's grouping when 'tensor' divides n_kv.
 TENSOR_AXIS: dict[tuple[str, str], int] = {
-    ("q_proj", "kernel"): 1, ("q_proj", "bias"): 0, ("k_proj", "kernel"): 1,
-    ("k_proj", "bias"): 0, ("v_proj", "kernel"): 1, ("v_proj", "bias"): 0,
-    ("gate_proj", "kernel"): 1, ("up_proj", "kernel"): 1,
-    ("o_proj", "kernel"): 0, ("down_proj", "kernel"): 0,
+  ("q_proj", "kernel"): 1,
+  ("q_proj", "bias"): 0,
+  ("k_proj", "kernel"): 1,
+  ("k_proj", "bias"): 0,
+  ("v_proj", "kernel"): 1,
+  ("v_proj", "bias"): 0,
+  ("gate_proj", "kernel"): 1,
+  ("up_proj", "kernel"): 1,
+  ("o_proj", "kernel"): 0,
+  ("down_proj", "kernel"): 0,
 }
 
 
@@ -134,14 +143,17 @@ def config_from_hf(config: dict) -> QwenConfig:
   if rp.get("rope_type", "default") != "default":
     raise ValueError(f"config rope_type must be 'default', got {rp.get('rope_type')!r}")
   return QwenConfig(
-      vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-      intermediate_size=config["intermediate_size"],
-      num_hidden_layers=config["num_hidden_layers"],
-      num_attention_heads=config["num_attention_heads"],
-      num_key_value_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-      rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
-      tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-      head_dim=config.get("head_dim"))
+    vocab_size=config["vocab_size"],
+    hidden_size=config["hidden_size"],
+    intermediate_size=config["intermediate_size"],
+    num_hidden_layers=config["num_hidden_layers"],
+    num_attention_heads=config["num_attention_heads"],
+    num_key_value_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+    rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+    rope_theta=float(theta),
+    tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+    head_dim=config.get("head_dim"),
+  )
 
 
 def from_hf(config: dict, state_dict: dict[str, np.ndarray]) -> Qwen:

@@ -31,7 +31,8 @@ import dataclasses
 import difflib
 import json
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jcoccl.policy import OPS, OPTIONS, TRAINING_OPTIONS, Policy, load_toml
 
@@ -82,13 +83,16 @@ class Recipe:
       for op, c in ap.compressors.items():
         parts = [c, getattr(c, "inner", None)]
         if any(getattr(p, "stochastic", False) for p in parts if p is not None):
-          raise ValueError(f"policy {axis}.{op} = {c}: stochastic rounding needs a PRNG key "
-                           "per collective call, which models.train does not draw; use "
-                           "round-to-nearest (drop 'stochastic' from the spec)")
+          raise ValueError(
+            f"policy {axis}.{op} = {c}: stochastic rounding needs a PRNG key "
+            "per collective call, which models.train does not draw; use "
+            "round-to-nearest (drop 'stochastic' from the spec)"
+          )
 
   @classmethod
-  def from_dict(cls, table: Mapping[str, Mapping[str, Any]], *,
-                axes: Sequence[str] | None = None) -> "Recipe":
+  def from_dict(
+    cls, table: Mapping[str, Mapping[str, Any]], *, axes: Sequence[str] | None = None
+  ) -> Recipe:
     """Builds a recipe from ``{axis: {op, option or switch: value}}``.
 
     Args:
@@ -113,7 +117,7 @@ class Recipe:
     return cls(Policy.from_dict(rest, axes=axes), source=_copy(table), **kw)
 
   @classmethod
-  def from_toml(cls, path: str, *, axes: Sequence[str] | None = None) -> "Recipe":
+  def from_toml(cls, path: str, *, axes: Sequence[str] | None = None) -> Recipe:
     """Reads a TOML file of models/configs' format (one table per axis).
 
     Args:
@@ -133,7 +137,7 @@ class Recipe:
     return cls(Policy.from_toml(str(path), axes=axes, table=rest), source=_copy(table), **kw)
 
   @classmethod
-  def from_specs(cls, specs: Sequence[str], *, axes: Sequence[str] | None = None) -> "Recipe":
+  def from_specs(cls, specs: Sequence[str], *, axes: Sequence[str] | None = None) -> Recipe:
     """Builds a recipe from ``"axis.key=value"`` strings (command-line form).
 
     Args:
@@ -148,8 +152,7 @@ class Recipe:
       True
     """
     if isinstance(specs, str):
-      raise TypeError(f"specs must be a list of 'axis.key=value' strings, got the string "
-                      f"{specs!r}")
+      raise TypeError(f"specs must be a list of 'axis.key=value' strings, got the string {specs!r}")
     where, table, rest = _Where("spec"), {}, []
     for s in specs:
       key, sep, value = s.partition("=")
@@ -167,9 +170,11 @@ class Recipe:
 
   def describe(self) -> str:
     """One line per axis, e.g. ``data: all_reduce=int8 error_feedback zero min_bytes=0``."""
-    switches = ((["error_feedback"] if self.error_feedback else [])
-                + (["zero"] if self.zero else [])
-                + ([f"nodes={self.nodes}"] if self.nodes != 1 else []))
+    switches = (
+      (["error_feedback"] if self.error_feedback else [])
+      + (["zero"] if self.zero else [])
+      + ([f"nodes={self.nodes}"] if self.nodes != 1 else [])
+    )
     axes = dict(self.policy.axes)
     if switches and DATA_AXIS not in axes:
       axes[DATA_AXIS] = None
@@ -202,13 +207,18 @@ def as_recipe(recipe: Recipe | Policy | Mapping | None) -> Recipe:
     return Recipe(recipe, source=_copy(recipe.source))
   if isinstance(recipe, Mapping):
     return Recipe.from_dict(recipe)
-  raise TypeError(f"recipe must be a models.recipe.Recipe, a jcoccl.Policy, a mapping "
-                  f"{{axis: {{key: value}}}} or None, got {type(recipe).__name__} {recipe!r}")
+  raise TypeError(
+    f"recipe must be a models.recipe.Recipe, a jcoccl.Policy, a mapping "
+    f"{{axis: {{key: value}}}} or None, got {type(recipe).__name__} {recipe!r}"
+  )
 
 
 def _copy(table: Any) -> dict:
-  return ({a: dict(e) if isinstance(e, Mapping) else e for a, e in table.items()}
-          if isinstance(table, Mapping) else table)
+  return (
+    {a: dict(e) if isinstance(e, Mapping) else e for a, e in table.items()}
+    if isinstance(table, Mapping)
+    else table
+  )
 
 
 def _split(table: Any, where: _Where) -> tuple[Any, dict[str, Any]]:
@@ -233,9 +243,11 @@ def _split(table: Any, where: _Where) -> tuple[Any, dict[str, Any]]:
       else:
         accepted = OPS + OPTIONS + KEYS
         close = difflib.get_close_matches(str(key), accepted, n=1)
-        raise ValueError(f"{where(axis)} has unknown key {key!r}; accepted: "
-                         f"{', '.join(accepted)} ({', '.join(KEYS)} on {DATA_AXIS!r} only)"
-                         + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(
+          f"{where(axis)} has unknown key {key!r}; accepted: "
+          f"{', '.join(accepted)} ({', '.join(KEYS)} on {DATA_AXIS!r} only)"
+          + (f" (did you mean {close[0]!r}?)" if close else "")
+        )
   return rest, kw
 
 
@@ -250,8 +262,9 @@ def _switch(axis: Any, key: str, value: Any, where: _Where) -> Any:
   elif not isinstance(value, bool):
     raise where.type_error(f"{at} must be a bool (true or false), got {value!r}")
   if axis != DATA_AXIS:
-    raise ValueError(f"{at}: {key} applies to the {DATA_AXIS!r} axis only; set it there "
-                     f"({where(DATA_AXIS, key)})")
+    raise ValueError(
+      f"{at}: {key} applies to the {DATA_AXIS!r} axis only; set it there ({where(DATA_AXIS, key)})"
+    )
   return value
 
 

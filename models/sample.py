@@ -64,6 +64,7 @@ class Sample:
 def _pick_fn(temperature: float, top_k: int | None) -> Callable:
   """jitted ``pick(logits [vocab], key) -> id``: argmax at temperature 0, else a draw from
   softmax(logits / temperature) over the ``top_k`` largest logits (all when None)."""
+
   def pick(logits, key):
     if temperature == 0:
       return jnp.argmax(logits)
@@ -75,8 +76,16 @@ def _pick_fn(temperature: float, top_k: int | None) -> Callable:
   return jax.jit(pick)
 
 
-def generate(forward: Forward, prompt: np.ndarray, *, length: int, context: int,
-             temperature: float = 0.0, top_k: int | None = None, seed: int = 0) -> Sample:
+def generate(
+  forward: Forward,
+  prompt: np.ndarray,
+  *,
+  length: int,
+  context: int,
+  temperature: float = 0.0,
+  top_k: int | None = None,
+  seed: int = 0,
+) -> Sample:
   """Extends ``prompt`` by ``length`` tokens, one full forward pass per token.
 
   Args:
@@ -104,16 +113,20 @@ def generate(forward: Forward, prompt: np.ndarray, *, length: int, context: int,
   buf = np.zeros((1, context), np.int32)
   for i in range(length):
     window = seq[-context:]
-    buf[0, :len(window)] = window
+    buf[0, : len(window)] = window
     row = np.asarray(forward(buf))[0, len(window) - 1]
     rows.append(row)
     seq.append(int(pick(row, jax.random.fold_in(key, i))))
   vocab = rows[0].shape[-1] if rows else 0
-  return Sample(prompt, np.asarray(seq[prompt.size:], np.int32),
-                np.asarray(rows, np.float32).reshape(length, vocab))
+  return Sample(
+    prompt,
+    np.asarray(seq[prompt.size :], np.int32),
+    np.asarray(rows, np.float32).reshape(length, vocab),
+  )
 
 
 # ---- runs and checkpoints -------------------------------------------------------------------
+
 
 def run_dir(name: str | None, out: str | None) -> pathlib.Path:
   """``--out``, else runs/<--name>; the directory must exist."""
@@ -126,8 +139,10 @@ def run_dir(name: str | None, out: str | None) -> pathlib.Path:
     if out is not None:
       raise ValueError(f"--out: no run directory {path}")
     known = sorted(p.parent.name for p in pathlib.Path("runs").glob("*/ckpt"))
-    raise ValueError(f"--name {name}: no run directory {path} (runs with checkpoints under "
-                     f"runs/: {', '.join(known) or 'none'})")
+    raise ValueError(
+      f"--name {name}: no run directory {path} (runs with checkpoints under "
+      f"runs/: {', '.join(known) or 'none'})"
+    )
   return path
 
 
@@ -135,9 +150,11 @@ def run_config(path: pathlib.Path) -> dict:
   """What ``models.train`` recorded about the run (config.json)."""
   cfg_path = path / "config.json"
   if not cfg_path.is_file():
-    raise ValueError(f"{cfg_path} is missing (models.train writes it when a run starts); pass "
-                     f"--model, --size, --tokenizer, --max-chars and --seq-len to name the "
-                     f"run's model")
+    raise ValueError(
+      f"{cfg_path} is missing (models.train writes it when a run starts); pass "
+      f"--model, --size, --tokenizer, --max-chars and --seq-len to name the "
+      f"run's model"
+    )
   cfg = json.loads(cfg_path.read_text())
   missing = [k for k in CONFIG_KEYS if k not in cfg]
   if missing:
@@ -153,16 +170,22 @@ def load_params(path: pathlib.Path, step: int | None = None) -> tuple[dict, int]
   """
   steps = train.checkpoint_steps(path)
   if not steps:
-    raise ValueError(f"no checkpoint under {path / 'ckpt'}: train the run first "
-                     f"(python -m models.train --out {path})")
+    raise ValueError(
+      f"no checkpoint under {path / 'ckpt'}: train the run first "
+      f"(python -m models.train --out {path})"
+    )
   if step is None:
     step = steps[-1]
   elif step not in steps:
-    raise ValueError(f"--step {step}: no checkpoint at that step under {path / 'ckpt'} "
-                     f"(steps {', '.join(map(str, steps))})")
+    raise ValueError(
+      f"--step {step}: no checkpoint at that step under {path / 'ckpt'} "
+      f"(steps {', '.join(map(str, steps))})"
+    )
   import orbax.checkpoint as ocp
-  mngr = ocp.CheckpointManager((path / "ckpt").absolute(),
-                               item_handlers=ocp.StandardCheckpointHandler())
+
+  mngr = ocp.CheckpointManager(
+    (path / "ckpt").absolute(), item_handlers=ocp.StandardCheckpointHandler()
+  )
   meta = mngr.item_metadata(step)
   meta = getattr(meta, "tree", meta)
   # ShapeDtypeStructs without a sharding restore as numpy arrays: no dependence on the
@@ -174,18 +197,20 @@ def load_params(path: pathlib.Path, step: int | None = None) -> tuple[dict, int]
 
 def build(cfg: dict, vocab: int) -> nnx.Module:
   """A freshly initialised model of the run's architecture."""
-  ns = types.SimpleNamespace(model=cfg["model"], size=cfg["size"], seq_len=cfg["seq_len"],
-                             seed=0)
+  ns = types.SimpleNamespace(model=cfg["model"], size=cfg["size"], seq_len=cfg["seq_len"], seed=0)
   return train.build_model(ns, vocab)
 
 
 def _check_shapes(model: nnx.Module, params: dict, where: pathlib.Path) -> None:
-  want = jax.tree.map(lambda a: tuple(a.shape), jax.eval_shape(
-      lambda: parallel.stack_params(model)))
+  want = jax.tree.map(
+    lambda a: tuple(a.shape), jax.eval_shape(lambda: parallel.stack_params(model))
+  )
   got = jax.tree.map(lambda a: tuple(np.shape(a)), params)
   if want != got:
-    raise ValueError(f"the checkpoint under {where} does not hold this model's parameters "
-                     f"(config.json or the flags name another model, size or vocabulary)")
+    raise ValueError(
+      f"the checkpoint under {where} does not hold this model's parameters "
+      f"(config.json or the flags name another model, size or vocabulary)"
+    )
 
 
 def single_device_forward(model: nnx.Module, params: dict) -> Forward:
@@ -210,6 +235,7 @@ def mesh_forward(model: nnx.Module, params: dict, mesh_shape: tuple[int, int, in
 def host_params(params: dict) -> dict:
   """Numpy copies of global arrays that each process holds whole (every shard addressable,
   as the training mesh keeps tensor and pipe groups inside one process)."""
+
   def leaf(a):
     if a.is_fully_addressable:
       return np.asarray(a)
@@ -217,6 +243,7 @@ def host_params(params: dict) -> dict:
     for s in a.addressable_shards:
       out[s.index] = np.asarray(s.data)
     return out
+
   return jax.tree.map(leaf, params)
 
 
@@ -232,6 +259,7 @@ def encode_prompt(vocab: data.Vocab, prompt: str) -> np.ndarray:
 
 # ---- command line ---------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
   p.add_argument("--name", default=None, help="run name: runs/<name> (as models.train --name)")
@@ -239,16 +267,26 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
   p.add_argument("--prompt", default=DEFAULT_PROMPT)
   p.add_argument("--length", type=int, default=200, help="tokens to generate")
-  p.add_argument("--temperature", type=float, default=0.8,
-                 help="softmax temperature (default 0.8); 0: greedy (argmax)")
+  p.add_argument(
+    "--temperature",
+    type=float,
+    default=0.8,
+    help="softmax temperature (default 0.8); 0: greedy (argmax)",
+  )
   p.add_argument("--top-k", type=int, default=None, help="draw among the k likeliest tokens")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--mesh", default="1,1,1",
-                 help="data,tensor,pipe: sample on this mesh (default 1,1,1: one device)")
+  p.add_argument(
+    "--mesh",
+    default="1,1,1",
+    help="data,tensor,pipe: sample on this mesh (default 1,1,1: one device)",
+  )
   for key in CONFIG_KEYS:
-    p.add_argument("--" + key.replace("_", "-"), default=None,
-                   type=int if key in ("max_chars", "seq_len") else str,
-                   help="override the run's config.json (needed for runs without one)")
+    p.add_argument(
+      "--" + key.replace("_", "-"),
+      default=None,
+      type=int if key in ("max_chars", "seq_len") else str,
+      help="override the run's config.json (needed for runs without one)",
+    )
   return p
 
 
@@ -288,13 +326,26 @@ def main(argv: list[str] | None = None) -> Sample:
   params, step = load_params(path, args.step)
   model = build(cfg, vocab.size)
   _check_shapes(model, params, path)
-  forward = (single_device_forward(model, params) if math.prod(args.mesh_shape) == 1
-             else mesh_forward(model, params, args.mesh_shape))
-  s = generate(forward, prompt, length=args.length, context=cfg["seq_len"],
-               temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+  forward = (
+    single_device_forward(model, params)
+    if math.prod(args.mesh_shape) == 1
+    else mesh_forward(model, params, args.mesh_shape)
+  )
+  s = generate(
+    forward,
+    prompt,
+    length=args.length,
+    context=cfg["seq_len"],
+    temperature=args.temperature,
+    top_k=args.top_k,
+    seed=args.seed,
+  )
   s.text = vocab.decode(s.tokens)
-  how = ("greedy" if args.temperature == 0 else f"temperature {args.temperature}, top-k "
-         f"{args.top_k or 'all'}, seed {args.seed}")
+  how = (
+    "greedy"
+    if args.temperature == 0
+    else f"temperature {args.temperature}, top-k {args.top_k or 'all'}, seed {args.seed}"
+  )
   print(f"{path} step {step}, {cfg['model']}-{cfg['size']}, {how}:", file=sys.stderr)
   print(args.prompt + s.text)
   return s

@@ -45,12 +45,10 @@ import json  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -58,8 +56,8 @@ from flax import nnx  # noqa: E402
 import jcoccl  # noqa: E402
 from jcoccl.policy import WILDCARD  # noqa: E402
 from models import data, gpt, parallel, qwen  # noqa: E402
-from models.recipe import Recipe  # noqa: E402
 from models.configs import models as presets  # noqa: E402
+from models.recipe import Recipe  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).parent / "configs"
 PROG = "python -m models.train"
@@ -77,20 +75,39 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--model", choices=("gpt", "qwen"), default="gpt")
   p.add_argument("--size", choices=tuple(presets.GPT), default="small")
   p.add_argument("--mesh", default="2,2,2", help="data,tensor,pipe sizes (default 2,2,2)")
-  p.add_argument("--policy", default="coccl",
-                 help="a TOML file, or a name under models/configs (exact, coccl, int8, "
-                      "zeropp, lean): per-axis compressors and the [data] training switches "
-                      "zero, error_feedback, nodes (models/recipe.py)")
-  p.add_argument("--compress", action="append", default=[], metavar="AXIS.OP=SPEC",
-                 help="override one entry of --policy, e.g. data.all_reduce=int4 or "
-                      "data.error_feedback=false (repeatable)")
-  p.add_argument("--zero", action="store_true",
-                 help="ZeRO data parallelism (--policy's [data] zero = true): reduce_scatter gradients, "
-                      "AdamW state sharded over 'data', all_gather parameters")
-  p.add_argument("--steps", type=int, default=300,
-                 help="train until this step (0: build everything, train nothing)")
-  p.add_argument("--batch", type=int, default=16,
-                 help="global batch (sequences), a multiple of data size x --micro")
+  p.add_argument(
+    "--policy",
+    default="coccl",
+    help="a TOML file, or a name under models/configs (exact, coccl, int8, "
+    "zeropp, lean): per-axis compressors and the [data] training switches "
+    "zero, error_feedback, nodes (models/recipe.py)",
+  )
+  p.add_argument(
+    "--compress",
+    action="append",
+    default=[],
+    metavar="AXIS.OP=SPEC",
+    help="override one entry of --policy, e.g. data.all_reduce=int4 or "
+    "data.error_feedback=false (repeatable)",
+  )
+  p.add_argument(
+    "--zero",
+    action="store_true",
+    help="ZeRO data parallelism (--policy's [data] zero = true): reduce_scatter gradients, "
+    "AdamW state sharded over 'data', all_gather parameters",
+  )
+  p.add_argument(
+    "--steps",
+    type=int,
+    default=300,
+    help="train until this step (0: build everything, train nothing)",
+  )
+  p.add_argument(
+    "--batch",
+    type=int,
+    default=16,
+    help="global batch (sequences), a multiple of data size x --micro",
+  )
   p.add_argument("--seq-len", type=int, default=64)
   p.add_argument("--micro", type=int, default=2, help="pipeline micro-batches")
   p.add_argument("--lr", type=float, default=3e-3)
@@ -106,14 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--name", default=None, help="run name (default <model>-<size>)")
   p.add_argument("--out", default=None, help="output dir (default runs/<name>)")
-  p.add_argument("--resume", action="store_true",
-                 help="continue from the newest checkpoint that restores")
-  p.add_argument("--no-hlo-wire", action="store_true",
-                 help="skip measuring bytes on the wire (saves two compiles; none are reported)")
+  p.add_argument(
+    "--resume", action="store_true", help="continue from the newest checkpoint that restores"
+  )
+  p.add_argument(
+    "--no-hlo-wire",
+    action="store_true",
+    help="skip measuring bytes on the wire (saves two compiles; none are reported)",
+  )
   p.add_argument("--no-progress", action="store_true")
-  p.add_argument("--sample-tokens", type=int, default=48,
-                 help="length of the sample printed after the final loss (0: none; more: "
-                      "python -m models.sample)")
+  p.add_argument(
+    "--sample-tokens",
+    type=int,
+    default=48,
+    help="length of the sample printed after the final loss (0: none; more: "
+    "python -m models.sample)",
+  )
   return p
 
 
@@ -132,9 +157,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # Flags (by dest) and their smallest accepted value.
-_AT_LEAST = {"steps": 0, "batch": 1, "seq_len": 1, "micro": 1, "warmup": 0, "eval_every": 1,
-             "eval_batches": 1, "ckpt_every": 1, "log_every": 1, "seed": 0,
-             "sample_tokens": 0}
+_AT_LEAST = {
+  "steps": 0,
+  "batch": 1,
+  "seq_len": 1,
+  "micro": 1,
+  "warmup": 0,
+  "eval_every": 1,
+  "eval_batches": 1,
+  "ckpt_every": 1,
+  "log_every": 1,
+  "seed": 0,
+  "sample_tokens": 0,
+}
 
 
 def _flag(dest: str) -> str:
@@ -162,8 +197,9 @@ def check_args(args: argparse.Namespace, n_devices: int) -> None:
   for dest, positive in (("lr", True), ("weight_decay", False), ("clip", True)):
     v = getattr(args, dest)
     if not math.isfinite(v) or v < 0 or (positive and v == 0):
-      raise ValueError(f"{_flag(dest)} must be a finite number {'>' if positive else '>='} 0, "
-                       f"got {v}")
+      raise ValueError(
+        f"{_flag(dest)} must be a finite number {'>' if positive else '>='} 0, got {v}"
+      )
   args.mesh_shape = _mesh_shape(args.mesh, n_devices)
   _check_mesh_fits(args)
   _check_output(args)
@@ -183,8 +219,7 @@ def _mesh_shape(text: str, n_devices: int) -> tuple[int, int, int]:
   if len(shape) != 3 or min(shape) < 1:
     raise ValueError(f"--mesh must be three positive integers data,tensor,pipe, got {text!r}")
   if math.prod(shape) > n_devices:
-    raise ValueError(f"--mesh {text} needs {math.prod(shape)} devices; {n_devices} are "
-                     f"available")
+    raise ValueError(f"--mesh {text} needs {math.prod(shape)} devices; {n_devices} are available")
   return shape
 
 
@@ -205,23 +240,30 @@ def _check_mesh_fits(args: argparse.Namespace) -> None:
   what = f"--model {args.model} --size {args.size}"
   layers = getattr(cfg, fam.layers_field)
   if layers % pipe:
-    raise ValueError(f"--mesh {args.mesh}: the pipe size {pipe} must divide the {layers} "
-                     f"layers of {what}")
+    raise ValueError(
+      f"--mesh {args.mesh}: the pipe size {pipe} must divide the {layers} layers of {what}"
+    )
   if any(n % tensor for n in fam.heads(cfg)):
-    raise ValueError(f"--mesh {args.mesh}: the tensor size {tensor} must divide the head "
-                     f"counts and MLP width {fam.heads(cfg)} of {what}")
+    raise ValueError(
+      f"--mesh {args.mesh}: the tensor size {tensor} must divide the head "
+      f"counts and MLP width {fam.heads(cfg)} of {what}"
+    )
   if args.batch % (data * args.micro):
-    raise ValueError(f"--batch {args.batch} must be a multiple of the data size {data} "
-                     f"(--mesh) x --micro {args.micro} = {data * args.micro}")
+    raise ValueError(
+      f"--batch {args.batch} must be a multiple of the data size {data} "
+      f"(--mesh) x --micro {args.micro} = {data * args.micro}"
+    )
   if args.zero and data == 1:
-    raise ValueError(f"--zero shards over the data axis, which needs a size > 1 "
-                     f"(--mesh {args.mesh})")
+    raise ValueError(
+      f"--zero shards over the data axis, which needs a size > 1 (--mesh {args.mesh})"
+    )
 
 
 def _check_output(args: argparse.Namespace) -> None:
   """--name and --out; a fresh run must not land on an earlier run's checkpoints."""
-  if args.name is not None and (not args.name.strip() or "/" in args.name
-                                or args.name in (".", "..")):
+  if args.name is not None and (
+    not args.name.strip() or "/" in args.name or args.name in (".", "..")
+  ):
     raise ValueError(f"--name must be a non-empty name without '/', got {args.name!r}")
   args.name = args.name or f"{args.model}-{args.size}"
   args.out = pathlib.Path(args.out or pathlib.Path("runs") / args.name)
@@ -231,9 +273,11 @@ def _check_output(args: argparse.Namespace) -> None:
   if args.resume and not steps:
     raise ValueError(f"--resume: no checkpoint under {args.out / 'ckpt'}")
   if not args.resume and steps:
-    raise ValueError(f"--out {args.out} holds checkpoints of an earlier run (steps "
-                     f"{', '.join(map(str, steps))}): pass --resume to continue it, or choose "
-                     f"another --out or --name")
+    raise ValueError(
+      f"--out {args.out} holds checkpoints of an earlier run (steps "
+      f"{', '.join(map(str, steps))}): pass --resume to continue it, or choose "
+      f"another --out or --name"
+    )
 
 
 def checkpoint_steps(out: pathlib.Path) -> list[int]:
@@ -289,11 +333,14 @@ def _check_nodes(recipe: Recipe, args: argparse.Namespace, path: pathlib.Path) -
   if nodes == 1 or not data:
     return
   if not recipe.zero:
-    raise SetupError(f"{path}: [data] nodes = {nodes} splits ZeRO's data level; it needs "
-                     f"[data] zero = true (or --zero)")
+    raise SetupError(
+      f"{path}: [data] nodes = {nodes} splits ZeRO's data level; it needs "
+      f"[data] zero = true (or --zero)"
+    )
   if data % nodes:
-    raise SetupError(f"{path}: [data] nodes = {nodes} must divide the data size {data} of "
-                     f"--mesh {args.mesh}")
+    raise SetupError(
+      f"{path}: [data] nodes = {nodes} must divide the data size {data} of --mesh {args.mesh}"
+    )
 
 
 def _axis_entry(table: dict, axis: str) -> dict:
@@ -309,9 +356,11 @@ def check_corpus(args: argparse.Namespace, corpus: data.Corpus) -> None:
   for split in ("train", "val"):
     n = len(getattr(corpus, split))
     if n < need:
-      raise SetupError(f"--seq-len {args.seq_len} needs at least {need} tokens in the {split} "
-                       f"split, which has {n} (--max-chars {args.max_chars}, --tokenizer "
-                       f"{args.tokenizer}): raise --max-chars or lower --seq-len")
+      raise SetupError(
+        f"--seq-len {args.seq_len} needs at least {need} tokens in the {split} "
+        f"split, which has {n} (--max-chars {args.max_chars}, --tokenizer "
+        f"{args.tokenizer}): raise --max-chars or lower --seq-len"
+      )
 
 
 def build_model(args: argparse.Namespace, vocab: int) -> nnx.Module:
@@ -323,7 +372,8 @@ def lr_schedule(args: argparse.Namespace) -> optax.Schedule:
   """Linear warmup from lr/warmup (so the first step already moves) to lr, then cosine to 10%."""
   warmup = min(args.warmup, max(args.steps - 1, 1))
   return optax.warmup_cosine_decay_schedule(
-      args.lr / max(warmup, 1), args.lr, warmup, max(args.steps, 2), end_value=args.lr * 0.1)
+    args.lr / max(warmup, 1), args.lr, warmup, max(args.steps, 2), end_value=args.lr * 0.1
+  )
 
 
 def make_optimizer(args: argparse.Namespace) -> optax.GradientTransformation:
@@ -342,20 +392,23 @@ class State:
     # The step is a global array replicated over the parameters' mesh: across processes,
     # orbax saves only global arrays.
     mesh = jax.tree.leaves(self.params)[0].sharding.mesh
-    step = jax.make_array_from_callback((), jax.NamedSharding(mesh, jax.P()),
-                                        lambda _: np.asarray(self.step, np.int32))
+    step = jax.make_array_from_callback(
+      (), jax.NamedSharding(mesh, jax.P()), lambda _: np.asarray(self.step, np.int32)
+    )
     return {"params": self.params, "opt_state": self.opt_state, "ef": self.ef, "step": step}
 
 
 def _checkpointer(out: pathlib.Path):
   import orbax.checkpoint as ocp
+
   return ocp.CheckpointManager(
-      (out / "ckpt").absolute(),
-      options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+    (out / "ckpt").absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
+  )
 
 
 def save(mngr, state: State) -> None:
   import orbax.checkpoint as ocp
+
   mngr.save(state.step, args=ocp.args.StandardSave(state.tree()), force=True)
   mngr.wait_until_finished()
 
@@ -371,6 +424,7 @@ def restore(mngr, state: State, out: pathlib.Path) -> State:
     SetupError: no checkpoint restores; the message lists each step and its reason.
   """
   import orbax.checkpoint as ocp
+
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state.tree())
   skipped = []
   for step in sorted(mngr.all_steps(), reverse=True):
@@ -378,10 +432,9 @@ def restore(mngr, state: State, out: pathlib.Path) -> State:
       t = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
       if int(t["step"]) != step:
         raise ValueError(f"it holds step {int(t['step'])}")
-    except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types; all reported
+    except Exception as e:
       skipped.append((step, _reason(e)))
-      print(f"--resume: skipping the checkpoint at step {step}: {skipped[-1][1]}",
-            file=sys.stderr)
+      print(f"--resume: skipping the checkpoint at step {step}: {skipped[-1][1]}", file=sys.stderr)
       continue
     _set_aside(mngr, [s for s, _ in skipped], out)
     return State(t["params"], t["opt_state"], t["ef"], step)
@@ -410,8 +463,9 @@ def _set_aside(mngr, steps: list[int], out: pathlib.Path) -> None:
     mngr.reload()
 
 
-def batch_at(corpus: data.Corpus, args, par: parallel.Parallel3D, split: str, step: int,
-             i: int = 0) -> tuple[jax.Array, jax.Array]:
+def batch_at(
+  corpus: data.Corpus, args, par: parallel.Parallel3D, split: str, step: int, i: int = 0
+) -> tuple[jax.Array, jax.Array]:
   """The global batch for (split, step), placed on ``par``'s batch sharding.
 
   A function of the seed only, so a resumed run sees the same, and so does a run over any
@@ -420,18 +474,25 @@ def batch_at(corpus: data.Corpus, args, par: parallel.Parallel3D, split: str, st
   """
   rng = np.random.default_rng([args.seed, step, i, 0 if split == "train" else 1])
   starts = corpus.starts(rng, split, batch=args.batch, seq_len=args.seq_len)
-  return par.make_batch(args.batch,
-                        lambda rows: corpus.windows(split, starts[rows], args.seq_len))
+  return par.make_batch(args.batch, lambda rows: corpus.windows(split, starts[rows], args.seq_len))
 
 
 NO_WIRE = {"source": None, "note": "bytes on the wire not measured (--no-hlo-wire)"}
-WIRE_SOURCE = ("measured: jcoccl.wire_bytes(..., mesh=mesh) on the compiled train step; "
-               "uncompressed = the same step compiled with the exact policy (no compression)")
+WIRE_SOURCE = (
+  "measured: jcoccl.wire_bytes(..., mesh=mesh) on the compiled train step; "
+  "uncompressed = the same step compiled with the exact policy (no compression)"
+)
 
 
-def wire_report(par: parallel.Parallel3D, exact: parallel.Parallel3D,
-                tx: optax.GradientTransformation, step_fn, state: State, x,
-                clip: float | None) -> dict:
+def wire_report(
+  par: parallel.Parallel3D,
+  exact: parallel.Parallel3D,
+  tx: optax.GradientTransformation,
+  step_fn,
+  state: State,
+  x,
+  clip: float | None,
+) -> dict:
   """Bytes each device sends per train step, by mesh axis, read from the compiled HLO.
 
   The step is measured as compiled; the uncompressed reference compiles the same step once
@@ -447,19 +508,30 @@ def wire_report(par: parallel.Parallel3D, exact: parallel.Parallel3D,
     span several processes (the bytes that go over the network between hosts; "?" counts
     there whenever there are several processes), "inside_process" the others.
   """
-  abstract = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                                                   sharding=a.sharding), t)
+  abstract = lambda t: jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), t
+  )
   p, o, xs = abstract(state.params), abstract(state.opt_state), abstract(x)
   got = jcoccl.wire_bytes(step_fn, p, o, abstract(state.ef), xs, xs, mesh=par.mesh)
   ref_step = exact.train_step(tx, state.params, clip_norm=clip)
   ref = jcoccl.wire_bytes(ref_step, p, o, None, xs, xs, mesh=exact.mesh)
   axes = sorted(set(got["by_axis"]) | set(ref["by_axis"]), key=_axis_order)
-  by_axis = {a: {"compressed": got["by_axis"].get(a, 0.0),
-                 "uncompressed": ref["by_axis"].get(a, 0.0),
-                 "crosses_processes": _crosses(par.mesh, a)} for a in axes}
-  return {"source": WIRE_SOURCE, "by_axis": by_axis,
-          "total": {"compressed": got["total"], "uncompressed": ref["total"]},
-          **_process_split(by_axis), "by_op": got["by_op"], "reference_by_op": ref["by_op"]}
+  by_axis = {
+    a: {
+      "compressed": got["by_axis"].get(a, 0.0),
+      "uncompressed": ref["by_axis"].get(a, 0.0),
+      "crosses_processes": _crosses(par.mesh, a),
+    }
+    for a in axes
+  }
+  return {
+    "source": WIRE_SOURCE,
+    "by_axis": by_axis,
+    "total": {"compressed": got["total"], "uncompressed": ref["total"]},
+    **_process_split(by_axis),
+    "by_op": got["by_op"],
+    "reference_by_op": ref["by_op"],
+  }
 
 
 def _crosses(mesh, key: str) -> bool:
@@ -493,8 +565,10 @@ def evaluate(par, eval_fn, state: State, corpus, args) -> float:
 
 def plot(records: list[dict], path: pathlib.Path) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   tr = [(r["step"], r["loss"]) for r in records if "loss" in r]
   va = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -531,8 +605,9 @@ def read_records(path: pathlib.Path) -> list[dict]:
     if rec is not None:
       records.append(rec)
     elif k == len(numbered) - 1:
-      print(f"--resume: dropping the torn last line {lineno} of {path}: {line[:60]!r}",
-            file=sys.stderr)
+      print(
+        f"--resume: dropping the torn last line {lineno} of {path}: {line[:60]!r}", file=sys.stderr
+      )
     else:
       raise SetupError(f"{path}: line {lineno} is not a metrics record: {line[:80]!r}")
   return records
@@ -586,8 +661,10 @@ def main(argv: list[str] | None = None) -> dict:
   if args.resume:
     state = restore(mngr, state, args.out)
     if state.step > args.steps:
-      raise SetupError(f"--steps {args.steps} is below step {state.step} of the checkpoint "
-                       f"to resume; pass --steps {state.step} or more")
+      raise SetupError(
+        f"--steps {args.steps} is below step {state.step} of the checkpoint "
+        f"to resume; pass --steps {state.step} or more"
+      )
   records = _start_metrics(metrics_path, state.step if args.resume else None)
   if not multi:
     return _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, recipe)
@@ -598,8 +675,22 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 # The flags recorded in config.json: what rebuilds the model and its data (models.sample).
-CONFIG_FLAGS = ("model", "size", "tokenizer", "max_chars", "seq_len", "mesh", "policy",
-                "compress", "zero", "steps", "batch", "micro", "lr", "seed")
+CONFIG_FLAGS = (
+  "model",
+  "size",
+  "tokenizer",
+  "max_chars",
+  "seq_len",
+  "mesh",
+  "policy",
+  "compress",
+  "zero",
+  "steps",
+  "batch",
+  "micro",
+  "lr",
+  "seed",
+)
 
 
 def write_config(args: argparse.Namespace) -> None:
@@ -614,14 +705,16 @@ def _start_metrics(path: pathlib.Path, resumed_at: int | None) -> list[dict]:
   back to ``path``. Other processes keep no records."""
   if not lead():
     return []
-  records = ([] if resumed_at is None else
-             [r for r in read_records(path) if r["step"] <= resumed_at])
+  records = [] if resumed_at is None else [r for r in read_records(path) if r["step"] <= resumed_at]
   path.write_text("".join(json.dumps(r) + "\n" for r in records))
   return records
 
 
-_PEER_LOST = re.compile(r"gloo|connection reset|connection closed|heartbeat|another task|"
-                        r"unavailable|socket closed|broken pipe", re.IGNORECASE)
+_PEER_LOST = re.compile(
+  r"gloo|connection reset|connection closed|heartbeat|another task|"
+  r"unavailable|socket closed|broken pipe",
+  re.IGNORECASE,
+)
 
 
 def _lost_peer(e: Exception) -> NoReturn:
@@ -632,8 +725,11 @@ def _lost_peer(e: Exception) -> NoReturn:
   service's abort at interpreter exit. Checkpoints on disk stay valid for ``--resume``.
   """
   first = next((l.strip() for l in str(e).splitlines() if l.strip()), type(e).__name__)
-  who = "a peer process failed" if _PEER_LOST.search(str(e)) else (
-      f"process {jax.process_index()} failed")
+  who = (
+    "a peer process failed"
+    if _PEER_LOST.search(str(e))
+    else (f"process {jax.process_index()} failed")
+  )
   sys.stdout.flush()
   print(f"models.train: {who}: {first}; resume with --resume", file=sys.stderr, flush=True)
   os._exit(1)
@@ -654,13 +750,20 @@ def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, rec
   step_fn = par.train_step(tx, state.params, clip_norm=args.clip)
   eval_fn = jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
   start_step, n_params = state.step, sum(a.size for a in jax.tree.leaves(state.params))
-  say(f"{args.model}-{args.size}: {n_params / 1e6:.2f}M params, vocab {corpus.vocab_size} "
-        f"({args.tokenizer}), mesh data x tensor x pipe = {args.mesh} over "
-      f"{jax.process_count()} process(es), policy:\n  "
-        + recipe.describe().replace("\n", "\n  "))
+  say(
+    f"{args.model}-{args.size}: {n_params / 1e6:.2f}M params, vocab {corpus.vocab_size} "
+    f"({args.tokenizer}), mesh data x tensor x pipe = {args.mesh} over "
+    f"{jax.process_count()} process(es), policy:\n  " + recipe.describe().replace("\n", "\n  ")
+  )
   from tqdm import tqdm
-  bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps,
-             disable=args.no_progress or not lead(), desc="train")
+
+  bar = tqdm(
+    range(start_step, args.steps),
+    initial=start_step,
+    total=args.steps,
+    disable=args.no_progress or not lead(),
+    desc="train",
+  )
   tokens_per_step = args.batch * args.seq_len
   wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(args)
   with open(metrics_path if lead() else os.devnull, "a") as log:
@@ -668,18 +771,25 @@ def _train(args, par, exact, tx, state, corpus, mngr, records, metrics_path, rec
       x, y = batch_at(corpus, args, par, "train", step)
       t0 = time.perf_counter()
       state.params, state.opt_state, state.ef, m = step_fn(
-          state.params, state.opt_state, state.ef, x, y)
+        state.params, state.opt_state, state.ef, x, y
+      )
       loss = float(m["loss"])
       dt = time.perf_counter() - t0
       if wire is None:
-        wire = (NO_WIRE if exact is None
-                else wire_report(par, exact, tx, step_fn, state, x, args.clip))
+        wire = (
+          NO_WIRE if exact is None else wire_report(par, exact, tx, step_fn, state, x, args.clip)
+        )
         log.write(json.dumps({"step": step + 1, "wire": wire}) + "\n")
       else:
         t_steady, n_steady = t_steady + dt, n_steady + 1
       state.step = step + 1
-      rec = {"step": state.step, "loss": loss, "grad_norm": float(m["grad_norm"]),
-             "lr": float(lr(step)), "step_s": dt}
+      rec = {
+        "step": state.step,
+        "loss": loss,
+        "grad_norm": float(m["grad_norm"]),
+        "lr": float(lr(step)),
+        "step_s": dt,
+      }
       if not np.isfinite(loss):
         raise FloatingPointError(f"loss became {loss} at step {state.step}")
       if state.step % args.eval_every == 0 or state.step == args.steps:
@@ -702,15 +812,21 @@ def print_wire(wire: dict) -> None:
     print(wire.get("note", "bytes on the wire not measured"))
     return
   print(f"bytes on the wire per step per device, by mesh axis ({wire['source']}):")
-  rows = [(a, r, " (across processes)" if r.get("crosses_processes") else "")
-          for a, r in wire["by_axis"].items()] + [("total", wire["total"], "")]
+  rows = [
+    (a, r, " (across processes)" if r.get("crosses_processes") else "")
+    for a, r in wire["by_axis"].items()
+  ] + [("total", wire["total"], "")]
   if "across_processes" in wire and jax.process_count() > 1:
-    rows += [("across", wire["across_processes"], " (between processes: the network)"),
-             ("inside", wire["inside_process"], " (inside each process)")]
+    rows += [
+      ("across", wire["across_processes"], " (between processes: the network)"),
+      ("inside", wire["inside_process"], " (inside each process)"),
+    ]
   for axis, row, note in rows:
     ratio = row["compressed"] / row["uncompressed"] if row["uncompressed"] else float("nan")
-    print(f"  {axis:12s} compressed {row['compressed'] / 1e3:10.1f} kB   uncompressed "
-          f"{row['uncompressed'] / 1e3:10.1f} kB   ratio {ratio:.3f}{note}")
+    print(
+      f"  {axis:12s} compressed {row['compressed'] / 1e3:10.1f} kB   uncompressed "
+      f"{row['uncompressed'] / 1e3:10.1f} kB   ratio {ratio:.3f}{note}"
+    )
 
 
 def say(text: str) -> None:
@@ -732,43 +848,64 @@ def final_sample(args: argparse.Namespace, params: dict, corpus: data.Corpus) ->
   """A short continuation of a fixed prompt by the trained parameters (one device, fixed
   seed and temperature :data:`SAMPLE_TEMPERATURE`)."""
   from models import sample
+
   try:
     prompt = corpus.encode(sample.DEFAULT_PROMPT)
   except ValueError:  # a --max-chars corpus too short to hold the prompt's characters
     prompt = corpus.val[:8]
   model = build_model(args, corpus.vocab_size)
   fwd = sample.single_device_forward(model, sample.host_params(params))
-  s = sample.generate(fwd, prompt, length=args.sample_tokens, context=args.seq_len,
-                      temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED)
+  s = sample.generate(
+    fwd,
+    prompt,
+    length=args.sample_tokens,
+    context=args.seq_len,
+    temperature=SAMPLE_TEMPERATURE,
+    seed=SAMPLE_SEED,
+  )
   return corpus.decode(prompt) + corpus.decode(s.tokens)
 
 
 def _finish(args, state, records, wire, tps, start_step, corpus) -> dict:
   if not lead():
-    return {"steps": state.step, "resumed_from": start_step if args.resume else None,
-            "wire": wire, "tokens_per_s": tps}
+    return {
+      "steps": state.step,
+      "resumed_from": start_step if args.resume else None,
+      "wire": wire,
+      "tokens_per_s": tps,
+    }
   plot(records, args.out / "loss.png")
   losses = [r["loss"] for r in records if "loss" in r]
   vals = [r["val_loss"] for r in records if "val_loss" in r]
-  summary = {"steps": state.step, "resumed_from": start_step if args.resume else None,
-             "loss_start": losses[0] if losses else None,
-             "loss_end": losses[-1] if losses else None,
-             "val_loss_end": vals[-1] if vals else None, "tokens_per_s": tps, "wire": wire,
-             "sample": None}
+  summary = {
+    "steps": state.step,
+    "resumed_from": start_step if args.resume else None,
+    "loss_start": losses[0] if losses else None,
+    "loss_end": losses[-1] if losses else None,
+    "val_loss_end": vals[-1] if vals else None,
+    "tokens_per_s": tps,
+    "wire": wire,
+    "sample": None,
+  }
   if args.sample_tokens and state.step > start_step:
     summary["sample"] = final_sample(args, state.params, corpus)
   (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
   if state.step == start_step:
     print(f"\nno steps run: at step {state.step}, --steps {args.steps}")
   else:
-    print(f"\nloss {_num(summary['loss_start'])} -> {_num(summary['loss_end'])}"
-          + (f" (val {vals[-1]:.4f})" if vals else "") + f" over steps {start_step}.."
-          f"{state.step}, " + (f"{tps:,.0f} tokens/s (steady state)" if tps else
-                                "no steady-state steps timed"))
+    print(
+      f"\nloss {_num(summary['loss_start'])} -> {_num(summary['loss_end'])}"
+      + (f" (val {vals[-1]:.4f})" if vals else "")
+      + f" over steps {start_step}.."
+      f"{state.step}, "
+      + (f"{tps:,.0f} tokens/s (steady state)" if tps else "no steady-state steps timed")
+    )
     if summary["sample"] is not None:
-      print(f"sample ({args.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}, seed "
-            f"{SAMPLE_SEED}; more: python -m models.sample --out {args.out}):\n  "
-            + summary["sample"].replace("\n", "\n  "))
+      print(
+        f"sample ({args.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}, seed "
+        f"{SAMPLE_SEED}; more: python -m models.sample --out {args.out}):\n  "
+        + summary["sample"].replace("\n", "\n  ")
+      )
   print_wire(wire)
   print(f"outputs in {args.out}/ (metrics.jsonl, loss.png, summary.json, config.json, ckpt/)")
   return summary

@@ -15,22 +15,25 @@ P = jax.P
 
 # The compressor matrix of the brief, with small blocks so that small arrays span blocks.
 LOSSY = {
-    "bf16": jc.cast("bfloat16"),
-    "int8": jc.int8(block_size=64),
-    "int4a": jc.int4(block_size=32, symmetric=False),
-    "fp8": jc.fp8("e4m3", block_size=32),
-    "had_int4": jc.hadamard(jc.int4(block_size=64)),
-    "eb": jc.error_bounded(1e-2, block_size=32),
+  "bf16": jc.cast("bfloat16"),
+  "int8": jc.int8(block_size=64),
+  "int4a": jc.int4(block_size=32, symmetric=False),
+  "fp8": jc.fp8("e4m3", block_size=32),
+  "had_int4": jc.hadamard(jc.int4(block_size=64)),
+  "eb": jc.error_bounded(1e-2, block_size=32),
 }
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 # Relative half-ulp of the output dtype (the one final cast of decode_sum).
-HALF_ULP = {jnp.dtype(jnp.float32): 2.0**-24, jnp.dtype(jnp.bfloat16): 2.0**-8,
-            jnp.dtype(jnp.float16): 2.0**-11}
+HALF_ULP = {
+  jnp.dtype(jnp.float32): 2.0**-24,
+  jnp.dtype(jnp.bfloat16): 2.0**-8,
+  jnp.dtype(jnp.float16): 2.0**-11,
+}
 F32_EPS = 2.0**-24
 
 
 def mesh(shape: tuple, names: tuple) -> Mesh:
-  devs = np.array(jax.devices()[:math.prod(shape)]).reshape(shape)
+  devs = np.array(jax.devices()[: math.prod(shape)]).reshape(shape)
   return Mesh(devs, names)
 
 
@@ -83,8 +86,9 @@ def assert_within(got, want, bound, what=""):
   err = np.abs(f64(got) - np.asarray(want, np.float64))
   bad = err > bound
   assert not bad.any(), (
-      f"{what}: {bad.sum()} elements out of bound; worst err {err[bad].max()} vs bound "
-      f"{np.asarray(bound)[bad].min()}")
+    f"{what}: {bad.sum()} elements out of bound; worst err {err[bad].max()} vs bound "
+    f"{np.asarray(bound)[bad].min()}"
+  )
 
 
 def bits(x) -> np.ndarray:

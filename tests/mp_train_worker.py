@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from models import train  # noqa: E402
+from models import train
 
 
 def main(argv: list[str]) -> None:

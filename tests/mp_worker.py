@@ -16,18 +16,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import jcoccl  # noqa: E402
+import jcoccl
 
 assert jcoccl.distributed.initialize(), "expected to run under jcoccl.launch with -n >= 2"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from collectives_util import assert_within, bits, eb, f64, sum_bound  # noqa: E402
 from jax import lax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 
-from collectives_util import assert_within, bits, eb, f64, sum_bound  # noqa: E402
 from jcoccl import compressors as jc  # noqa: E402
 
 P = jax.P
@@ -59,8 +59,8 @@ def rand(shape, seed) -> np.ndarray:
 def check_ops(m: Mesh) -> None:
   axes = tuple(m.axis_names)
   n = m.devices.size
-  x = rand((n, 1000), 0)           # 1000: not a multiple of the blocks (padding)
-  xs = rand((n, n, 96), 1)          # one row per destination
+  x = rand((n, 1000), 0)  # 1000: not a multiple of the blocks (padding)
+  xs = rand((n, n, 96), 1)  # one row per destination
   perm = tuple((i, (i + 1) % n) for i in range(n))
   c = jc.int8(block_size=64)
   for name, comp in (("none", None), ("int8", c)):
@@ -131,8 +131,11 @@ def loop_until_killed(m: Mesh) -> None:
 
 def main(case: str) -> None:
   m = global_mesh()
-  print(f"process {jax.process_index()}/{jax.process_count()} pid {os.getpid()}: "
-        f"{jax.local_device_count()} local devices, mesh {dict(m.shape)}", flush=True)
+  print(
+    f"process {jax.process_index()}/{jax.process_count()} pid {os.getpid()}: "
+    f"{jax.local_device_count()} local devices, mesh {dict(m.shape)}",
+    flush=True,
+  )
   if case == "ops":
     check_ops(m)
     check_fused_refuses(m)

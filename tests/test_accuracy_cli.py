@@ -11,8 +11,19 @@ from benchmarks.accuracy import run as study
 
 def test_two_policies_one_seed(tmp_path, capsys):
   out = tmp_path / "acc"
-  argv = ["--tiny", "--models", "gpt", "--policies", "exact,int8,no_such_policy", "--seeds",
-          "1", "--steps", "2", "--out", str(out)]
+  argv = [
+    "--tiny",
+    "--models",
+    "gpt",
+    "--policies",
+    "exact,int8,no_such_policy",
+    "--seeds",
+    "1",
+    "--steps",
+    "2",
+    "--out",
+    str(out),
+  ]
   result = study.main(argv)
   text = capsys.readouterr()
   assert "policy 'no_such_policy' skipped" in text.err
@@ -32,7 +43,8 @@ def test_two_policies_one_seed(tmp_path, capsys):
     assert r["bytes"] == summary["wire"]["total"]["compressed"]
     assert sum(r["bytes_by_axis"].values()) == pytest.approx(r["bytes"])
   assert int8["val_ratio"] == pytest.approx(
-      result["runs"][1]["val_loss"] / result["runs"][0]["val_loss"])
+    result["runs"][1]["val_loss"] / result["runs"][0]["val_loss"]
+  )
   on_disk = json.loads((out / "results.json").read_text())
   assert on_disk["table"] == json.loads(json.dumps(result["table"]))
   md = (out / "results.md").read_text()
@@ -44,12 +56,15 @@ def test_two_policies_one_seed(tmp_path, capsys):
   assert again["table"] == result["table"]
 
 
-@pytest.mark.parametrize("argv,match", [
+@pytest.mark.parametrize(
+  "argv,match",
+  [
     (["--models", "gpt,bert"], "--models must be"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--steps", "0"], "--steps must be >= 1"),
     (["--policies", "nope1,nope2"], "none of --policies"),
-])
+  ],
+)
 def test_bad_flags(argv, match, capsys):
   with pytest.raises(SystemExit) as e:
     study.parse_args(argv)
@@ -57,6 +72,7 @@ def test_bad_flags(argv, match, capsys):
 
 
 def test_columns_fold_zeropp_levels_into_data():
-  cols = study.columns({"node": 3.0, "data": 4.0, "tensor": 5.0, "pipe": 6.0,
-                        "data,tensor": 1.0, "?": 2.0})
+  cols = study.columns(
+    {"node": 3.0, "data": 4.0, "tensor": 5.0, "pipe": 6.0, "data,tensor": 1.0, "?": 2.0}
+  )
   assert cols == {"data": 7.0, "tensor": 5.0, "pipe": 6.0, "other": 3.0}

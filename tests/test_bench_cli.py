@@ -16,25 +16,57 @@ from jcoccl.bench import _harness as H
 SUBCOMMANDS = ["codecs", "collectives"]
 
 
-@pytest.mark.parametrize("text,want", [
-    ("512", 512), ("512B", 512), ("512b", 512), ("1KiB", 1024), ("64KiB", 65536),
-    ("4MiB", 4 << 20), ("4mib", 4 << 20), ("4 MiB", 4 << 20), ("1GiB", 1 << 30),
-    ("1TiB", 1 << 40), ("1KB", 1000), ("1MB", 10**6), ("2GB", 2 * 10**9), ("1.5KiB", 1536),
-    ("0.5KiB", 512), ("1.1MB", 1_100_000), ("1", 1),
-])
+@pytest.mark.parametrize(
+  "text,want",
+  [
+    ("512", 512),
+    ("512B", 512),
+    ("512b", 512),
+    ("1KiB", 1024),
+    ("64KiB", 65536),
+    ("4MiB", 4 << 20),
+    ("4mib", 4 << 20),
+    ("4 MiB", 4 << 20),
+    ("1GiB", 1 << 30),
+    ("1TiB", 1 << 40),
+    ("1KB", 1000),
+    ("1MB", 10**6),
+    ("2GB", 2 * 10**9),
+    ("1.5KiB", 1536),
+    ("0.5KiB", 512),
+    ("1.1MB", 1_100_000),
+    ("1", 1),
+  ],
+)
 def test_parse_size_units(text, want):
   assert H.parse_size(text) == want
 
 
-@pytest.mark.parametrize("text,match", [
-    ("0", "at least 1 byte"), ("0B", "at least 1 byte"), ("0MiB", "at least 1 byte"),
-    ("0.0KiB", "at least 1 byte"), ("-1", "at least 1 byte"), ("-4MiB", "at least 1 byte"),
-    ("1.5", "whole number of bytes"), ("0.3KiB", "whole number of bytes"),
-    ("4K", "ambiguous unit 'K'"), ("4M", "ambiguous unit 'M'"), ("1g", "ambiguous unit 'G'"),
-    ("4XB", "unknown unit"), ("4 bytes", "unknown unit"), ("abc", "not a size"),
-    ("", "not a size"), ("1e6", "not a size"), ("1,000", "not a size"), ("MiB", "not a size"),
-    ("nan", "not a size"), ("inf", "not a size"),
-])
+@pytest.mark.parametrize(
+  "text,match",
+  [
+    ("0", "at least 1 byte"),
+    ("0B", "at least 1 byte"),
+    ("0MiB", "at least 1 byte"),
+    ("0.0KiB", "at least 1 byte"),
+    ("-1", "at least 1 byte"),
+    ("-4MiB", "at least 1 byte"),
+    ("1.5", "whole number of bytes"),
+    ("0.3KiB", "whole number of bytes"),
+    ("4K", "ambiguous unit 'K'"),
+    ("4M", "ambiguous unit 'M'"),
+    ("1g", "ambiguous unit 'G'"),
+    ("4XB", "unknown unit"),
+    ("4 bytes", "unknown unit"),
+    ("abc", "not a size"),
+    ("", "not a size"),
+    ("1e6", "not a size"),
+    ("1,000", "not a size"),
+    ("MiB", "not a size"),
+    ("nan", "not a size"),
+    ("inf", "not a size"),
+  ],
+)
 def test_parse_size_rejects(text, match):
   with pytest.raises(ValueError, match=match):
     H.parse_size(text)
@@ -67,13 +99,43 @@ def test_collectives_size_under_one_element_per_rank(capsys):
 
 def test_both_subcommands_take_sizes_in_bytes_with_units(capsys):
   """The same --sizes text means the same bytes in both subcommands."""
-  assert bench_main.main(["codecs", "--sizes", "4KiB,1024", "--compressors", "int8",
-                          "--impl", "jnp", "--iters", "1", "--json"]) == 0
+  assert (
+    bench_main.main(
+      [
+        "codecs",
+        "--sizes",
+        "4KiB,1024",
+        "--compressors",
+        "int8",
+        "--impl",
+        "jnp",
+        "--iters",
+        "1",
+        "--json",
+      ]
+    )
+    == 0
+  )
   rows = json.loads(capsys.readouterr().out)
   # int8's granule is 256 float32 values (1 KiB): both sizes are whole granules.
   assert [r["bytes"] for r in rows] == [4096, 1024]
-  assert bench_main.main(["collectives", "--sizes", "4KiB,1024", "--ops", "all_gather",
-                          "--compressors", "int8", "--iters", "1", "--json"]) == 0
+  assert (
+    bench_main.main(
+      [
+        "collectives",
+        "--sizes",
+        "4KiB,1024",
+        "--ops",
+        "all_gather",
+        "--compressors",
+        "int8",
+        "--iters",
+        "1",
+        "--json",
+      ]
+    )
+    == 0
+  )
   rows = json.loads(capsys.readouterr().out)
   assert sorted({r["bytes"] for r in rows}) == [1024, 4096]
 
@@ -83,9 +145,14 @@ def _run(*args):
   return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
 
 
-@pytest.mark.parametrize("argv", [[sys.executable, "-m", "jcoccl", "--version"],
-                                  [os.path.join(os.path.dirname(sys.executable), "jcoccl"),
-                                   "--version"]], ids=["python -m jcoccl", "jcoccl script"])
+@pytest.mark.parametrize(
+  "argv",
+  [
+    [sys.executable, "-m", "jcoccl", "--version"],
+    [os.path.join(os.path.dirname(sys.executable), "jcoccl"), "--version"],
+  ],
+  ids=["python -m jcoccl", "jcoccl script"],
+)
 def test_version(argv):
   if not os.path.exists(argv[0]):
     pytest.skip(f"{argv[0]} is not installed")

@@ -7,9 +7,8 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 import jax.numpy as jnp
+import pytest
 
 import jcoccl
 import jcoccl.compressors
@@ -36,8 +35,9 @@ def test_info_reports_versions_and_extensions():
 
 
 def test_info_command_line_json():
-  out = subprocess.run([sys.executable, "-m", "jcoccl", "info", "--json"], check=True,
-                       capture_output=True, text=True).stdout
+  out = subprocess.run(
+    [sys.executable, "-m", "jcoccl", "info", "--json"], check=True, capture_output=True, text=True
+  ).stdout
   assert json.loads(out)["extensions"]["cpu"]["loaded"]
 
 
@@ -51,15 +51,26 @@ def test_native_module_exports_the_ffi_enums():
   assert len(set(kinds.values())) == len(kinds)
   assert set(_ffi.codes("DTYPES")) == {"float32", "bfloat16", "float16"}
   assert native.codec_attrs(jcoccl.compressors.int8())["kind"] == kinds["int"]
-  assert native.codec_attrs(jcoccl.compressors.fp8("e5m2"))["fp8"] == _ffi.codes("FP8_FORMATS")["e5m2"]
+  assert (
+    native.codec_attrs(jcoccl.compressors.fp8("e5m2"))["fp8"] == _ffi.codes("FP8_FORMATS")["e5m2"]
+  )
   ops = _ffi.codes("OPS")
   assert len(set(ops.values())) == len(ops) == 10
-  codes = {fused_ffi.op_code(op, algo, None, jnp.float32)
-           for op, algo in [("all_reduce", "one_shot"), ("all_reduce", "two_shot"),
-                            ("all_reduce", "hierarchical"), ("reduce_scatter", "reduce_scatter"),
-                            ("all_gather", "all_gather"), ("all_to_all", "all_to_all"),
-                            ("ppermute", "ppermute"), ("all_reduce", "plain"),
-                            ("reduce_scatter", "plain"), ("all_gather", "plain")]}
+  codes = {
+    fused_ffi.op_code(op, algo, None, jnp.float32)
+    for op, algo in [
+      ("all_reduce", "one_shot"),
+      ("all_reduce", "two_shot"),
+      ("all_reduce", "hierarchical"),
+      ("reduce_scatter", "reduce_scatter"),
+      ("all_gather", "all_gather"),
+      ("all_to_all", "all_to_all"),
+      ("ppermute", "ppermute"),
+      ("all_reduce", "plain"),
+      ("reduce_scatter", "plain"),
+      ("all_gather", "plain"),
+    ]
+  }
   assert codes == set(ops.values())
   with pytest.raises(ValueError, match="table must be one of"):
     _ffi.codes("NOPE")
@@ -76,8 +87,10 @@ def _import_graph(root: pathlib.Path) -> dict[str, set[str]]:
     deps = set()
     for node in ast.walk(ast.parse(p.read_text())):
       if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jcoccl"):
-        deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
-                 for a in node.names}
+        deps |= {
+          f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+          for a in node.names
+        }
       elif isinstance(node, ast.Import):
         deps |= {a.name for a in node.names if a.name.startswith("jcoccl")}
     graph[name] = {d for d in deps if d in mods and d != name}

@@ -25,35 +25,69 @@ from jcoccl._src import _ffi
 from jcoccl._src.compressors import native
 
 if _ffi.native_module("cpu") is None:
-  pytest.skip(f"native module jcoccl._cpu is absent ({_ffi.native_import_error('cpu')})",
-              allow_module_level=True)
+  pytest.skip(
+    f"native module jcoccl._cpu is absent ({_ffi.native_import_error('cpu')})",
+    allow_module_level=True,
+  )
 
-FUZZ = settings(derandomize=True, database=None, deadline=None, max_examples=6,
-                suppress_health_check=list(HealthCheck), print_blob=True)
+FUZZ = settings(
+  derandomize=True,
+  database=None,
+  deadline=None,
+  max_examples=6,
+  suppress_health_check=list(HealthCheck),
+  print_blob=True,
+)
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 CODECS = [
-    jc.none(), jc.cast(jnp.bfloat16), jc.cast(jnp.float16),
-    jc.int8(block_size=32), jc.int8(block_size=256, symmetric=False),
-    jc.int4(block_size=64), jc.int4(block_size=4096, symmetric=False),
-    jc.int2(block_size=32), jc.int2(block_size=128, symmetric=False),
-    jc.fp8("e4m3", block_size=32), jc.fp8("e5m2", block_size=256),
-    jc.error_bounded(1e-2, block_size=32), jc.error_bounded(1e-3, block_size=256),
-    jc.error_bounded(0.5, block_size=4096),
-    jc.hadamard(jc.int4(block_size=64), size=128), jc.hadamard(jc.fp8("e5m2", block_size=32), size=64),
-    jc.hadamard(jc.error_bounded(1e-2, block_size=64), size=64), jc.hadamard(jc.none(), size=32),
+  jc.none(),
+  jc.cast(jnp.bfloat16),
+  jc.cast(jnp.float16),
+  jc.int8(block_size=32),
+  jc.int8(block_size=256, symmetric=False),
+  jc.int4(block_size=64),
+  jc.int4(block_size=4096, symmetric=False),
+  jc.int2(block_size=32),
+  jc.int2(block_size=128, symmetric=False),
+  jc.fp8("e4m3", block_size=32),
+  jc.fp8("e5m2", block_size=256),
+  jc.error_bounded(1e-2, block_size=32),
+  jc.error_bounded(1e-3, block_size=256),
+  jc.error_bounded(0.5, block_size=4096),
+  jc.hadamard(jc.int4(block_size=64), size=128),
+  jc.hadamard(jc.fp8("e5m2", block_size=32), size=64),
+  jc.hadamard(jc.error_bounded(1e-2, block_size=64), size=64),
+  jc.hadamard(jc.none(), size=32),
 ]
 NROWS = 3
 
 # float32 bit patterns written over scales, minimums, raw words and `none` elements.
-SPECIALS = np.array([
-    0x7fc00000, 0xffc00000, 0x7f800001, 0xff812345, 0x7fc12345,  # NaNs (quiet, signalling)
-    0x7f800000, 0xff800000,  # +-Inf
-    0x7f7fffff, 0xff7fffff, 0x7e967699, 0x4f000000,  # +-max, 1e38, 2^31
-    0x00000001, 0x807fffff, 0x00400000,  # subnormals
-    0x00000000, 0x80000000, 0x00800000, 0x0da24260,  # +-0, smallest normal, 1e-30
-    0xbf800000, 0x3f800000,  # -1, 1
-], dtype=np.uint32)
+SPECIALS = np.array(
+  [
+    0x7FC00000,
+    0xFFC00000,
+    0x7F800001,
+    0xFF812345,
+    0x7FC12345,  # NaNs (quiet, signalling)
+    0x7F800000,
+    0xFF800000,  # +-Inf
+    0x7F7FFFFF,
+    0xFF7FFFFF,
+    0x7E967699,
+    0x4F000000,  # +-max, 1e38, 2^31
+    0x00000001,
+    0x807FFFFF,
+    0x00400000,  # subnormals
+    0x00000000,
+    0x80000000,
+    0x00800000,
+    0x0DA24260,  # +-0, smallest normal, 1e-30
+    0xBF800000,
+    0x3F800000,  # -1, 1
+  ],
+  dtype=np.uint32,
+)
 WIDTHS = (0, 1, 7, 16, 31, 32, 33, 40, 63, 64, 127, 128, 200, 254, 255)
 
 
@@ -92,27 +126,37 @@ def _assert_same(got, want, what: str) -> None:
   got, want = np.asarray(got), np.asarray(want)
   assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape)
   bad = np.argwhere(_bits(got) != _bits(want))
-  assert bad.size == 0, (f"{what}: {len(bad)} elements differ, first at {bad[:3].tolist()}: "
-                         f"native {_bits(got)[tuple(bad[0])]:#x} vs jnp {_bits(want)[tuple(bad[0])]:#x}")
+  assert bad.size == 0, (
+    f"{what}: {len(bad)} elements differ, first at {bad[:3].tolist()}: "
+    f"native {_bits(got)[tuple(bad[0])]:#x} vs jnp {_bits(want)[tuple(bad[0])]:#x}"
+  )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _decoders(c, n: int, dtype):
   """jit of buf -> ((decode, decode_sum, decode_sum_encode) for jnp, same for native)."""
+
   def run(buf):
-    return [(c.decode_rows(buf, n, dtype, impl=impl), c.decode_sum(buf, n, dtype, impl=impl),
-             c.decode_sum_encode(buf, n, dtype, impl=impl)) for impl in ("jnp", "native")]
+    return [
+      (
+        c.decode_rows(buf, n, dtype, impl=impl),
+        c.decode_sum(buf, n, dtype, impl=impl),
+        c.decode_sum_encode(buf, n, dtype, impl=impl),
+      )
+      for impl in ("jnp", "native")
+    ]
+
   return jax.jit(run)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _valid_payload(c, n: int, dtype) -> np.ndarray:
   """uint8[NROWS, P]: normal data, outliers, a zero block, a NaN block, huge values."""
   rng = np.random.default_rng(n)
   x = rng.standard_normal((NROWS, n)).astype(np.float32)
   x[0, : n // 4] = 0.0
   x[1, 3] = np.nan
-  x[1, n // 2:] *= np.float32(1e4)
+  x[1, n // 2 :] *= np.float32(1e4)
   x[2, -1] = np.float32(6e4 if jnp.dtype(dtype) == jnp.float16 else 3e38)
   # Native encode (bit-identical to jnp: tests/test_native_codecs.py) compiles in no time.
   return np.asarray(c.encode_rows(jnp.asarray(x).astype(dtype), impl="native"))
@@ -120,7 +164,7 @@ def _valid_payload(c, n: int, dtype) -> np.ndarray:
 
 def _mutate(buf: np.ndarray, secs: dict, ops: list, rng: np.random.Generator) -> None:
   """Applies (op, arg) mutations in place to a uint8[rows, P] buffer."""
-  rows, p = buf.shape
+  rows, _ = buf.shape
   flat = buf.reshape(-1)
   for op, arg in ops:
     r = arg % rows
@@ -135,11 +179,12 @@ def _mutate(buf: np.ndarray, secs: dict, ops: list, rng: np.random.Generator) ->
     elif op == "special":
       lo, hi = secs.get("floats", secs.get("halves"))
       k = lo + 4 * rng.integers(0, (hi - lo) // 4)
-      buf[r, k:k + 4] = np.frombuffer(SPECIALS[arg % len(SPECIALS)].tobytes(), np.uint8)
+      buf[r, k : k + 4] = np.frombuffer(SPECIALS[arg % len(SPECIALS)].tobytes(), np.uint8)
     elif op == "fill":  # every float field of a row the same special value
       lo, hi = secs.get("floats", secs.get("halves"))
-      buf[r, lo:hi] = np.tile(np.frombuffer(SPECIALS[arg % len(SPECIALS)].tobytes(), np.uint8),
-                              (hi - lo) // 4)
+      buf[r, lo:hi] = np.tile(
+        np.frombuffer(SPECIALS[arg % len(SPECIALS)].tobytes(), np.uint8), (hi - lo) // 4
+      )
 
 
 def _check(c, dtype, buf: np.ndarray) -> None:
@@ -150,8 +195,11 @@ def _check(c, dtype, buf: np.ndarray) -> None:
     _assert_same(a, b, f"{c} {d.name} {what}")
 
 
-MUTATIONS = st.lists(st.tuples(st.sampled_from(["flip", "byte", "width", "special", "fill"]),
-                               st.integers(0, 2**16)), min_size=1, max_size=8)
+MUTATIONS = st.lists(
+  st.tuples(st.sampled_from(["flip", "byte", "width", "special", "fill"]), st.integers(0, 2**16)),
+  min_size=1,
+  max_size=8,
+)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
@@ -173,12 +221,16 @@ def test_decoders_agree_on_any_payload(c, dtype, seed, random, ops):
   _check(c, dtype, buf)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sum_decoders(c, n: int, dtype):
   """jit of bufs[k, rows, P] -> k independent (decode_sum, decode_sum_encode), jnp and native."""
+
   def one(buf):
-    return [(c.decode_sum(buf, n, dtype, impl=impl), c.decode_sum_encode(buf, n, dtype, impl=impl))
-            for impl in ("jnp", "native")]
+    return [
+      (c.decode_sum(buf, n, dtype, impl=impl), c.decode_sum_encode(buf, n, dtype, impl=impl))
+      for impl in ("jnp", "native")
+    ]
+
   return jax.jit(jax.vmap(one))
 
 
@@ -211,30 +263,37 @@ def test_error_bounded_every_width_byte(block):
   dec = np.asarray(c.decode_rows(jnp.asarray(buf), n, jnp.float32, impl="native"))
   first = dec[:, :block]
   w = np.arange(256)
-  assert (first[(w > 31) & (w != 255)].view(np.uint32) == 0x7fc00000).all()
+  assert (first[(w > 31) & (w != 255)].view(np.uint32) == 0x7FC00000).all()
   assert np.isfinite(first[:32]).all() and np.isfinite(dec[:, block:]).all()
-  raw = buf[255, nw:nw + 4 * block].view(np.uint32)
+  raw = buf[255, nw : nw + 4 * block].view(np.uint32)
   np.testing.assert_array_equal(first[255].view(np.uint32), raw)
 
 
-@pytest.mark.parametrize("c", [jc.int8(block_size=32, symmetric=False), jc.fp8("e5m2", block_size=32),
-                               jc.hadamard(jc.none(), size=32)], ids=str)
+@pytest.mark.parametrize(
+  "c",
+  [
+    jc.int8(block_size=32, symmetric=False),
+    jc.fp8("e5m2", block_size=32),
+    jc.hadamard(jc.none(), size=32),
+  ],
+  ids=str,
+)
 def test_arithmetic_nans_are_canonical(c):
   """0 * Inf, Inf - Inf, NaN scales of any sign/payload: the decoded NaN is 0x7fc00000."""
   n = 64
   p = c.payload_nbytes(n, jnp.float32)
   buf = np.zeros((NROWS + 1, p), np.uint8)
   lo, hi = _sections(c, n, jnp.float32)["floats"]
-  for r, pattern in enumerate([0xffc00000, 0x7f800001, 0xff800000, 0x7f800000]):
+  for r, pattern in enumerate([0xFFC00000, 0x7F800001, 0xFF800000, 0x7F800000]):
     buf[r, lo:hi] = np.tile(np.frombuffer(np.uint32(pattern).tobytes(), np.uint8), (hi - lo) // 4)
   if c.kind == "hadamard":
-    buf[3, 4:8] = np.frombuffer(np.uint32(0xff800000).tobytes(), np.uint8)  # inf - inf
+    buf[3, 4:8] = np.frombuffer(np.uint32(0xFF800000).tobytes(), np.uint8)  # inf - inf
   dec = jax.jit(lambda b: [c.decode_rows(b, n, jnp.float32, impl=i) for i in ("jnp", "native")])
   for impl, out in zip(("jnp", "native"), dec(jnp.asarray(buf))):
     bits = np.asarray(out).view(np.uint32)
     nan = np.isnan(bits.view(np.float32))
     assert nan.any(), impl
-    assert (bits[nan] == 0x7fc00000).all(), (impl, sorted({hex(v) for v in bits[nan]}))
+    assert (bits[nan] == 0x7FC00000).all(), (impl, sorted({hex(v) for v in bits[nan]}))
 
 
 @pytest.mark.parametrize("target", ["jcoccl_decode_rows", "jcoccl_decode_sum"])
@@ -245,11 +304,19 @@ def test_handlers_reject_short_payloads(target):
   p = c.payload_nbytes(4096, jnp.float32)
   out_shape = (2, 4096) if target == "jcoccl_decode_rows" else (4096,)
   call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out_shape, jnp.float32))
-  for shape in [(2, p - 4), (2, p // 2), (1, p)] if target == "jcoccl_decode_rows" else [(2, p - 4)]:
+  for shape in (
+    [(2, p - 4), (2, p // 2), (1, p)] if target == "jcoccl_decode_rows" else [(2, p - 4)]
+  ):
     buf = jnp.zeros(shape, jnp.uint8)
     with pytest.raises(Exception, match="payload must be uint8"):
       jax.block_until_ready(call(buf, **native.codec_attrs(c)))
   call = jax.ffi.ffi_call("jcoccl_decode_sum_encode", jax.ShapeDtypeStruct((p,), jnp.uint8))
   with pytest.raises(Exception, match="payload must be uint8"):
-    jax.block_until_ready(call(jnp.zeros((2, p - 4), jnp.uint8), **native.codec_attrs(c),
-                               dtype=np.int32(0), n=np.int64(4096)))
+    jax.block_until_ready(
+      call(
+        jnp.zeros((2, p - 4), jnp.uint8),
+        **native.codec_attrs(c),
+        dtype=np.int32(0),
+        n=np.int64(4096),
+      )
+    )

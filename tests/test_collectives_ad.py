@@ -4,11 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import LOSSY, P, bits, eb, f64, mesh, rand
 from jax import lax
 from jax.test_util import check_grads
 
 import jcoccl
-from collectives_util import LOSSY, assert_within, bits, eb, f64, mesh, P, rand
 
 M = None
 
@@ -22,25 +22,33 @@ def _m():
 
 def _loss(body, check_vma=True):
   def loss(x):
-    out = jax.shard_map(body, mesh=_m(), in_specs=P(("a", "b")), out_specs=P(("a", "b")),
-                        check_vma=check_vma)(x)
+    out = jax.shard_map(
+      body, mesh=_m(), in_specs=P(("a", "b")), out_specs=P(("a", "b")), check_vma=check_vma
+    )(x)
     return jnp.sum(jnp.sin(out))
+
   return loss
 
 
 PERM = [(0, 1), (1, 2), (2, 3), (3, 0)]
 OPS = {
-    "all_reduce": (lambda v, **k: jcoccl.all_reduce(v, "b", **k) * v,
-                   lambda v: lax.psum(v, "b") * v),
-    "all_gather": (lambda v, **k: jcoccl.all_gather(v, "b", axis=1, tiled=True, **k),
-                   lambda v: lax.all_gather(v, "b", axis=1, tiled=True)),
-    "reduce_scatter": (lambda v, **k: jcoccl.reduce_scatter(v, "b", scatter_dimension=1,
-                                                            tiled=True, **k),
-                       lambda v: lax.psum_scatter(v, "b", scatter_dimension=1, tiled=True)),
-    "all_to_all": (lambda v, **k: jcoccl.all_to_all(v, "b", 1, 0, tiled=True, **k),
-                   lambda v: lax.all_to_all(v, "b", 1, 0, tiled=True)),
-    "ppermute": (lambda v, **k: jcoccl.ppermute(v, "b", PERM, **k),
-                 lambda v: lax.ppermute(v, "b", PERM)),
+  "all_reduce": (lambda v, **k: jcoccl.all_reduce(v, "b", **k) * v, lambda v: lax.psum(v, "b") * v),
+  "all_gather": (
+    lambda v, **k: jcoccl.all_gather(v, "b", axis=1, tiled=True, **k),
+    lambda v: lax.all_gather(v, "b", axis=1, tiled=True),
+  ),
+  "reduce_scatter": (
+    lambda v, **k: jcoccl.reduce_scatter(v, "b", scatter_dimension=1, tiled=True, **k),
+    lambda v: lax.psum_scatter(v, "b", scatter_dimension=1, tiled=True),
+  ),
+  "all_to_all": (
+    lambda v, **k: jcoccl.all_to_all(v, "b", 1, 0, tiled=True, **k),
+    lambda v: lax.all_to_all(v, "b", 1, 0, tiled=True),
+  ),
+  "ppermute": (
+    lambda v, **k: jcoccl.ppermute(v, "b", PERM, **k),
+    lambda v: lax.ppermute(v, "b", PERM),
+  ),
 }
 
 
@@ -51,8 +59,9 @@ def test_exact_grads_match_lax(op):
   g1 = jax.jit(jax.grad(_loss(lambda v: j(v, compressor=None))))(x)
   g2 = jax.jit(jax.grad(_loss(l)))(x)
   np.testing.assert_array_equal(bits(g1), bits(g2))
-  check_grads(_loss(lambda v: j(v, compressor="none")), (x,), order=1, modes=["rev"],
-              atol=1e-2, rtol=1e-2)
+  check_grads(
+    _loss(lambda v: j(v, compressor="none")), (x,), order=1, modes=["rev"], atol=1e-2, rtol=1e-2
+  )
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -63,8 +72,9 @@ def test_compressed_grads_close_to_lax(op, check_vma):
   c = LOSSY["bf16"]
   g1 = jax.jit(jax.grad(_loss(lambda v: j(v, compressor=c, min_bytes=0), check_vma)))(x)
   g2 = jax.jit(jax.grad(_loss(l, check_vma)))(x)
-  gx = jax.jit(jax.grad(_loss(lambda v: j(v, compressor=c, grad_compressor=None,
-                                          min_bytes=0), check_vma)))(x)
+  gx = jax.jit(
+    jax.grad(_loss(lambda v: j(v, compressor=c, grad_compressor=None, min_bytes=0), check_vma))
+  )(x)
   # bf16 forward (and backward) perturb each value by <= 2^-8 relative; through sin and the
   # sums of at most 4 ranks that stays within a few 2^-8 of the gradient magnitudes.
   scale = 4 * np.abs(f64(x)).max() + 4
@@ -80,8 +90,9 @@ def test_all_gather_grad_uses_compressed_reduce_scatter():
   fn = jax.jit(jax.grad(_loss(lambda v: j(v, compressor=c, min_bytes=0))))
   hlo = fn.lower(x).compile().as_text()
   assert "all-to-all" in hlo and "reduce-scatter" not in hlo
-  fn_exact = jax.jit(jax.grad(_loss(lambda v: j(v, compressor=c, grad_compressor=None,
-                                                 min_bytes=0))))
+  fn_exact = jax.jit(
+    jax.grad(_loss(lambda v: j(v, compressor=c, grad_compressor=None, min_bytes=0)))
+  )
   assert "reduce-scatter" in fn_exact.lower(x).compile().as_text()
 
 
@@ -92,18 +103,26 @@ def test_vmap_and_scan():
 
   def body(v):  # v: [1, 3, 128]
     per = jax.vmap(lambda r: jcoccl.all_reduce(r, "b", compressor=c, min_bytes=0))(v[0])
+
     def step(carry, r):
       return carry + jcoccl.all_reduce(r, "b", compressor=c, min_bytes=0), None
+
     acc, _ = lax.scan(step, jnp.zeros_like(v[0, 0]), v[0])
     return per[None], acc[None]
 
-  f = jax.jit(jax.shard_map(body, mesh=m, in_specs=P(("a", "b")),
-                            out_specs=(P(("a", "b")), P(("a", "b")))))
+  f = jax.jit(
+    jax.shard_map(body, mesh=m, in_specs=P(("a", "b")), out_specs=(P(("a", "b")), P(("a", "b"))))
+  )
   per, acc = f(x)
-  direct = jax.jit(jax.shard_map(
+  direct = jax.jit(
+    jax.shard_map(
       lambda v: jcoccl.all_reduce(v, "b", compressor=c, min_bytes=0),
-      mesh=m, in_specs=P(("a", "b")), out_specs=P(("a", "b"))))
-  rows = [direct(x[:, i:i + 1])[:, 0] for i in range(3)]
+      mesh=m,
+      in_specs=P(("a", "b")),
+      out_specs=P(("a", "b")),
+    )
+  )
+  rows = [direct(x[:, i : i + 1])[:, 0] for i in range(3)]
   for i in range(3):
     np.testing.assert_array_equal(bits(per[:, i]), bits(rows[i]))
   np.testing.assert_allclose(f64(acc), f64(sum(rows)), rtol=1e-6, atol=1e-6)
@@ -121,16 +140,17 @@ def test_error_feedback_tracks_exact_sum(which):
     seq = seq[:, 0]
     state = ef.init(seq[0])
     if which == "all_reduce":
-      plain = lambda g: jcoccl.all_reduce(g, "x", compressor=c, algorithm="one_shot",
-                                          min_bytes=0)
+      plain = lambda g: jcoccl.all_reduce(g, "x", compressor=c, algorithm="one_shot", min_bytes=0)
       fed = lambda g, s: ef.all_reduce(g, s, "x", algorithm="one_shot", min_bytes=0)
     else:
       plain = lambda g: jcoccl.reduce_scatter(g, "x", tiled=True, compressor=c, min_bytes=0)
       fed = lambda g, s: ef.reduce_scatter(g, s, "x", tiled=True, min_bytes=0)
+
     def step(carry, g):
       acc_p, acc_f, s = carry
       out_f, s = fed(g, s)
       return (acc_p + plain(g), acc_f + out_f, s), None
+
     z = plain(seq[0]) * 0
     (acc_p, acc_f, _), _ = lax.scan(step, (z, z, state), seq)
     return acc_p[None], acc_f[None]

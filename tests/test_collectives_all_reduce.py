@@ -1,19 +1,33 @@
 """jcoccl.all_reduce against lax.psum: exact path bit-exact, lossy within the compressors'
 error bounds, bitwise identical across ranks, chunking, hierarchical, threshold, NaN."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import (
+  DTYPES,
+  LOSSY,
+  assert_within,
+  bits,
+  eb,
+  f64,
+  mesh,
+  per_rank,
+  rand,
+  sum_bound,
+)
 from jax import lax
 
 import jcoccl
 from jcoccl import compressors as jc
-from collectives_util import (DTYPES, LOSSY, assert_within, bits, eb, f64, mesh, per_rank,
-                              rand, sum_bound)
 
-MESHES = [((1,), ("x",)), ((2,), ("x",)), ((8,), ("x",)), ((2, 4), ("a", "b")),
-          ((2, 2, 2), ("a", "b", "c"))]
+MESHES = [
+  ((1,), ("x",)),
+  ((2,), ("x",)),
+  ((8,), ("x",)),
+  ((2, 4), ("a", "b")),
+  ((2, 2, 2), ("a", "b", "c")),
+]
 
 
 @pytest.mark.parametrize("shape,names", MESHES)
@@ -35,8 +49,11 @@ def _check_identical_across_ranks(y):
     np.testing.assert_array_equal(bits(y[r]), bits(y[0]))
 
 
-CASES = [(name, dt) for i, name in enumerate(LOSSY)
-         for dt in (["f32", "bf16", "f16"] if i % 2 == 0 else ["f32", "bf16"])]
+CASES = [
+  (name, dt)
+  for i, name in enumerate(LOSSY)
+  for dt in (["f32", "bf16", "f16"] if i % 2 == 0 else ["f32", "bf16"])
+]
 
 
 @pytest.mark.parametrize("cname,dname", CASES)
@@ -44,10 +61,12 @@ def test_lossy_one_and_two_shot_within_bounds(cname, dname):
   c, dtype = LOSSY[cname], DTYPES[dname]
   m = mesh((4,), ("x",))
   x = rand((4, 300), dtype, seed=3)  # 300: not a multiple of the blocks (padding)
-  one = per_rank(m, lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot",
-                                                min_bytes=0), x)
-  two = per_rank(m, lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="two_shot",
-                                                min_bytes=0), x)
+  one = per_rank(
+    m, lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot", min_bytes=0), x
+  )
+  two = per_rank(
+    m, lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="two_shot", min_bytes=0), x
+  )
   assert one.dtype == dtype and one.shape == x.shape
   _check_identical_across_ranks(one)
   _check_identical_across_ranks(two)
@@ -64,14 +83,18 @@ def test_chunks_bitwise_equal_to_unchunked(algorithm, chunks):
   c = LOSSY["int4a"]
   m = mesh((4,), ("x",))
   x = rand((4, 1000), jnp.float32, seed=5)
-  run = lambda k: per_rank(m, lambda v: jcoccl.all_reduce(
-      v, "x", compressor=c, algorithm=algorithm, chunks=k, min_bytes=0), x)
+  run = lambda k: per_rank(
+    m,
+    lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm=algorithm, chunks=k, min_bytes=0),
+    x,
+  )
   np.testing.assert_array_equal(bits(run(chunks)), bits(run(1)))
 
 
-@pytest.mark.parametrize("shape,names,axes", [((2, 4), ("a", "b"), ("a", "b")),
-                                              ((2, 2, 2), ("a", "b", "c"), ("b", "c")),
-                                              ((8,), ("x",), "x")])
+@pytest.mark.parametrize(
+  "shape,names,axes",
+  [((2, 4), ("a", "b"), ("a", "b")), ((2, 2, 2), ("a", "b", "c"), ("b", "c")), ((8,), ("x",), "x")],
+)
 def test_tuple_axes_and_auto(shape, names, axes):
   c = LOSSY["int8"]
   m = mesh(shape, names)
@@ -82,8 +105,9 @@ def test_tuple_axes_and_auto(shape, names, axes):
   ax = axes if isinstance(axes, tuple) else (axes,)
   idx = np.arange(8).reshape(shape)
   keep = [i for i, nm in enumerate(names) if nm not in ax]
-  moved = np.moveaxis(idx, keep, list(range(len(keep)))).reshape(-1, np.prod(
-      [shape[names.index(a)] for a in ax]))
+  moved = np.moveaxis(idx, keep, list(range(len(keep)))).reshape(
+    -1, np.prod([shape[names.index(a)] for a in ax])
+  )
   for group in moved:
     assert_within(got[group[0]], f64(want[group[0]]), sum_bound(c, x[group], jnp.float32))
     for r in group[1:]:
@@ -96,8 +120,9 @@ def test_hierarchical_is_rs_ar_ag_composition():
   x = rand((8, 4 * 256), jnp.float32, seed=9)
 
   def hier(v):
-    return jcoccl.all_reduce(v, ("node", "gpu"), compressor={"node": c_out, "gpu": c_in},
-                             min_bytes=0)
+    return jcoccl.all_reduce(
+      v, ("node", "gpu"), compressor={"node": c_out, "gpu": c_in}, min_bytes=0
+    )
 
   def composed(v):
     s = jcoccl.reduce_scatter(v, "gpu", tiled=True, compressor=c_in, min_bytes=0)
@@ -115,8 +140,13 @@ def test_hierarchical_pair_with_exact_level():
   m = mesh((2, 4), ("node", "gpu"))
   x = rand((8, 512), jnp.float32, seed=2)
   c = jc.cast("bfloat16")
-  got = per_rank(m, lambda v: jcoccl.all_reduce(v, ("node", "gpu"), compressor=(None, c),
-                                                algorithm="hierarchical", min_bytes=0), x)
+  got = per_rank(
+    m,
+    lambda v: jcoccl.all_reduce(
+      v, ("node", "gpu"), compressor=(None, c), algorithm="hierarchical", min_bytes=0
+    ),
+    x,
+  )
   _check_identical_across_ranks(got)
   # bf16 RS inside each node, exact psum across nodes, bf16 re-encode in the gather.
   err = np.abs(f64(got[0]) - f64(x).sum(0))
@@ -152,8 +182,9 @@ def test_nan_inf_survive(algorithm):
   x = np.array(rand((4, 256), jnp.float32))
   x[1, 10] = np.nan
   x[2, 200] = np.inf
-  y = per_rank(m, lambda v: jcoccl.all_reduce(v, "x", compressor="int8",
-                                              algorithm=algorithm, min_bytes=0), x)
+  y = per_rank(
+    m, lambda v: jcoccl.all_reduce(v, "x", compressor="int8", algorithm=algorithm, min_bytes=0), x
+  )
   assert np.isnan(np.asarray(y)[:, 10]).all()
   assert (~np.isfinite(np.asarray(y)[:, 200])).all()
 
@@ -169,6 +200,7 @@ def test_integer_dtype():
 
 def test_cost_model():
   from jcoccl._src import _common
+
   assert _common.choose_all_reduce(64 * 1024, 8, 0.26) == "one_shot"
   assert _common.choose_all_reduce(64 << 20, 8, 0.26) == "two_shot"
   assert _common.choose_all_reduce(64 << 20, 2, 0.26) == "one_shot"

@@ -1,41 +1,65 @@
 """jcoccl.all_gather / reduce_scatter / all_to_all / ppermute against their lax equivalents."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import (
+  DTYPES,
+  LOSSY,
+  assert_within,
+  bits,
+  eb,
+  f64,
+  mesh,
+  per_rank,
+  rand,
+  sum_bound,
+)
 from jax import lax
 
 import jcoccl
-from collectives_util import (DTYPES, LOSSY, assert_within, bits, eb, f64, mesh, per_rank,
-                              rand, sum_bound)
 
-EXACT_MESHES = [((1,), ("x",), "x"), ((2,), ("x",), "x"), ((8,), ("x",), "x"),
-                ((2, 4), ("a", "b"), ("a", "b")), ((2, 2, 2), ("a", "b", "c"), ("a", "c"))]
+EXACT_MESHES = [
+  ((1,), ("x",), "x"),
+  ((2,), ("x",), "x"),
+  ((8,), ("x",), "x"),
+  ((2, 4), ("a", "b"), ("a", "b")),
+  ((2, 2, 2), ("a", "b", "c"), ("a", "c")),
+]
 
 
 @pytest.mark.parametrize("shape,names,axes", EXACT_MESHES)
 def test_exact_paths_are_lax(shape, names, axes):
   m = mesh(shape, names)
-  n = int(np.prod([shape[names.index(a)] for a in (axes if isinstance(axes, tuple)
-                                                  else (axes,))]))
+  n = int(np.prod([shape[names.index(a)] for a in (axes if isinstance(axes, tuple) else (axes,))]))
   x = rand((int(np.prod(shape)), n * 2, 3), jnp.bfloat16)
   pairs = [
-      (lambda v: jcoccl.all_gather(v, axes, axis=1, compressor="none", min_bytes=0),
-       lambda v: lax.all_gather(v, axes, axis=1)),
-      (lambda v: jcoccl.reduce_scatter(v, axes, tiled=True, compressor=None),
-       lambda v: lax.psum_scatter(v, axes, tiled=True)),
-      (lambda v: jcoccl.all_to_all(v, axes, 0, 1, tiled=True, compressor="none", min_bytes=0),
-       lambda v: lax.all_to_all(v, axes, 0, 1, tiled=True)),
-      (lambda v: jcoccl.ppermute(v, axes, [(i, (i + 1) % n) for i in range(n)]),
-       lambda v: lax.ppermute(v, axes, [(i, (i + 1) % n) for i in range(n)])),
+    (
+      lambda v: jcoccl.all_gather(v, axes, axis=1, compressor="none", min_bytes=0),
+      lambda v: lax.all_gather(v, axes, axis=1),
+    ),
+    (
+      lambda v: jcoccl.reduce_scatter(v, axes, tiled=True, compressor=None),
+      lambda v: lax.psum_scatter(v, axes, tiled=True),
+    ),
+    (
+      lambda v: jcoccl.all_to_all(v, axes, 0, 1, tiled=True, compressor="none", min_bytes=0),
+      lambda v: lax.all_to_all(v, axes, 0, 1, tiled=True),
+    ),
+    (
+      lambda v: jcoccl.ppermute(v, axes, [(i, (i + 1) % n) for i in range(n)]),
+      lambda v: lax.ppermute(v, axes, [(i, (i + 1) % n) for i in range(n)]),
+    ),
   ]
   for j, l in pairs:
     np.testing.assert_array_equal(bits(per_rank(m, j, x)), bits(per_rank(m, l, x)))
 
 
-CASES = [(name, dt) for i, name in enumerate(LOSSY)
-         for dt in (["f32", "bf16", "f16"] if i % 2 == 1 else ["f32", "f16"])]
+CASES = [
+  (name, dt)
+  for i, name in enumerate(LOSSY)
+  for dt in (["f32", "bf16", "f16"] if i % 2 == 1 else ["f32", "f16"])
+]
 
 
 @pytest.mark.parametrize("cname,dname", CASES)
@@ -61,7 +85,7 @@ def test_lossy_all_four_ops(cname, dname):
   want = per_rank(m, lambda v: lax.all_to_all(v, "x", 0, 2, tiled=True), x)
   assert a2.shape == want.shape
   for j in range(4):
-    bound = np.concatenate([eb(c, x[r, j:j + 1]) for r in range(4)], axis=2)
+    bound = np.concatenate([eb(c, x[r, j : j + 1]) for r in range(4)], axis=2)
     assert_within(a2[j], f64(want[j]), bound, "all_to_all")
   # ppermute: a shift that leaves rank 0 without a sender (zeros, as lax).
   perm = [(0, 1), (1, 2), (2, 3)]
@@ -77,8 +101,9 @@ def test_all_gather_layouts(axis, tiled):
   c = LOSSY["bf16"]
   m = mesh((2, 4), ("a", "b"))
   x = rand((8, 3, 5), jnp.float32, seed=4)
-  got = per_rank(m, lambda v: jcoccl.all_gather(v, "b", axis=axis, tiled=tiled, compressor=c,
-                                                min_bytes=0), x)
+  got = per_rank(
+    m, lambda v: jcoccl.all_gather(v, "b", axis=axis, tiled=tiled, compressor=c, min_bytes=0), x
+  )
   want = per_rank(m, lambda v: lax.all_gather(v, "b", axis=axis, tiled=tiled), x)
   assert got.shape == want.shape
   assert_within(got, f64(want), 2.0**-8 * np.abs(f64(want)))
@@ -91,13 +116,22 @@ def test_reduce_scatter_layouts_and_chunks(dim, tiled, chunks):
   shape = [8, 8, 4]
   shape[dim] = 4 if not tiled else 8
   x = rand((8, *shape), jnp.float32, seed=6)
-  got = per_rank(m, lambda v: jcoccl.reduce_scatter(v, ("b",), scatter_dimension=dim,
-                                                    tiled=tiled, compressor=c, chunks=chunks,
-                                                    min_bytes=0), x)
+  got = per_rank(
+    m,
+    lambda v: jcoccl.reduce_scatter(
+      v, ("b",), scatter_dimension=dim, tiled=tiled, compressor=c, chunks=chunks, min_bytes=0
+    ),
+    x,
+  )
   want = per_rank(m, lambda v: lax.psum_scatter(v, "b", scatter_dimension=dim, tiled=tiled), x)
   assert got.shape == want.shape
-  one = per_rank(m, lambda v: jcoccl.reduce_scatter(v, "b", scatter_dimension=dim,
-                                                    tiled=tiled, compressor=c, min_bytes=0), x)
+  one = per_rank(
+    m,
+    lambda v: jcoccl.reduce_scatter(
+      v, "b", scatter_dimension=dim, tiled=tiled, compressor=c, min_bytes=0
+    ),
+    x,
+  )
   np.testing.assert_array_equal(bits(got), bits(one))  # chunking keeps the blocks
   err = np.abs(f64(got) - f64(want)).max()
   assert err < 4 * 2 * np.abs(f64(x)).max() / 127

@@ -4,12 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import P, mesh, per_rank, rand
 from jax import lax
 from jax.sharding import Mesh
 
 import jcoccl
 from jcoccl import compressors as jc
-from collectives_util import mesh, per_rank, P, rand
 
 
 def _prog(m, body):
@@ -24,8 +24,9 @@ def test_wire_bytes_ratios_8_ranks():
   assert lax_wb["total"] == pytest.approx(2 * 7 / 8 * 4 * (1 << 20))
 
   def ar(c, algorithm):
-    return _prog(m, lambda v: jcoccl.all_reduce(v[0], "x", compressor=c, algorithm=algorithm,
-                                                min_bytes=0))
+    return _prog(
+      m, lambda v: jcoccl.all_reduce(v[0], "x", compressor=c, algorithm=algorithm, min_bytes=0)
+    )
 
   int8_two = jcoccl.wire_bytes(ar(jc.int8(block_size=256), "two_shot"), x, reference=ref)
   int8_one = jcoccl.wire_bytes(ar(jc.int8(block_size=256), "one_shot"), x, reference=ref)
@@ -44,14 +45,20 @@ def test_wire_bytes_other_ops():
   x = jax.ShapeDtypeStruct((4, 4096), jnp.float32)
   c = jc.int8(block_size=256)
   spec = dict(mesh=m, in_specs=P("x"), out_specs=P("x"))
-  ag = jax.jit(jax.shard_map(lambda v: jcoccl.all_gather(v, "x", tiled=True, compressor=c,
-                                                         min_bytes=0), **spec))
+  ag = jax.jit(
+    jax.shard_map(
+      lambda v: jcoccl.all_gather(v, "x", tiled=True, compressor=c, min_bytes=0), **spec
+    )
+  )
   ag_ref = jax.jit(jax.shard_map(lambda v: lax.all_gather(v, "x", tiled=True), **spec))
   wb = jcoccl.wire_bytes(ag, x, reference=ag_ref)
   assert wb["reference_total"] == 3 * 4096 * 4
   assert wb["ratio"] == pytest.approx((1 + 4 / 256) / 4)
-  pp = jax.jit(jax.shard_map(lambda v: jcoccl.ppermute(v, "x", [(0, 1), (1, 0)],
-                                                       compressor=c, min_bytes=0), **spec))
+  pp = jax.jit(
+    jax.shard_map(
+      lambda v: jcoccl.ppermute(v, "x", [(0, 1), (1, 0)], compressor=c, min_bytes=0), **spec
+    )
+  )
   wb = jcoccl.wire_bytes(pp, x)
   assert wb["by_op"]["collective-permute"] == pytest.approx(4096 * (1 + 4 / 256) * 2 / 4)
 
@@ -86,27 +93,40 @@ def test_wire_bytes_by_axis_2x2x2():
   m, k = _mesh_2x2x2_permuted(), 4096
   x = jax.ShapeDtypeStruct((8, k), jnp.float32)
   c = jc.int8(block_size=256)
-  wb = jcoccl.wire_bytes(_axes_program(m, k, c), x, reference=_axes_program(m, k, None),
-                         mesh=m)
+  wb = jcoccl.wire_bytes(_axes_program(m, k, c), x, reference=_axes_program(m, k, None), mesh=m)
   s = 4 * k  # f32 bytes per device
   # nccl-tests formulas, exactly: psum 2(n-1)/n S, all_gather (n-1)/n S (gathered), ppermute S
   # (every device sends), psum over the 4 devices of ('data', 'tensor').
-  assert wb["reference_by_axis"] == {"data": s, "tensor": s, "pipe": s,
-                                     "data,tensor": 2 * 3 / 4 * s}
+  assert wb["reference_by_axis"] == {
+    "data": s,
+    "tensor": s,
+    "pipe": s,
+    "data,tensor": 2 * 3 / 4 * s,
+  }
   # Compressed: one_shot all_reduce = all_gather of payloads, (n-1) payloads per device.
   pay = c.payload_nbytes(k, jnp.float32)
   assert wb["by_axis"] == {"data": pay, "tensor": pay, "pipe": pay, "data,tensor": 3 * pay}
   assert wb["total"] == sum(wb["by_axis"].values())
-  assert {c["axes"] for c in wb["collectives"]} == {("data",), ("tensor",), ("pipe",),
-                                                     ("data", "tensor")}
+  assert {c["axes"] for c in wb["collectives"]} == {
+    ("data",),
+    ("tensor",),
+    ("pipe",),
+    ("data", "tensor"),
+  }
 
 
 def test_wire_bytes_mesh_on_other_axis_orders():
   # The same program on a mesh whose axes are listed in another order: keys follow mesh order.
   devs = np.array(jax.devices()[:8]).reshape(2, 2, 2)
   m = Mesh(devs, ("pipe", "data", "tensor"))
-  f = jax.jit(jax.shard_map(lambda v: lax.psum(v, ("tensor", "pipe")), mesh=m,
-                            in_specs=P(m.axis_names), out_specs=P(m.axis_names)))
+  f = jax.jit(
+    jax.shard_map(
+      lambda v: lax.psum(v, ("tensor", "pipe")),
+      mesh=m,
+      in_specs=P(m.axis_names),
+      out_specs=P(m.axis_names),
+    )
+  )
   wb = jcoccl.wire_bytes(f, jax.ShapeDtypeStruct((8, 256), jnp.float32), mesh=m)
   assert wb["by_axis"] == {"pipe,tensor": 2 * 3 / 4 * 1024}
   with pytest.raises(TypeError, match="mesh"):
@@ -151,20 +171,23 @@ ENTRY %main (x: f32[256]) -> f32[256] {
 
 def test_parse_hlo_group_forms_loops_and_unmatched():
   from jcoccl._src import wire_bytes as wb_mod
+
   m = mesh((2, 2, 2), AXES3)  # logical id i = row-major mesh position i
   colls = wb_mod.parse_hlo(_HLO, 8, mesh=m, device_ids=[d.id for d in m.devices.flat])
   got = [(c["op"], c["axes"], c["executions"], c["sent_bytes"]) for c in colls]
   s = 1024
-  assert sorted(got, key=str) == sorted([
+  assert sorted(got, key=str) == sorted(
+    [
       # iota groups [2,2,2]T(1,2,0) -> [4,2]: ids varying along 'data', in a loop of 3
       ("all-reduce", ("data",), 3, 3 * s),
-      ("all-reduce", ("pipe",), 1, s),                 # explicit {{0,1},...}: 'pipe'
-      ("all-reduce", "?", 1, s),                       # {{0,3},...} is no set of mesh axes
+      ("all-reduce", ("pipe",), 1, s),  # explicit {{0,1},...}: 'pipe'
+      ("all-reduce", "?", 1, s),  # {{0,3},...} is no set of mesh axes
       ("all-gather", ("tensor", "pipe"), 1, 3 / 4 * 4 * s),  # [2,4]<=[8]
-      ("collective-permute", ("data",), 1, s * 4 / 8),       # async pair, counted once
-  ], key=str)
-  assert wb_mod.by_axis(colls) == {"data": 3 * s + s / 2, "pipe": s, "?": s,
-                                   "tensor,pipe": 3 * s}
+      ("collective-permute", ("data",), 1, s * 4 / 8),  # async pair, counted once
+    ],
+    key=str,
+  )
+  assert wb_mod.by_axis(colls) == {"data": 3 * s + s / 2, "pipe": s, "?": s, "tensor,pipe": 3 * s}
   with pytest.raises(ValueError, match="replica groups"):
     wb_mod.parse_hlo(_HLO.replace("replica_groups=[2,4]<=[8]", "replica_groups=<bad>"), 8)
 
@@ -174,35 +197,52 @@ def _run1(body, n=4, shape=(4, 64)):
   return per_rank(m, body, rand((n, *shape), jnp.float32))
 
 
-@pytest.mark.parametrize("body,exc,match", [
+@pytest.mark.parametrize(
+  "body,exc,match",
+  [
     (lambda v: jcoccl.all_reduce(v, "nope", compressor="int8"), ValueError, "nope"),
-    (lambda v: jcoccl.all_reduce(v, "x", compressor="int8", algorithm="ring"), ValueError,
-     "algorithm"),
-    (lambda v: jcoccl.all_reduce(v, "x", compressor="int8", backend="mpi"), ValueError,
-     "backend"),
+    (
+      lambda v: jcoccl.all_reduce(v, "x", compressor="int8", algorithm="ring"),
+      ValueError,
+      "algorithm",
+    ),
+    (lambda v: jcoccl.all_reduce(v, "x", compressor="int8", backend="mpi"), ValueError, "backend"),
     (lambda v: jcoccl.all_reduce(v, "x", compressor="int8", chunks=0), ValueError, "chunks"),
     (lambda v: jcoccl.all_reduce(v, "x", compressor="zip"), ValueError, "compressor"),
     (lambda v: jcoccl.all_reduce(v, "x", compressor=3), TypeError, "compressor"),
-    (lambda v: jcoccl.all_reduce(v, "x", compressor="int8", algorithm="hierarchical"),
-     ValueError, "hierarchical"),
-    (lambda v: jcoccl.all_reduce(v, "x", compressor="int8", min_bytes=-1), ValueError,
-     "min_bytes"),
-    (lambda v: jcoccl.reduce_scatter(v, "x", scatter_dimension=1, tiled=True,
-                                     compressor="int8"), ValueError, "scatter_dimension"),
-    (lambda v: jcoccl.reduce_scatter(v, "x", scatter_dimension=1, compressor="int8"),
-     ValueError, "tiled=False"),
-    (lambda v: jcoccl.reduce_scatter(v, "x", scatter_dimension=5), ValueError,
-     "scatter_dimension"),
+    (
+      lambda v: jcoccl.all_reduce(v, "x", compressor="int8", algorithm="hierarchical"),
+      ValueError,
+      "hierarchical",
+    ),
+    (lambda v: jcoccl.all_reduce(v, "x", compressor="int8", min_bytes=-1), ValueError, "min_bytes"),
+    (
+      lambda v: jcoccl.reduce_scatter(v, "x", scatter_dimension=1, tiled=True, compressor="int8"),
+      ValueError,
+      "scatter_dimension",
+    ),
+    (
+      lambda v: jcoccl.reduce_scatter(v, "x", scatter_dimension=1, compressor="int8"),
+      ValueError,
+      "tiled=False",
+    ),
+    (lambda v: jcoccl.reduce_scatter(v, "x", scatter_dimension=5), ValueError, "scatter_dimension"),
     (lambda v: jcoccl.all_gather(v, "x", axis=3, compressor="int8"), ValueError, "axis"),
-    (lambda v: jcoccl.all_to_all(v, "x", 1, 0, tiled=True, compressor="int8"), ValueError,
-     "split_axis"),
+    (
+      lambda v: jcoccl.all_to_all(v, "x", 1, 0, tiled=True, compressor="int8"),
+      ValueError,
+      "split_axis",
+    ),
     (lambda v: jcoccl.ppermute(v, "x", [(0, 1), (0, 2)]), ValueError, "duplicate source"),
-    (lambda v: jcoccl.ppermute(v, "x", [(0, 1), (2, 1)]), ValueError,
-     "duplicate destination"),
+    (lambda v: jcoccl.ppermute(v, "x", [(0, 1), (2, 1)]), ValueError, "duplicate destination"),
     (lambda v: jcoccl.ppermute(v, "x", [(0, 4)]), ValueError, "out of range"),
-    (lambda v: jcoccl.all_gather(v.astype(jnp.int32), "x", compressor="int4", min_bytes=0),
-     TypeError, "int32"),
-])
+    (
+      lambda v: jcoccl.all_gather(v.astype(jnp.int32), "x", compressor="int4", min_bytes=0),
+      TypeError,
+      "int32",
+    ),
+  ],
+)
 def test_bad_calls(body, exc, match):
   with pytest.raises(exc, match=match):
     _run1(body, shape=(6, 63))
@@ -210,6 +250,7 @@ def test_bad_calls(body, exc, match):
 
 def test_fused_backend_without_init():
   from jcoccl._src import _backend
+
   if "fused" in _backend.registered("all_reduce"):
     pytest.skip("fused engine initialised in this process")
   with pytest.raises(ValueError, match="init"):

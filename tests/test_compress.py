@@ -8,15 +8,14 @@ payload ratio; a data-parallel training step written with lax.pmean follows the 
 models.parallel trainer's loss curve bitwise.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import F32_EPS, mesh
 from jax import lax
 
 import jcoccl
-from collectives_util import F32_EPS, mesh
 from jcoccl import compressors as jc
 from jcoccl.policy import OPS, Policy
 
@@ -31,8 +30,9 @@ def _x(shape=(16, 256), seed=0):
 
 
 def _smap(body, m, in_specs, out_specs, check_vma=True):
-  return jax.jit(jax.shard_map(body, mesh=m, in_specs=in_specs, out_specs=out_specs,
-                               check_vma=check_vma))
+  return jax.jit(
+    jax.shard_map(body, mesh=m, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma)
+  )
 
 
 def _prims(f, *args) -> set:
@@ -43,7 +43,7 @@ def _prims(f, *args) -> set:
     for e in jaxpr.eqns:
       names.add(e.primitive.name)
       for v in e.params.values():
-        for s in (v if isinstance(v, (tuple, list)) else (v,)):
+        for s in v if isinstance(v, (tuple, list)) else (v,):
           inner = getattr(s, "jaxpr", s)
           if hasattr(inner, "eqns"):
             walk(inner)
@@ -68,30 +68,50 @@ def _sum_bound(c, x, n) -> float:
 # One case per lax op on a ('data', 't') = (4, 2) mesh: (lax body, hand-wired jcoccl body,
 # out_specs, error bound for the int8 policy).
 OPS_CASES = {
-    "psum": (lambda v: lax.psum(v, "data"),
-             lambda v: jcoccl.all_reduce(v, "data", compressor=C8, min_bytes=0),
-             P(None, "t"), lambda x: _sum_bound(C8, x, 4)),
-    "pmean": (lambda v: lax.pmean(v, "data"),
-              lambda v: jcoccl.all_reduce(v, "data", compressor=C8, min_bytes=0) / 4,
-              P(None, "t"), lambda x: _sum_bound(C8, x, 4) / 4),
-    "all_gather": (lambda v: lax.all_gather(v, "data", axis=1, tiled=False),
-                   lambda v: jcoccl.all_gather(v, "data", axis=1, compressor=C8, min_bytes=0),
-                   P(("data", "t")), lambda x: _uniform_bound(C8, x)),
-    "all_gather_tiled": (lambda v: lax.all_gather(v, "t", axis=0, tiled=True),
-                         lambda v: jcoccl.all_gather(v, "t", axis=0, tiled=True,
-                                                     compressor=C8, min_bytes=0),
-                         P(("data", "t")), lambda x: _uniform_bound(C8, x)),
-    "psum_scatter": (lambda v: lax.psum_scatter(v, "data", scatter_dimension=1, tiled=True),
-                     lambda v: jcoccl.reduce_scatter(v, "data", scatter_dimension=1,
-                                                     tiled=True, compressor=C8, min_bytes=0),
-                     P(None, ("data", "t")), lambda x: _sum_bound(C8, x, 4)),
-    "all_to_all": (lambda v: lax.all_to_all(v, "data", 1, 0, tiled=True),
-                   lambda v: jcoccl.all_to_all(v, "data", 1, 0, tiled=True, compressor=C8,
-                                               min_bytes=0),
-                   P(("data", "t")), lambda x: _uniform_bound(C8, x)),
-    "ppermute": (lambda v: lax.ppermute(v, "data", RING4),
-                 lambda v: jcoccl.ppermute(v, "data", RING4, compressor=C8, min_bytes=0),
-                 P(("data", "t")), lambda x: _uniform_bound(C8, x)),
+  "psum": (
+    lambda v: lax.psum(v, "data"),
+    lambda v: jcoccl.all_reduce(v, "data", compressor=C8, min_bytes=0),
+    P(None, "t"),
+    lambda x: _sum_bound(C8, x, 4),
+  ),
+  "pmean": (
+    lambda v: lax.pmean(v, "data"),
+    lambda v: jcoccl.all_reduce(v, "data", compressor=C8, min_bytes=0) / 4,
+    P(None, "t"),
+    lambda x: _sum_bound(C8, x, 4) / 4,
+  ),
+  "all_gather": (
+    lambda v: lax.all_gather(v, "data", axis=1, tiled=False),
+    lambda v: jcoccl.all_gather(v, "data", axis=1, compressor=C8, min_bytes=0),
+    P(("data", "t")),
+    lambda x: _uniform_bound(C8, x),
+  ),
+  "all_gather_tiled": (
+    lambda v: lax.all_gather(v, "t", axis=0, tiled=True),
+    lambda v: jcoccl.all_gather(v, "t", axis=0, tiled=True, compressor=C8, min_bytes=0),
+    P(("data", "t")),
+    lambda x: _uniform_bound(C8, x),
+  ),
+  "psum_scatter": (
+    lambda v: lax.psum_scatter(v, "data", scatter_dimension=1, tiled=True),
+    lambda v: jcoccl.reduce_scatter(
+      v, "data", scatter_dimension=1, tiled=True, compressor=C8, min_bytes=0
+    ),
+    P(None, ("data", "t")),
+    lambda x: _sum_bound(C8, x, 4),
+  ),
+  "all_to_all": (
+    lambda v: lax.all_to_all(v, "data", 1, 0, tiled=True),
+    lambda v: jcoccl.all_to_all(v, "data", 1, 0, tiled=True, compressor=C8, min_bytes=0),
+    P(("data", "t")),
+    lambda x: _uniform_bound(C8, x),
+  ),
+  "ppermute": (
+    lambda v: lax.ppermute(v, "data", RING4),
+    lambda v: jcoccl.ppermute(v, "data", RING4, compressor=C8, min_bytes=0),
+    P(("data", "t")),
+    lambda x: _uniform_bound(C8, x),
+  ),
 }
 
 
@@ -102,8 +122,7 @@ def test_each_op_rewritten(case, check_vma):
   m = mesh((4, 2), ("data", "t"))
   x = _x()
   in_spec = P(("data", "t"))
-  f = jax.shard_map(lax_body, mesh=m, in_specs=in_spec, out_specs=out_spec,
-                    check_vma=check_vma)
+  f = jax.shard_map(lax_body, mesh=m, in_specs=in_spec, out_specs=out_spec, check_vma=check_vma)
   ref = jax.jit(f)(x)
   # Exact policy: nothing to rewrite, the program is f's, bitwise.
   exact = jax.jit(jcoccl.compress(f, Policy()))
@@ -121,8 +140,12 @@ def test_ops_not_named_stay_lax():
   m = mesh((4, 2), ("data", "t"))
 
   def body(v):
-    return (lax.psum(v, "data"), lax.all_gather(v, "t", tiled=True),
-            lax.ppermute(v, "data", RING4), lax.psum(v, ("data", "t")))
+    return (
+      lax.psum(v, "data"),
+      lax.all_gather(v, "t", tiled=True),
+      lax.ppermute(v, "data", RING4),
+      lax.psum(v, ("data", "t")),
+    )
 
   f = _smap(body, m, P(("data", "t")), (P(None, "t"), P(("data", "t")), P(("data", "t")), P()))
   x = _x()
@@ -134,8 +157,12 @@ def test_ops_not_named_stay_lax():
   for i in (1, 2, 3):
     np.testing.assert_array_equal(got[i], ref[i])
   assert not np.array_equal(got[0], ref[0])  # the psum over 'data' alone is compressed
-  hand = _smap(lambda v: jcoccl.all_reduce(v, "data", compressor="int8", min_bytes=0), m,
-               P(("data", "t")), P(None, "t"))(x)
+  hand = _smap(
+    lambda v: jcoccl.all_reduce(v, "data", compressor="int8", min_bytes=0),
+    m,
+    P(("data", "t")),
+    P(None, "t"),
+  )(x)
   np.testing.assert_array_equal(got[0], hand)
 
 
@@ -145,8 +172,12 @@ def test_several_axes_need_one_compressor():
   x = _x()
   same = {"*": {"all_reduce": C8, "min_bytes": 0}}
   got = jax.jit(jcoccl.compress(f, same))(x)
-  hand = _smap(lambda v: jcoccl.all_reduce(v, ("data", "t"), compressor=C8, min_bytes=0), m,
-               P(("data", "t")), P())(x)
+  hand = _smap(
+    lambda v: jcoccl.all_reduce(v, ("data", "t"), compressor=C8, min_bytes=0),
+    m,
+    P(("data", "t")),
+    P(),
+  )(x)
   np.testing.assert_array_equal(got, hand)
   mixed = {"data": {"all_reduce": C8, "min_bytes": 0}, "t": {"all_reduce": "fp8"}}
   np.testing.assert_array_equal(jax.jit(jcoccl.compress(f, mixed))(x), f(x))
@@ -154,13 +185,15 @@ def test_several_axes_need_one_compressor():
 
 def test_integer_operands_stay_lax():
   m = mesh((8,), ("data",))
-  f = _smap(lambda v, i: (lax.psum(v, "data"), lax.psum(i, "data")), m, (P("data"),) * 2,
-            (P(), P()))
+  f = _smap(
+    lambda v, i: (lax.psum(v, "data"), lax.psum(i, "data")), m, (P("data"),) * 2, (P(), P())
+  )
   x, i = _x((8, 128)), jnp.arange(8 * 128, dtype=jnp.int32).reshape(8, 128)
   got = jax.jit(jcoccl.compress(f, INT8_ALL))(x, i)
   np.testing.assert_array_equal(got[1], f(x, i)[1])
-  hand = _smap(lambda v: jcoccl.all_reduce(v, "data", compressor=C8, min_bytes=0), m,
-               P("data"), P())(x)
+  hand = _smap(
+    lambda v: jcoccl.all_reduce(v, "data", compressor=C8, min_bytes=0), m, P("data"), P()
+  )(x)
   np.testing.assert_array_equal(got[0], hand)
 
 
@@ -170,39 +203,59 @@ def _sum_sq(v, axis):
 
 def test_grad_jit_vmap():
   m = mesh((8,), ("data",))
-  lax_f = jax.shard_map(lambda v: lax.psum(v * v, "data"), mesh=m, in_specs=P("data"),
-                        out_specs=P())
-  hand_f = jax.shard_map(lambda v: jcoccl.all_reduce(v * v, "data", compressor=C8,
-                                                     min_bytes=0),
-                         mesh=m, in_specs=P("data"), out_specs=P())
+  lax_f = jax.shard_map(
+    lambda v: lax.psum(v * v, "data"), mesh=m, in_specs=P("data"), out_specs=P()
+  )
+  hand_f = jax.shard_map(
+    lambda v: jcoccl.all_reduce(v * v, "data", compressor=C8, min_bytes=0),
+    mesh=m,
+    in_specs=P("data"),
+    out_specs=P(),
+  )
   g = jcoccl.compress(lax_f, INT8_ALL)
   x = _x((8, 256))
-  loss = lambda f: (lambda v: jnp.sum(jnp.sin(f(v))))
+  loss = lambda f: lambda v: jnp.sum(jnp.sin(f(v)))
   np.testing.assert_array_equal(jax.jit(jax.grad(loss(g)))(x), jax.jit(jax.grad(loss(hand_f)))(x))
   np.testing.assert_array_equal(jax.grad(loss(g))(x), jax.jit(jax.grad(loss(hand_f)))(x))
   xs = jnp.stack([x, 2 * x, -x])
   np.testing.assert_array_equal(jax.jit(jax.vmap(g))(xs), jax.jit(jax.vmap(hand_f))(xs))
   # compress of a function that differentiates inside: the gradient's own psum is rewritten.
-  inner = jax.shard_map(lambda v: lax.psum(jax.grad(lambda w: jnp.sum(jnp.sin(w)))(v), "data"),
-                        mesh=m, in_specs=P("data"), out_specs=P())
+  inner = jax.shard_map(
+    lambda v: lax.psum(jax.grad(lambda w: jnp.sum(jnp.sin(w)))(v), "data"),
+    mesh=m,
+    in_specs=P("data"),
+    out_specs=P(),
+  )
   hand_inner = jax.shard_map(
-      lambda v: jcoccl.all_reduce(jax.grad(lambda w: jnp.sum(jnp.sin(w)))(v), "data",
-                                  compressor=C8, min_bytes=0),
-      mesh=m, in_specs=P("data"), out_specs=P())
-  np.testing.assert_array_equal(jax.jit(jcoccl.compress(inner, INT8_ALL))(x),
-                                jax.jit(hand_inner)(x))
+    lambda v: jcoccl.all_reduce(
+      jax.grad(lambda w: jnp.sum(jnp.sin(w)))(v), "data", compressor=C8, min_bytes=0
+    ),
+    mesh=m,
+    in_specs=P("data"),
+    out_specs=P(),
+  )
+  np.testing.assert_array_equal(
+    jax.jit(jcoccl.compress(inner, INT8_ALL))(x), jax.jit(hand_inner)(x)
+  )
 
 
 def _nested(allreduce, loop=True):
   """A body with the collective inside jit, scan, remat, cond and (``loop``) while_loop."""
+
   def body(v):
     a = jax.jit(lambda u: allreduce(u * 2.0))(v)
     c, ys = lax.scan(lambda c, u: (c + allreduce(u), allreduce(u) * 0.5), jnp.zeros_like(v[0]), v)
     r = jax.checkpoint(lambda u: jnp.sin(allreduce(jnp.cos(u))))(v)
     k = lax.cond(v[0, 0] > 0, lambda u: allreduce(u), lambda u: allreduce(-u), v)
-    w = lax.while_loop(lambda s: s[0] < 2, lambda s: (s[0] + 1, s[1] + allreduce(s[1]) * 0.125),
-                       (0, v))[1] if loop else v
+    w = (
+      lax.while_loop(
+        lambda s: s[0] < 2, lambda s: (s[0] + 1, s[1] + allreduce(s[1]) * 0.125), (0, v)
+      )[1]
+      if loop
+      else v
+    )
     return a + ys + r + k + w, c
+
   return body
 
 
@@ -211,8 +264,13 @@ def test_nested_jit_scan_remat_cond_while(check_vma):
   m = mesh((8,), ("data",))
   x = _x((8 * 4, 128))
   f = _smap(_nested(lambda u: lax.psum(u, "data")), m, P("data"), (P("data"), P("data")), check_vma)
-  hand = _smap(_nested(lambda u: jcoccl.all_reduce(u, "data", compressor=C8, min_bytes=0)),
-               m, P("data"), (P("data"), P("data")), check_vma)
+  hand = _smap(
+    _nested(lambda u: jcoccl.all_reduce(u, "data", compressor=C8, min_bytes=0)),
+    m,
+    P("data"),
+    (P("data"), P("data")),
+    check_vma,
+  )
   g = jax.jit(jcoccl.compress(f, INT8_ALL))
   assert not {"psum", "psum_invariant"} & _prims(g, x)
   assert {"scan", "while", "cond", "remat2"} <= _prims(g, x)
@@ -222,11 +280,15 @@ def test_nested_jit_scan_remat_cond_while(check_vma):
   # Under grad too (jit, scan, remat and cond transposes; a while_loop has none).
   specs = (P("data"), (P("data"), P("data")), check_vma)
   f = _smap(_nested(lambda u: lax.psum(u, "data"), loop=False), m, *specs)
-  hand = _smap(_nested(lambda u: jcoccl.all_reduce(u, "data", compressor=C8, min_bytes=0),
-                       loop=False), m, *specs)
+  hand = _smap(
+    _nested(lambda u: jcoccl.all_reduce(u, "data", compressor=C8, min_bytes=0), loop=False),
+    m,
+    *specs,
+  )
   loss = lambda h: lambda v: jnp.sum(h(v)[0]) + jnp.sum(h(v)[1])
-  np.testing.assert_array_equal(jax.jit(jax.grad(loss(jcoccl.compress(f, INT8_ALL))))(x),
-                                jax.jit(jax.grad(loss(hand)))(x))
+  np.testing.assert_array_equal(
+    jax.jit(jax.grad(loss(jcoccl.compress(f, INT8_ALL))))(x), jax.jit(jax.grad(loss(hand)))(x)
+  )
 
 
 def test_wire_bytes_ratio():
@@ -262,8 +324,9 @@ def test_policy_file(tmp_path):
   path = tmp_path / "p.toml"
   path.write_text('[data]\nall_reduce = "int8"\nmin_bytes = 0\n')
   x = _x((8, 512))
-  hand = _smap(lambda v: jcoccl.all_reduce(v, "data", compressor="int8", min_bytes=0), m,
-               P("data"), P())(x)
+  hand = _smap(
+    lambda v: jcoccl.all_reduce(v, "data", compressor="int8", min_bytes=0), m, P("data"), P()
+  )(x)
   np.testing.assert_array_equal(jax.jit(jcoccl.compress(f, str(path)))(x), hand)
   np.testing.assert_array_equal(jax.jit(jcoccl.compress(f, path))(x), hand)
 
@@ -272,19 +335,22 @@ def test_inside_shard_map_body():
   m = mesh((8,), ("data",))
   body = jcoccl.compress(lambda v: lax.psum(v, "data"), INT8_ALL)
   x = _x((8, 512))
-  hand = _smap(lambda v: jcoccl.all_reduce(v, "data", compressor=C8, min_bytes=0), m,
-               P("data"), P())(x)
+  hand = _smap(
+    lambda v: jcoccl.all_reduce(v, "data", compressor=C8, min_bytes=0), m, P("data"), P()
+  )(x)
   np.testing.assert_array_equal(_smap(body, m, P("data"), P())(x), hand)
 
 
 def _gpt_and_batches(steps, seed=0):
   from flax import nnx
+
   from models import gpt
-  model = gpt.GPT(gpt.GPTConfig(vocab_size=32, n_positions=8, n_embd=16, n_layer=1,
-                                n_head=2), rngs=nnx.Rngs(0))
+
+  model = gpt.GPT(
+    gpt.GPTConfig(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2), rngs=nnx.Rngs(0)
+  )
   tok = np.random.default_rng(seed).integers(0, 32, (steps, 8, 9))
-  return model, [(jnp.asarray(t[:, :-1], jnp.int32), jnp.asarray(t[:, 1:], jnp.int32))
-                 for t in tok]
+  return model, [(jnp.asarray(t[:, :-1], jnp.int32), jnp.asarray(t[:, 1:], jnp.int32)) for t in tok]
 
 
 def lax_data_parallel_step(model, data_mesh, tx):
@@ -292,8 +358,10 @@ def lax_data_parallel_step(model, data_mesh, tx):
   gradients), on parameters in models.parallel's stacked layout."""
   import optax
   from flax import nnx
+
   from models.layers import cross_entropy
   from models.parallel import unstack_params
+
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: model))
 
   def loss_fn(params, tokens, targets):
@@ -307,13 +375,20 @@ def lax_data_parallel_step(model, data_mesh, tx):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  return jax.shard_map(local, mesh=data_mesh, in_specs=(P(), P(), P("data"), P("data")),
-                       out_specs=(P(), P(), P()), check_vma=False)
+  return jax.shard_map(
+    local,
+    mesh=data_mesh,
+    in_specs=(P(), P(), P("data"), P("data")),
+    out_specs=(P(), P(), P()),
+    check_vma=False,
+  )
 
 
 def test_training_step_matches_hand_wired_trainer():
   import optax
+
   from models.parallel import Parallel3D, make_mesh, stack_params
+
   model, batches = _gpt_and_batches(steps=3)
   # int8 gradients over 'data'; the scalar loss (4 bytes) stays under min_bytes, exact, as
   # the trainer keeps it.
@@ -327,8 +402,7 @@ def test_training_step_matches_hand_wired_trainer():
   par = Parallel3D(model, make_mesh(8, 1, 1), policy)
   params = par.shard(model)
   hand, opt = par.train_step(tx, params, clip_norm=None), par.init_opt(tx, params)
-  step = jax.jit(jcoccl.compress(lax_data_parallel_step(model, mesh((8,), ("data",)), tx),
-                                 policy))
+  step = jax.jit(jcoccl.compress(lax_data_parallel_step(model, mesh((8,), ("data",)), tx), policy))
   my_opt = tx.init(mine)
   for x, y in batches:
     params, opt, _, metrics = hand(params, opt, None, x, y)
@@ -348,8 +422,11 @@ def test_training_switches_refused_and_keyword_arguments(tmp_path):
   pol = {"data": {"all_reduce": C8, "min_bytes": 0}}
   # models/' training switches are no jcoccl.Policy settings: refused from a mapping and a
   # file alike, with a pointer to models.recipe.
-  with pytest.raises(ValueError, match=r"\['error_feedback'\]: error_feedback is a training "
-                                       r"option of models/ \(models.recipe.Recipe"):
+  with pytest.raises(
+    ValueError,
+    match=r"\['error_feedback'\]: error_feedback is a training "
+    r"option of models/ \(models.recipe.Recipe",
+  ):
     jcoccl.compress(f, {"data": {**pol["data"], "error_feedback": True}})
   toml = tmp_path / "p.toml"
   toml.write_text('[data]\nall_reduce = "int8"\nzero = true\n')
@@ -357,8 +434,12 @@ def test_training_switches_refused_and_keyword_arguments(tmp_path):
     jcoccl.compress(f, toml)
   g = jcoccl.compress(f, pol)
   x = _x((8, 512))
-  hand = _smap(lambda v, w: jcoccl.all_reduce(v * w, "data", compressor=C8, min_bytes=0), m,
-               (P("data"), P("data")), P())(x, 2 * x)
+  hand = _smap(
+    lambda v, w: jcoccl.all_reduce(v * w, "data", compressor=C8, min_bytes=0),
+    m,
+    (P("data"), P("data")),
+    P(),
+  )(x, 2 * x)
   np.testing.assert_array_equal(jax.jit(g)(x, w=2 * x), hand)
 
 
@@ -370,9 +451,8 @@ def test_custom_derivative_functions_stay_lax():
     return lax.psum(v, "data")
 
   summed.defvjp(lambda v: (summed(v), None), lambda _, g: (g,))
-  f = _smap(lambda v: (summed(v), lax.psum(v, "data")), m, P("data"), (P(), P()),
-            check_vma=False)
+  f = _smap(lambda v: (summed(v), lax.psum(v, "data")), m, P("data"), (P(), P()), check_vma=False)
   x = _x((8, 512))
   got, ref = jax.jit(jcoccl.compress(f, INT8_ALL))(x), f(x)
-  np.testing.assert_array_equal(got[0], ref[0])      # inside custom_vjp: lax, bitwise
-  assert not np.array_equal(got[1], ref[1])          # outside: compressed
+  np.testing.assert_array_equal(got[0], ref[0])  # inside custom_vjp: lax, bitwise
+  assert not np.array_equal(got[1], ref[1])  # outside: compressed

@@ -16,18 +16,29 @@ from hypothesis import strategies as st
 
 from jcoccl import compressors as jc
 from jcoccl._src.compressors import native, registry
-from jcoccl._src.compressors import native
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 ALL = [
-    jc.none(), jc.cast(jnp.bfloat16), jc.cast(jnp.float16),
-    jc.int8(), jc.int8(block_size=32, symmetric=False), jc.int4(), jc.int4(block_size=128, symmetric=False),
-    jc.int2(), jc.int2(block_size=4096, symmetric=False),
-    jc.int8(rounding="stochastic"), jc.int4(symmetric=False, rounding="stochastic"),
-    jc.fp8(), jc.fp8("e5m2", block_size=64),
-    jc.hadamard(jc.int4(block_size=128)), jc.hadamard(jc.int8(block_size=64), size=256),
-    jc.hadamard(jc.fp8(), size=32), jc.hadamard(jc.none()), jc.hadamard(jc.cast(jnp.bfloat16), size=64),
-    jc.error_bounded(1e-3), jc.error_bounded(0.25, block_size=32),
+  jc.none(),
+  jc.cast(jnp.bfloat16),
+  jc.cast(jnp.float16),
+  jc.int8(),
+  jc.int8(block_size=32, symmetric=False),
+  jc.int4(),
+  jc.int4(block_size=128, symmetric=False),
+  jc.int2(),
+  jc.int2(block_size=4096, symmetric=False),
+  jc.int8(rounding="stochastic"),
+  jc.int4(symmetric=False, rounding="stochastic"),
+  jc.fp8(),
+  jc.fp8("e5m2", block_size=64),
+  jc.hadamard(jc.int4(block_size=128)),
+  jc.hadamard(jc.int8(block_size=64), size=256),
+  jc.hadamard(jc.fp8(), size=32),
+  jc.hadamard(jc.none()),
+  jc.hadamard(jc.cast(jnp.bfloat16), size=64),
+  jc.error_bounded(1e-3),
+  jc.error_bounded(0.25, block_size=32),
 ]
 IDS = [str(c) for c in ALL]
 KEY = jax.random.key(0)
@@ -56,15 +67,21 @@ def _check_bound(c, x) -> None:
   bound = np.asarray(bound, np.float64)
   assert bound.shape == x.shape
   bad = ~((err <= bound) | np.isposinf(bound))  # bound inf: NaN/Inf blocks (tested apart)
-  assert not bad.any(), (f"{c} {x.dtype}: {bad.sum()} violations, e.g. x={xd[bad][:3]} "
-                         f"x_hat={np.asarray(x_hat, np.float64)[bad][:3]} bound={bound[bad][:3]}")
+  assert not bad.any(), (
+    f"{c} {x.dtype}: {bad.sum()} violations, e.g. x={xd[bad][:3]} "
+    f"x_hat={np.asarray(x_hat, np.float64)[bad][:3]} bound={bound[bad][:3]}"
+  )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("c", ALL, ids=IDS)
 @settings(max_examples=3, deadline=None)
-@given(seed=st.integers(0, 2**31), scale_exp=st.integers(-20, 12), n_out=st.integers(0, 8),
-       out_mag=st.sampled_from([1.0, 100.0, 1000.0, -700.0]))
+@given(
+  seed=st.integers(0, 2**31),
+  scale_exp=st.integers(-20, 12),
+  n_out=st.integers(0, 8),
+  out_mag=st.sampled_from([1.0, 100.0, 1000.0, -700.0]),
+)
 def test_roundtrip_within_error_bound(c, dtype, seed, scale_exp, n_out, out_mag):
   x = _data(seed, N, scale_exp, n_out, out_mag)
   if jnp.dtype(dtype) == jnp.float16:
@@ -158,14 +175,16 @@ def test_error_bounded_passthrough_exact(dtype):
   xd = jnp.asarray(x, dtype)
   x_hat = c.decode(c.encode(xd, impl="jnp"), impl="jnp")
   special = [3, 70, 200, 201, 500, 600]
-  np.testing.assert_array_equal(np.asarray(x_hat)[special].view(np.uint8),
-                                np.asarray(xd)[special].view(np.uint8))
+  np.testing.assert_array_equal(
+    np.asarray(x_hat)[special].view(np.uint8), np.asarray(xd)[special].view(np.uint8)
+  )
   _check_bound(c, xd)
   # Blocks with a NaN/huge value go raw; the others quantize: ratio > 1 but < 4 bytes/elt.
   ratio = c.achieved_ratio(c.encode(jnp.zeros(4096, jnp.float32), impl="jnp"))
   assert ratio > 30
   assert c.achieved_ratio(c.encode(xd, impl="jnp")) < c.achieved_ratio(
-      c.encode(jnp.asarray(np.linspace(-1, 1, 1024), dtype), impl="jnp"))
+    c.encode(jnp.asarray(np.linspace(-1, 1, 1024), dtype), impl="jnp")
+  )
 
 
 @pytest.mark.parametrize("c", ALL, ids=IDS)
@@ -175,24 +194,41 @@ def test_parse_str_roundtrip(c):
   assert hash(jc.parse(str(c))) == hash(c)
 
 
-@pytest.mark.parametrize("spec,want", [
-    ("none", jc.none()), ("bf16", jc.cast(jnp.bfloat16)), ("FP16", jc.cast(jnp.float16)),
-    ("int8", jc.int8()), ("int4:block=128,asym", jc.int4(block_size=128, symmetric=False)),
-    ("int8:stochastic", jc.int8(rounding="stochastic")), ("fp8:e5m2,block=64", jc.fp8("e5m2", 64)),
+@pytest.mark.parametrize(
+  "spec,want",
+  [
+    ("none", jc.none()),
+    ("bf16", jc.cast(jnp.bfloat16)),
+    ("FP16", jc.cast(jnp.float16)),
+    ("int8", jc.int8()),
+    ("int4:block=128,asym", jc.int4(block_size=128, symmetric=False)),
+    ("int8:stochastic", jc.int8(rounding="stochastic")),
+    ("fp8:e5m2,block=64", jc.fp8("e5m2", 64)),
     ("hadamard(int4:block=128)", jc.hadamard(jc.int4(block_size=128))),
     ("hadamard(int4):size=64", jc.hadamard(jc.int4(), size=64)),
-    ("eb:abs=1e-3,block=256", jc.error_bounded(1e-3)), (" int2 : block = 64 ", jc.int2(64)),
-])
+    ("eb:abs=1e-3,block=256", jc.error_bounded(1e-3)),
+    (" int2 : block = 64 ", jc.int2(64)),
+  ],
+)
 def test_parse_examples(spec, want):
   assert jc.parse(spec) == want
 
 
-@pytest.mark.parametrize("spec,match", [
-    ("int16", "'int16'.*int8"), ("int8:blk=3", "'blk=3'.*block=INT"), ("fp8:e3m4", "'e3m4'.*e4m3"),
-    ("int8:block=100", "block_size.*power of two"), ("eb", "abs=FLOAT"), ("eb:abs=-1", "abs_error"),
-    ("hadamard(int8", "balanced"), ("hadamard(int8):size=3", "size.*power of two"),
-    ("hadamard(int8):sz=4", "size=INT"), ("bf16:x", "'x'"),
-])
+@pytest.mark.parametrize(
+  "spec,match",
+  [
+    ("int16", "'int16'.*int8"),
+    ("int8:blk=3", "'blk=3'.*block=INT"),
+    ("fp8:e3m4", "'e3m4'.*e4m3"),
+    ("int8:block=100", "block_size.*power of two"),
+    ("eb", "abs=FLOAT"),
+    ("eb:abs=-1", "abs_error"),
+    ("hadamard(int8", "balanced"),
+    ("hadamard(int8):size=3", "size.*power of two"),
+    ("hadamard(int8):sz=4", "size=INT"),
+    ("bf16:x", "'x'"),
+  ],
+)
 def test_parse_errors(spec, match):
   with pytest.raises(ValueError, match=match):
     jc.parse(spec)
@@ -210,11 +246,16 @@ def test_registered_family_is_parsed_printed_and_kept_off_native_kernels(monkeyp
   def build(**kw):
     return Int8Wide(bits=8, **{"block_size": 1024, **kw})
 
-  registry.register(registry.Family(
-      kind="int8_wide", names={"i8w": build},
+  registry.register(
+    registry.Family(
+      kind="int8_wide",
+      names={"i8w": build},
       to_string=lambda c: "i8w" + ("" if c.block_size == 1024 else f":block={c.block_size}"),
-      keyed={"block": ("block_size", registry.int_value)}, options="block=INT",
-      native=lambda c: {"bits": 8, "block": c.block_size}))
+      keyed={"block": ("block_size", registry.int_value)},
+      options="block=INT",
+      native=lambda c: {"bits": 8, "block": c.block_size},
+    )
+  )
   c = jc.parse(" I8W : block=64 ")
   assert c == build(block_size=64) and str(c) == "i8w:block=64" and jc.parse(str(c)) == c
   assert str(jc.parse("hadamard(i8w)")) == "hadamard(i8w)"
@@ -254,12 +295,18 @@ def test_row_api_matches_encode_decode(c):
   for i in range(3):
     p = c.encode(x2d[i], impl="jnp")
     np.testing.assert_array_equal(buf[i], p.data)
-    np.testing.assert_array_equal(c.decode_rows(buf, n, jnp.bfloat16, impl="jnp")[i], c.decode(p, impl="jnp"))
+    np.testing.assert_array_equal(
+      c.decode_rows(buf, n, jnp.bfloat16, impl="jnp")[i], c.decode(p, impl="jnp")
+    )
   # decode_sum: float32 left fold of the float32 decodes in row order, cast once.
   if c.kind == "none":  # the payload is in the row's dtype; its float32 decode is exact
-    wide = [np.asarray(c.decode_rows(buf, n, jnp.bfloat16, impl="jnp")[i], np.float32) for i in range(3)]
+    wide = [
+      np.asarray(c.decode_rows(buf, n, jnp.bfloat16, impl="jnp")[i], np.float32) for i in range(3)
+    ]
   else:  # payloads of the other codecs do not depend on the dtype
-    wide = [np.asarray(c.decode_rows(buf[i:i + 1], n, jnp.float32, impl="jnp")[0]) for i in range(3)]
+    wide = [
+      np.asarray(c.decode_rows(buf[i : i + 1], n, jnp.float32, impl="jnp")[0]) for i in range(3)
+    ]
   acc = wide[0]
   for w in wide[1:]:
     acc = (acc + w).astype(np.float32)
@@ -291,8 +338,9 @@ def _np_int8_sym(x: np.ndarray, block: int) -> np.ndarray:
 def test_int8_matches_numpy_reading_of_wire_format():
   x = (np.random.default_rng(4).standard_normal(2048) * 3).astype(np.float32)
   x[5] = 0.5 * float(np.abs(x[:256]).max()) / 127 * 127  # a tie candidate
-  np.testing.assert_array_equal(np.asarray(jc.int8().encode_rows(x[None], impl="jnp")[0]),
-                                _np_int8_sym(x, 256))
+  np.testing.assert_array_equal(
+    np.asarray(jc.int8().encode_rows(x[None], impl="jnp")[0]), _np_int8_sym(x, 256)
+  )
 
 
 def test_nonfinite_block_layout():
@@ -300,12 +348,21 @@ def test_nonfinite_block_layout():
   x[7] = np.nan
   buf = np.asarray(jc.int8().encode_rows(x[None], impl="jnp")[0])
   assert (buf[:256] == 128).all() and (buf[256:512] != 128).any()
-  assert buf[512:516].view("<u4")[0] == 0x7FC00000 and buf[516:520].view("<f4")[0] == 1 / 127 * np.float32(1)
+  assert buf[512:516].view("<u4")[0] == 0x7FC00000 and buf[516:520].view("<f4")[
+    0
+  ] == 1 / 127 * np.float32(1)
 
 
-@pytest.mark.parametrize("c", [jc.int8(rounding="stochastic"), jc.int2(rounding="stochastic"),
-                               jc.int4(symmetric=False, rounding="stochastic"),
-                               jc.hadamard(jc.int4(rounding="stochastic"))], ids=str)
+@pytest.mark.parametrize(
+  "c",
+  [
+    jc.int8(rounding="stochastic"),
+    jc.int2(rounding="stochastic"),
+    jc.int4(symmetric=False, rounding="stochastic"),
+    jc.hadamard(jc.int4(rounding="stochastic")),
+  ],
+  ids=str,
+)
 def test_stochastic_rounding(c):
   x = jnp.asarray(np.random.default_rng(5).standard_normal(1024), jnp.float32)
   k1, k2 = jax.random.key(1), jax.random.key(2)
@@ -333,8 +390,17 @@ def test_vmap_and_jit_row_api():
   np.testing.assert_array_equal(dec[3], c.decode_sum(enc[3], 128, jnp.float32, impl="jnp"))
 
 
-@pytest.mark.parametrize("c", [jc.int8(), jc.hadamard(jc.int4(block_size=128)), jc.error_bounded(1e-2, 64),
-                               jc.fp8("e5m2", 64), jc.int8(rounding="stochastic")], ids=str)
+@pytest.mark.parametrize(
+  "c",
+  [
+    jc.int8(),
+    jc.hadamard(jc.int4(block_size=128)),
+    jc.error_bounded(1e-2, 64),
+    jc.fp8("e5m2", 64),
+    jc.int8(rounding="stochastic"),
+  ],
+  ids=str,
+)
 def test_shard_map_check_vma(c):
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("x",))
   x = jnp.asarray(np.random.default_rng(7).standard_normal((4, 2 * c.granule)), jnp.float32)
@@ -343,10 +409,19 @@ def test_shard_map_check_vma(c):
     buf = c.encode_rows(v, key=jax.random.fold_in(key, jax.lax.axis_index("x")), impl="jnp")
     allbuf = jax.lax.all_gather(buf[0], "x")
     n = v.shape[1]
-    return c.decode_rows(buf, n, v.dtype, impl="jnp"), c.decode_sum(allbuf, n, v.dtype, impl="jnp")[None]
+    return c.decode_rows(buf, n, v.dtype, impl="jnp"), c.decode_sum(allbuf, n, v.dtype, impl="jnp")[
+      None
+    ]
 
-  dec, sums = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(jax.P("x"), jax.P()),
-                                    out_specs=(jax.P("x"), jax.P("x")), check_vma=True))(x, KEY)
+  dec, sums = jax.jit(
+    jax.shard_map(
+      f,
+      mesh=mesh,
+      in_specs=(jax.P("x"), jax.P()),
+      out_specs=(jax.P("x"), jax.P("x")),
+      check_vma=True,
+    )
+  )(x, KEY)
   assert dec.shape == x.shape
   np.testing.assert_allclose(np.asarray(sums[0]), np.asarray(dec).sum(0), rtol=1e-5, atol=1e-5)
   _ = sums
@@ -395,8 +470,9 @@ def test_native_impl_unavailable_is_a_clear_error():
   c.encode_rows(jnp.zeros((1, 256)), key=KEY, impl="native")
   if not native.available(jc.hadamard(jc.int8()), "decode", jnp.dtype(jnp.float16)):
     with pytest.raises(ValueError, match="impl='native'.*'jnp'"):
-      jc.hadamard(jc.int8()).decode_rows(jnp.zeros((1, 260), jnp.uint8), 256, jnp.float16,
-                                          impl="native")
+      jc.hadamard(jc.int8()).decode_rows(
+        jnp.zeros((1, 260), jnp.uint8), 256, jnp.float16, impl="native"
+      )
 
 
 NATIVE_CASES = [c for c in ALL if not c.stochastic]
@@ -414,23 +490,29 @@ def test_native_matches_jnp_bitwise(c):
     xd = jnp.asarray(x, d)
     buf = c.encode_rows(xd, impl="jnp")
     checks = {
-        "encode": lambda i: c.encode_rows(xd, impl=i),
-        "decode": lambda i: c.decode_rows(buf, n, d, impl=i),
-        "decode_sum": lambda i: c.decode_sum(buf, n, d, impl=i),
-        "decode_sum_encode": lambda i: c.decode_sum_encode(buf, n, d, impl=i),
+      "encode": lambda i: c.encode_rows(xd, impl=i),
+      "decode": lambda i: c.decode_rows(buf, n, d, impl=i),
+      "decode_sum": lambda i: c.decode_sum(buf, n, d, impl=i),
+      "decode_sum_encode": lambda i: c.decode_sum_encode(buf, n, d, impl=i),
     }
     for op, fn in checks.items():
       if native.available(c, op, d):
         want, got = np.asarray(fn("jnp")), np.asarray(fn("native"))
         assert got.shape == want.shape and got.dtype == want.dtype
-        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=f"{c} {op} {d}")
+        np.testing.assert_array_equal(
+          got.view(np.uint8), want.view(np.uint8), err_msg=f"{c} {op} {d}"
+        )
 
 
 # ---- hadamard near float32's maximum ------------------------------------------------------
-NEAR_MAX = [jc.hadamard(jc.int8(block_size=64), size=64), jc.hadamard(jc.int4(block_size=128)),
-            jc.hadamard(jc.int8(block_size=256, symmetric=False), size=32),
-            jc.hadamard(jc.fp8("e4m3", block_size=32), size=4096), jc.hadamard(jc.none(), size=256),
-            jc.hadamard(jc.error_bounded(1e-2, block_size=64), size=64)]
+NEAR_MAX = [
+  jc.hadamard(jc.int8(block_size=64), size=64),
+  jc.hadamard(jc.int4(block_size=128)),
+  jc.hadamard(jc.int8(block_size=256, symmetric=False), size=32),
+  jc.hadamard(jc.fp8("e4m3", block_size=32), size=4096),
+  jc.hadamard(jc.none(), size=256),
+  jc.hadamard(jc.error_bounded(1e-2, block_size=64), size=64),
+]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
@@ -461,12 +543,23 @@ def test_hadamard_one_value_near_max(c, v):
     assert (err <= bound).all(), (impl, err[err > bound][:3], bound[err > bound][:3])
 
 
-@pytest.mark.parametrize("c", [jc.hadamard(jc.int8(block_size=64), size=64),
-                               jc.hadamard(jc.fp8("e5m2", block_size=128), size=128),
-                               jc.hadamard(jc.int4(block_size=32), size=32)], ids=str)
+@pytest.mark.parametrize(
+  "c",
+  [
+    jc.hadamard(jc.int8(block_size=64), size=64),
+    jc.hadamard(jc.fp8("e5m2", block_size=128), size=128),
+    jc.hadamard(jc.int4(block_size=32), size=32),
+  ],
+  ids=str,
+)
 @settings(max_examples=12, deadline=None, derandomize=True, database=None)
-@given(seed=st.integers(0, 2**31), exp=st.integers(-30, 38), spikes=st.integers(0, 3),
-       spike=st.floats(1e30, float(np.finfo(np.float32).max)), mant=st.floats(0.1, 3.4))
+@given(
+  seed=st.integers(0, 2**31),
+  exp=st.integers(-30, 38),
+  spikes=st.integers(0, 3),
+  spike=st.floats(1e30, float(np.finfo(np.float32).max)),
+  mant=st.floats(0.1, 3.4),
+)
 def test_hadamard_bound_holds_up_to_float32_max(c, seed, exp, spikes, spike, mant):
   """|decode(encode(x)) - x| <= error_bound(x) for magnitudes up to float32's maximum.
 
@@ -495,22 +588,26 @@ def test_hadamard_bound_holds_up_to_float32_max(c, seed, exp, spikes, spike, man
 B_F32_MAX = float(np.finfo(np.float32).max)
 
 
-@pytest.mark.parametrize("c", [jc.hadamard(jc.int8(block_size=64), size=64),
-                               jc.hadamard(jc.int4(block_size=64))], ids=str)
+@pytest.mark.parametrize(
+  "c", [jc.hadamard(jc.int8(block_size=64), size=64), jc.hadamard(jc.int4(block_size=64))], ids=str
+)
 def test_hadamard_all_reduce_with_one_value_near_max(c):
   """all_reduce (one_shot, two_shot) with one 3e38 input keeps every sum finite and in bound.
 
   Regression: one_shot turned the block's sums non-finite, two_shot every sum of the
   re-encoded chunk.
   """
-  import jcoccl
   from collectives_util import assert_within, eb, f64, mesh, per_rank, sum_bound
+
+  import jcoccl
+
   m = mesh((8,), ("x",))
   x = np.array(jax.random.normal(jax.random.key(11), (8, 1024), jnp.float32))
   x[3, 300] = 3e38
   x = jnp.asarray(x)
-  run = lambda alg: per_rank(m, lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm=alg,
-                                                             min_bytes=0), x)
+  run = lambda alg: per_rank(
+    m, lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm=alg, min_bytes=0), x
+  )
   one, two = run("one_shot"), run("two_shot")
   assert np.isfinite(np.asarray(one)).all() and np.isfinite(np.asarray(two)).all()
   bound = sum_bound(c, x, jnp.float32)

@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import mesh
 
 import jcoccl
 from jcoccl._src import cost_model
-from collectives_util import mesh
 
 
 @pytest.fixture(autouse=True)
@@ -23,14 +23,22 @@ def _reset(monkeypatch):
 
 
 def _samples(m, ranks=(4, 8), ratio=0.254):
-  return [dict(algorithm=a, bytes=b, ranks=n, ratio=ratio, seconds=m.cost(a, b, n, ratio))
-          for a in ("one_shot", "two_shot") for b in (1 << 14, 1 << 18, 1 << 22, 1 << 24)
-          for n in ranks]
+  return [
+    dict(algorithm=a, bytes=b, ranks=n, ratio=ratio, seconds=m.cost(a, b, n, ratio))
+    for a in ("one_shot", "two_shot")
+    for b in (1 << 14, 1 << 18, 1 << 22, 1 << 24)
+    for n in ranks
+  ]
 
 
-@pytest.mark.parametrize("truth", [cost_model.CostModel(2e-4, 1.25e8, 3e9),
-                                   cost_model.CostModel(5e-6, 25e9, 2e11),
-                                   cost_model.CostModel(1e-3, 1e9, 5e8)])
+@pytest.mark.parametrize(
+  "truth",
+  [
+    cost_model.CostModel(2e-4, 1.25e8, 3e9),
+    cost_model.CostModel(5e-6, 25e9, 2e11),
+    cost_model.CostModel(1e-3, 1e9, 5e8),
+  ],
+)
 def test_fit_recovers_the_constants_of_exact_timings(truth):
   got = cost_model.fit(_samples(truth))
   for name in ("alpha_s", "beta_Bps", "gamma_Bps"):
@@ -52,8 +60,9 @@ def test_fit_needs_enough_timings():
     cost_model.fit(_samples(cost_model.CostModel(1e-4, 1e8, 1e9))[:2])
 
 
-@pytest.mark.parametrize("field,value", [("alpha_s", 0.0), ("beta_Bps", -1.0),
-                                         ("gamma_Bps", float("inf"))])
+@pytest.mark.parametrize(
+  "field,value", [("alpha_s", 0.0), ("beta_Bps", -1.0), ("gamma_Bps", float("inf"))]
+)
 def test_cost_model_rejects_non_positive_constants(field, value):
   kw = dict(alpha_s=1e-4, beta_Bps=1e8, gamma_Bps=1e9)
   kw[field] = value
@@ -65,33 +74,43 @@ def _auto_algorithm(n=4, elems=1 << 18):
   """The algorithm auto compiles to: two_shot is the one with an all-to-all."""
   m = mesh((n,), ("x",))
   x = jnp.ones((n, elems), jnp.float32)
-  f = jax.jit(jax.shard_map(
+  f = jax.jit(
+    jax.shard_map(
       lambda v: jcoccl.all_reduce(v, "x", compressor="int8", min_bytes=0),
-      mesh=m, in_specs=jax.P("x"), out_specs=jax.P("x")))
+      mesh=m,
+      in_specs=jax.P("x"),
+      out_specs=jax.P("x"),
+    )
+  )
   hlo = f.lower(x).compile().as_text()
   return "two_shot" if re.search(r"\ball-to-all\b", hlo) else "one_shot"
 
 
 def test_set_model_decides_auto():
   jcoccl.set_cost_model(jcoccl.CostModel(1.0, 1e18, 1e18, "latency only"))
-  assert _auto_algorithm() == "one_shot"   # fewer steps
+  assert _auto_algorithm() == "one_shot"  # fewer steps
   jcoccl.set_cost_model(jcoccl.CostModel(1e-9, 1e6, 1e18, "bandwidth only"))
-  assert _auto_algorithm() == "two_shot"   # fewer bytes
+  assert _auto_algorithm() == "two_shot"  # fewer bytes
 
 
 def test_model_file_from_environment(tmp_path, monkeypatch):
   path = tmp_path / "m.json"
-  path.write_text(json.dumps({"alpha_s": 1.0, "beta_Bps": 1e18, "gamma_Bps": 1e18,
-                              "source": "file"}))
+  path.write_text(
+    json.dumps({"alpha_s": 1.0, "beta_Bps": 1e18, "gamma_Bps": 1e18, "source": "file"})
+  )
   monkeypatch.setenv("JCOCCL_COST_MODEL", str(path))
   assert cost_model.active().source == "file"
   assert _auto_algorithm() == "one_shot"
 
 
-@pytest.mark.parametrize("text,message", [("{", "cannot be read"),
-                                          ('{"alpha_s": 1}', "lacks beta_Bps, gamma_Bps"),
-                                          ('{"alpha_s": 1, "beta_Bps": 0, "gamma_Bps": 1}',
-                                           "beta_Bps must be a positive")])
+@pytest.mark.parametrize(
+  "text,message",
+  [
+    ("{", "cannot be read"),
+    ('{"alpha_s": 1}', "lacks beta_Bps, gamma_Bps"),
+    ('{"alpha_s": 1, "beta_Bps": 0, "gamma_Bps": 1}', "beta_Bps must be a positive"),
+  ],
+)
 def test_bad_model_file(tmp_path, text, message):
   path = tmp_path / "m.json"
   path.write_text(text)
@@ -100,14 +119,29 @@ def test_bad_model_file(tmp_path, text, message):
 
 
 def test_bench_fit_writes_a_loadable_model(tmp_path):
-  from jcoccl.bench import collectives
   import argparse
+
+  from jcoccl.bench import collectives
+
   p = argparse.ArgumentParser()
   collectives.add_arguments(p)
   out = tmp_path / "fit.json"
-  args = p.parse_args(["--sizes", "16KiB,64KiB", "--ops", "all_reduce", "--compressors", "int8",
-                       "--algorithms", "one_shot,two_shot", "--iters", "1",
-                       "--fit-out", str(out)])
+  args = p.parse_args(
+    [
+      "--sizes",
+      "16KiB,64KiB",
+      "--ops",
+      "all_reduce",
+      "--compressors",
+      "int8",
+      "--algorithms",
+      "one_shot,two_shot",
+      "--iters",
+      "1",
+      "--fit-out",
+      str(out),
+    ]
+  )
   assert collectives.run(args, []) == 0
   model = jcoccl.load_cost_model(str(out))
   assert "fit: 1 cpu processes" in model.source

@@ -3,7 +3,6 @@ shim (cuda/hostshim/) and are compared bit for bit with the CPU codecs (tools/gp
 every codec family x dtype x block size, NaN/Inf/subnormal data, partial CUDA blocks, the
 grid-stride paths; and deliberately broken copies must be caught."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +18,13 @@ pytestmark = pytest.mark.skipif(gpu_shim.compiler() is None, reason="no C++ comp
 
 
 def _compare(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "tools/gpu_shim.py", "compare", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=900)
+  return subprocess.run(
+    [sys.executable, "tools/gpu_shim.py", "compare", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
 
 
 def test_cuda_kernels_match_cpu_codecs_for_every_family_dtype_and_block():
@@ -32,19 +36,27 @@ def test_cuda_kernels_match_cpu_codecs_for_every_family_dtype_and_block():
 def test_grid_stride_paths_match():
   # Every grid capped at 2 blocks: each thread/warp/block walks several grid strides,
   # including the elementwise kernel's incremental (row, offset) stepping.
-  r = _compare("--max-grid", "2", "--only", r"^(none|cast_bf16|int8_B32|int4_asym_B64|"
-               r"fp8_e5m2_B32|eb_1e-2_B32|had256_int4_B128|had64_cast_f16)$")
+  r = _compare(
+    "--max-grid",
+    "2",
+    "--only",
+    r"^(none|cast_bf16|int8_B32|int4_asym_B64|"
+    r"fp8_e5m2_B32|eb_1e-2_B32|had256_int4_B128|had64_cast_f16)$",
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("mutation, cases", [
+@pytest.mark.parametrize(
+  "mutation, cases",
+  [
     ("fp8_byte_order", r"^fp8_e4m3_B32$"),
     ("int_code_order", r"^int4_B64$"),
     ("round_half_away", r"^(int2_B64|eb_0.25_B32)$"),
     ("eb_last_word", r"^eb_1e-2_B32$"),
     ("hadamard_stage", r"^had256_int4_B128$"),
     ("sum_order", r"^cast_bf16$"),
-])
+  ],
+)
 def test_broken_packing_or_rounding_is_caught(mutation, cases):
   r = _compare("--mutate", mutation, "--only", cases)
   assert r.returncode == 1 and "MISMATCH" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
@@ -55,24 +67,31 @@ def test_reference_library_is_jcoccl_cpu_codec():
   # handlers, so "shim == reference" means "CUDA kernels == jcoccl._cpu" (with IEEE
   # subnormals, as on the GPU).
   import jax.numpy as jnp
+
   from jcoccl import compressors as jc
+
   _, ref_path = gpu_shim.build(ROOT / "build" / "gpu_shim")
   ref = gpu_shim.CodecLib(ref_path, 0)
   ref.lib.jc_set_daz(1)
   S, g = gpu_shim.Spec, gpu_shim.gc
-  cases = [(S("int8", g.INT, bits=8, block=256), jc.int8(block_size=256)),
-           (S("fp8", g.FP8, block=128, fp8=1), jc.fp8("e5m2", block_size=128)),
-           (S("eb", g.ERROR_BOUNDED, block=64, abs_error=1e-2), jc.error_bounded(1e-2, block_size=64)),
-           (S("had", g.INT, bits=4, block=128, hadamard=256),
-            jc.hadamard(jc.int4(block_size=128), size=256))]
+  cases = [
+    (S("int8", g.INT, bits=8, block=256), jc.int8(block_size=256)),
+    (S("fp8", g.FP8, block=128, fp8=1), jc.fp8("e5m2", block_size=128)),
+    (S("eb", g.ERROR_BOUNDED, block=64, abs_error=1e-2), jc.error_bounded(1e-2, block_size=64)),
+    (
+      S("had", g.INT, bits=4, block=128, hadamard=256),
+      jc.hadamard(jc.int4(block_size=128), size=256),
+    ),
+  ]
   for spec, comp in cases:
     x = gpu_shim.data(4, 1024, g.F32, seed=7)
     want = np.asarray(comp.encode_rows(jnp.asarray(x), impl="native"))
-    assert not gpu_shim.gc.payload_mismatch(spec.layout(g.F32, 1024), ref.encode(spec, g.F32, x),
-                                            want).any(), spec.name
+    assert not gpu_shim.gc.payload_mismatch(
+      spec.layout(g.F32, 1024), ref.encode(spec, g.F32, x), want
+    ).any(), spec.name
 
 
-_SYNC_KERNELS = r'''
+_SYNC_KERNELS = r"""
 #include "cuda_runtime.h"
 #define JC extern "C" __attribute__((visibility("default")))
 __global__ void WarpSum(const float* x, float* out) {
@@ -104,7 +123,7 @@ JC int divergent(float* out) { Divergent<<<1, 32>>>(out); return cudaGetLastErro
 JC int barrier_in_branch(float* out) { BarrierInBranch<<<1, 128>>>(out); return cudaGetLastError(); }
 JC int too_many_threads(float* out) { Divergent<<<1, 2048>>>(out); return cudaGetLastError(); }
 JC const char* message() { return jcoccl_shim::g_last_message.c_str(); }
-'''
+"""
 
 
 @pytest.mark.parametrize("switch", ["asm", "ucontext"])
@@ -112,16 +131,27 @@ def test_shim_synchronises_warps_and_blocks_and_reports_misuse(tmp_path, switch)
   # The shim's own semantics: shuffles see every lane's value, __syncthreads orders shared
   # memory across warps, and divergent collectives or bad launches are errors, not hangs.
   import ctypes
+
   src = tmp_path / "k.cc"
   src.write_text(gpu_shim.translate(_SYNC_KERNELS))
   lib_path = tmp_path / "k.so"
-  gpu_shim._compile(gpu_shim.compiler(), [str(src)], [str(gpu_shim.SHIM_DIR)], lib_path,
-                    ["JCOCCL_SHIM_UCONTEXT"] if switch == "ucontext" else [])
+  gpu_shim._compile(
+    gpu_shim.compiler(),
+    [str(src)],
+    [str(gpu_shim.SHIM_DIR)],
+    lib_path,
+    ["JCOCCL_SHIM_UCONTEXT"] if switch == "ucontext" else [],
+  )
   lib = ctypes.CDLL(str(lib_path))
   lib.message.restype = ctypes.c_char_p
   vp = ctypes.c_void_p
-  for fn, args in (("warp_sum", [vp, vp, ctypes.c_int]), ("block_reverse", [vp, vp, ctypes.c_int]),
-                   ("divergent", [vp]), ("barrier_in_branch", [vp]), ("too_many_threads", [vp])):
+  for fn, args in (
+    ("warp_sum", [vp, vp, ctypes.c_int]),
+    ("block_reverse", [vp, vp, ctypes.c_int]),
+    ("divergent", [vp]),
+    ("barrier_in_branch", [vp]),
+    ("too_many_threads", [vp]),
+  ):
     getattr(lib, fn).argtypes = args
   x = np.arange(3 * 256, dtype=np.float32)
   out = np.zeros(3 * 256 // 32, np.float32)

@@ -14,17 +14,14 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _backend
+from jcoccl._src import _backend, _ffi, fused_comms, fused_ffi
 from jcoccl._src import _common as C
-from jcoccl._src import _ffi
-from jcoccl._src import fused_comms
-from jcoccl._src import fused_ffi
 
 pytestmark = pytest.mark.skipif(
-    _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built")
+  _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built"
+)
 
-_COLLECTIVE_OPS = ("all-gather", "all-reduce", "all-to-all", "collective-permute",
-                   "reduce-scatter")
+_COLLECTIVE_OPS = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +32,7 @@ def _clean():
 
 
 def _mesh(shape, names):
-  return jax.make_mesh(shape, names, devices=jax.devices()[:int(np.prod(shape))])
+  return jax.make_mesh(shape, names, devices=jax.devices()[: int(np.prod(shape))])
 
 
 def _data(mesh, dtype, rows=8, cols=44, nonfinite=False, seed=0):
@@ -94,14 +91,14 @@ def _assert_identical(mesh, axes, comp, chunks, ops, x):
 ALL_OPS = ("one_shot", "two_shot", "reduce_scatter", "all_gather", "all_to_all", "ppermute")
 
 _CASES = [
-    (jc.int8(block_size=32), jnp.float32, 1, True),
-    (jc.int8(block_size=64), jnp.bfloat16, 2, False),
-    (jc.int4(block_size=32, symmetric=False), jnp.float32, 2, False),
-    (jc.fp8("e4m3", block_size=32), jnp.float16, 1, True),
-    (jc.fp8("e5m2", block_size=32), jnp.float32, 2, False),
-    (jc.hadamard(jc.int4(block_size=32)), jnp.float32, 1, False),
-    (jc.cast("bfloat16"), jnp.float32, 3, True),
-    (jc.error_bounded(1e-2, block_size=32), jnp.float32, 1, False),
+  (jc.int8(block_size=32), jnp.float32, 1, True),
+  (jc.int8(block_size=64), jnp.bfloat16, 2, False),
+  (jc.int4(block_size=32, symmetric=False), jnp.float32, 2, False),
+  (jc.fp8("e4m3", block_size=32), jnp.float16, 1, True),
+  (jc.fp8("e5m2", block_size=32), jnp.float32, 2, False),
+  (jc.hadamard(jc.int4(block_size=32)), jnp.float32, 1, False),
+  (jc.cast("bfloat16"), jnp.float32, 3, True),
+  (jc.error_bounded(1e-2, block_size=32), jnp.float32, 1, False),
 ]
 
 
@@ -131,9 +128,14 @@ def test_bit_identical_two_axis_mesh(axes):
   _assert_identical(mesh, axes, jc.int4(block_size=32), 1, ops, x)
 
 
-@pytest.mark.parametrize("levels", [(jc.int4(block_size=32), jc.int8(block_size=32)),
-                                    (jc.fp8("e4m3", block_size=64), jc.int8(block_size=32))],
-                         ids=str)
+@pytest.mark.parametrize(
+  "levels",
+  [
+    (jc.int4(block_size=32), jc.int8(block_size=32)),
+    (jc.fp8("e4m3", block_size=64), jc.int8(block_size=32)),
+  ],
+  ids=str,
+)
 def test_hierarchical_bit_identical(levels):
   mesh = _mesh((2, 4), ("node", "gpu"))
   jcoccl.init(mesh)
@@ -142,8 +144,10 @@ def test_hierarchical_bit_identical(levels):
 
   def prog(backend):
     def body(v):
-      return jcoccl.all_reduce(v, axes, compressor=levels, algorithm="hierarchical",
-                               backend=backend, chunks=2, min_bytes=0)
+      return jcoccl.all_reduce(
+        v, axes, compressor=levels, algorithm="hierarchical", backend=backend, chunks=2, min_bytes=0
+      )
+
     spec = jax.P(axes)
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
 
@@ -156,8 +160,10 @@ def _hlo(fn, x):
 
 
 def _count_collectives(text):
-  return {op: sum(1 for line in text.splitlines() if f" {op}(" in line or f" {op}-start(" in line)
-          for op in _COLLECTIVE_OPS}
+  return {
+    op: sum(1 for line in text.splitlines() if f" {op}(" in line or f" {op}-start(" in line)
+    for op in _COLLECTIVE_OPS
+  }
 
 
 @pytest.mark.parametrize("op", ALL_OPS)
@@ -209,9 +215,11 @@ def test_grad_through_fused_matches_xla():
 
   def loss(backend, v):
     def body(u):
-      y = jcoccl.all_gather(u, "x", axis=0, tiled=True, compressor=jc.int8(block_size=32),
-                            backend=backend, min_bytes=0)
+      y = jcoccl.all_gather(
+        u, "x", axis=0, tiled=True, compressor=jc.int8(block_size=32), backend=backend, min_bytes=0
+      )
       return jnp.sum(y * y)[None]
+
     return jnp.sum(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(v))
 
   g_ref = jax.jit(jax.grad(functools.partial(loss, "xla")))(x)
@@ -227,8 +235,11 @@ def test_rendezvous_timeout_fails_instead_of_hanging(monkeypatch):
   devs = jax.devices()[:2]
   mod.fused_host_comm_create(cid, [d.id for d in devs])
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", "0.3")
-  f = jax.jit(lambda v: fused_ffi.engine_call("all_reduce", "one_shot", v, v.shape, cid, 2,
-                                          jc.int8(block_size=32), 1, 32, platform="cpu"))
+  f = jax.jit(
+    lambda v: fused_ffi.engine_call(
+      "all_reduce", "one_shot", v, v.shape, cid, 2, jc.int8(block_size=32), 1, 32, platform="cpu"
+    )
+  )
   x = jax.device_put(jnp.ones((1, 32), jnp.float32), devs[0])
   try:
     with pytest.raises(Exception, match="timed out"):
@@ -264,8 +275,9 @@ def test_vmap_and_scan_match_xla():
     if kind == "vmap":
       body = jax.vmap(ar)
     else:
-      body = lambda v: jax.lax.scan(lambda c, _: (0.25 * ar(c) + 0.5 * c, None), v, None,
-                                    length=3)[0]
+      body = lambda v: jax.lax.scan(lambda c, _: (0.25 * ar(c) + 0.5 * c, None), v, None, length=3)[
+        0
+      ]
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))(x)
 
   for kind in ("vmap", "scan"):
@@ -310,19 +322,23 @@ def test_identity_codec_engine_matches_lax(dtype):
   cid = fused_comms._state.comms[("x",)]
   x = _data(mesh, dtype, rows=n, cols=m, nonfinite=True)
   call = lambda algo, v, shape: fused_ffi.engine_call(
-      "all_reduce" if algo == "one_shot" else algo, algo, v, shape, cid, n, None, 1, m,
-      platform="cpu")
+    "all_reduce" if algo == "one_shot" else algo, algo, v, shape, cid, n, None, 1, m, platform="cpu"
+  )
 
   def body(v):
     ag = call("all_gather", v[:1], (1, n, m))[0]
     a2a = call("all_to_all", v[None], (1, n, m))[0]
     ar = call("one_shot", v[:1], (1, m))
-    return (ag, jax.lax.all_gather(v[0], "x"), a2a, jax.lax.all_to_all(v, "x", 0, 0, tiled=True),
-            ar)
+    return (
+      ag,
+      jax.lax.all_gather(v[0], "x"),
+      a2a,
+      jax.lax.all_to_all(v, "x", 0, 0, tiled=True),
+      ar,
+    )
 
   spec = jax.P("x")
-  outs = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec,
-                               check_vma=False))(x)
+  outs = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))(x)
   np.testing.assert_array_equal(_bits(outs[0]), _bits(outs[1]))
   np.testing.assert_array_equal(_bits(outs[2]), _bits(outs[3]))
   rows = np.asarray(x, np.float32).reshape(n, n, m)[:, 0]  # row 0 of every rank
@@ -338,6 +354,7 @@ def test_identity_codec_engine_matches_lax(dtype):
 # ----------------------------------------------------------------------------------------
 # Plain (uncompressed) collectives: the transport's own ops, the GPU benchmark's baseline.
 
+
 def _fold_bound(n):
   """Float32 summation error: any order of n-term addition lands within gamma_{n-1} * sum|x|
   of the exact sum (gamma_j = j u / (1 - j u), u = eps32 / 2), so two orders differ by at
@@ -351,9 +368,9 @@ def _plain_data(n, k, m, seed):
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((n, k, n, m)).astype(np.float32)
   x[rng.random(x.shape) < 0.02] *= 1e4
-  x[0, 0, :, 3] = np.nan           # NaN from rank 0 only
+  x[0, 0, :, 3] = np.nan  # NaN from rank 0 only
   x[0, 0, :, 5] = np.inf
-  x[n - 1, 0, :, 5] = -np.inf      # Inf + -Inf: NaN
+  x[n - 1, 0, :, 5] = -np.inf  # Inf + -Inf: NaN
   x[1, 0, :, 7] = np.inf
   return x
 
@@ -362,8 +379,9 @@ def _assert_sum_close(got, want, x_abs_sum, n, what):
   got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
   fin = np.isfinite(want)
   np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
-  np.testing.assert_array_equal(got[~fin & ~np.isnan(want)], want[~fin & ~np.isnan(want)],
-                                err_msg=what)
+  np.testing.assert_array_equal(
+    got[~fin & ~np.isnan(want)], want[~fin & ~np.isnan(want)], err_msg=what
+  )
   err = np.abs(got[fin] - want[fin])
   bound = _fold_bound(n) * x_abs_sum[fin]
   assert np.all(err <= bound), (what, float(np.max(err - bound)))
@@ -380,32 +398,43 @@ def test_plain_ops_host_transport(n, k):
   cid = fused_comms._state.comms[("x",)]
   xh = _plain_data(n, k, m, seed=n)
   x = jax.device_put(jnp.asarray(xh.reshape(n * k, n, m)), jax.NamedSharding(mesh, jax.P("x")))
-  call = lambda op, v, shape: fused_ffi.engine_call(op, "plain", v, shape, cid, n, None, k, m,
-                                                platform="cpu")
+  call = lambda op, v, shape: fused_ffi.engine_call(
+    op, "plain", v, shape, cid, n, None, k, m, platform="cpu"
+  )
 
   def body(v):
     row, half = v[:, 0], v[:, 0].astype(jnp.bfloat16)
-    return (call("all_reduce", row, (k, m)), jax.lax.psum(row, "x"),
-            call("reduce_scatter", v, (k, m)),
-            jax.lax.psum_scatter(v, "x", scatter_dimension=1, tiled=False),
-            call("all_gather", row, (k, n, m)), jax.lax.all_gather(row, "x", axis=1),
-            call("all_gather", half, (k, n, m)), jax.lax.all_gather(half, "x", axis=1))
+    return (
+      call("all_reduce", row, (k, m)),
+      jax.lax.psum(row, "x"),
+      call("reduce_scatter", v, (k, m)),
+      jax.lax.psum_scatter(v, "x", scatter_dimension=1, tiled=False),
+      call("all_gather", row, (k, n, m)),
+      jax.lax.all_gather(row, "x", axis=1),
+      call("all_gather", half, (k, n, m)),
+      jax.lax.all_gather(half, "x", axis=1),
+    )
 
   spec = jax.P("x")
-  outs = [np.asarray(o) for o in jax.jit(jax.shard_map(
-      body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))(x)]
+  outs = [
+    np.asarray(o)
+    for o in jax.jit(
+      jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    )(x)
+  ]
   ar, ar_lax, rs, rs_lax = (o.reshape(n, k, m) for o in outs[:4])
   np.testing.assert_array_equal(_bits(outs[4]), _bits(outs[5]))
   np.testing.assert_array_equal(_bits(outs[6]), _bits(outs[7]))
   with np.errstate(invalid="ignore"):
-    fold = xh[0].copy()                 # [k, n, m]: slot j of every rank, summed in rank order
+    fold = xh[0].copy()  # [k, n, m]: slot j of every rank, summed in rank order
     for r in range(1, n):
       fold = fold + xh[r]
   abs_sum = np.abs(xh.astype(np.float64)).sum(axis=0)
   for r in range(n):
     np.testing.assert_array_equal(_bits(ar[r]), _bits(fold[:, 0]), err_msg=f"all_reduce rank {r}")
-    np.testing.assert_array_equal(_bits(rs[r]), _bits(fold[:, r]),
-                                  err_msg=f"reduce_scatter rank {r}")
+    np.testing.assert_array_equal(
+      _bits(rs[r]), _bits(fold[:, r]), err_msg=f"reduce_scatter rank {r}"
+    )
     _assert_sum_close(ar_lax[r], ar[r], abs_sum[:, 0], n, f"psum rank {r}")
     _assert_sum_close(rs_lax[r], rs[r], abs_sum[:, r], n, f"psum_scatter rank {r}")
 
@@ -414,10 +443,13 @@ def test_plain_ops_reject_bad_arguments():
   x = jnp.ones((1, 32), jnp.float32)
   kw = dict(platform="cpu")
   with pytest.raises(ValueError, match="compressor=None"):
-    fused_ffi.engine_call("all_reduce", "plain", x, x.shape, 1, 2, jc.int8(block_size=32), 1, 32, **kw)
+    fused_ffi.engine_call(
+      "all_reduce", "plain", x, x.shape, 1, 2, jc.int8(block_size=32), 1, 32, **kw
+    )
   with pytest.raises(TypeError, match="float32"):
-    fused_ffi.engine_call("all_reduce", "plain", x.astype(jnp.bfloat16), x.shape, 1, 2, None, 1, 32,
-                      **kw)
+    fused_ffi.engine_call(
+      "all_reduce", "plain", x.astype(jnp.bfloat16), x.shape, 1, 2, None, 1, 32, **kw
+    )
   with pytest.raises(ValueError, match="all_reduce, reduce_scatter or all_gather"):
     fused_ffi.engine_call("all_to_all", "plain", x, x.shape, 1, 2, None, 1, 32, **kw)
   with pytest.raises(ValueError, match="algo must be"):
@@ -427,6 +459,7 @@ def test_plain_ops_reject_bad_arguments():
 # ----------------------------------------------------------------------------------------
 # Communicators belong to devices in mesh order: meshes with the same axis names and sizes
 # but other devices (or another order) must never use them.
+
 
 def _mesh_of(device_ids, shape, names):
   devs = np.asarray([jax.devices()[i] for i in device_ids], dtype=object).reshape(shape)
@@ -454,14 +487,18 @@ def _vs_lax(mesh, axes, backend):
   perm = [(i, (i + 3) % n) for i in range(n)]
 
   def body(x):
-    return (jcoccl.all_reduce(x, axes, algorithm="one_shot", **kw), jax.lax.psum(x, axes),
-            jcoccl.reduce_scatter(x, axes, scatter_dimension=0, tiled=True, **kw),
-            jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True),
-            jcoccl.all_gather(x, axes, axis=0, tiled=True, **kw),
-            jax.lax.all_gather(x, axes, axis=0, tiled=True),
-            jcoccl.all_to_all(x, axes, 0, 0, tiled=True, **kw),
-            jax.lax.all_to_all(x, axes, 0, 0, tiled=True),
-            jcoccl.ppermute(x, axes, perm, **kw), jax.lax.ppermute(x, axes, perm))
+    return (
+      jcoccl.all_reduce(x, axes, algorithm="one_shot", **kw),
+      jax.lax.psum(x, axes),
+      jcoccl.reduce_scatter(x, axes, scatter_dimension=0, tiled=True, **kw),
+      jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True),
+      jcoccl.all_gather(x, axes, axis=0, tiled=True, **kw),
+      jax.lax.all_gather(x, axes, axis=0, tiled=True),
+      jcoccl.all_to_all(x, axes, 0, 0, tiled=True, **kw),
+      jax.lax.all_to_all(x, axes, 0, 0, tiled=True),
+      jcoccl.ppermute(x, axes, perm, **kw),
+      jax.lax.ppermute(x, axes, perm),
+    )
 
   spec = jax.P(tuple(mesh.axis_names))
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
@@ -470,21 +507,32 @@ def _vs_lax(mesh, axes, backend):
 def _assert_equals_lax(fn, x):
   outs = fn(x)
   for i, op in enumerate(_EXACT_OPS):
-    np.testing.assert_array_equal(np.asarray(outs[2 * i]), np.asarray(outs[2 * i + 1]),
-                                  err_msg=f"{op} != lax")
+    np.testing.assert_array_equal(
+      np.asarray(outs[2 * i]), np.asarray(outs[2 * i + 1]), err_msg=f"{op} != lax"
+    )
 
 
 # (init device order, shard_map device order, shape, names, axes of the ops)
 _ORDERS = {
-    "1d_reversed": (range(8), range(7, -1, -1), (8,), ("x",), [("x",)]),
-    "1d_shuffled": (range(8), (3, 6, 0, 5, 7, 1, 4, 2), (8,), ("x",), [("x",)]),
-    "1d_rotated_4": (range(4), (1, 2, 3, 0), (4,), ("x",), [("x",)]),
-    # Transposed order keeps every rank over "b" the same but changes the groups.
-    "2d_transposed": (range(8), (0, 2, 4, 6, 1, 3, 5, 7), (2, 4), ("a", "b"),
-                      [("a",), ("b",), ("a", "b")]),
-    "2d_swapped_rows": (range(8), (4, 5, 6, 7, 0, 1, 2, 3), (2, 4), ("a", "b"),
-                        [("a",), ("b",), ("a", "b")]),
-    "other_devices": (range(4), range(4, 8), (2, 2), ("a", "b"), [("a",), ("b",), ("a", "b")]),
+  "1d_reversed": (range(8), range(7, -1, -1), (8,), ("x",), [("x",)]),
+  "1d_shuffled": (range(8), (3, 6, 0, 5, 7, 1, 4, 2), (8,), ("x",), [("x",)]),
+  "1d_rotated_4": (range(4), (1, 2, 3, 0), (4,), ("x",), [("x",)]),
+  # Transposed order keeps every rank over "b" the same but changes the groups.
+  "2d_transposed": (
+    range(8),
+    (0, 2, 4, 6, 1, 3, 5, 7),
+    (2, 4),
+    ("a", "b"),
+    [("a",), ("b",), ("a", "b")],
+  ),
+  "2d_swapped_rows": (
+    range(8),
+    (4, 5, 6, 7, 0, 1, 2, 3),
+    (2, 4),
+    ("a", "b"),
+    [("a",), ("b",), ("a", "b")],
+  ),
+  "other_devices": (range(4), range(4, 8), (2, 2), ("a", "b"), [("a",), ("b",), ("a", "b")]),
 }
 
 
@@ -517,8 +565,11 @@ def test_reused_trace_under_another_device_order_fails_to_compile():
   communicator."""
   seen, other = _mesh_of(range(8), (8,), ("x",)), _mesh_of(range(7, -1, -1), (8,), ("x",))
   comp = jc.int8(block_size=32)
-  inner = jax.jit(lambda v: jcoccl.all_gather(v, "x", axis=0, tiled=True, compressor=comp,
-                                              backend="auto", min_bytes=0))
+  inner = jax.jit(
+    lambda v: jcoccl.all_gather(
+      v, "x", axis=0, tiled=True, compressor=comp, backend="auto", min_bytes=0
+    )
+  )
   jcoccl.init(seen)
 
   def run(mesh):
@@ -538,11 +589,12 @@ def test_fused_needs_a_concrete_mesh():
   x = _exact_data(mesh)
 
   def prog(backend):
-    body = lambda v: jcoccl.all_gather(v, "x", axis=0, tiled=True,
-                                       compressor=jc.int8(block_size=32), backend=backend,
-                                       min_bytes=0)
-    return jax.jit(jax.shard_map(body, mesh=mesh.abstract_mesh, in_specs=jax.P("x"),
-                                 out_specs=jax.P("x")))
+    body = lambda v: jcoccl.all_gather(
+      v, "x", axis=0, tiled=True, compressor=jc.int8(block_size=32), backend=backend, min_bytes=0
+    )
+    return jax.jit(
+      jax.shard_map(body, mesh=mesh.abstract_mesh, in_specs=jax.P("x"), out_specs=jax.P("x"))
+    )
 
   ref = prog("xla")(x)
   with pytest.raises(ValueError, match="cannot tell which devices"):
@@ -559,10 +611,12 @@ def test_fused_needs_a_concrete_mesh():
 
 _KEY = jax.random.key(7)
 _CANNOT = {
-    "stochastic": (jc.int8(block_size=32, rounding="stochastic"), "round-to-nearest"),
-    "stochastic_in_hadamard": (jc.hadamard(jc.int4(block_size=32, rounding="stochastic")),
-                               "round-to-nearest"),
-    "nested_hadamard": (jc.hadamard(jc.hadamard(jc.int8(block_size=32))), "no native kernel"),
+  "stochastic": (jc.int8(block_size=32, rounding="stochastic"), "round-to-nearest"),
+  "stochastic_in_hadamard": (
+    jc.hadamard(jc.int4(block_size=32, rounding="stochastic")),
+    "round-to-nearest",
+  ),
+  "nested_hadamard": (jc.hadamard(jc.hadamard(jc.int8(block_size=32))), "no native kernel"),
 }
 
 
@@ -639,8 +693,10 @@ def test_hierarchical_runs_on_its_level_communicators():
 def test_unsupported_is_the_one_predicate():
   """auto and fused consult the same function: its reasons are what fused raises."""
   mesh = _mesh((4,), ("x",))
-  assert _backend.resolve("all_gather", "auto", ("x",), compressor=jc.int8(),
-                          dtype=jnp.float32)[0] == "xla"
+  assert (
+    _backend.resolve("all_gather", "auto", ("x",), compressor=jc.int8(), dtype=jnp.float32)[0]
+    == "xla"
+  )
   jcoccl.init(mesh)
   seen = []
 
@@ -655,8 +711,9 @@ def test_unsupported_is_the_one_predicate():
   assert seen == [("all_gather", ("x",), comp)]
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                                "ppermute"])
+@pytest.mark.parametrize(
+  "op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute"]
+)
 def test_vmap_is_one_fused_call_bitwise_a_loop(op):
   """The batching rule maps a vmapped batch to more rows of one engine call (no sequential
   loop of calls), with each element's bits as on its own."""
@@ -665,21 +722,25 @@ def test_vmap_is_one_fused_call_bitwise_a_loop(op):
   comp = jc.int8(block_size=32)
   kw = dict(compressor=comp, backend="fused", min_bytes=0, chunks=2)
   call = {
-      "all_reduce": lambda v: jcoccl.all_reduce(v, "x", algorithm="two_shot", **kw),
-      "all_gather": lambda v: jcoccl.all_gather(v, "x", tiled=True, **kw),
-      "reduce_scatter": lambda v: jcoccl.reduce_scatter(v, "x", tiled=True, **kw),
-      "all_to_all": lambda v: jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
-      "ppermute": lambda v: jcoccl.ppermute(v, "x", _perm(4), **kw),
+    "all_reduce": lambda v: jcoccl.all_reduce(v, "x", algorithm="two_shot", **kw),
+    "all_gather": lambda v: jcoccl.all_gather(v, "x", tiled=True, **kw),
+    "reduce_scatter": lambda v: jcoccl.reduce_scatter(v, "x", tiled=True, **kw),
+    "all_to_all": lambda v: jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
+    "ppermute": lambda v: jcoccl.ppermute(v, "x", _perm(4), **kw),
   }[op]
-  x = jax.device_put(jax.random.normal(jax.random.key(3), (4, 3, 8, 40), jnp.float32),
-                     jax.NamedSharding(mesh, jax.P("x")))
-  smap = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"),
-                                            out_specs=jax.P("x")))
+  x = jax.device_put(
+    jax.random.normal(jax.random.key(3), (4, 3, 8, 40), jnp.float32),
+    jax.NamedSharding(mesh, jax.P("x")),
+  )
+  smap = lambda body: jax.jit(
+    jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x"))
+  )
   batched = smap(lambda v: jax.vmap(call)(v[0])[None])
   hlo = batched.lower(x).compile().as_text()
   assert hlo.count(f'custom_call_target="jcoccl_fused_{op}"') == 1
   got = batched(x)
   single = smap(lambda v: call(v[0])[None])
   for i in range(3):
-    np.testing.assert_array_equal(np.asarray(got[:, i]).view(np.uint32),
-                                  np.asarray(single(x[:, i])).view(np.uint32))
+    np.testing.assert_array_equal(
+      np.asarray(got[:, i]).view(np.uint32), np.asarray(single(x[:, i])).view(np.uint32)
+    )

@@ -5,30 +5,45 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import bits, mesh, rand
 
 import jcoccl
 from jcoccl._src import _common
-from collectives_util import bits, mesh, rand
 
 P = jax.P
 
 
 def _run(method, monkeypatch, body, x, m, out_specs, check_vma):
   monkeypatch.setenv("JCOCCL_GATHER", method)
-  f = jax.jit(jax.shard_map(body, mesh=m, in_specs=P(m.axis_names), out_specs=out_specs,
-                            check_vma=check_vma))
+  f = jax.jit(
+    jax.shard_map(body, mesh=m, in_specs=P(m.axis_names), out_specs=out_specs, check_vma=check_vma)
+  )
   return f(x), f.lower(x).compile().as_text()
 
 
 CASES = {
-    "one_shot": (lambda v: jcoccl.all_reduce(v, ("a", "b"), compressor="int8",
-                                             algorithm="one_shot", min_bytes=0), P()),
-    "two_shot": (lambda v: jcoccl.all_reduce(v, ("a", "b"), compressor="int4",
-                                             algorithm="two_shot", min_bytes=0), P()),
-    "hierarchical": (lambda v: jcoccl.all_reduce(v, ("a", "b"), compressor=("int4", "int8"),
-                                                 algorithm="hierarchical", min_bytes=0), P()),
-    "all_gather": (lambda v: jcoccl.all_gather(v, "b", compressor="fp8", min_bytes=0,
-                                               tiled=True), P(("a", "b"))),
+  "one_shot": (
+    lambda v: jcoccl.all_reduce(
+      v, ("a", "b"), compressor="int8", algorithm="one_shot", min_bytes=0
+    ),
+    P(),
+  ),
+  "two_shot": (
+    lambda v: jcoccl.all_reduce(
+      v, ("a", "b"), compressor="int4", algorithm="two_shot", min_bytes=0
+    ),
+    P(),
+  ),
+  "hierarchical": (
+    lambda v: jcoccl.all_reduce(
+      v, ("a", "b"), compressor=("int4", "int8"), algorithm="hierarchical", min_bytes=0
+    ),
+    P(),
+  ),
+  "all_gather": (
+    lambda v: jcoccl.all_gather(v, "b", compressor="fp8", min_bytes=0, tiled=True),
+    P(("a", "b")),
+  ),
 }
 
 
@@ -49,9 +64,12 @@ def test_gradient_through_all_to_all_gather(monkeypatch):
   x = rand((4, 512), jnp.float32, seed=2)
 
   def loss(v):
-    y = jax.shard_map(lambda u: jcoccl.all_gather(u, "x", compressor="int8", min_bytes=0,
-                                                  tiled=True), mesh=m, in_specs=P("x"),
-                      out_specs=P("x"))(v)
+    y = jax.shard_map(
+      lambda u: jcoccl.all_gather(u, "x", compressor="int8", min_bytes=0, tiled=True),
+      mesh=m,
+      in_specs=P("x"),
+      out_specs=P("x"),
+    )(v)
     return jnp.sum(y * y)
 
   grads = {}

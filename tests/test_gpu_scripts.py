@@ -19,21 +19,33 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 def _run(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
   base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  return subprocess.run([sys.executable, *args], cwd=ROOT, env={**base, **(env or {})},
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, *args],
+    cwd=ROOT,
+    env={**base, **(env or {})},
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 def test_gpu_collectives_selfcheck_on_cpu(tmp_path):
   out = tmp_path / "self.json"
-  r = _run("tools/gpu_collectives.py", "selfcheck", "--sizes-mib", "1", "--iters", "1",
-           "--out", str(out))
+  r = _run(
+    "tools/gpu_collectives.py", "selfcheck", "--sizes-mib", "1", "--iters", "1", "--out", str(out)
+  )
   assert r.returncode == 0, r.stdout + r.stderr
   assert json.loads(out.read_text())
 
 
 def test_gpu_scripts_parse_their_arguments():
-  for script in ("tools/gpu_codecs.py", "tools/gpu_collectives.py", "tools/gpu_build.py",
-                 "tools/gpu_shim.py", "tools/gpu_ptx.py"):
+  for script in (
+    "tools/gpu_codecs.py",
+    "tools/gpu_collectives.py",
+    "tools/gpu_build.py",
+    "tools/gpu_shim.py",
+    "tools/gpu_ptx.py",
+  ):
     r = _run(script, "--help")
     assert r.returncode == 0, r.stdout + r.stderr
   r = subprocess.run(["bash", "-n", "tools/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True)
@@ -45,10 +57,18 @@ def test_gpu_check_dry_run_on_cpu_runs_every_step(tmp_path):
   # through shard_map: the Explicit-mesh defect made every row a mismatch), launch + worker
   # at world 1, timings, report; the output directory ends as the device tool needs it.
   out = tmp_path / "out"
-  r = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", str(out)], cwd=ROOT,
-                     env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-                          "PYTHON": sys.executable, "JCOCCL_GPU_QUICK": "1"},
-                     capture_output=True, text=True, timeout=900)
+  r = subprocess.run(
+    ["bash", "tools/gpu_check.sh", "--cpu", str(out)],
+    cwd=ROOT,
+    env={
+      **{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+      "PYTHON": sys.executable,
+      "JCOCCL_GPU_QUICK": "1",
+    },
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
   assert sorted(os.listdir(out)) == ["logs.tgz", "summary.json", "summary.txt"]
   for name in ("build", "import", "codecs", "single", "world1", "codec_bench", "bench1", "report"):
@@ -70,10 +90,12 @@ def test_gpu_check_dry_run_on_cpu_runs_every_step(tmp_path):
 def test_codec_reference_takes_inputs_as_arguments():
   # The reference once closed over x: XLA folded its conversions at compile time on the
   # host, and on CPU 18 cases (subnormal runs) then differed from the same spec at run time.
+  import gpu_codecs
   import jax
   import jax.numpy as jnp
+
   from jcoccl import compressors as jc
-  import gpu_codecs
+
   for c in (jc.int8(block_size=32), jc.int8(block_size=64, symmetric=False)):
     for dtype in (jnp.float32, jnp.bfloat16):
       assert gpu_codecs.check_case(jax, jnp, c, dtype) == ([], []), (c, dtype)
@@ -84,10 +106,12 @@ class _Stop(BaseException):  # not caught by the scripts' per-case error handlin
 
 
 def test_codec_results_are_written_case_by_case(tmp_path, monkeypatch):
+  import gpu_codecs
   import jax
   import jax.numpy as jnp
+
   from jcoccl import compressors as jc
-  import gpu_codecs
+
   calls = []
 
   def fake_case(jax_, jnp_, c, dtype):
@@ -105,8 +129,9 @@ def test_codec_results_are_written_case_by_case(tmp_path, monkeypatch):
 
 
 def test_single_results_are_written_case_by_case(tmp_path, monkeypatch):
-  import numpy as np
   import gpu_collectives
+  import numpy as np
+
   n = []
 
   def equal_until_stopped(a, b):
@@ -118,11 +143,13 @@ def test_single_results_are_written_case_by_case(tmp_path, monkeypatch):
   monkeypatch.setattr(gpu_collectives, "_bits_equal", equal_until_stopped)
   out = tmp_path / "single.json"
   with pytest.raises(_Stop):
-    gpu_collectives.main(["single", "--platform", "cpu", "--compressors", "^int8$",
-                          "--out", str(out)])
+    gpu_collectives.main(
+      ["single", "--platform", "cpu", "--compressors", "^int8$", "--out", str(out)]
+    )
   got = json.loads(out.read_text())
   assert not got["complete"] and len(got["results"]) == 7
   import jcoccl
+
   jcoccl.shutdown()
 
 
@@ -135,6 +162,7 @@ def _fake_nvcc(d: Path) -> Path:
 
 def test_gpu_build_finds_nvcc_off_path(tmp_path):
   import gpu_build
+
   nvcc = _fake_nvcc(tmp_path)
   assert gpu_build.find_nvcc({"CUDACXX": str(nvcc), "PATH": ""}) == str(nvcc)
   assert gpu_build.find_nvcc({"PATH": str(tmp_path)}) == str(nvcc)

@@ -18,8 +18,9 @@ def test_padded_len_is_the_smallest_positive_multiple(length, multiple):
   assert p % multiple == 0 and p >= max(length, 1) and p - multiple < max(length, 1)
 
 
-@pytest.mark.parametrize("length,unit,chunks", [(1000, 32, 1), (1000, 32, 4), (100, 32, 8),
-                                                (1, 32, 3), (4096, 256, 64)])
+@pytest.mark.parametrize(
+  "length,unit,chunks", [(1000, 32, 1), (1000, 32, 4), (100, 32, 8), (1, 32, 3), (4096, 256, 64)]
+)
 def test_row_layout_pads_to_whole_slices_of_whole_units(length, unit, chunks):
   lay = L.RowLayout.of(length, unit, chunks)
   units = -(-length // unit)
@@ -44,19 +45,18 @@ def test_lcm_and_granule_rows():
   assert L.granule_rows(4, 4, 32) == 32
 
 
-@pytest.mark.parametrize("shape,dim,n", [((8, 6), 0, 4), ((4, 6), 1, 3), ((2, 4, 3), 1, 2),
-                                         ((6,), 0, 6)])
+@pytest.mark.parametrize(
+  "shape,dim,n", [((8, 6), 0, 4), ((4, 6), 1, 3), ((2, 4, 3), 1, 2), ((6,), 0, 6)]
+)
 def test_to_rows_from_rows_roundtrip(shape, dim, n):
   x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
   rows, block = L.to_rows(x, dim, n)
   assert rows.shape == (n, x.size // n)
   for j in range(n):  # row j is block j along dim
     want = jnp.take(x, jnp.arange(j * block[0], (j + 1) * block[0]), axis=dim)
-    np.testing.assert_array_equal(np.asarray(L.from_rows(rows[j], block, dim)),
-                                  np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(L.from_rows(rows[j], block, dim)), np.asarray(want))
   back = L.from_rows(rows, block, dim)  # [n, *block with dim in place]
-  np.testing.assert_array_equal(np.asarray(jnp.concatenate(list(back), axis=dim)),
-                                np.asarray(x))
+  np.testing.assert_array_equal(np.asarray(jnp.concatenate(list(back), axis=dim)), np.asarray(x))
 
 
 @pytest.mark.parametrize("chunks", [2, 3, 5])
@@ -72,8 +72,9 @@ def test_chunked_slicing_equals_unchunked(chunks):
     return c.decode_rows(c.encode_rows(s), s.shape[-1], s.dtype)
 
   sliced = L.chunked(roundtrip, rows, lay.slices)
-  np.testing.assert_array_equal(np.asarray(sliced).view(np.uint32),
-                                np.asarray(roundtrip(rows, 0)).view(np.uint32))
+  np.testing.assert_array_equal(
+    np.asarray(sliced).view(np.uint32), np.asarray(roundtrip(rows, 0)).view(np.uint32)
+  )
   seen = []
   L.chunked(lambda s, i: seen.append(s.shape[-1]) or s, rows, lay.slices)
   assert seen == [lay.width] * lay.slices and lay.width % c.granule == 0

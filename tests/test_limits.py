@@ -12,13 +12,12 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
+from jcoccl._src import _ffi, fused_comms, fused_ffi
 from jcoccl._src import layout as L
-from jcoccl._src import _ffi
-from jcoccl._src import fused_comms
-from jcoccl._src import fused_ffi
 
 needs_native = pytest.mark.skipif(
-    _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built")
+  _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -29,19 +28,45 @@ def _clean():
 
 
 def _mesh(n):
-  return jax.make_mesh((n,), ("x",), devices=jax.devices()[:n],
-                       axis_types=(jax.sharding.AxisType.Auto,))
+  return jax.make_mesh(
+    (n,), ("x",), devices=jax.devices()[:n], axis_types=(jax.sharding.AxisType.Auto,)
+  )
 
 
 # ----------------------------------------------------------------------------------------
 # JCOCCL_TIMEOUT_S.
 
-_BAD_TIMEOUTS = ["abc", "0", "0.0", "-1", "-inf", "nan", "NaN", "5s", "0x10", "1e", " ",
-                 "1e-400", "1,5", "\u0661"]
+_BAD_TIMEOUTS = [
+  "abc",
+  "0",
+  "0.0",
+  "-1",
+  "-inf",
+  "nan",
+  "NaN",
+  "5s",
+  "0x10",
+  "1e",
+  " ",
+  "1e-400",
+  "1,5",
+  "\u0661",
+]
 # (value, seconds): inf and huge values are clamped to 1e8 s, not overflowed.
-_GOOD_TIMEOUTS = [("", 300.0), ("300", 300.0), ("0.25", 0.25), (" 2.5 ", 2.5), ("+7", 7.0),
-                  ("1e3", 1000.0), (".5", 0.5), ("1e10", 1e8), ("1e400", 1e8), ("inf", 1e8),
-                  ("INF", 1e8), ("+Infinity", 1e8)]
+_GOOD_TIMEOUTS = [
+  ("", 300.0),
+  ("300", 300.0),
+  ("0.25", 0.25),
+  (" 2.5 ", 2.5),
+  ("+7", 7.0),
+  ("1e3", 1000.0),
+  (".5", 0.5),
+  ("1e10", 1e8),
+  ("1e400", 1e8),
+  ("inf", 1e8),
+  ("INF", 1e8),
+  ("+Infinity", 1e8),
+]
 
 
 @needs_native
@@ -74,8 +99,9 @@ def _exact(mesh, offset=0):
 
 
 def _all_gather_program(mesh):
-  body = lambda v: jcoccl.all_gather(v, "x", axis=0, tiled=True, backend="fused",
-                                     compressor=jc.int8(block_size=32), min_bytes=0)
+  body = lambda v: jcoccl.all_gather(
+    v, "x", axis=0, tiled=True, backend="fused", compressor=jc.int8(block_size=32), min_bytes=0
+  )
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
 
 
@@ -109,6 +135,7 @@ def test_timeout_made_invalid_after_compiling_fails_the_call(monkeypatch):
 
 # ----------------------------------------------------------------------------------------
 # chunks.
+
 
 @pytest.mark.parametrize("unit", [1, 32, 256])
 def test_slices_clamps_to_whole_units(unit):
@@ -151,15 +178,20 @@ def _program(mesh, op, chunks, backend, comp):
 def _slices_used(op, comp):
   """Slices a 4 KiB ([8, 128] float32) message is cut into with chunks=2**20."""
   g = comp.granule
-  length, unit = {"one_shot": (1024, g), "two_shot": (1024, 8 * g), "reduce_scatter": (128, g),
-                  "all_to_all": (128, g)}.get(op, (1024, g))
+  length, unit = {
+    "one_shot": (1024, g),
+    "two_shot": (1024, 8 * g),
+    "reduce_scatter": (128, g),
+    "all_to_all": (128, g),
+  }.get(op, (1024, g))
   return -(-length // unit)
 
 
 def _hlo_counts(text):
   lines = text.splitlines()
-  counts = {op: sum(1 for l in lines if f" {op}(" in l or f" {op}-start(" in l)
-            for op in _COLLECTIVES}
+  counts = {
+    op: sum(1 for l in lines if f" {op}(" in l or f" {op}-start(" in l) for op in _COLLECTIVES
+  }
   counts["fused_k"] = sorted(int(k) for k in re.findall(r"\bk = (\d+) : i64", text))
   return counts
 
@@ -175,8 +207,10 @@ def test_huge_chunks_on_a_small_message_is_clamped(op, backend):
   mesh = _mesh(8)
   if backend == "fused":
     jcoccl.init(mesh)
-  x = jax.device_put(jax.random.normal(jax.random.key(1), (64, 128), jnp.float32),
-                     jax.NamedSharding(mesh, jax.P("x")))
+  x = jax.device_put(
+    jax.random.normal(jax.random.key(1), (64, 128), jnp.float32),
+    jax.NamedSharding(mesh, jax.P("x")),
+  )
   k = _slices_used(op, comp)
   assert 1 < k <= L.MAX_SLICES
   huge, fit = _program(mesh, op, 2**20, backend, comp), _program(mesh, op, k, backend, comp)
@@ -188,8 +222,9 @@ def test_huge_chunks_on_a_small_message_is_clamped(op, backend):
     assert sum(counts[c] for c in _COLLECTIVES) <= 2 * k
   got = np.asarray(huge(x))
   np.testing.assert_array_equal(got.view(np.uint32), np.asarray(fit(x)).view(np.uint32))
-  np.testing.assert_array_equal(got.view(np.uint32),
-                                np.asarray(_program(mesh, op, 1, backend, comp)(x)).view(np.uint32))
+  np.testing.assert_array_equal(
+    got.view(np.uint32), np.asarray(_program(mesh, op, 1, backend, comp)(x)).view(np.uint32)
+  )
 
 
 @pytest.mark.parametrize("op", _OPS)

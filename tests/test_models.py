@@ -64,6 +64,7 @@ def test_bad_activation_rejected():
 
 def test_sizes():
   assert sum(p.stat().st_size for p in GOLDENS.glob("*.npz")) < 1_100_000
-  m = gpt.GPT(gpt.GPTConfig(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2),
-              rngs=nnx.Rngs(0))
+  m = gpt.GPT(
+    gpt.GPTConfig(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2), rngs=nnx.Rngs(0)
+  )
   assert m(jnp.zeros((1, 5), jnp.int32)).shape == (1, 5, 64)

@@ -27,8 +27,9 @@ def _launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("procs,devices", [(2, 1), (4, 1), (2, 2)])
 def test_ops_across_processes_match_lax(procs, devices):
-  r = _launch("-n", str(procs), "--devices-per-process", str(devices), "--",
-              sys.executable, WORKER, "ops")
+  r = _launch(
+    "-n", str(procs), "--devices-per-process", str(devices), "--", sys.executable, WORKER, "ops"
+  )
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
   for rank in range(procs):
     oks = re.findall(rf"^\[{rank}\] ok (.*)$", r.stdout, re.M)
@@ -38,9 +39,11 @@ def test_ops_across_processes_match_lax(procs, devices):
 
 
 def test_launcher_exit_status_is_the_failed_process():
-  code = ("import os, sys, time; rank = int(os.environ['JAX_PROCESS_ID']); "
-          "print('rank', rank, os.environ['JAX_NUM_PROCESSES'], flush=True); "
-          "sys.exit(3) if rank == 1 else time.sleep(60)")
+  code = (
+    "import os, sys, time; rank = int(os.environ['JAX_PROCESS_ID']); "
+    "print('rank', rank, os.environ['JAX_NUM_PROCESSES'], flush=True); "
+    "sys.exit(3) if rank == 1 else time.sleep(60)"
+  )
   t0 = time.monotonic()
   r = _launch("-n", "3", "--kill-after", "1", "--", sys.executable, "-c", code)
   assert r.returncode == 3, r.stdout + r.stderr
@@ -49,12 +52,15 @@ def test_launcher_exit_status_is_the_failed_process():
   assert "process 1 exited with status 3" in r.stderr
 
 
-@pytest.mark.parametrize("argv,message", [
+@pytest.mark.parametrize(
+  "argv,message",
+  [
     (["-n", "0", "--", "true"], "--processes must be >= 1"),
     (["-n", "2"], "give the program after --"),
     (["-n", "2", "--link-rate", "fast", "--", "true"], "--link-rate must be a positive rate"),
     (["-n", "2", "--link-delay", "soon", "--", "true"], "--link-delay must be a time"),
-])
+  ],
+)
 def test_launcher_rejects_bad_arguments(argv, message):
   r = _launch(*argv)
   assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -63,10 +69,20 @@ def test_launcher_rejects_bad_arguments(argv, message):
 def test_killed_process_stops_the_others():
   """kill -9 of one process: the others fail with an error, well within 60 s, by themselves
   (the launcher would wait 120 s before terminating them)."""
-  cmd = [sys.executable, "-m", "jcoccl.launch", "-n", "3", "--kill-after", "120", "--",
-         sys.executable, WORKER, "loop"]
-  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True)
+  cmd = [
+    sys.executable,
+    "-m",
+    "jcoccl.launch",
+    "-n",
+    "3",
+    "--kill-after",
+    "120",
+    "--",
+    sys.executable,
+    WORKER,
+    "loop",
+  ]
+  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   pids, lines, started = {}, [], set()
   try:
     for line in p.stdout:
@@ -92,8 +108,9 @@ def test_killed_process_stops_the_others():
 
 
 needs_netns = pytest.mark.skipif(
-    os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-    reason="link shaping needs root and iproute2 (ip, tc)")
+  os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
+  reason="link shaping needs root and iproute2 (ip, tc)",
+)
 
 # Process 0 sends 4 MiB to process 1 over 127.0.0.1 and prints the time it took.
 _TRANSFER = r"""
@@ -137,15 +154,21 @@ def test_namespace_removed_on_interrupt():
   with launch.LinkNamespace(rate="1gbit") as ns:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert ns.name in listed
-    qdisc = subprocess.run(ns.wrap(["tc", "qdisc", "show", "dev", "lo"]), capture_output=True,
-                           text=True).stdout
+    qdisc = subprocess.run(
+      ns.wrap(["tc", "qdisc", "show", "dev", "lo"]), capture_output=True, text=True
+    ).stdout
     assert "tbf" in qdisc and "1Gbit" in qdisc
-  assert ns.name not in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                       text=True).stdout
+  assert (
+    ns.name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+  )
   # Ctrl-C of the launcher: its namespace goes too.
-  p = subprocess.Popen([sys.executable, "-m", "jcoccl.launch", "-n", "1", "--link-rate", "1gbit",
-                        "--", "sleep", "60"], cwd=ROOT, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
+  p = subprocess.Popen(
+    [sys.executable, "-m", "jcoccl.launch", "-n", "1", "--link-rate", "1gbit", "--", "sleep", "60"],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   try:
     for _ in range(200):
       names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -165,16 +188,45 @@ def test_namespace_removed_on_interrupt():
 
 def test_bench_collectives_across_processes():
   import json
-  r = subprocess.run([sys.executable, "-m", "jcoccl.bench", "collectives", "--processes", "2",
-                      "--sizes", "64KiB", "--ops", "all_reduce,ppermute", "--compressors", "int8",
-                      "--algorithms", "two_shot", "--iters", "1", "--json"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jcoccl.bench",
+      "collectives",
+      "--processes",
+      "2",
+      "--sizes",
+      "64KiB",
+      "--ops",
+      "all_reduce,ppermute",
+      "--compressors",
+      "int8",
+      "--algorithms",
+      "two_shot",
+      "--iters",
+      "1",
+      "--json",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-  text = "\n".join(line[4:] for line in r.stdout.splitlines() if line.startswith("[0] ")
-                   and not line.startswith("[0] [Gloo]"))
-  rows = json.loads(text[text.index("["):])
+  text = "\n".join(
+    line[4:]
+    for line in r.stdout.splitlines()
+    if line.startswith("[0] ") and not line.startswith("[0] [Gloo]")
+  )
+  rows = json.loads(text[text.index("[") :])
   assert [(row["op"], row["compressor"]) for row in rows] == [
-      ("all_reduce", "lax"), ("all_reduce", "int8"), ("ppermute", "lax"), ("ppermute", "int8")]
+    ("all_reduce", "lax"),
+    ("all_reduce", "int8"),
+    ("ppermute", "lax"),
+    ("ppermute", "int8"),
+  ]
   for row in rows:
     assert row["processes"] == 2 and row["ranks"] == 2 and row["speedup"] > 0
   assert rows[0]["max_abs_err"] == 0 and 0 < rows[1]["wire_ratio"] < 0.3

@@ -14,22 +14,35 @@ from jcoccl._src import _ffi
 from jcoccl._src.compressors import native
 
 if _ffi.native_module("cpu") is None:
-  pytest.skip(f"native module jcoccl._cpu is absent ({_ffi.native_import_error('cpu')})",
-              allow_module_level=True)
+  pytest.skip(
+    f"native module jcoccl._cpu is absent ({_ffi.native_import_error('cpu')})",
+    allow_module_level=True,
+  )
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 CODECS = [
-    jc.none(), jc.cast(jnp.bfloat16), jc.cast(jnp.float16),
-    jc.int8(block_size=32), jc.int8(block_size=256), jc.int8(block_size=64, symmetric=False),
-    jc.int4(block_size=32), jc.int4(block_size=128, symmetric=False), jc.int4(block_size=1024),
-    jc.int2(block_size=64), jc.int2(block_size=32, symmetric=False),
-    jc.fp8("e4m3", block_size=32), jc.fp8("e4m3", block_size=256), jc.fp8("e5m2", block_size=64),
-    jc.hadamard(jc.int4(block_size=64), size=128), jc.hadamard(jc.int8(block_size=256), size=64),
-    jc.hadamard(jc.fp8("e4m3", block_size=128), size=256),
-    jc.hadamard(jc.int8(block_size=32, symmetric=False), size=32),
-    jc.error_bounded(1e-2, block_size=64), jc.error_bounded(1e-4, block_size=256),
-    jc.error_bounded(0.5, block_size=32),
+  jc.none(),
+  jc.cast(jnp.bfloat16),
+  jc.cast(jnp.float16),
+  jc.int8(block_size=32),
+  jc.int8(block_size=256),
+  jc.int8(block_size=64, symmetric=False),
+  jc.int4(block_size=32),
+  jc.int4(block_size=128, symmetric=False),
+  jc.int4(block_size=1024),
+  jc.int2(block_size=64),
+  jc.int2(block_size=32, symmetric=False),
+  jc.fp8("e4m3", block_size=32),
+  jc.fp8("e4m3", block_size=256),
+  jc.fp8("e5m2", block_size=64),
+  jc.hadamard(jc.int4(block_size=64), size=128),
+  jc.hadamard(jc.int8(block_size=256), size=64),
+  jc.hadamard(jc.fp8("e4m3", block_size=128), size=256),
+  jc.hadamard(jc.int8(block_size=32, symmetric=False), size=32),
+  jc.error_bounded(1e-2, block_size=64),
+  jc.error_bounded(1e-4, block_size=256),
+  jc.error_bounded(0.5, block_size=32),
 ]
 
 
@@ -43,8 +56,10 @@ def _assert_same(a, b, what: str) -> None:
   assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
   ba, bb = _bits(a), _bits(b)
   bad = np.argwhere(ba != bb)
-  assert bad.size == 0, f"{what}: {len(bad)} mismatches, first at {bad[:3].tolist()}: " \
-                        f"{ba[tuple(bad[0])]:#x} vs {bb[tuple(bad[0])]:#x}"
+  assert bad.size == 0, (
+    f"{what}: {len(bad)} mismatches, first at {bad[:3].tolist()}: "
+    f"{ba[tuple(bad[0])]:#x} vs {bb[tuple(bad[0])]:#x}"
+  )
 
 
 def _data(rows: int, n: int, dtype, seed: int) -> np.ndarray:
@@ -81,8 +96,13 @@ def _both(c, x, n, dtype, nrows_list):
     buf = c.encode_rows(x, impl=impl)
     dec = c.decode_rows(buf, n, dtype, impl=impl)
     ref_buf = out[0][0] if out else buf  # reductions read the same (spec) payload
-    red = [(c.decode_sum(ref_buf[:k], n, dtype, impl=impl),
-            c.decode_sum_encode(ref_buf[:k], n, dtype, impl=impl)) for k in nrows_list]
+    red = [
+      (
+        c.decode_sum(ref_buf[:k], n, dtype, impl=impl),
+        c.decode_sum_encode(ref_buf[:k], n, dtype, impl=impl),
+      )
+      for k in nrows_list
+    ]
     out.append((buf, dec, red))
   return out
 
@@ -102,10 +122,18 @@ def test_bit_exact(c, dtype):
       _assert_same(b, a, f"{c} {jnp.dtype(dtype).name} nrows={nrows} {what}")
 
 
-@pytest.mark.parametrize("c", [jc.int4(block_size=128), jc.int8(symmetric=False),
-                               jc.fp8("e4m3", block_size=256), jc.cast(jnp.bfloat16),
-                               jc.hadamard(jc.int4(block_size=256)), jc.error_bounded(1e-2)],
-                         ids=str)
+@pytest.mark.parametrize(
+  "c",
+  [
+    jc.int4(block_size=128),
+    jc.int8(symmetric=False),
+    jc.fp8("e4m3", block_size=256),
+    jc.cast(jnp.bfloat16),
+    jc.hadamard(jc.int4(block_size=256)),
+    jc.error_bounded(1e-2),
+  ],
+  ids=str,
+)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 def test_rows_with_a_partial_last_tile(c, dtype):
   # The CPU kernels work in tiles of 4096 elements: a row of 3 tiles and 768 more elements
@@ -113,22 +141,30 @@ def test_rows_with_a_partial_last_tile(c, dtype):
   n = 3 * 4096 + 768
   x = jnp.asarray(_data(3, n, dtype, seed=11))
   (rb, rd, rred), (gb, gd, gred) = _both(c, x, n, jnp.dtype(dtype), (3,))
-  for what, a, b in zip(("encode", "decode", "decode_sum", "decode_sum_encode"),
-                        (rb, rd, *rred[0]), (gb, gd, *gred[0])):
+  for what, a, b in zip(
+    ("encode", "decode", "decode_sum", "decode_sum_encode"), (rb, rd, *rred[0]), (gb, gd, *gred[0])
+  ):
     _assert_same(b, a, f"{c} {jnp.dtype(dtype).name} n={n} {what}")
 
 
-@pytest.mark.parametrize("c", [jc.int4(block_size=64, symmetric=False),
-                               jc.hadamard(jc.fp8("e5m2", block_size=32), size=64),
-                               jc.error_bounded(1e-3, block_size=32), jc.cast(jnp.float16)], ids=str)
+@pytest.mark.parametrize(
+  "c",
+  [
+    jc.int4(block_size=64, symmetric=False),
+    jc.hadamard(jc.fp8("e5m2", block_size=32), size=64),
+    jc.error_bounded(1e-3, block_size=32),
+    jc.cast(jnp.float16),
+  ],
+  ids=str,
+)
 def test_vmap(c):
   n = _row_len(c)
   x = jnp.asarray(_data(6, n, jnp.float32, seed=7)).reshape(2, 3, n)
   ops = {
-      "encode": lambda v, i: c.encode_rows(v, impl=i),
-      "decode": lambda b, i: c.decode_rows(b, n, jnp.bfloat16, impl=i),
-      "decode_sum": lambda b, i: c.decode_sum(b, n, jnp.float32, impl=i),
-      "decode_sum_encode": lambda b, i: c.decode_sum_encode(b, n, jnp.float16, impl=i),
+    "encode": lambda v, i: c.encode_rows(v, impl=i),
+    "decode": lambda b, i: c.decode_rows(b, n, jnp.bfloat16, impl=i),
+    "decode_sum": lambda b, i: c.decode_sum(b, n, jnp.float32, impl=i),
+    "decode_sum_encode": lambda b, i: c.decode_sum_encode(b, n, jnp.float16, impl=i),
   }
   # The reference is the vmapped spec, run eagerly; it must equal the per-slice spec.
   ref = jax.vmap(lambda v: ops["encode"](v, "jnp"))(x)
@@ -145,21 +181,32 @@ def test_asym_zero_extremes_are_plus_zero():
   """Blocks whose min/max is a zero (or, under XLA:CPU's DAZ, a subnormal) store +0."""
   c = jc.int4(block_size=32, symmetric=False)
   tiny = np.float32(1e-39)
-  blocks = [[0.0, -0.0], [-0.0, 0.0], [0.0, -tiny], [-tiny, 0.0, tiny], [-0.0, -tiny],
-            [tiny, -0.0], [-0.0], [0.0, 1.0, -0.0], [-1.0, -0.0, -tiny]]
+  blocks = [
+    [0.0, -0.0],
+    [-0.0, 0.0],
+    [0.0, -tiny],
+    [-tiny, 0.0, tiny],
+    [-0.0, -tiny],
+    [tiny, -0.0],
+    [-0.0],
+    [0.0, 1.0, -0.0],
+    [-1.0, -0.0, -tiny],
+  ]
   rng = np.random.default_rng(0)
   x = np.stack([rng.permutation(np.resize(np.float32(b), 32)) for b in blocks]).reshape(1, -1)
   n = x.shape[1]
   nb = n // 32
   start = n * 4 // 8 + 4 * nb
-  outs = {"jit": jax.jit(lambda v: c.encode_rows(v, impl="jnp"))(x),
-          "eager": c.encode_rows(jnp.asarray(x), impl="jnp"),
-          "vmap": jax.vmap(lambda v: c.encode_rows(v, impl="jnp"))(x[None])[0],
-          "transposed": jax.jit(lambda v: c.encode_rows(v.T.T * 1, impl="jnp"))(jnp.asarray(x)),
-          "native": c.encode_rows(jnp.asarray(x), impl="native")}
+  outs = {
+    "jit": jax.jit(lambda v: c.encode_rows(v, impl="jnp"))(x),
+    "eager": c.encode_rows(jnp.asarray(x), impl="jnp"),
+    "vmap": jax.vmap(lambda v: c.encode_rows(v, impl="jnp"))(x[None])[0],
+    "transposed": jax.jit(lambda v: c.encode_rows(v.T.T * 1, impl="jnp"))(jnp.asarray(x)),
+    "native": c.encode_rows(jnp.asarray(x), impl="native"),
+  }
   for name, buf in outs.items():
-    mins = np.asarray(buf)[0, start:start + 4 * nb].view(np.float32)
-    scales = np.asarray(buf)[0, start - 4 * nb:start].view(np.float32)
+    mins = np.asarray(buf)[0, start : start + 4 * nb].view(np.float32)
+    scales = np.asarray(buf)[0, start - 4 * nb : start].view(np.float32)
     np.testing.assert_array_equal(mins.view(np.uint32)[:7], 0, err_msg=name)
     assert mins[7] == 0.0 and mins[8] == -1.0 and not np.signbit(scales).any(), name
     _assert_same(buf, outs["jit"], name)
@@ -169,19 +216,28 @@ def test_shard_map_check_vma():
   c = jc.hadamard(jc.int8(block_size=64), size=128)
   n = 256
   mesh = jax.make_mesh((8,), ("i",))
-  x = jax.device_put(jnp.asarray(_data(16, n, jnp.float32, seed=3)),
-                     jax.NamedSharding(mesh, jax.P("i")))
+  x = jax.device_put(
+    jnp.asarray(_data(16, n, jnp.float32, seed=3)), jax.NamedSharding(mesh, jax.P("i"))
+  )
 
   def body(impl, v):
     buf = c.encode_rows(v, impl=impl)
-    return (buf, c.decode_rows(buf, n, jnp.float32, impl=impl),
-            c.decode_sum(buf, n, jnp.bfloat16, impl=impl)[None],
-            c.decode_sum_encode(buf, n, jnp.float32, impl=impl)[None])
+    return (
+      buf,
+      c.decode_rows(buf, n, jnp.float32, impl=impl),
+      c.decode_sum(buf, n, jnp.bfloat16, impl=impl)[None],
+      c.decode_sum_encode(buf, n, jnp.float32, impl=impl)[None],
+    )
 
   outs = []
   for impl in ("jnp", "native"):
-    f = jax.shard_map(functools.partial(body, impl), mesh=mesh, in_specs=jax.P("i"),
-                      out_specs=jax.P("i"), check_vma=True)
+    f = jax.shard_map(
+      functools.partial(body, impl),
+      mesh=mesh,
+      in_specs=jax.P("i"),
+      out_specs=jax.P("i"),
+      check_vma=True,
+    )
     outs.append(jax.jit(f)(x))
   for a, b in zip(*outs):
     _assert_same(b, a, "shard_map")
@@ -191,21 +247,36 @@ def _all_bf16_as_f32() -> np.ndarray:
   return (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
 
 
-@pytest.mark.parametrize("c", [jc.fp8("e4m3", block_size=32), jc.fp8("e5m2", block_size=32),
-                               jc.cast(jnp.float16), jc.cast(jnp.bfloat16)], ids=str)
+@pytest.mark.parametrize(
+  "c",
+  [
+    jc.fp8("e4m3", block_size=32),
+    jc.fp8("e5m2", block_size=32),
+    jc.cast(jnp.float16),
+    jc.cast(jnp.bfloat16),
+  ],
+  ids=str,
+)
 def test_exhaustive_bf16_patterns(c):
   """Every bfloat16 bit pattern (as float32 and as bfloat16 input) times a few scales."""
   base = _all_bf16_as_f32()
   rng = np.random.default_rng(0)
   with np.errstate(over="ignore", invalid="ignore"):  # Inf/NaN patterns are the point
-    rows = [base, base * np.float32(1.7), base * np.float32(3e-5), rng.permutation(base),
-            (rng.integers(0, 2**32, 65536, dtype=np.uint64).astype(np.uint32)).view(np.float32)]
+    rows = [
+      base,
+      base * np.float32(1.7),
+      base * np.float32(3e-5),
+      rng.permutation(base),
+      (rng.integers(0, 2**32, 65536, dtype=np.uint64).astype(np.uint32)).view(np.float32),
+    ]
   x = np.stack(rows)
   for dtype in (jnp.float32, jnp.bfloat16):
     xd = jnp.asarray(x).astype(dtype)
     n = xd.shape[1]
-    f = jax.jit(lambda v, i: (lambda b: (b, c.decode_rows(b, n, dtype, impl=i)))(
-        c.encode_rows(v, impl=i)), static_argnums=1)
+    f = jax.jit(
+      lambda v, i: (lambda b: (b, c.decode_rows(b, n, dtype, impl=i)))(c.encode_rows(v, impl=i)),
+      static_argnums=1,
+    )
     (b0, d0), (b1, d1) = f(xd, "jnp"), f(xd, "native")
     _assert_same(b1, b0, f"{c} encode {jnp.dtype(dtype).name}")
     _assert_same(d1, d0, f"{c} decode {jnp.dtype(dtype).name}")

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import F32_EPS, f64, sum_bound
 from flax import nnx
 from jax import lax
 
-from collectives_util import F32_EPS, f64, sum_bound
 from jcoccl import compressors as jc
 from jcoccl.policy import Policy
 from models import gpt, qwen
@@ -23,15 +23,26 @@ VOCAB = 64
 
 
 def _gpt(tied_unused=None):
-  return gpt.GPT(gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=4,
-                               n_head=4), rngs=nnx.Rngs(0))
+  return gpt.GPT(
+    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=4, n_head=4),
+    rngs=nnx.Rngs(0),
+  )
 
 
 def _qwen(tie=False):
-  return qwen.Qwen(qwen.QwenConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=4, num_attention_heads=4,
-                                   num_key_value_heads=2, rope_theta=5000.0,
-                                   tie_word_embeddings=tie), rngs=nnx.Rngs(1))
+  return qwen.Qwen(
+    qwen.QwenConfig(
+      vocab_size=VOCAB,
+      hidden_size=32,
+      intermediate_size=64,
+      num_hidden_layers=4,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      rope_theta=5000.0,
+      tie_word_embeddings=tie,
+    ),
+    rngs=nnx.Rngs(1),
+  )
 
 
 def _batch(n=8, s=8, seed=0):
@@ -45,23 +56,25 @@ def _assert_tree_close(got, want, rtol):
   scale = max(float(jnp.abs(w).max()) for w in jax.tree.leaves(want))
   for (path, w), g in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(got)):
     assert g.shape == w.shape, jax.tree_util.keystr(path)
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=rtol * scale,
-                               err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(
+      np.asarray(g), np.asarray(w), rtol=rtol, atol=rtol * scale, err_msg=jax.tree_util.keystr(path)
+    )
 
 
 CASES = [
-    ("gpt", _gpt, (2, 2, 2), 2),
-    ("qwen_untied", lambda: _qwen(False), (2, 2, 2), 2),
-    ("qwen_tied", lambda: _qwen(True), (2, 2, 2), 4),
-    ("gpt", _gpt, (1, 2, 4), 2),
-    ("qwen_untied", lambda: _qwen(False), (4, 2, 1), 1),
-    ("gpt", _gpt, (8, 1, 1), 1),
-    ("qwen_untied", lambda: _qwen(False), (1, 1, 2), 2),
+  ("gpt", _gpt, (2, 2, 2), 2),
+  ("qwen_untied", lambda: _qwen(False), (2, 2, 2), 2),
+  ("qwen_tied", lambda: _qwen(True), (2, 2, 2), 4),
+  ("gpt", _gpt, (1, 2, 4), 2),
+  ("qwen_untied", lambda: _qwen(False), (4, 2, 1), 1),
+  ("gpt", _gpt, (8, 1, 1), 1),
+  ("qwen_untied", lambda: _qwen(False), (1, 1, 2), 2),
 ]
 
 
-@pytest.mark.parametrize("name,make,mesh,micro", CASES,
-                         ids=[f"{c[0]}-{'x'.join(map(str, c[2]))}-m{c[3]}" for c in CASES])
+@pytest.mark.parametrize(
+  "name,make,mesh,micro", CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[2]))}-m{c[3]}" for c in CASES]
+)
 def test_exact_matches_single_device(name, make, mesh, micro):
   model = make()
   x, y = _batch()
@@ -77,16 +90,23 @@ def test_every_collective_went_through_jcoccl_log():
   par = Parallel3D(model, make_mesh(2, 2, 2), Policy(), n_micro=2)
   par.loss_and_grads(par.shard(model), *_batch())
   ops = {(axis, op) for axis, op, *_ in par.coll.log}
-  assert ops == {("data", "all_reduce"), ("tensor", "all_reduce"), ("pipe", "ppermute"),
-                 ("pipe", "all_reduce")}
+  assert ops == {
+    ("data", "all_reduce"),
+    ("tensor", "all_reduce"),
+    ("pipe", "ppermute"),
+    ("pipe", "all_reduce"),
+  }
 
 
-LOSSY = {"data": {"all_reduce": "int8", "min_bytes": 0},
-         "tensor": {"all_reduce": "fp8", "min_bytes": 0},
-         "pipe": {"ppermute": "int8", "all_reduce": "int8", "min_bytes": 0}}
+LOSSY = {
+  "data": {"all_reduce": "int8", "min_bytes": 0},
+  "tensor": {"all_reduce": "fp8", "min_bytes": 0},
+  "pipe": {"ppermute": "int8", "all_reduce": "int8", "min_bytes": 0},
+}
 
 
 # -- Lossy: only the 'data' gradient all_reduce compressed, error bound derived -------------------
+
 
 class _DataTap(Collectives):
   """Collectives that also copy each device's input to the 'data' gradient all_reduce to the
@@ -99,6 +119,7 @@ class _DataTap(Collectives):
 
   def all_reduce(self, x, axis, *, exact=False):
     if axis == "data" and not exact:
+
       def record(d, t, p, v, call=self.calls):
         with self._lock:
           self.seen[(call, int(d), int(t), int(p))] = np.asarray(v)
@@ -168,20 +189,23 @@ def _assert_within(got, exact, bound, what):
   bad = ~(err <= bound)
   if bad.any():
     i = np.unravel_index(np.argmax(np.where(bad, err - bound, -np.inf)), err.shape)
-    raise AssertionError(f"{what}: {bad.sum()} elements out of the derived bound; worst at "
-                         f"{i}: err {err[i]} vs bound {bound[i]}")
+    raise AssertionError(
+      f"{what}: {bad.sum()} elements out of the derived bound; worst at "
+      f"{i}: err {err[i]} vs bound {bound[i]}"
+    )
 
 
-@pytest.mark.parametrize("make,spec", [(_gpt, "int8"), (_qwen, "hadamard(int4)"),
-                                       (_qwen, "fp8")],
-                         ids=["gpt-int8", "qwen-hadamard_int4", "qwen-fp8"])
+@pytest.mark.parametrize(
+  "make,spec",
+  [(_gpt, "int8"), (_qwen, "hadamard(int4)"), (_qwen, "fp8")],
+  ids=["gpt-int8", "qwen-hadamard_int4", "qwen-fp8"],
+)
 def test_data_grad_compression_within_derived_bound(make, spec):
   """Only the 'data' gradient all_reduce is lossy (one_shot, no error feedback): every
   device's copy of every gradient leaf is within the bound derived from the compressor's
   error_bound of the exact sum of the local gradients that this very run fed to it, and within
   that bound plus the exact run's rounding of the exact 3D-parallel gradients."""
-  policy = Policy.from_dict({"data": {"all_reduce": spec, "min_bytes": 0,
-                                      "algorithm": "one_shot"}})
+  policy = Policy.from_dict({"data": {"all_reduce": spec, "min_bytes": 0, "algorithm": "one_shot"}})
   c = policy.compressor("data", "all_reduce")
   par, loss, grads = _tapped_loss_and_grads(make(), policy)
   ex, want_loss, want = _exact_tapped(make)
@@ -189,7 +213,8 @@ def test_data_grad_compression_within_derived_bound(make, spec):
   assert par.coll.calls == ex.coll.calls == n_leaves
   assert len(par.coll.seen) == len(ex.coll.seen) == n_leaves * 8
   assert {(axis, op) for axis, op, *_, comp in par.coll.log if comp is not None} == {
-      ("data", "all_reduce")}
+    ("data", "all_reduce")
+  }
   # Nothing before the gradient sync is compressed: the loss and every device's local
   # gradients are those of the exact run, bit for bit.
   assert float(loss) == float(want_loss)
@@ -197,7 +222,8 @@ def test_data_grad_compression_within_derived_bound(make, spec):
     np.testing.assert_array_equal(g, ex.coll.seen[key], err_msg=f"local gradient {key}")
   compressed = 0
   for (name, dev, got, exact, bound), (_, _, want_g, _, want_bound) in zip(
-      _per_device(par, c, grads), _per_device(ex, jc.none(), want), strict=True):
+    _per_device(par, c, grads), _per_device(ex, jc.none(), want), strict=True
+  ):
     what = f"{name} on device {dev}"
     _assert_within(got, exact, bound, f"{spec}: {what}")
     _assert_within(want_g, exact, want_bound, f"exact policy: {what}")
@@ -208,6 +234,7 @@ def test_data_grad_compression_within_derived_bound(make, spec):
 
 
 # -- Lossy: the full policy (every axis compressed) ----------------------------------------------
+
 
 @pytest.mark.parametrize("make", [_gpt, _qwen], ids=["gpt", "qwen"])
 def test_full_lossy_policy_finite_and_fewer_bytes(make):
@@ -230,19 +257,24 @@ def test_full_lossy_policy_finite_and_fewer_bytes(make):
 def _measured_wire_by_axis(model, par, params, x, y):
   """Bytes per device by mesh axis on the compiled train step, and with compression off."""
   import optax
+
   import jcoccl
+
   tx = optax.sgd(0.1)
   exact = Parallel3D(model, par.mesh, Policy(), n_micro=par.n_micro)
-  measure = lambda p: jcoccl.wire_bytes(p.train_step(tx, params), params,
-                                        p.init_opt(tx, params), None, x, y, mesh=par.mesh)
+  measure = lambda p: jcoccl.wire_bytes(
+    p.train_step(tx, params), params, p.init_opt(tx, params), None, x, y, mesh=par.mesh
+  )
   return measure(par)["by_axis"], measure(exact)["by_axis"]
 
 
 def test_train_step_error_feedback_and_clipping():
   import optax
+
   model = _gpt()
-  policy = Recipe.from_dict({"data": {"all_reduce": "int4", "error_feedback": True,
-                                      "min_bytes": 0}})
+  policy = Recipe.from_dict(
+    {"data": {"all_reduce": "int4", "error_feedback": True, "min_bytes": 0}}
+  )
   par = Parallel3D(model, make_mesh(2, 2, 2), policy, n_micro=2)
   params = par.shard(model)
   tx = optax.sgd(0.1)
@@ -253,8 +285,12 @@ def test_train_step_error_feedback_and_clipping():
   before = jax.tree.map(np.asarray, params)
   params, opt, ef, m = step(params, opt, ef, x, y)
   # Clipped to norm 1e-3, SGD moves the parameters by 0.1 * 1e-3 in total.
-  delta = np.sqrt(sum(np.sum((np.asarray(a) - b) ** 2)
-                      for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(before))))
+  delta = np.sqrt(
+    sum(
+      np.sum((np.asarray(a) - b) ** 2)
+      for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(before))
+    )
+  )
   np.testing.assert_allclose(delta, 1e-4, rtol=1e-3)
   assert float(m["grad_norm"]) > 1e-3
   assert any(float(jnp.abs(e).max()) > 0 for e in jax.tree.leaves(ef))
@@ -270,8 +306,9 @@ def test_bad_mesh_rejected():
 
 
 def test_policy_lookup_and_errors(tmp_path):
-  r = Recipe.from_dict({"data": {"all_reduce": "hadamard(int4)", "error_feedback": True},
-                        "*": {"ppermute": "int8"}})
+  r = Recipe.from_dict(
+    {"data": {"all_reduce": "hadamard(int4)", "error_feedback": True}, "*": {"ppermute": "int8"}}
+  )
   p = r.policy
   assert p.compressor("data", "all_reduce") is not None
   assert p.compressor("data", "ppermute") is None  # 'data' is named: no fallback to '*'

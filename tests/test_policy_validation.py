@@ -6,15 +6,16 @@ import itertools
 import pytest
 
 import jcoccl.compressors as jc
-from jcoccl._src import all_reduce as ar
 from jcoccl import policy as policy_module
+from jcoccl._src import all_reduce as ar
 from jcoccl.policy import OPS, Policy
 
 AXES = ("data", "tensor", "pipe")
 
 # (entry, key, value, message pattern): one bad value per class of input, for every op and
 # option. The key is where the error must point.
-BAD_ENTRIES = [
+BAD_ENTRIES = (
+  [
     ("model", "all_reduce", "int8", "unknown axis 'model'"),
     ("dat", "all_reduce", "int8", "unknown axis 'dat'.*did you mean 'data'"),
     ("data", "allreduce", "int8", "unknown key 'allreduce'.*did you mean 'all_reduce'"),
@@ -22,22 +23,35 @@ BAD_ENTRIES = [
     ("data", "algorithm", "ring", "must be one of .*'two_shot'.*got 'ring'"),
     ("data", "algorithm", "hierarchical", "'hierarchical' needs .* two or more axes"),
     ("data", "min_bytes", -1, "must be a non-negative int"),
-] + [(axis, key, value, f"{key} is a training option of models/ \\(models.recipe.Recipe")
-     for axis, key, value in [("data", "zero", True), ("data", "error_feedback", False),
-                              ("data", "nodes", 2), ("tensor", "zero", True),
-                              ("*", "error_feedback", True)]] + [(axis, op, spec, "cannot parse compressor spec")
-     for axis, op, spec in zip(itertools.cycle(AXES), OPS,
-                               ["int8:", "int8:sym,asym", "int7", "fp8:e4m3,e5m2", "eb"])] + [
+  ]
+  + [
+    (axis, key, value, f"{key} is a training option of models/ \\(models.recipe.Recipe")
+    for axis, key, value in [
+      ("data", "zero", True),
+      ("data", "error_feedback", False),
+      ("data", "nodes", 2),
+      ("tensor", "zero", True),
+      ("*", "error_feedback", True),
+    ]
+  ]
+  + [
+    (axis, op, spec, "cannot parse compressor spec")
+    for axis, op, spec in zip(
+      itertools.cycle(AXES), OPS, ["int8:", "int8:sym,asym", "int7", "fp8:e4m3,e5m2", "eb"]
+    )
+  ]
+  + [
     ("data", "all_reduce", "", "empty compressor spec"),
     ("data", "ppermute", "  ", "empty compressor spec"),
-]
+  ]
+)
 
 # Values of the wrong type: TypeError from a dict, ValueError from a file.
 BAD_TYPES = [
-    ("data", "min_bytes", 1.5, "must be a non-negative int"),
-    ("data", "min_bytes", True, "must be a non-negative int"),
-    ("data", "algorithm", 2, "must be a string"),
-    ("data", "all_reduce", 8, "must be a compressor spec string"),
+  ("data", "min_bytes", 1.5, "must be a non-negative int"),
+  ("data", "min_bytes", True, "must be a non-negative int"),
+  ("data", "algorithm", 2, "must be a string"),
+  ("data", "all_reduce", 8, "must be a compressor spec string"),
 ]
 
 
@@ -80,12 +94,15 @@ def test_wrong_types(tmp_path, axis, key, value, match):
     Policy.from_toml(str(f), axes=AXES)
 
 
-@pytest.mark.parametrize("text,match", [
+@pytest.mark.parametrize(
+  "text,match",
+  [
     ('all_reduce = "int8"\n', r"\[all_reduce\] must be a table"),
     ("[data\n", "not valid TOML"),
     ('[data]\nall_reduce = { spec = "int8" }\n', r"\[data\] all_reduce must be a compressor spec"),
     ('[data]\nall_reduce = "int8"\n[data.x]\ny = 1\n', r"\[data\] has unknown key 'x'"),
-])
+  ],
+)
 def test_malformed_toml_files(tmp_path, text, match):
   f = tmp_path / "p.toml"
   f.write_text(text)
@@ -93,7 +110,9 @@ def test_malformed_toml_files(tmp_path, text, match):
     Policy.from_toml(str(f), axes=AXES)
 
 
-@pytest.mark.parametrize("spec,match", [
+@pytest.mark.parametrize(
+  "spec,match",
+  [
     ("model.all_reduce=int8", "model: unknown axis 'model'"),
     ("data.all_reduce=int8:", r"data.all_reduce: cannot parse"),
     ("data.all_reduce=int8:sym,asym", r"data.all_reduce: cannot parse"),
@@ -105,7 +124,8 @@ def test_malformed_toml_files(tmp_path, text, match):
     ("data.bogus=1", "data has unknown key 'bogus'"),
     ("data=int8", "axis.op=spec"),
     (".all_reduce=int8", "axis.op=spec"),
-])
+  ],
+)
 def test_bad_specs(spec, match):
   with pytest.raises(ValueError, match=match):
     Policy.from_specs([spec], axes=AXES)
@@ -118,10 +138,19 @@ def test_axes_unchecked_without_a_mesh():
 
 
 def test_good_policies_load():
-  p = Policy.from_dict({"data": {"all_reduce": "hadamard(int4):size=64",
-                                 "algorithm": "two_shot",
-                                 "min_bytes": 0, "ppermute": "off", "all_gather": None},
-                        "*": {"all_reduce": jc.int8(), "algorithm": "one_shot"}}, axes=AXES)
+  p = Policy.from_dict(
+    {
+      "data": {
+        "all_reduce": "hadamard(int4):size=64",
+        "algorithm": "two_shot",
+        "min_bytes": 0,
+        "ppermute": "off",
+        "all_gather": None,
+      },
+      "*": {"all_reduce": jc.int8(), "algorithm": "one_shot"},
+    },
+    axes=AXES,
+  )
   assert p.compressor("data", "all_reduce") == jc.hadamard(jc.int4(), size=64)
   assert p.compressor("data", "ppermute") is None
   assert p.options("tensor") == {"algorithm": "one_shot"}
@@ -133,6 +162,7 @@ def test_shipped_configs_without_training_switches_are_policies(name):
   """Configs without models/' training switches load as plain jcoccl policies (the others:
   tests/test_recipe.py)."""
   from models.train import CONFIGS
+
   Policy.from_toml(str(CONFIGS / f"{name}.toml"), axes=AXES)
 
 
@@ -140,6 +170,7 @@ def test_training_switches_point_to_models_recipe(tmp_path):
   """A models/configs file with training switches is refused by jcoccl.Policy, and the
   message says where the switches belong and how to read the file."""
   from models.train import CONFIGS
+
   with pytest.raises(ValueError) as e:
     Policy.from_toml(str(CONFIGS / "coccl.toml"))
   msg = str(e.value)
@@ -157,11 +188,11 @@ def test_policy_algorithms_are_all_reduce_algorithms():
 # Every option group of every codec, given twice (same or different value): an error, never
 # "the last one wins".
 _GROUPS = {
-    "int8": [["block=64", "block=128"], ["sym", "asym"], ["nearest", "stochastic"]],
-    "int4": [["block=64", "block=64"], ["asym", "asym"], ["stochastic", "nearest"]],
-    "int2": [["block=32", "block=256"], ["sym", "sym"], ["nearest", "nearest"]],
-    "fp8": [["e4m3", "e5m2"], ["block=64", "block=32"], ["e5m2", "e5m2"]],
-    "eb": [["abs=1e-3", "abs=1e-2"], ["abs=1e-3,block=64", "block=128"]],
+  "int8": [["block=64", "block=128"], ["sym", "asym"], ["nearest", "stochastic"]],
+  "int4": [["block=64", "block=64"], ["asym", "asym"], ["stochastic", "nearest"]],
+  "int2": [["block=32", "block=256"], ["sym", "sym"], ["nearest", "nearest"]],
+  "fp8": [["e4m3", "e5m2"], ["block=64", "block=32"], ["e5m2", "e5m2"]],
+  "eb": [["abs=1e-3", "abs=1e-2"], ["abs=1e-3,block=64", "block=128"]],
 }
 REPEATED = [f"{name}:{a},{b}" for name, groups in _GROUPS.items() for a, b in groups]
 
@@ -174,28 +205,50 @@ def test_parse_rejects_repeated_options(spec):
     jc.parse(f"hadamard({spec})")
 
 
-@pytest.mark.parametrize("name", ["none", "bf16", "fp16", "int8", "int4", "int2", "fp8",
-                                  "eb", "hadamard(int4)"])
+@pytest.mark.parametrize(
+  "name", ["none", "bf16", "fp16", "int8", "int4", "int2", "fp8", "eb", "hadamard(int4)"]
+)
 def test_parse_rejects_a_colon_without_options(name):
   with pytest.raises(ValueError, match="bad compressor spec"):
     jc.parse(name + ":")
 
 
-@pytest.mark.parametrize("spec", [
-    "int8:block=1_024", "int8:block=+256", "int8:block=", "int8:block=0x100", "int8:block=2.5e2",
-    "fp8:block=-64", "hadamard(int4):size=+64", "hadamard(int4):size=1_28", "eb:abs=nan",
-    "eb:abs=inf", "eb:abs=1_0", "eb:abs=", "int8:,", "int8:sym,", "int8::sym",
-    "hadamard(int4):size=64:size=32", "hadamard()",
-])
+@pytest.mark.parametrize(
+  "spec",
+  [
+    "int8:block=1_024",
+    "int8:block=+256",
+    "int8:block=",
+    "int8:block=0x100",
+    "int8:block=2.5e2",
+    "fp8:block=-64",
+    "hadamard(int4):size=+64",
+    "hadamard(int4):size=1_28",
+    "eb:abs=nan",
+    "eb:abs=inf",
+    "eb:abs=1_0",
+    "eb:abs=",
+    "int8:,",
+    "int8:sym,",
+    "int8::sym",
+    "hadamard(int4):size=64:size=32",
+    "hadamard()",
+  ],
+)
 def test_parse_rejects_malformed_numbers_and_separators(spec):
   with pytest.raises(ValueError, match="bad compressor spec"):
     jc.parse(spec)
 
 
-@pytest.mark.parametrize("spec,want", [
+@pytest.mark.parametrize(
+  "spec,want",
+  [
     ("int4:block=128,asym,stochastic", jc.int4(128, False, "stochastic")),
-    ("eb:abs=.5,block=64", jc.error_bounded(0.5, 64)), ("eb:abs=2E-3", jc.error_bounded(2e-3)),
-    ("fp8:block=64,e5m2", jc.fp8("e5m2", 64)), ("hadamard(none)", jc.hadamard(jc.none())),
-])
+    ("eb:abs=.5,block=64", jc.error_bounded(0.5, 64)),
+    ("eb:abs=2E-3", jc.error_bounded(2e-3)),
+    ("fp8:block=64,e5m2", jc.fp8("e5m2", 64)),
+    ("hadamard(none)", jc.hadamard(jc.none())),
+  ],
+)
 def test_parse_still_accepts_each_option_once(spec, want):
   assert jc.parse(spec) == want

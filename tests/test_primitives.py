@@ -5,29 +5,35 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_util import P, assert_within, bits, eb, f64, mesh, rand
 from jax import lax
 
 import jcoccl
 from jcoccl import compressors as jc
 from jcoccl._src import primitives
-from collectives_util import assert_within, bits, eb, f64, mesh, P, rand
 
 INT8 = jc.int8(block_size=32)
 PERM = [(0, 1), (1, 2), (2, 3), (3, 0)]
 
 # op name -> (jcoccl call, the lax op with the same semantics), over axis "b" of size 4.
 OPS = {
-    "all_reduce": (lambda v, **k: jcoccl.all_reduce(v, "b", **k),
-                   lambda v: lax.psum(v, "b")),
-    "all_gather": (lambda v, **k: jcoccl.all_gather(v, "b", axis=1, tiled=True, **k),
-                   lambda v: lax.all_gather(v, "b", axis=1, tiled=True)),
-    "reduce_scatter": (lambda v, **k: jcoccl.reduce_scatter(v, "b", scatter_dimension=1,
-                                                            tiled=True, **k),
-                       lambda v: lax.psum_scatter(v, "b", scatter_dimension=1, tiled=True)),
-    "all_to_all": (lambda v, **k: jcoccl.all_to_all(v, "b", 1, 0, tiled=True, **k),
-                   lambda v: lax.all_to_all(v, "b", 1, 0, tiled=True)),
-    "ppermute": (lambda v, **k: jcoccl.ppermute(v, "b", PERM, **k),
-                 lambda v: lax.ppermute(v, "b", PERM)),
+  "all_reduce": (lambda v, **k: jcoccl.all_reduce(v, "b", **k), lambda v: lax.psum(v, "b")),
+  "all_gather": (
+    lambda v, **k: jcoccl.all_gather(v, "b", axis=1, tiled=True, **k),
+    lambda v: lax.all_gather(v, "b", axis=1, tiled=True),
+  ),
+  "reduce_scatter": (
+    lambda v, **k: jcoccl.reduce_scatter(v, "b", scatter_dimension=1, tiled=True, **k),
+    lambda v: lax.psum_scatter(v, "b", scatter_dimension=1, tiled=True),
+  ),
+  "all_to_all": (
+    lambda v, **k: jcoccl.all_to_all(v, "b", 1, 0, tiled=True, **k),
+    lambda v: lax.all_to_all(v, "b", 1, 0, tiled=True),
+  ),
+  "ppermute": (
+    lambda v, **k: jcoccl.ppermute(v, "b", PERM, **k),
+    lambda v: lax.ppermute(v, "b", PERM),
+  ),
 }
 _M = {}
 
@@ -40,8 +46,13 @@ def _mesh():
 
 def _smap(body, check_vma=True, out_specs=None):
   spec = P(("a", "b"))
-  return jax.shard_map(body, mesh=_mesh(), in_specs=spec,
-                       out_specs=spec if out_specs is None else out_specs, check_vma=check_vma)
+  return jax.shard_map(
+    body,
+    mesh=_mesh(),
+    in_specs=spec,
+    out_specs=spec if out_specs is None else out_specs,
+    check_vma=check_vma,
+  )
 
 
 def _eqns(jaxpr):
@@ -62,14 +73,21 @@ def _names(fn, *args):
 
 def test_jaxpr_shows_one_readable_equation_per_call():
   x = rand((8, 8, 64), jnp.float32, seed=1)
-  body = lambda v: jcoccl.all_reduce(v, "b", compressor="int8", algorithm="two_shot",
-                                     min_bytes=0)
+  body = lambda v: jcoccl.all_reduce(v, "b", compressor="int8", algorithm="two_shot", min_bytes=0)
   jaxpr = jax.make_jaxpr(_smap(body, out_specs=P("a")))(x)  # invariant over "b"
   inner = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name != "shard_map"]
   assert [e.primitive.name for e in inner] == ["jcoccl_all_reduce"]
   text = str(jaxpr)
-  for part in ("jcoccl_all_reduce[", "algorithm=two_shot", "axes=('b',)", "compressor=int8",
-               "grad_compressor=int8", "backend=xla", "chunks=1", "min_bytes=0"):
+  for part in (
+    "jcoccl_all_reduce[",
+    "algorithm=two_shot",
+    "axes=('b',)",
+    "compressor=int8",
+    "grad_compressor=int8",
+    "backend=xla",
+    "chunks=1",
+    "min_bytes=0",
+  ):
     assert part in text, part
   hash(tuple(sorted(inner[0].params.items())))  # params are hashable
   for name, (j, _) in OPS.items():
@@ -79,26 +97,35 @@ def test_jaxpr_shows_one_readable_equation_per_call():
 
 
 def test_duals_table():
-  assert primitives.DUALS == {"all_reduce": "all_reduce", "all_gather": "reduce_scatter",
-                              "reduce_scatter": "all_gather", "all_to_all": "all_to_all",
-                              "ppermute": "ppermute"}
+  assert primitives.DUALS == {
+    "all_reduce": "all_reduce",
+    "all_gather": "reduce_scatter",
+    "reduce_scatter": "all_gather",
+    "all_to_all": "all_to_all",
+    "ppermute": "ppermute",
+  }
   x = rand((8, 8, 64), jnp.float32, seed=2)
   for name, (j, _) in OPS.items():
-    loss = lambda v: jnp.sum(_smap(lambda u: j(u, compressor=INT8, min_bytes=0),
-                                   check_vma=False)(v) ** 2)
+    loss = lambda v: jnp.sum(
+      _smap(lambda u: j(u, compressor=INT8, min_bytes=0), check_vma=False)(v) ** 2
+    )
     names = _names(jax.grad(loss), x)
     dual = primitives.DUALS[name]
     assert names.count(f"jcoccl_{dual}") == (2 if dual == name else 1), (name, names)
   # The dual's parameters: swapped axes, inverted permutation.
   a2a = lambda v: jcoccl.all_to_all(v, "b", 1, 0, tiled=True, compressor=INT8, min_bytes=0)
-  eq = [e for e in _eqns(jax.make_jaxpr(jax.grad(
-      lambda v: jnp.sum(_smap(a2a)(v) ** 2)))(x).jaxpr) if e.primitive.name ==
-      "jcoccl_all_to_all"]
+  eq = [
+    e
+    for e in _eqns(jax.make_jaxpr(jax.grad(lambda v: jnp.sum(_smap(a2a)(v) ** 2)))(x).jaxpr)
+    if e.primitive.name == "jcoccl_all_to_all"
+  ]
   assert [(e.params["split_axis"], e.params["concat_axis"]) for e in eq] == [(1, 0), (0, 1)]
   pp = lambda v: jcoccl.ppermute(v, "b", PERM, compressor=INT8, min_bytes=0)
-  eq = [e for e in _eqns(jax.make_jaxpr(jax.grad(
-      lambda v: jnp.sum(_smap(pp)(v) ** 2)))(x).jaxpr) if e.primitive.name ==
-      "jcoccl_ppermute"]
+  eq = [
+    e
+    for e in _eqns(jax.make_jaxpr(jax.grad(lambda v: jnp.sum(_smap(pp)(v) ** 2)))(x).jaxpr)
+    if e.primitive.name == "jcoccl_ppermute"
+  ]
   assert [e.params["perm"] for e in eq] == [tuple(PERM), tuple((d, s) for s, d in PERM)]
 
 
@@ -108,10 +135,11 @@ def test_jvp_matches_lax(op):
   lax's jvp bit for bit; int8 is the compressed op applied to the tangent."""
   j, l = OPS[op]
   x, t = rand((8, 8, 64), jnp.float32, seed=3), rand((8, 8, 64), jnp.float32, seed=4)
-  f = lambda **k: jax.jit(lambda a, b: jax.jvp(_smap(lambda v: j(v, compressor=INT8,
-                                                                min_bytes=0, **k)), (a,), (b,)))
+  f = lambda **k: jax.jit(
+    lambda a, b: jax.jvp(_smap(lambda v: j(v, compressor=INT8, min_bytes=0, **k)), (a,), (b,))
+  )
   y, ty = f(grad_compressor=None)(x, t)
-  ly, lty = jax.jit(lambda a, b: jax.jvp(_smap(l), (a,), (b,)))(x, t)
+  _, lty = jax.jit(lambda a, b: jax.jvp(_smap(l), (a,), (b,)))(x, t)
   np.testing.assert_array_equal(bits(ty), bits(lty))
   direct = jax.jit(_smap(lambda v: j(v, compressor=INT8, min_bytes=0)))
   np.testing.assert_array_equal(bits(y), bits(direct(x)))
@@ -165,8 +193,11 @@ def test_remat_and_scan():
   one = jax.jit(_smap(lambda v: call(v[0])[None]))
   for i in range(4):
     np.testing.assert_array_equal(bits(ys[:, i]), bits(one(x[:, i])))
-  gs = jax.jit(jax.grad(lambda a: jnp.sum(_smap(
-      lambda v: lax.scan(lambda c, r: (c, call(r)), 0.0, v[0])[1][None])(a))))(x)
+  gs = jax.jit(
+    jax.grad(
+      lambda a: jnp.sum(_smap(lambda v: lax.scan(lambda c, r: (c, call(r)), 0.0, v[0])[1][None])(a))
+    )
+  )(x)
   np.testing.assert_array_equal(bits(gs), bits(g))
 
 
@@ -177,45 +208,55 @@ def test_hessian_through_a_native_codec():
   m = mesh((8,), ("d",))
 
   def loss(body):
-    return lambda a: jnp.sum(jax.shard_map(lambda v: body(v) ** 2, mesh=m, in_specs=P("d"),
-                                           out_specs=P("d"))(a))
+    return lambda a: jnp.sum(
+      jax.shard_map(lambda v: body(v) ** 2, mesh=m, in_specs=P("d"), out_specs=P("d"))(a)
+    )
 
-  h = jax.jit(jax.hessian(loss(lambda v: jcoccl.all_reduce(
-      v, "d", compressor=INT8, grad_compressor=None, min_bytes=0))))(x)
+  h = jax.jit(
+    jax.hessian(
+      loss(lambda v: jcoccl.all_reduce(v, "d", compressor=INT8, grad_compressor=None, min_bytes=0))
+    )
+  )(x)
   hl = jax.jit(jax.hessian(loss(lambda v: lax.psum(v, "d"))))(x)
   np.testing.assert_array_equal(bits(h), bits(hl))
-  h8 = jax.jit(jax.hessian(loss(lambda v: jcoccl.all_reduce(v, "d", compressor=INT8,
-                                                            min_bytes=0))))(x)
+  h8 = jax.jit(
+    jax.hessian(loss(lambda v: jcoccl.all_reduce(v, "d", compressor=INT8, min_bytes=0)))
+  )(x)
   assert np.isfinite(np.asarray(h8)).all() and h8.shape == (8, 32, 8, 32)
 
 
 # ----------------------------------------------------------------------------------------
 # Drop-in cases.
 
+
 def test_vmap_axis_name_runs_exactly():
   v = rand((4, 64), jnp.float32, seed=9)
-  got = jax.vmap(lambda r: jcoccl.all_reduce(r, "b", compressor="int8", min_bytes=0),
-                 axis_name="b")(v)
+  got = jax.vmap(
+    lambda r: jcoccl.all_reduce(r, "b", compressor="int8", min_bytes=0), axis_name="b"
+  )(v)
   want = jax.vmap(lambda r: lax.psum(r, "b"), axis_name="b")(v)
   np.testing.assert_array_equal(bits(got), bits(want))
-  got = jax.vmap(lambda r: jcoccl.all_gather(r, "b", compressor="int8", min_bytes=0),
-                 axis_name="b")(v)
+  got = jax.vmap(
+    lambda r: jcoccl.all_gather(r, "b", compressor="int8", min_bytes=0), axis_name="b"
+  )(v)
   want = jax.vmap(lambda r: lax.all_gather(r, "b"), axis_name="b")(v)
   np.testing.assert_array_equal(bits(got), bits(want))
-  got = jax.vmap(lambda r: jcoccl.ppermute(r, "b", PERM, compressor="int8", min_bytes=0),
-                 axis_name="b")(v)
+  got = jax.vmap(
+    lambda r: jcoccl.ppermute(r, "b", PERM, compressor="int8", min_bytes=0), axis_name="b"
+  )(v)
   want = jax.vmap(lambda r: lax.ppermute(r, "b", PERM), axis_name="b")(v)
   np.testing.assert_array_equal(bits(got), bits(want))
 
 
 def test_unbound_axis_name_is_a_name_error():
   x = rand((8, 64), jnp.float32)
-  for j in (lambda v: jcoccl.all_reduce(v, "nope", compressor="int8"),
-            lambda v: jcoccl.all_gather(v, "nope"),
-            lambda v: jcoccl.ppermute(v, "nope", [(0, 1)])):
+  for j in (
+    lambda v: jcoccl.all_reduce(v, "nope", compressor="int8"),
+    lambda v: jcoccl.all_gather(v, "nope"),
+    lambda v: jcoccl.ppermute(v, "nope", [(0, 1)]),
+  ):
     with pytest.raises(NameError, match="nope"):
-      jax.jit(jax.shard_map(j, mesh=mesh((8,), ("d",)), in_specs=P("d"),
-                            out_specs=P("d")))(x)
+      jax.jit(jax.shard_map(j, mesh=mesh((8,), ("d",)), in_specs=P("d"), out_specs=P("d")))(x)
     with pytest.raises(NameError):
       j(x)
 
@@ -238,10 +279,8 @@ def test_pytree_with_integer_leaves_compresses_only_the_floats():
   x = rand((8, 8, 64), jnp.float32, seed=10)
   step = jnp.arange(8, dtype=jnp.int32).reshape(8, 1, 1) * jnp.ones((1, 8, 64), jnp.int32)
   tree = {"g": x, "step": step}
-  got = jax.jit(_smap(lambda t: jcoccl.all_reduce(t, "b", compressor=INT8,
-                                                  min_bytes=0)))(tree)
-  lone = jax.jit(_smap(lambda v: jcoccl.all_reduce(v, "b", compressor=INT8,
-                                                   min_bytes=0)))(x)
+  got = jax.jit(_smap(lambda t: jcoccl.all_reduce(t, "b", compressor=INT8, min_bytes=0)))(tree)
+  lone = jax.jit(_smap(lambda v: jcoccl.all_reduce(v, "b", compressor=INT8, min_bytes=0)))(x)
   want_step = jax.jit(_smap(lambda v: lax.psum(v, "b")))(step)
   np.testing.assert_array_equal(bits(got["g"]), bits(lone))
   np.testing.assert_array_equal(np.asarray(got["step"]), np.asarray(want_step))
@@ -252,21 +291,41 @@ def test_pytree_with_integer_leaves_compresses_only_the_floats():
 def test_all_gather_to_invarying():
   x = rand((8, 8, 64), jnp.float32, seed=11)
   for c, exact in ((None, True), (INT8, False)):
-    body = lambda v: jcoccl.all_gather(v, "b", axis=0, tiled=True, to="invarying",
-                                       compressor=c, min_bytes=0)
+    body = lambda v: jcoccl.all_gather(
+      v, "b", axis=0, tiled=True, to="invarying", compressor=c, min_bytes=0
+    )
     got = jax.jit(_smap(body, out_specs=P("a")))(x)  # typed invariant over "b"
-    plain = jax.jit(_smap(lambda v: jcoccl.all_gather(v, "b", axis=0, tiled=True,
-                                                      compressor=c, min_bytes=0)))(x)
+    plain = jax.jit(
+      _smap(lambda v: jcoccl.all_gather(v, "b", axis=0, tiled=True, compressor=c, min_bytes=0))
+    )(x)
     # Rank (a, b)'s gather is plain's block 4a + b; the invariant result holds b = 0's.
-    np.testing.assert_array_equal(bits(got), bits(plain.reshape(2, 4, 4, 8, 64)[:, 0]
-                                                  .reshape(8, 8, 64)))
-    loss = lambda to: lambda a: jnp.sum(jnp.sin(_smap(
-        lambda v: jcoccl.all_gather(v, "b", axis=0, tiled=True, to=to, compressor=c,
-                                    min_bytes=0), out_specs=P("a"))(a)))
+    np.testing.assert_array_equal(
+      bits(got), bits(plain.reshape(2, 4, 4, 8, 64)[:, 0].reshape(8, 8, 64))
+    )
+    loss = lambda to: (
+      lambda a: jnp.sum(
+        jnp.sin(
+          _smap(
+            lambda v: jcoccl.all_gather(
+              v, "b", axis=0, tiled=True, to=to, compressor=c, min_bytes=0
+            ),
+            out_specs=P("a"),
+          )(a)
+        )
+      )
+    )
     g = jax.jit(jax.grad(loss("invarying")))(x)
-    gl = jax.jit(jax.grad(lambda a: jnp.sum(jnp.sin(_smap(
-        lambda v: lax.all_gather(v, "b", axis=0, tiled=True, to="invarying"),
-        out_specs=P("a"))(a)))))(x)
+    gl = jax.jit(
+      jax.grad(
+        lambda a: jnp.sum(
+          jnp.sin(
+            _smap(
+              lambda v: lax.all_gather(v, "b", axis=0, tiled=True, to="invarying"), out_specs=P("a")
+            )(a)
+          )
+        )
+      )
+    )(x)
     if exact:
       np.testing.assert_array_equal(bits(g), bits(gl))
     else:  # cos of a decoded value: |d cos| <= |x - decoded| <= the int8 bound
@@ -278,14 +337,20 @@ def test_axis_index_groups_run_the_exact_lax_op():
   m = mesh((8,), ("d",))
   groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
   x = rand((8, 64), jnp.float32, seed=12)
-  run = lambda body: jax.jit(jax.shard_map(lambda v: body(v[0])[None], mesh=m,
-                                           in_specs=P("d"), out_specs=P("d"),
-                                           check_vma=False))(x)
+  run = lambda body: jax.jit(
+    jax.shard_map(
+      lambda v: body(v[0])[None], mesh=m, in_specs=P("d"), out_specs=P("d"), check_vma=False
+    )
+  )(x)
   cases = [
-      (lambda v: jcoccl.all_reduce(v, "d", compressor="int8", axis_index_groups=groups),
-       lambda v: lax.psum(v, "d", axis_index_groups=groups)),
-      (lambda v: jcoccl.all_gather(v, "d", compressor="int8", axis_index_groups=groups),
-       lambda v: lax.all_gather(v, "d", axis_index_groups=groups)),
+    (
+      lambda v: jcoccl.all_reduce(v, "d", compressor="int8", axis_index_groups=groups),
+      lambda v: lax.psum(v, "d", axis_index_groups=groups),
+    ),
+    (
+      lambda v: jcoccl.all_gather(v, "d", compressor="int8", axis_index_groups=groups),
+      lambda v: lax.all_gather(v, "d", axis_index_groups=groups),
+    ),
   ]
   for j, l in cases:
     try:
@@ -305,14 +370,15 @@ def test_partial_auto_shard_map_ppermute():
 
   def run(fn):
     body = lambda v: fn(lax.with_sharding_constraint(v, P(None, "j")))
-    return jax.jit(jax.shard_map(body, mesh=m, in_specs=P("i"), out_specs=P("i"),
-                                 axis_names={"i"}))(x)
+    return jax.jit(
+      jax.shard_map(body, mesh=m, in_specs=P("i"), out_specs=P("i"), axis_names={"i"})
+    )(x)
 
   want = run(lambda v: lax.ppermute(v, "i", perm))
   np.testing.assert_array_equal(bits(run(lambda v: jcoccl.ppermute(v, "i", perm))), bits(want))
   got = run(lambda v: jcoccl.ppermute(v, "i", perm, compressor=INT8, min_bytes=0))
   np.testing.assert_array_equal(f64(got[:2]), 0.0)
-  bound = np.concatenate([eb(INT8, x[2 * r:2 * r + 2]) for r in range(3)])
+  bound = np.concatenate([eb(INT8, x[2 * r : 2 * r + 2]) for r in range(3)])
   assert_within(got[2:], f64(want[2:]), bound, "partial-auto ppermute")
 
 
@@ -329,6 +395,7 @@ def test_unreduced_input_as_lax_psum():
     def f(a, b):
       part = jnp.einsum("mk,kn->mn", a, b, out_sharding=P(unreduced={"x"}))
       return jax.shard_map(fn, in_specs=P(unreduced={"x"}), out_specs=P())(part)
+
     return f
 
   with jax.set_mesh(mesh_x):
@@ -337,18 +404,26 @@ def test_unreduced_input_as_lax_psum():
     want = jax.jit(prog(lambda v: lax.psum(v, "x")))(a, b)
     exact = jax.jit(prog(lambda v: jcoccl.all_reduce(v, "x", min_bytes=0)))(a, b)
     np.testing.assert_array_equal(bits(exact), bits(want))
-    ar8 = lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot",
-                                      min_bytes=0)
+    ar8 = lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot", min_bytes=0)
     got = jax.jit(prog(ar8))(a, b)
     loss = lambda fn: jax.jit(jax.grad(lambda a, b: jnp.sum(jnp.sin(prog(fn)(a, b)))))
     ga = loss(ar8)(a, b)
     ga_lax = loss(lambda v: lax.psum(v, "x"))(a, b)
-  parts = np.stack([a_np[:, 8 * r:8 * r + 8].astype(np.float64) @ b_np[8 * r:8 * r + 8]
-                    for r in range(8)])
+  parts = np.stack(
+    [a_np[:, 8 * r : 8 * r + 8].astype(np.float64) @ b_np[8 * r : 8 * r + 8] for r in range(8)]
+  )
   # Each device's partial comes from a float32 matmul, not the float64 one above: bound
   # its rounding too (8 products summed: 8 eps of the |a| |b| products, generously).
-  mm = np.stack([np.abs(a_np[:, 8 * r:8 * r + 8]).astype(np.float64)
-                 @ np.abs(b_np[8 * r:8 * r + 8]) for r in range(8)]) * 8 * 2.0**-24
+  mm = (
+    np.stack(
+      [
+        np.abs(a_np[:, 8 * r : 8 * r + 8]).astype(np.float64) @ np.abs(b_np[8 * r : 8 * r + 8])
+        for r in range(8)
+      ]
+    )
+    * 8
+    * 2.0**-24
+  )
   per = np.stack([eb(c, jnp.asarray(p, jnp.float32)) for p in parts])
   bound = (per + mm).sum(0) + 8 * 2.0**-24 * (np.abs(parts).sum(0) + per.sum(0))
   assert_within(got, f64(want), bound + mm.sum(0), "unreduced int8 all_reduce")
@@ -379,8 +454,10 @@ def test_vmap_with_spmd_axis_name_as_lax():
   element bitwise its own call, as lax.psum's."""
   m = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   x = rand((2, 4 * 64), jnp.float32, seed=17)
-  for body in (lambda v: lax.psum(v, "b"),
-               lambda v: jcoccl.all_reduce(v, "b", compressor=INT8, min_bytes=0)):
+  for body in (
+    lambda v: lax.psum(v, "b"),
+    lambda v: jcoccl.all_reduce(v, "b", compressor=INT8, min_bytes=0),
+  ):
     f = jax.shard_map(body, mesh=m, in_specs=P("b"), out_specs=P())
     got = jax.jit(jax.vmap(f, spmd_axis_name="a"))(x)
     for i in range(2):
@@ -396,12 +473,12 @@ def test_reduced_input_keeps_its_type():
   c = jc.int8()
   with jax.set_mesh(m):
     x = jax.device_put(x_np, P("x", reduced={"y"}))
-    run = lambda fn: jax.jit(jax.shard_map(fn, in_specs=P("x", reduced={"y"}),
-                                           out_specs=P(None, reduced={"y"})))(x)
+    run = lambda fn: jax.jit(
+      jax.shard_map(fn, in_specs=P("x", reduced={"y"}), out_specs=P(None, reduced={"y"}))
+    )(x)
     want = run(lambda v: lax.psum(v, "x"))
     exact = run(lambda v: jcoccl.all_reduce(v, "x", min_bytes=0))
-    got = run(lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot",
-                                          min_bytes=0))
+    got = run(lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot", min_bytes=0))
     assert jax.typeof(got).sharding.spec.reduced == frozenset({"y"})
   np.testing.assert_array_equal(bits(exact), bits(want))
   rows = x_np.reshape(4, 2, 256).astype(np.float64)

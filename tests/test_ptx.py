@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import gpu_ptx  # noqa: E402
+import gpu_ptx
 
 needs_nvcc = pytest.mark.skipif(gpu_ptx.nvcc() is None, reason="nvcc not found (CUDACXX, PATH)")
 
@@ -28,9 +28,11 @@ def test_check_reports_fma_ftz_and_fast_division(tmp_path):
   # The same expressions compiled without --fmad=false, and with fast math: each kind of
   # violation must be reported, so a clean result above means something.
   src = tmp_path / "k.cu"
-  src.write_text("__global__ void k(float* p, float a, float b) {\n"
-                 "  p[threadIdx.x] = p[threadIdx.x] * a + b;\n"
-                 "  p[threadIdx.x + 64] = p[threadIdx.x + 32] / a;\n}\n")
+  src.write_text(
+    "__global__ void k(float* p, float a, float b) {\n"
+    "  p[threadIdx.x] = p[threadIdx.x] * a + b;\n"
+    "  p[threadIdx.x + 64] = p[threadIdx.x + 32] / a;\n}\n"
+  )
   assert any("fused multiply-add" in v for v in gpu_ptx.check((str(src),), flags=[]))
   fast = gpu_ptx.check((str(src),), flags=["--use_fast_math"])
   assert any("flush to zero" in v for v in fast)
@@ -40,7 +42,8 @@ def test_check_reports_fma_ftz_and_fast_division(tmp_path):
 def test_violations_parses_spills():
   report = "ptxas info : 0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads"
   assert gpu_ptx.violations("", report) == [
-      "register spill: 8 bytes spill stores, 8 bytes spill loads"]
+    "register spill: 8 bytes spill stores, 8 bytes spill loads"
+  ]
 
 
 def _function_body(src: str, signature: str) -> str:
@@ -49,7 +52,7 @@ def _function_body(src: str, signature: str) -> str:
   for j in range(i, len(src)):
     depth += {"{": 1, "}": -1}.get(src[j], 0)
     if depth == 0:
-      return src[i:j + 1]
+      return src[i : j + 1]
   raise AssertionError(f"unbalanced braces after {signature}")
 
 

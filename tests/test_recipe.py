@@ -15,27 +15,26 @@ AXES = ("data", "tensor", "pipe")
 # an unknown key (the accepted list includes the switches), and jcoccl.Policy's own errors,
 # which the recipe passes on with the same naming.
 BAD_ENTRIES = [
-    ("tensor", "zero", True, "zero applies to the 'data' axis only"),
-    ("pipe", "zero", False, "zero applies to the 'data' axis only"),
-    ("*", "zero", True, "zero applies to the 'data' axis only"),
-    ("tensor", "error_feedback", True, "error_feedback applies to the 'data' axis only"),
-    ("*", "error_feedback", True, "error_feedback applies to the 'data' axis only"),
-    ("node", "nodes", 2, "nodes applies to the 'data' axis only"),
-    ("data", "nodes", 0, "must be a positive int"),
-    ("data", "zeroo", True, "unknown key 'zeroo'.*error_feedback, zero, nodes.*did you mean "
-                            "'zero'"),
-    ("data", "allreduce", "int8", "unknown key 'allreduce'.*did you mean 'all_reduce'"),
-    ("data", "algorithm", "ring", "must be one of .*'two_shot'.*got 'ring'"),
-    ("data", "all_reduce", "int7", "cannot parse compressor spec"),
-    ("model", "all_reduce", "int8", "unknown axis 'model'"),
+  ("tensor", "zero", True, "zero applies to the 'data' axis only"),
+  ("pipe", "zero", False, "zero applies to the 'data' axis only"),
+  ("*", "zero", True, "zero applies to the 'data' axis only"),
+  ("tensor", "error_feedback", True, "error_feedback applies to the 'data' axis only"),
+  ("*", "error_feedback", True, "error_feedback applies to the 'data' axis only"),
+  ("node", "nodes", 2, "nodes applies to the 'data' axis only"),
+  ("data", "nodes", 0, "must be a positive int"),
+  ("data", "zeroo", True, "unknown key 'zeroo'.*error_feedback, zero, nodes.*did you mean 'zero'"),
+  ("data", "allreduce", "int8", "unknown key 'allreduce'.*did you mean 'all_reduce'"),
+  ("data", "algorithm", "ring", "must be one of .*'two_shot'.*got 'ring'"),
+  ("data", "all_reduce", "int7", "cannot parse compressor spec"),
+  ("model", "all_reduce", "int8", "unknown axis 'model'"),
 ]
 
 # Values of the wrong type: TypeError from a dict, ValueError from a file.
 BAD_TYPES = [
-    ("zero", "yes", "must be a bool"),
-    ("error_feedback", 1, "must be a bool"),
-    ("nodes", True, "must be a positive int"),
-    ("nodes", 1.5, "must be a positive int"),
+  ("zero", "yes", "must be a bool"),
+  ("error_feedback", 1, "must be a bool"),
+  ("nodes", True, "must be a positive int"),
+  ("nodes", 1.5, "must be a positive int"),
 ]
 
 
@@ -59,9 +58,11 @@ def test_bad_dict_entry_names_axis_and_key(axis, key, value, match):
 @pytest.mark.parametrize("axis,key,value,match", BAD_ENTRIES)
 def test_bad_toml_entry_names_file_table_and_key(tmp_path, axis, key, value, match):
   f = tmp_path / "bad.toml"
-  f.write_text(f'[data]\nall_reduce = "int8"\n\n{_toml_table(axis)}\n'
-               f"{key} = {_toml_value(value)}\n" if axis != "data" else
-               f"[data]\n{key} = {_toml_value(value)}\n")
+  f.write_text(
+    f'[data]\nall_reduce = "int8"\n\n{_toml_table(axis)}\n{key} = {_toml_value(value)}\n'
+    if axis != "data"
+    else f"[data]\n{key} = {_toml_value(value)}\n"
+  )
   with pytest.raises(ValueError, match=match) as e:
     Recipe.from_toml(str(f), axes=AXES)
   where = f"{f}: {_toml_table(axis)}"
@@ -80,11 +81,14 @@ def test_wrong_types(tmp_path, key, value, match):
     Recipe.from_toml(str(f), axes=AXES)
 
 
-@pytest.mark.parametrize("text,match", [
+@pytest.mark.parametrize(
+  "text,match",
+  [
     ("[data\n", "not valid TOML"),
-    ('zero = true\n', r"\[zero\] must be a table"),
-    ('[data]\nzero = true\n[data.x]\ny = 1\n', r"\[data\] has unknown key 'x'"),
-])
+    ("zero = true\n", r"\[zero\] must be a table"),
+    ("[data]\nzero = true\n[data.x]\ny = 1\n", r"\[data\] has unknown key 'x'"),
+  ],
+)
 def test_malformed_toml_files(tmp_path, text, match):
   f = tmp_path / "p.toml"
   f.write_text(text)
@@ -92,7 +96,9 @@ def test_malformed_toml_files(tmp_path, text, match):
     Recipe.from_toml(str(f), axes=AXES)
 
 
-@pytest.mark.parametrize("spec,match", [
+@pytest.mark.parametrize(
+  "spec,match",
+  [
     ("tensor.zero=true", r"tensor.zero: zero applies to the 'data' axis only"),
     ("data.zero=maybe", r"data.zero: zero must be true or false"),
     ("data.error_feedback=yes", r"data.error_feedback: error_feedback must be true or false"),
@@ -101,7 +107,8 @@ def test_malformed_toml_files(tmp_path, text, match):
     ("data.all_reduce=int8:", r"data.all_reduce: cannot parse"),
     ("data.bogus=1", "data has unknown key 'bogus'"),
     ("data=int8", "axis.op=spec"),
-])
+  ],
+)
 def test_bad_specs(spec, match):
   with pytest.raises(ValueError, match=match):
     Recipe.from_specs([spec], axes=AXES)
@@ -109,23 +116,42 @@ def test_bad_specs(spec, match):
 
 def test_switches_split_from_the_policy(tmp_path):
   """The switches land on the Recipe, the rest on its jcoccl.Policy, from each source."""
-  table = {"data": {"zero": True, "error_feedback": True, "nodes": 2, "reduce_scatter": "int4",
-                    "min_bytes": 0},
-           "tensor": {"all_reduce": "fp8"}}
+  table = {
+    "data": {
+      "zero": True,
+      "error_feedback": True,
+      "nodes": 2,
+      "reduce_scatter": "int4",
+      "min_bytes": 0,
+    },
+    "tensor": {"all_reduce": "fp8"},
+  }
   f = tmp_path / "r.toml"
-  f.write_text('[data]\nzero = true\nerror_feedback = true\nnodes = 2\nreduce_scatter = "int4"\n'
-               'min_bytes = 0\n[tensor]\nall_reduce = "fp8"\n')
-  specs = ["data.zero=true", "data.error_feedback=1", "data.nodes=2", "data.reduce_scatter=int4",
-           "data.min_bytes=0", "tensor.all_reduce=fp8"]
-  for r in (Recipe.from_dict(table, axes=AXES), Recipe.from_toml(str(f), axes=AXES),
-            Recipe.from_specs(specs, axes=AXES)):
+  f.write_text(
+    '[data]\nzero = true\nerror_feedback = true\nnodes = 2\nreduce_scatter = "int4"\n'
+    'min_bytes = 0\n[tensor]\nall_reduce = "fp8"\n'
+  )
+  specs = [
+    "data.zero=true",
+    "data.error_feedback=1",
+    "data.nodes=2",
+    "data.reduce_scatter=int4",
+    "data.min_bytes=0",
+    "tensor.all_reduce=fp8",
+  ]
+  for r in (
+    Recipe.from_dict(table, axes=AXES),
+    Recipe.from_toml(str(f), axes=AXES),
+    Recipe.from_specs(specs, axes=AXES),
+  ):
     assert (r.zero, r.error_feedback, r.nodes) == (True, True, 2)
     assert r.policy.compressor("data", "reduce_scatter") == jc.int4()
     assert r.policy.options("data")["min_bytes"] == 0
     assert r.policy.compressor("tensor", "all_reduce") == jc.fp8()
     assert r.source == table
-    assert r.describe() == ("data: reduce_scatter=int4 error_feedback zero nodes=2 min_bytes=0\n"
-                            "tensor: all_reduce=fp8")
+    assert r.describe() == (
+      "data: reduce_scatter=int4 error_feedback zero nodes=2 min_bytes=0\ntensor: all_reduce=fp8"
+    )
 
 
 def test_defaults_and_as_recipe():
@@ -154,9 +180,12 @@ def test_shipped_switches():
 @pytest.mark.parametrize("spec", ["int8:stochastic", "hadamard(int4:block=64,stochastic)"])
 def test_stochastic_rounding_is_refused_before_training(spec):
   """The trainer draws no key per collective: a clear error at load, not inside the step."""
-  with pytest.raises(ValueError, match=r"data\.all_reduce = .*stochastic rounding needs a PRNG key"):
+  with pytest.raises(
+    ValueError, match=r"data\.all_reduce = .*stochastic rounding needs a PRNG key"
+  ):
     Recipe.from_dict({"data": {"all_reduce": spec}})
   with pytest.raises(ValueError, match="stochastic rounding needs a PRNG key"):
     Recipe.from_specs([f"tensor.all_reduce={spec}"])
-  assert Recipe.from_dict({"data": {"all_reduce": spec.replace(",stochastic", "")
-                                    .replace(":stochastic", "")}}).policy
+  assert Recipe.from_dict(
+    {"data": {"all_reduce": spec.replace(",stochastic", "").replace(":stochastic", "")}}
+  ).policy

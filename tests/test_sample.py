@@ -14,14 +14,36 @@ from flax import nnx
 
 from models import data, parallel, sample, train
 
-TINY = ["--size", "tiny", "--batch", "8", "--seq-len", "32", "--micro", "2", "--lr", "1e-2",
-        "--warmup", "2", "--max-chars", "200000", "--eval-batches", "1", "--eval-every", "100",
-        "--no-progress", "--no-hlo-wire", "--steps", "6", "--sample-tokens", "8"]
+TINY = [
+  "--size",
+  "tiny",
+  "--batch",
+  "8",
+  "--seq-len",
+  "32",
+  "--micro",
+  "2",
+  "--lr",
+  "1e-2",
+  "--warmup",
+  "2",
+  "--max-chars",
+  "200000",
+  "--eval-batches",
+  "1",
+  "--eval-every",
+  "100",
+  "--no-progress",
+  "--no-hlo-wire",
+  "--steps",
+  "6",
+  "--sample-tokens",
+  "8",
+]
 CONTEXT = 32
 
 
-@pytest.fixture(scope="module", params=[("gpt", "2,1,2"), ("qwen", "2,2,1")],
-                ids=["gpt", "qwen"])
+@pytest.fixture(scope="module", params=[("gpt", "2,1,2"), ("qwen", "2,2,1")], ids=["gpt", "qwen"])
 def run(request, tmp_path_factory):
   model, mesh = request.param
   out = tmp_path_factory.mktemp(model) / "run"
@@ -71,14 +93,26 @@ def test_logits_are_the_models_forward_pass(run):
   forward, vocab = _reference_forward(run)
   prompt = vocab.encode("ROMEO:")
   length = CONTEXT - prompt.size + 6  # the last 6 tokens slide the window
-  s = sample.main(["--out", str(run), "--prompt", "ROMEO:", "--length", str(length),
-                   "--temperature", "0.7", "--seed", "2"])
+  s = sample.main(
+    [
+      "--out",
+      str(run),
+      "--prompt",
+      "ROMEO:",
+      "--length",
+      str(length),
+      "--temperature",
+      "0.7",
+      "--seed",
+      "2",
+    ]
+  )
   seq = np.concatenate([prompt, s.tokens])
   full = np.asarray(forward(seq[None, :CONTEXT]))[0]
   p = prompt.size
-  np.testing.assert_array_equal(s.logits[:CONTEXT - p + 1], full[p - 1:])
+  np.testing.assert_array_equal(s.logits[: CONTEXT - p + 1], full[p - 1 :])
   for i in range(CONTEXT - p + 1, length):
-    window = seq[p + i - CONTEXT:p + i]
+    window = seq[p + i - CONTEXT : p + i]
     np.testing.assert_array_equal(s.logits[i], np.asarray(forward(window[None]))[0, -1])
 
 
@@ -91,8 +125,12 @@ def test_mesh_sampling_matches_one_device(run):
   cfg = sample.run_config(run)
   vocab = data.load_vocab(cfg["tokenizer"], max_chars=cfg["max_chars"])
   params, _ = sample.load_params(run)
-  seq = np.concatenate([vocab.encode("ROMEO:"), sample.main(
-      ["--out", str(run), "--prompt", "ROMEO:", "--length", str(CONTEXT - 6)]).tokens])[None]
+  seq = np.concatenate(
+    [
+      vocab.encode("ROMEO:"),
+      sample.main(["--out", str(run), "--prompt", "ROMEO:", "--length", str(CONTEXT - 6)]).tokens,
+    ]
+  )[None]
   one = np.asarray(sample.single_device_forward(sample.build(cfg, vocab.size), params)(seq))
   mesh = np.asarray(sample.mesh_forward(sample.build(cfg, vocab.size), params, (2, 2, 2))(seq))
   np.testing.assert_allclose(mesh, one, rtol=0, atol=2e-5)
@@ -109,10 +147,11 @@ def test_config_json_names_the_model(run):
 
 @pytest.mark.parametrize("model", ["gpt"])
 def test_final_loss_line_is_followed_by_a_sample(tmp_path, capsys, model):
-  train.main(TINY + ["--model", model, "--mesh", "1,1,2", "--steps", "2", "--out",
-                     str(tmp_path / "r")])
+  train.main(
+    TINY + ["--model", model, "--mesh", "1,1,2", "--steps", "2", "--out", str(tmp_path / "r")]
+  )
   text = capsys.readouterr().out
-  after = text[text.index("\nloss "):]
+  after = text[text.index("\nloss ") :]
   assert "sample (8 tokens, temperature 0.8, seed 0" in after
   assert sample.DEFAULT_PROMPT.strip() in after
 

@@ -5,12 +5,11 @@ every flag and policy entry is checked before any work starts."""
 
 import json
 import os
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
-
-import pathlib
-import re
 
 import jax
 import numpy as np
@@ -18,12 +17,30 @@ import pytest
 
 from models import train
 
-TINY = ["--size", "tiny", "--batch", "8", "--seq-len", "32", "--micro", "2", "--lr", "1e-2",
-        "--warmup", "5", "--max-chars", "200000", "--eval-batches", "2", "--no-progress"]
+TINY = [
+  "--size",
+  "tiny",
+  "--batch",
+  "8",
+  "--seq-len",
+  "32",
+  "--micro",
+  "2",
+  "--lr",
+  "1e-2",
+  "--warmup",
+  "5",
+  "--max-chars",
+  "200000",
+  "--eval-batches",
+  "2",
+  "--no-progress",
+]
 
 
 def _restore(out, step):
   import orbax.checkpoint as ocp
+
   mngr = train._checkpointer(out)
   assert step in mngr.all_steps()
   return mngr.restore(step, args=ocp.args.StandardRestore())
@@ -45,7 +62,8 @@ def test_loss_drops_and_outputs_written(tmp_path, capsys):
   assert set(wire["by_axis"]) == {"data", "tensor", "pipe"}
   assert all(0 < r["compressed"] < r["uncompressed"] for r in wire["by_axis"].values())
   assert wire["total"]["compressed"] == pytest.approx(
-      sum(r["compressed"] for r in wire["by_axis"].values()))
+    sum(r["compressed"] for r in wire["by_axis"].values())
+  )
   assert [r["wire"] for r in recs if "wire" in r] == [wire]
   text = capsys.readouterr().out
   assert "tokens/s" in text and "by mesh axis (measured" in text
@@ -53,8 +71,17 @@ def test_loss_drops_and_outputs_written(tmp_path, capsys):
 
 @pytest.mark.parametrize("policy", ["exact", "coccl", "coccl --zero"])
 def test_resume_reproduces_uninterrupted_run(tmp_path, policy):
-  common = TINY + ["--policy", *policy.split(), "--mesh", "2,1,2", "--ckpt-every", "3",
-                   "--eval-every", "100", "--no-hlo-wire"]
+  common = TINY + [
+    "--policy",
+    *policy.split(),
+    "--mesh",
+    "2,1,2",
+    "--ckpt-every",
+    "3",
+    "--eval-every",
+    "100",
+    "--no-hlo-wire",
+  ]
   a, b = tmp_path / "a", tmp_path / "b"
   train.main(common + ["--steps", "6", "--out", str(a)])
   # An interrupted copy of run a: its checkpoint at step 3 and the metrics up to then.
@@ -77,8 +104,7 @@ def test_zero_loss_drops(tmp_path):
   """ZeRO mode (--zero) under the coccl policy: int4 reduce_scatter with error feedback,
   AdamW state sharded over 'data'."""
   out = tmp_path / "zero"
-  summary = train.main(TINY + ["--zero", "--steps", "20", "--eval-every", "100",
-                               "--out", str(out)])
+  summary = train.main(TINY + ["--zero", "--steps", "20", "--eval-every", "100", "--out", str(out)])
   assert summary["loss_end"] < summary["loss_start"] - 0.5, summary
   wire = summary["wire"]["by_axis"]["data"]
   assert 0 < wire["compressed"] < wire["uncompressed"], wire
@@ -89,57 +115,58 @@ def test_zero_loss_drops(tmp_path):
     assert all(a.ndim == 1 and "data" in a.sharding.spec[0] for a in jax.tree.leaves(t))
 
 
-
 # ---- flags and policies are checked before any work -------------------------------------
 
 # (argv, what the error must say): every flag with a value outside its range, of the wrong
 # type, or that does not fit the mesh or the model.
 BAD_FLAGS = [
-    (["--steps", "-1"], "--steps must be >= 0"),
-    (["--steps", "x"], "argument --steps: invalid int"),
-    (["--seq-len", "0"], "--seq-len must be >= 1"),
-    (["--batch", "0"], "--batch must be >= 1"),
-    (["--batch", "3"], "--batch 3 must be a multiple of the data size 2 .* --micro 2 = 4"),
-    (["--batch", "6", "--mesh", "2,1,1", "--micro", "2"], "--batch 6 must be a multiple"),
-    (["--batch", "8", "--mesh", "4,2,1", "--micro", "4"], "--batch 8 must be a multiple"),
-    (["--micro", "0"], "--micro must be >= 1"),
-    (["--eval-every", "0"], "--eval-every must be >= 1"),
-    (["--eval-batches", "0"], "--eval-batches must be >= 1"),
-    (["--ckpt-every", "0"], "--ckpt-every must be >= 1"),
-    (["--log-every", "0"], "--log-every must be >= 1"),
-    (["--sample-tokens", "-1"], "--sample-tokens must be >= 0"),
-    (["--warmup", "-1"], "--warmup must be >= 0"),
-    (["--seed", "-1"], "--seed must be >= 0"),
-    (["--seed", str(2**32)], "--seed must be < 2..32"),
-    (["--max-chars", "0"], "--max-chars must be >= 1"),
-    (["--lr", "0"], "--lr must be a finite number > 0"),
-    (["--lr", "nan"], "--lr must be a finite number > 0"),
-    (["--lr=-1e-3"], "--lr must be a finite number > 0"),
-    (["--weight-decay=-0.1"], "--weight-decay must be a finite number >= 0"),
-    (["--weight-decay", "inf"], "--weight-decay must be a finite number >= 0"),
-    (["--clip", "0"], "--clip must be a finite number > 0"),
-    (["--clip", "inf"], "--clip must be a finite number > 0"),
-    (["--mesh", "2,2"], "--mesh must be three positive integers"),
-    (["--mesh", "2,2,x"], "--mesh must be three positive integers"),
-    (["--mesh", "0,2,2"], "--mesh must be three positive integers"),
-    (["--mesh", "2,2,4"], "--mesh 2,2,4 needs 16 devices; 8 are available"),
-    (["--mesh", "1,1,3"], "--mesh 1,1,3: the pipe size 3 must divide the 4 layers"),
-    (["--mesh", "1,8,1"], "--mesh 1,8,1: the tensor size 8 must divide the head counts"),
-    (["--model", "qwen", "--mesh", "1,4,1", "--batch", "4"],
-     "--mesh 1,4,1: the tensor size 4 must divide"),
-    (["--zero", "--mesh", "1,2,2"], "--zero shards over the data axis, which needs a size > 1"),
-    (["--name", ""], "--name must be a non-empty name"),
-    (["--name", "a/b"], "--name must be a non-empty name without '/'"),
-    (["--policy", "nope"], "--policy must be a TOML file or one of"),
-    (["--compress", "model.all_reduce=int8"], "--compress 'model.all_reduce=int8': .*unknown axis"),
-    (["--compress", "data.all_reduce=int8:"], "--compress 'data.all_reduce=int8:': .*cannot parse"),
-    (["--compress", "data.all_reduce=int8:sym,asym"], "--compress .*at most once"),
-    (["--compress", "data.broadcast=int8"], "--compress .*unknown key 'broadcast'"),
-    (["--compress", "tensor.zero=true"], "--compress .*zero applies to the 'data' axis only"),
-    (["--compress", "pipe.error_feedback=1"], "--compress .*error_feedback applies to the 'data'"),
-    (["--compress", "data.algorithm=ring"], "--compress .*algorithm must be one of"),
-    (["--compress", "data.min_bytes=-1"], "--compress .*non-negative integer"),
-    (["--compress", "data=int8"], "--compress 'data=int8': .*axis.op=spec"),
+  (["--steps", "-1"], "--steps must be >= 0"),
+  (["--steps", "x"], "argument --steps: invalid int"),
+  (["--seq-len", "0"], "--seq-len must be >= 1"),
+  (["--batch", "0"], "--batch must be >= 1"),
+  (["--batch", "3"], "--batch 3 must be a multiple of the data size 2 .* --micro 2 = 4"),
+  (["--batch", "6", "--mesh", "2,1,1", "--micro", "2"], "--batch 6 must be a multiple"),
+  (["--batch", "8", "--mesh", "4,2,1", "--micro", "4"], "--batch 8 must be a multiple"),
+  (["--micro", "0"], "--micro must be >= 1"),
+  (["--eval-every", "0"], "--eval-every must be >= 1"),
+  (["--eval-batches", "0"], "--eval-batches must be >= 1"),
+  (["--ckpt-every", "0"], "--ckpt-every must be >= 1"),
+  (["--log-every", "0"], "--log-every must be >= 1"),
+  (["--sample-tokens", "-1"], "--sample-tokens must be >= 0"),
+  (["--warmup", "-1"], "--warmup must be >= 0"),
+  (["--seed", "-1"], "--seed must be >= 0"),
+  (["--seed", str(2**32)], "--seed must be < 2..32"),
+  (["--max-chars", "0"], "--max-chars must be >= 1"),
+  (["--lr", "0"], "--lr must be a finite number > 0"),
+  (["--lr", "nan"], "--lr must be a finite number > 0"),
+  (["--lr=-1e-3"], "--lr must be a finite number > 0"),
+  (["--weight-decay=-0.1"], "--weight-decay must be a finite number >= 0"),
+  (["--weight-decay", "inf"], "--weight-decay must be a finite number >= 0"),
+  (["--clip", "0"], "--clip must be a finite number > 0"),
+  (["--clip", "inf"], "--clip must be a finite number > 0"),
+  (["--mesh", "2,2"], "--mesh must be three positive integers"),
+  (["--mesh", "2,2,x"], "--mesh must be three positive integers"),
+  (["--mesh", "0,2,2"], "--mesh must be three positive integers"),
+  (["--mesh", "2,2,4"], "--mesh 2,2,4 needs 16 devices; 8 are available"),
+  (["--mesh", "1,1,3"], "--mesh 1,1,3: the pipe size 3 must divide the 4 layers"),
+  (["--mesh", "1,8,1"], "--mesh 1,8,1: the tensor size 8 must divide the head counts"),
+  (
+    ["--model", "qwen", "--mesh", "1,4,1", "--batch", "4"],
+    "--mesh 1,4,1: the tensor size 4 must divide",
+  ),
+  (["--zero", "--mesh", "1,2,2"], "--zero shards over the data axis, which needs a size > 1"),
+  (["--name", ""], "--name must be a non-empty name"),
+  (["--name", "a/b"], "--name must be a non-empty name without '/'"),
+  (["--policy", "nope"], "--policy must be a TOML file or one of"),
+  (["--compress", "model.all_reduce=int8"], "--compress 'model.all_reduce=int8': .*unknown axis"),
+  (["--compress", "data.all_reduce=int8:"], "--compress 'data.all_reduce=int8:': .*cannot parse"),
+  (["--compress", "data.all_reduce=int8:sym,asym"], "--compress .*at most once"),
+  (["--compress", "data.broadcast=int8"], "--compress .*unknown key 'broadcast'"),
+  (["--compress", "tensor.zero=true"], "--compress .*zero applies to the 'data' axis only"),
+  (["--compress", "pipe.error_feedback=1"], "--compress .*error_feedback applies to the 'data'"),
+  (["--compress", "data.algorithm=ring"], "--compress .*algorithm must be one of"),
+  (["--compress", "data.min_bytes=-1"], "--compress .*non-negative integer"),
+  (["--compress", "data=int8"], "--compress 'data=int8': .*axis.op=spec"),
 ]
 
 
@@ -160,9 +187,25 @@ def test_defaults_and_tiny_flags_parse(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   args = train.parse_args([])
   assert args.mesh_shape == (2, 2, 2) and args.out == pathlib.Path("runs/gpt-small")
-  args = train.parse_args(TINY + ["--steps", "0", "--mesh", "1,1,1", "--batch", "2", "--micro",
-                                  "1", "--model", "qwen", "--compress", "data.zero=true",
-                                  "--compress", "*.ppermute=fp8:e5m2"])
+  args = train.parse_args(
+    TINY
+    + [
+      "--steps",
+      "0",
+      "--mesh",
+      "1,1,1",
+      "--batch",
+      "2",
+      "--micro",
+      "1",
+      "--model",
+      "qwen",
+      "--compress",
+      "data.zero=true",
+      "--compress",
+      "*.ppermute=fp8:e5m2",
+    ]
+  )
   assert args.policy_path.name == "coccl.toml"
 
 
@@ -179,15 +222,15 @@ def test_resume_and_fresh_runs_check_the_output_dir(tmp_path, capsys):
 
 
 BAD_TOML = [
-    ("[model]\nall_reduce = \"int8\"\n", r"\[model\]: unknown axis 'model'"),
-    ("[tensor]\nzero = true\n", r"\[tensor\] zero: zero applies to the 'data' axis only"),
-    ("[data]\nalgorithm = \"ring\"\n", r"\[data\] algorithm must be one of"),
-    ("[data]\nall_reduce = \"int8:sym,asym\"\n", r"\[data\] all_reduce: cannot parse"),
-    ("[data]\nall_reduce = \"int8:\"\n", r"\[data\] all_reduce: cannot parse"),
-    ("[data]\nmin_bytes = -1\n", r"\[data\] min_bytes must be a non-negative int"),
-    ("[data]\nzero = \"yes\"\n", r"\[data\] zero must be a bool"),
-    ("[pipe]\npermute = \"int8\"\n", r"\[pipe\] has unknown key 'permute'"),
-    ("[pipe\n", "not valid TOML"),
+  ('[model]\nall_reduce = "int8"\n', r"\[model\]: unknown axis 'model'"),
+  ("[tensor]\nzero = true\n", r"\[tensor\] zero: zero applies to the 'data' axis only"),
+  ('[data]\nalgorithm = "ring"\n', r"\[data\] algorithm must be one of"),
+  ('[data]\nall_reduce = "int8:sym,asym"\n', r"\[data\] all_reduce: cannot parse"),
+  ('[data]\nall_reduce = "int8:"\n', r"\[data\] all_reduce: cannot parse"),
+  ("[data]\nmin_bytes = -1\n", r"\[data\] min_bytes must be a non-negative int"),
+  ('[data]\nzero = "yes"\n', r"\[data\] zero must be a bool"),
+  ('[pipe]\npermute = "int8"\n', r"\[pipe\] has unknown key 'permute'"),
+  ("[pipe\n", "not valid TOML"),
 ]
 
 
@@ -209,8 +252,19 @@ def test_compress_override_keeps_the_wildcard_entries(tmp_path):
   """--compress data.all_reduce=int4 over a policy that sets only '*' changes that op only:
   'data' keeps the '*' ppermute compressor and min_bytes = 0."""
   import jcoccl.compressors as jc
-  args = train.parse_args(TINY + ["--policy", "int8", "--compress", "data.all_reduce=int4",
-                                  "--zero", "--out", str(tmp_path / "run")])
+
+  args = train.parse_args(
+    TINY
+    + [
+      "--policy",
+      "int8",
+      "--compress",
+      "data.all_reduce=int4",
+      "--zero",
+      "--out",
+      str(tmp_path / "run"),
+    ]
+  )
   recipe = train.load_policy(args)
   policy = recipe.policy
   assert policy.compressor("data", "all_reduce") == jc.int4()
@@ -222,8 +276,14 @@ def test_compress_override_keeps_the_wildcard_entries(tmp_path):
 def _cli(*argv):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   root = pathlib.Path(train.__file__).parents[1]
-  return subprocess.run([sys.executable, "-m", "models.train", *argv], capture_output=True,
-                        text=True, timeout=300, env=env, cwd=root)
+  return subprocess.run(
+    [sys.executable, "-m", "models.train", *argv],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+    cwd=root,
+  )
 
 
 def test_cli_errors_exit_2_without_traceback(tmp_path):
@@ -245,6 +305,7 @@ def test_corpus_too_short_for_seq_len(tmp_path):
 
 def test_corpus_batch_needs_seq_len_plus_two_tokens():
   from models import data
+
   corpus = data.Corpus(np.arange(10), np.arange(5), 10, "char")
   rng = np.random.default_rng(0)
   assert corpus.batch(rng, "val", batch=2, seq_len=3)[0].shape == (2, 3)
@@ -257,8 +318,22 @@ def test_corpus_batch_needs_seq_len_plus_two_tokens():
 
 def test_zero_steps_finish_cleanly(tmp_path, capsys):
   out = tmp_path / "zero-steps"
-  summary = train.main(TINY + ["--steps", "0", "--mesh", "1,1,1", "--batch", "2", "--micro",
-                               "1", "--no-hlo-wire", "--out", str(out)])
+  summary = train.main(
+    TINY
+    + [
+      "--steps",
+      "0",
+      "--mesh",
+      "1,1,1",
+      "--batch",
+      "2",
+      "--micro",
+      "1",
+      "--no-hlo-wire",
+      "--out",
+      str(out),
+    ]
+  )
   assert summary["steps"] == 0 and summary["loss_start"] is None
   assert summary["tokens_per_s"] is None
   assert json.loads((out / "summary.json").read_text()) == summary
@@ -269,9 +344,27 @@ def test_zero_steps_finish_cleanly(tmp_path, capsys):
 
 # ---- resume past damage ----------------------------------------------------------------
 
-SMALL = TINY + ["--mesh", "1,1,1", "--batch", "2", "--micro", "1", "--seq-len", "16",
-                "--max-chars", "20000", "--eval-batches", "1", "--eval-every", "100",
-                "--ckpt-every", "2", "--no-hlo-wire", "--policy", "exact"]
+SMALL = TINY + [
+  "--mesh",
+  "1,1,1",
+  "--batch",
+  "2",
+  "--micro",
+  "1",
+  "--seq-len",
+  "16",
+  "--max-chars",
+  "20000",
+  "--eval-batches",
+  "1",
+  "--eval-every",
+  "100",
+  "--ckpt-every",
+  "2",
+  "--no-hlo-wire",
+  "--policy",
+  "exact",
+]
 
 
 @pytest.fixture(scope="module")
@@ -299,11 +392,14 @@ def _assert_same_checkpoint(a, b, step):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("damage,reason", [(_truncate_largest_array_file, "Exception"),
-                                           (_garbage_metadata, "JSONDecodeError")],
-                         ids=["truncated-array-file", "garbage-json"])
+@pytest.mark.parametrize(
+  "damage,reason",
+  [(_truncate_largest_array_file, "Exception"), (_garbage_metadata, "JSONDecodeError")],
+  ids=["truncated-array-file", "garbage-json"],
+)
 def test_resume_falls_back_past_a_corrupt_checkpoint_and_a_torn_metrics_line(
-    tmp_path, capsys, finished_run, damage, reason):
+  tmp_path, capsys, finished_run, damage, reason
+):
   run = tmp_path / "run"
   shutil.copytree(finished_run, run)
   damage(run / "ckpt" / "4")
@@ -329,8 +425,9 @@ def test_resume_fails_clearly_when_no_checkpoint_restores(tmp_path, finished_run
   shutil.copytree(finished_run, run)
   _garbage_metadata(run / "ckpt" / "4")
   _truncate_largest_array_file(run / "ckpt" / "2")
-  with pytest.raises(train.SetupError,
-                     match=r"no checkpoint .* restores \(step 4: JSONDecodeError.*; step 2: "):
+  with pytest.raises(
+    train.SetupError, match=r"no checkpoint .* restores \(step 4: JSONDecodeError.*; step 2: "
+  ):
     train.main(SMALL + ["--steps", "4", "--out", str(run), "--resume"])
 
 
@@ -343,13 +440,16 @@ def test_resume_with_fewer_steps_than_the_checkpoint(tmp_path, finished_run):
   assert summary["steps"] == 4 and summary["resumed_from"] == 4
 
 
-@pytest.mark.parametrize("lines,want", [
+@pytest.mark.parametrize(
+  "lines,want",
+  [
     (['{"step": 1, "loss": 2.0}', '{"step": 2, "lo'], [1]),
     (['{"step": 1, "loss": 2.0}', '{"step": 2}', ""], [1, 2]),
-    (['{"step": 1, "loss": 2.0}', '[1, 2]'], [1]),
+    (['{"step": 1, "loss": 2.0}', "[1, 2]"], [1]),
     (['{"step": 1}', '{"step": "2"}'], [1]),
-    (['\x00\x00'], []),
-])
+    (["\x00\x00"], []),
+  ],
+)
 def test_read_records_drops_only_a_torn_last_line(tmp_path, lines, want):
   f = tmp_path / "metrics.jsonl"
   f.write_text("\n".join(lines))

@@ -31,26 +31,63 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "mp_train_worker.py")
 STEPS = 6
 # The coccl policy: lossy compressors on every axis, error feedback on 'data'.
-ARGS = ["--size", "tiny", "--mesh", "2,2,2", "--batch", "8", "--seq-len", "32", "--micro", "2",
-        "--lr", "1e-2", "--warmup", "2", "--max-chars", "100000", "--eval-batches", "1",
-        "--eval-every", "100", "--ckpt-every", "2", "--log-every", "1", "--steps", str(STEPS),
-        "--no-progress"]
+ARGS = [
+  "--size",
+  "tiny",
+  "--mesh",
+  "2,2,2",
+  "--batch",
+  "8",
+  "--seq-len",
+  "32",
+  "--micro",
+  "2",
+  "--lr",
+  "1e-2",
+  "--warmup",
+  "2",
+  "--max-chars",
+  "100000",
+  "--eval-batches",
+  "1",
+  "--eval-every",
+  "100",
+  "--ckpt-every",
+  "2",
+  "--log-every",
+  "1",
+  "--steps",
+  str(STEPS),
+  "--no-progress",
+]
 
 
 def _launch_cmd(*argv: str) -> list[str]:
-  return [sys.executable, "-m", "jcoccl.launch", "-n", "2", "--devices-per-process", "4",
-          "--kill-after", "120", "--", sys.executable, *argv]
+  return [
+    sys.executable,
+    "-m",
+    "jcoccl.launch",
+    "-n",
+    "2",
+    "--devices-per-process",
+    "4",
+    "--kill-after",
+    "120",
+    "--",
+    sys.executable,
+    *argv,
+  ]
 
 
 def _launch(*argv: str) -> subprocess.CompletedProcess:
-  return subprocess.run(_launch_cmd(*argv), cwd=ROOT, capture_output=True, text=True,
-                        timeout=600)
+  return subprocess.run(_launch_cmd(*argv), cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def _checkpoint(out, step: int, like=None) -> dict:
   """The checkpoint at ``step`` as a pytree, restored onto ``like``'s shapes and shardings
   (this process's 8-device mesh) when given."""
   import orbax.checkpoint as ocp
+
   mngr = train._checkpointer(out)
   assert step in mngr.all_steps(), (step, mngr.all_steps())
   if like is None:
@@ -77,8 +114,7 @@ def _kill_at_step_3(out) -> tuple[float, str]:
   saved the step-2 checkpoint and started step 3. Returns (seconds from the kill until
   every process stopped, the launcher's output); the launcher must have failed."""
   cmd = _launch_cmd(WORKER, "3", "2", *ARGS, "--no-hlo-wire", "--out", str(out))
-  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True)
+  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   pids, lines, at_step_3 = {}, [], set()
   try:
     for line in p.stdout:
@@ -120,8 +156,9 @@ def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path):
   got = _losses(out)  # up to step 2 or 3: process 1 may have finished step 3 when killed
   assert {1, 2} <= set(got) and got == {s: want[s] for s in got}
   assert took < 60, f"process 0 took {took:.0f} s to stop"
-  assert re.search(r"^\[0\] models\.train: a peer process failed: .*; resume with --resume$",
-                   text, re.M), text[-3000:]
+  assert re.search(
+    r"^\[0\] models\.train: a peer process failed: .*; resume with --resume$", text, re.M
+  ), text[-3000:]
   assert "Traceback" not in text, text[-3000:]
   assert train._checkpointer(out).latest_step() == 2
 
@@ -172,8 +209,12 @@ def test_mesh_across_processes_keeps_tensor_and_pipe_inside():
   r = _launch("-c", _MESH_CHECK)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
   for rank in (0, 1):
-    assert re.search(rf"^\[{rank}\] rejected \(1, 8, 1\) .*tensor x pipe = 8 must divide the 4 "
-                     rf"devices of each process", r.stdout, re.M), r.stdout
+    assert re.search(
+      rf"^\[{rank}\] rejected \(1, 8, 1\) .*tensor x pipe = 8 must divide the 4 "
+      rf"devices of each process",
+      r.stdout,
+      re.M,
+    ), r.stdout
     assert re.search(rf"^\[{rank}\] rejected \(1, 2, 2\) .*must use all 8", r.stdout, re.M)
     assert f"[{rank}] data crosses True tensor crosses False" in r.stdout
 
@@ -182,10 +223,12 @@ def test_batch_is_the_same_global_batch_however_it_is_split():
   """make_batch + Corpus.windows give exactly Corpus.batch's rows (one process here; each
   process of a multi-process run asks only for its rows of the same starts)."""
   from models import data, parallel
+
   corpus = data.load_corpus("char", max_chars=20000)
   args = train.parse_args(["--batch", "8", "--seq-len", "16"])
-  par = parallel.Parallel3D(train.build_model(args, corpus.vocab_size),
-                            parallel.make_mesh(2, 2, 2), n_micro=2)
+  par = parallel.Parallel3D(
+    train.build_model(args, corpus.vocab_size), parallel.make_mesh(2, 2, 2), n_micro=2
+  )
   x, y = train.batch_at(corpus, args, par, "train", 5)
   rng = np.random.default_rng([args.seed, 5, 0, 0])
   want_x, want_y = corpus.batch(rng, "train", batch=8, seq_len=16)
@@ -193,5 +236,6 @@ def test_batch_is_the_same_global_batch_however_it_is_split():
   np.testing.assert_array_equal(np.asarray(y), want_y)
   assert x.sharding == par.batch_sharding()
   picked = corpus.windows("train", np.array([3, 7, 11]), 16)
-  np.testing.assert_array_equal(picked[0], corpus.train[np.array([3, 7, 11])[:, None]
-                                                         + np.arange(16)])
+  np.testing.assert_array_equal(
+    picked[0], corpus.train[np.array([3, 7, 11])[:, None] + np.arange(16)]
+  )

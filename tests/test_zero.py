@@ -21,15 +21,26 @@ VOCAB, LR = 64, 1e-2
 
 
 def _gpt():
-  return gpt.GPT(gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=4,
-                               n_head=4), rngs=nnx.Rngs(0))
+  return gpt.GPT(
+    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=4, n_head=4),
+    rngs=nnx.Rngs(0),
+  )
 
 
 def _qwen():
-  return qwen.Qwen(qwen.QwenConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=4, num_attention_heads=4,
-                                   num_key_value_heads=2, rope_theta=5000.0,
-                                   tie_word_embeddings=False), rngs=nnx.Rngs(1))
+  return qwen.Qwen(
+    qwen.QwenConfig(
+      vocab_size=VOCAB,
+      hidden_size=32,
+      intermediate_size=64,
+      num_hidden_layers=4,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      rope_theta=5000.0,
+      tie_word_embeddings=False,
+    ),
+    rngs=nnx.Rngs(1),
+  )
 
 
 def _batch(n=8, s=8, seed=0):
@@ -72,19 +83,20 @@ EXACT_CASES = [("gpt", _gpt, (2, 2, 2), 2), ("qwen", _qwen, (2, 1, 4), 1)]
 def test_zero_steps_equal_plain_data_parallel(name, make, mesh, micro):
   mesh = make_mesh(*mesh)
   plain, want, opt_plain, _, m_plain = _train(make, mesh, {}, micro, clip_norm=None)
-  zero, got, opt_zero, _, m_zero = _train(make, mesh, {"data": {"zero": True}}, micro,
-                                          clip_norm=None)
+  zero, got, opt_zero, _, m_zero = _train(
+    make, mesh, {"data": {"zero": True}}, micro, clip_norm=None
+  )
   assert zero.zero and not plain.zero
   assert float(m_zero["loss"]) == float(m_plain["loss"])
   # The norm: a float32 sum of K non-negative squares, associated differently; relative
   # difference at most 2 (K - 1) 2^-24 for the sum, half of it for the square root.
   k = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(want))
-  np.testing.assert_allclose(float(m_zero["grad_norm"]), float(m_plain["grad_norm"]),
-                             rtol=k * 2.0**-24)
+  np.testing.assert_allclose(
+    float(m_zero["grad_norm"]), float(m_plain["grad_norm"]), rtol=k * 2.0**-24
+  )
   for (path, w), g in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(got)):
     assert g.shape == w.shape and g.sharding == w.sharding, jax.tree_util.keystr(path)
-    np.testing.assert_array_equal(np.asarray(g), np.asarray(w),
-                                  err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=jax.tree_util.keystr(path))
   _assert_state_sharded(zero, plain, opt_zero, opt_plain)
 
 
@@ -103,19 +115,24 @@ def test_zero_state_sharded_over_more_data_ranks(name, make, mesh, micro):
   # The loss comes before the update, from the same weights, summed over 'data' by the same
   # exact all_reduce in both modes: D float32 terms, association aside.
   d = mesh.shape["data"]
-  np.testing.assert_allclose(float(m_zero["loss"]), float(m_plain["loss"]),
-                             rtol=2 * (d - 1) * 2.0**-24)
+  np.testing.assert_allclose(
+    float(m_zero["loss"]), float(m_plain["loss"]), rtol=2 * (d - 1) * 2.0**-24
+  )
   # One AdamW step from w0 moves a weight by lr * (g / (|g| + eps) + wd * w0), at most
   # lr * (1 + wd |w0|), plus the float32 roundings of the update and of w0 - update: a shard
   # written to the wrong rank or offset lands a weight far outside that.
   model = make()
   start = Parallel3D(model, mesh, Policy()).shard(model)
-  for (path, w0), w, g in zip(jax.tree_util.tree_flatten_with_path(start)[0],
-                              jax.tree.leaves(want), jax.tree.leaves(got)):
+  for (path, w0), w, g in zip(
+    jax.tree_util.tree_flatten_with_path(start)[0], jax.tree.leaves(want), jax.tree.leaves(got)
+  ):
     assert g.shape == w.shape and g.sharding == w.sharding, jax.tree_util.keystr(path)
     w0, w, g = (np.asarray(a, np.float64) for a in (w0, w, g))
-    reach = (LR * (1 + 0.1 * np.abs(w0)) + 4 * np.spacing(np.float32(LR))
-             + np.spacing(np.abs(w0).astype(np.float32)))
+    reach = (
+      LR * (1 + 0.1 * np.abs(w0))
+      + 4 * np.spacing(np.float32(LR))
+      + np.spacing(np.abs(w0).astype(np.float32))
+    )
     for run in (w, g):
       assert np.all(np.abs(run - w0) <= reach), jax.tree_util.keystr(path)
   _assert_state_sharded(zero, plain, opt_zero, opt_plain)
@@ -127,8 +144,9 @@ def _assert_state_sharded(zero, plain, opt_zero, opt_plain):
   d = zero.n_data
   per_device = lambda t: sum(a.addressable_shards[0].data.size for a in jax.tree.leaves(t))
   assert set(opt_zero) == {"master", "tx"}
-  for zs, ps in [(getattr(opt_zero["tx"][0], m), getattr(opt_plain[0], m))
-                 for m in ("mu", "nu")] + [(opt_zero["master"], opt_plain[0].mu)]:
+  for zs, ps in [
+    (getattr(opt_zero["tx"][0], m), getattr(opt_plain[0], m)) for m in ("mu", "nu")
+  ] + [(opt_zero["master"], opt_plain[0].mu)]:
     for (path, p), z in zip(jax.tree_util.tree_flatten_with_path(ps)[0], jax.tree.leaves(zs)):
       n = p.addressable_shards[0].data.size
       assert z.ndim == 1 and "data" in z.sharding.spec[0], jax.tree_util.keystr(path)
@@ -138,8 +156,9 @@ def _assert_state_sharded(zero, plain, opt_zero, opt_plain):
     assert per_device(ps) / d <= per_device(zs) < per_device(ps) / d + n_leaves
 
 
-COMPRESSED = {"data": {"zero": True, "reduce_scatter": "int8", "error_feedback": True,
-                       "min_bytes": 0}}
+COMPRESSED = {
+  "data": {"zero": True, "reduce_scatter": "int8", "error_feedback": True, "min_bytes": 0}
+}
 
 
 def test_compressed_reduce_scatter_all_to_all_and_fewer_bytes():
@@ -158,8 +177,11 @@ def test_compressed_reduce_scatter_all_to_all_and_fewer_bytes():
   ops = {(axis, op) for axis, op, *_ in par.coll.log if axis == "data"}
   assert ops == {("data", "reduce_scatter"), ("data", "all_gather"), ("data", "all_reduce")}
   # The only all_reduces left on 'data' are the exact scalar loss and norm.
-  assert all(shape == () and c is None for axis, op, shape, _, c in par.coll.log
-             if (axis, op) == ("data", "all_reduce"))
+  assert all(
+    shape == () and c is None
+    for axis, op, shape, _, c in par.coll.log
+    if (axis, op) == ("data", "all_reduce")
+  )
   _, exact_step, exact_args = compile_step({"data": {"zero": True}})
   got, ref = _data_bytes(step, args, mesh), _data_bytes(exact_step, exact_args, mesh)
   assert set(got) == {"all-to-all", "all-gather", "all-reduce"}
@@ -169,8 +191,11 @@ def test_compressed_reduce_scatter_all_to_all_and_fewer_bytes():
   assert got["all-gather"] == ref["all-gather"] > 0
   assert 0 < got["all-to-all"] < 0.5 * ref["reduce-scatter"], (got, ref)
   total = jcoccl.wire_bytes(step, *args, mesh=mesh)["by_axis"]["data"]
-  assert total == sum(got.values()) < jcoccl.wire_bytes(
-      exact_step, *exact_args, mesh=mesh)["by_axis"]["data"]
+  assert (
+    total
+    == sum(got.values())
+    < jcoccl.wire_bytes(exact_step, *exact_args, mesh=mesh)["by_axis"]["data"]
+  )
 
 
 def _data_bytes(step, args, mesh):
@@ -183,7 +208,7 @@ def _data_bytes(step, args, mesh):
 
 
 def test_compressed_zero_with_error_feedback_trains():
-  par, params, _, ef, _ = _train(_gpt, make_mesh(2, 2, 2), COMPRESSED, 2, steps=2)
+  _, params, _, ef, _ = _train(_gpt, make_mesh(2, 2, 2), COMPRESSED, 2, steps=2)
   # One residual per device of the flat, padded gradient that is reduce-scattered.
   for e, p in zip(jax.tree.leaves(ef), jax.tree.leaves(params)):
     local = p.addressable_shards[0].data.size

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
+from test_train import TINY, _restore
+from test_zero import _batch, _gpt, _train, _tx
 
 import jcoccl
 from models import train
 from models.parallel import NODE, Parallel3D, make_mesh
 from models.recipe import Recipe
-from test_train import TINY, _restore
-from test_zero import _batch, _gpt, _train, _tx
 
 U = 2.0**-24  # float32 unit roundoff
 
@@ -26,18 +26,22 @@ U = 2.0**-24  # float32 unit roundoff
 def _master_full(par, master, params, fn):
   """``fn(shard) -> (values, bounds)`` on each rank's master shard, both gathered in shard
   order into every parameter's local shape (inside shard_map; lax, exact)."""
+
   def local(master, params):
     def leaf(s, x):
       vals, bound = fn(s)
       for axis in (NODE, "data"):  # shard index = data * nodes + node: node is minor
         vals = lax.all_gather(vals, axis, tiled=True)
         bound = lax.all_gather(bound, axis, tiled=True)
-      cut = lambda a: a[:x.size].reshape(x.shape)
+      cut = lambda a: a[: x.size].reshape(x.shape)
       return cut(vals), cut(bound)
+
     pairs = jax.tree.map(leaf, master, params)
     is_pair = lambda t: isinstance(t, tuple)
-    return (jax.tree.map(lambda t: t[0], pairs, is_leaf=is_pair),
-            jax.tree.map(lambda t: t[1], pairs, is_leaf=is_pair))
+    return (
+      jax.tree.map(lambda t: t[0], pairs, is_leaf=is_pair),
+      jax.tree.map(lambda t: t[1], pairs, is_leaf=is_pair),
+    )
 
   f = par._shard_map(local, (par.zero_specs(), par.specs), (par.specs, par.specs))
   return jax.jit(f)(master, params)
@@ -62,10 +66,10 @@ def test_qwz_exact_equals_zero_step(gather):
   assert pp.data_axes == (NODE, "data") and pp.sizes[NODE] == 2
   _, want, opt_ref, _, m_ref = _train(_gpt, mesh, {"data": {"zero": True}}, 2, clip_norm=None)
   assert float(m["loss"]) == float(m_ref["loss"])
-  for (path, w), g in zip(jax.tree_util.tree_flatten_with_path((want, opt_ref))[0],
-                          jax.tree.leaves((got, opt))):
-    np.testing.assert_array_equal(np.asarray(g), np.asarray(w),
-                                  err_msg=jax.tree_util.keystr(path))
+  for (path, w), g in zip(
+    jax.tree_util.tree_flatten_with_path((want, opt_ref))[0], jax.tree.leaves((got, opt))
+  ):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=jax.tree_util.keystr(path))
   # The parameters are exactly the gathered master shards.
   full, _ = _master_full(pp, opt["master"], got, lambda s: (s, jnp.zeros_like(s)))
   for g, f in zip(jax.tree.leaves(got), jax.tree.leaves(full)):
@@ -103,8 +107,9 @@ def test_qwz_int8_weights_within_the_compressor_bound():
 
   master, bound = _master_full(par, opt["master"], params, bounds)
   moved = False
-  for (path, w), m, b in zip(jax.tree_util.tree_flatten_with_path(params)[0],
-                             jax.tree.leaves(master), jax.tree.leaves(bound)):
+  for (path, w), m, b in zip(
+    jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(master), jax.tree.leaves(bound)
+  ):
     w, m, b = (np.asarray(a, np.float64) for a in (w, m, b))
     assert np.all(np.abs(w - m) <= b), jax.tree_util.keystr(path)
     assert np.all(b < 0.05 * np.abs(m).max() + 1e-30), jax.tree_util.keystr(path)
@@ -113,6 +118,7 @@ def test_qwz_int8_weights_within_the_compressor_bound():
 
 
 # ---- hpZ ---------------------------------------------------------------------------------
+
 
 def _by_axis_op(step, args, mesh):
   out = {}
@@ -125,8 +131,16 @@ def _by_axis_op(step, args, mesh):
 def test_hpz_gathers_across_nodes_once_per_step():
   # 2 nodes x 2 data ranks (x 2 pipe stages): int8 weights, int4 gradients.
   mesh = make_mesh(4, 1, 2)
-  table = {"data": {"zero": True, "nodes": 2, "all_gather": "int8", "reduce_scatter": "int4",
-                    "error_feedback": True, "min_bytes": 0}}
+  table = {
+    "data": {
+      "zero": True,
+      "nodes": 2,
+      "all_gather": "int8",
+      "reduce_scatter": "int4",
+      "error_feedback": True,
+      "min_bytes": 0,
+    }
+  }
   model = _gpt()
   par = Parallel3D(model, mesh, Recipe.from_dict(table), n_micro=2)
   tx = _tx()
@@ -151,8 +165,9 @@ def test_hpz_gathers_across_nodes_once_per_step():
   # qgZ's error feedback: a residual per level and device, of what that level scatters.
   params, _, ef, _ = par.train_step(tx, params)(*args)
   assert set(ef) == {"data", NODE}
-  for e_in, e_out, p in zip(jax.tree.leaves(ef["data"]), jax.tree.leaves(ef[NODE]),
-                            jax.tree.leaves(params)):
+  for e_in, e_out, p in zip(
+    jax.tree.leaves(ef["data"]), jax.tree.leaves(ef[NODE]), jax.tree.leaves(params)
+  ):
     n = -(-p.addressable_shards[0].data.size // 4) * 4
     assert e_in.shape == (8, n) and e_out.shape == (8, n // 2)
   for level in ef.values():
@@ -161,14 +176,18 @@ def test_hpz_gathers_across_nodes_once_per_step():
 
 # ---- qgZ ---------------------------------------------------------------------------------
 
+
 def _scatter(table, x):
   """Parallel3D's hierarchical gradient reduce_scatter of ``x`` [ranks, m] over a 2 x 2
   (node x data) mesh: rank r = node * 2 + data holds x[r]; returns [ranks, m / 4] in shard
   order (data * 2 + node)."""
   par = Parallel3D(_gpt(), make_mesh(4, 1, 1), Recipe.from_dict(table))
   assert par.data_axes == (NODE, "data") and par.sizes[NODE] == par.sizes["data"] == 2
-  f = par._shard_map(lambda v: par._scatter_grads({"g": v[0]}, None)[0]["g"][None],
-                     (P((NODE, "data")),), P(("data", NODE)))
+  f = par._shard_map(
+    lambda v: par._scatter_grads({"g": v[0]}, None)[0]["g"][None],
+    (P((NODE, "data")),),
+    P(("data", NODE)),
+  )
   return par, np.asarray(jax.jit(f)(jnp.asarray(x)))
 
 
@@ -178,8 +197,10 @@ def test_qgz_exact_levels_equal_plain_reduce_scatter():
   x = np.random.default_rng(0).integers(-1000, 1000, (4, 512)).astype(np.float32)
   par, got = _scatter({"data": {"zero": True, "nodes": 2}}, x)
   f = par._shard_map(
-      lambda v: lax.psum_scatter(v[0], ("data", NODE), tiled=True)[None],
-      (P((NODE, "data")),), P(("data", NODE)))
+    lambda v: lax.psum_scatter(v[0], ("data", NODE), tiled=True)[None],
+    (P((NODE, "data")),),
+    P(("data", NODE)),
+  )
   want = np.asarray(jax.jit(f)(jnp.asarray(x)))
   np.testing.assert_array_equal(got, want)
   # ... which is the sum's slice data * 2 + node.
@@ -225,10 +246,20 @@ def test_qgz_quantizes_once_per_level_within_bound(spec):
 
 # ---- training ----------------------------------------------------------------------------
 
+
 def test_zeropp_run_loss_drops_and_resumes_bit_exactly(tmp_path):
   # 2 nodes x 2 data ranks x 2 pipe stages (bytes by axis: test_hpz_... above).
-  common = TINY + ["--policy", "zeropp", "--mesh", "4,1,2", "--ckpt-every", "4",
-                   "--eval-every", "100", "--no-hlo-wire"]
+  common = TINY + [
+    "--policy",
+    "zeropp",
+    "--mesh",
+    "4,1,2",
+    "--ckpt-every",
+    "4",
+    "--eval-every",
+    "100",
+    "--no-hlo-wire",
+  ]
   a, b = tmp_path / "a", tmp_path / "b"
   summary = train.main(common + ["--steps", "8", "--out", str(a)])
   assert summary["loss_end"] < summary["loss_start"] - 0.3, summary
@@ -239,29 +270,39 @@ def test_zeropp_run_loss_drops_and_resumes_bit_exactly(tmp_path):
   ta, tb = _restore(a, 8), _restore(b, 8)
   # The checkpoint holds the float32 master shards (flat, over node and data) and both
   # levels' error-feedback residuals.
-  assert all(x.ndim == 1 and {"data", NODE} <= set(x.sharding.spec[0])
-             for x in jax.tree.leaves(ta["opt_state"]["master"]))
+  assert all(
+    x.ndim == 1 and {"data", NODE} <= set(x.sharding.spec[0])
+    for x in jax.tree.leaves(ta["opt_state"]["master"])
+  )
   assert set(ta["ef"]) == {"data", NODE}
   leaves_a, leaves_b = jax.tree.leaves(ta), jax.tree.leaves(tb)
   assert len(leaves_a) == len(leaves_b) > 10
   for x, y in zip(leaves_a, leaves_b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  loss = lambda run: [json.loads(l).get("loss") for l in (run / "metrics.jsonl").read_text()
-                      .splitlines() if json.loads(l)["step"] == 8][0]
+  loss = lambda run: [
+    json.loads(l).get("loss")
+    for l in (run / "metrics.jsonl").read_text().splitlines()
+    if json.loads(l)["step"] == 8
+  ][0]
   assert loss(a) == loss(b)
 
 
 # ---- the recipe option -------------------------------------------------------------------
 
+
 def test_nodes_option_checked(tmp_path):
-  r = Recipe.from_dict({"data": {"zero": True, "nodes": 2}, NODE: {"reduce_scatter": "int8"}},
-                       axes=("node", "data", "tensor", "pipe"))
+  r = Recipe.from_dict(
+    {"data": {"zero": True, "nodes": 2}, NODE: {"reduce_scatter": "int8"}},
+    axes=("node", "data", "tensor", "pipe"),
+  )
   assert r.nodes == 2 and "nodes=2" in r.describe()
   assert r.policy.compressor(NODE, "reduce_scatter") is not None
   assert Recipe.from_specs(["data.nodes=4"]).nodes == 4
-  for value, err, match in [("2", TypeError, "nodes'\\] must be a positive int"),
-                            (True, TypeError, "must be a positive int"),
-                            (0, ValueError, "must be a positive int")]:
+  for value, err, match in [
+    ("2", TypeError, "nodes'\\] must be a positive int"),
+    (True, TypeError, "must be a positive int"),
+    (0, ValueError, "must be a positive int"),
+  ]:
     with pytest.raises(err, match=match):
       Recipe.from_dict({"data": {"nodes": value}})
   with pytest.raises(ValueError, match="nodes applies to the 'data' axis only"):
@@ -269,14 +310,14 @@ def test_nodes_option_checked(tmp_path):
   with pytest.raises(ValueError, match="nodes must be a positive integer"):
     Recipe.from_specs(["data.nodes=two"])
   # In the trainer: the node split needs ZeRO mode and must divide the data size.
-  for text, flags, match in [("nodes = 2", [], "needs \\[data\\] zero = true"),
-                             ("zero = true\nnodes = 3", ["--mesh", "4,1,2"],
-                              "nodes = 3 must divide the data size 4")]:
+  for text, flags, match in [
+    ("nodes = 2", [], "needs \\[data\\] zero = true"),
+    ("zero = true\nnodes = 3", ["--mesh", "4,1,2"], "nodes = 3 must divide the data size 4"),
+  ]:
     f = tmp_path / "p.toml"
     f.write_text(f"[data]\n{text}\n")
     args = train.parse_args(["--policy", str(f), "--out", str(tmp_path / "r"), *flags])
     with pytest.raises(train.SetupError, match=match):
       train.load_policy(args)
   with pytest.raises(ValueError, match="must divide the data axis size 4"):
-    Parallel3D(_gpt(), make_mesh(4, 1, 2), Recipe.from_dict({"data": {"zero": True,
-                                                                       "nodes": 3}}))
+    Parallel3D(_gpt(), make_mesh(4, 1, 2), Recipe.from_dict({"data": {"zero": True, "nodes": 3}}))

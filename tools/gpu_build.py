@@ -38,10 +38,14 @@ def find_nvcc(env: dict[str, str] | None = None) -> str | None:
   """
   env = os.environ if env is None else env
   cands = [env.get("CUDACXX"), shutil.which("nvcc", path=env.get("PATH", ""))]
-  cands += ["/usr/local/cuda/bin/nvcc", *sorted(glob.glob("/usr/local/cuda-*/bin/nvcc"),
-                                                 reverse=True), "/usr/local/bin/nvcc"]
+  cands += [
+    "/usr/local/cuda/bin/nvcc",
+    *sorted(glob.glob("/usr/local/cuda-*/bin/nvcc"), reverse=True),
+    "/usr/local/bin/nvcc",
+  ]
   try:
     import nvidia.cuda_nvcc as w  # type: ignore[import-not-found]
+
     cands.append(os.path.join(list(w.__path__)[0], "bin", "nvcc"))
   except ImportError:
     pass
@@ -57,8 +61,17 @@ def pip_cmd(py: str) -> list[str]:
 
 def cmake_cmds(py: str, nvcc: str | None, build_dir: Path) -> list[list[str]]:
   gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-  cfg = ["cmake", "-S", str(ROOT), "-B", str(build_dir), *gen, "-DCMAKE_BUILD_TYPE=Release",
-         f"-DPython_EXECUTABLE={py}", f"-DJCOCCL_CUDA={'ON' if nvcc else 'OFF'}"]
+  cfg = [
+    "cmake",
+    "-S",
+    str(ROOT),
+    "-B",
+    str(build_dir),
+    *gen,
+    "-DCMAKE_BUILD_TYPE=Release",
+    f"-DPython_EXECUTABLE={py}",
+    f"-DJCOCCL_CUDA={'ON' if nvcc else 'OFF'}",
+  ]
   if nvcc:
     cfg.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
   return [cfg, ["cmake", "--build", str(build_dir), "-j", str(os.cpu_count() or 4)]]

@@ -33,14 +33,20 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_compare as gc  # noqa: E402
+import gpu_compare as gc
 
 
 def _parse() -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--out", default=None, help="write the results as JSON to this path")
-  p.add_argument("--platform", choices=("gpu", "cpu"), default="gpu",
-                 help="where the native codecs run (cpu: the CI dry run of this script)")
+  p.add_argument(
+    "--platform",
+    choices=("gpu", "cpu"),
+    default="gpu",
+    help="where the native codecs run (cpu: the CI dry run of this script)",
+  )
   p.add_argument("--sizes-mib", default="256,1024", help="input sizes in MiB (comma separated)")
   p.add_argument("--iters", type=int, default=10, help="timed iterations per measurement")
   p.add_argument("--skip-bench", action="store_true", help="only run the bit-exact checks")
@@ -74,21 +80,32 @@ class Results:
 
 def _codecs(jc, jnp):
   return [
-      jc.cast(jnp.bfloat16), jc.cast(jnp.float16), jc.none(),
-      jc.int8(block_size=32), jc.int8(block_size=256), jc.int8(block_size=4096),
-      jc.int8(block_size=64, symmetric=False), jc.int4(block_size=128),
-      jc.int4(block_size=32, symmetric=False), jc.int2(block_size=256),
-      jc.int2(block_size=64, symmetric=False),
-      jc.fp8("e4m3", block_size=32), jc.fp8("e4m3", block_size=512), jc.fp8("e5m2", block_size=128),
-      jc.hadamard(jc.int4(block_size=128), size=256), jc.hadamard(jc.int8(block_size=64), size=4096),
-      jc.hadamard(jc.fp8("e4m3", block_size=128), size=64),
-      jc.error_bounded(1e-2, block_size=64), jc.error_bounded(1e-4, block_size=1024),
+    jc.cast(jnp.bfloat16),
+    jc.cast(jnp.float16),
+    jc.none(),
+    jc.int8(block_size=32),
+    jc.int8(block_size=256),
+    jc.int8(block_size=4096),
+    jc.int8(block_size=64, symmetric=False),
+    jc.int4(block_size=128),
+    jc.int4(block_size=32, symmetric=False),
+    jc.int2(block_size=256),
+    jc.int2(block_size=64, symmetric=False),
+    jc.fp8("e4m3", block_size=32),
+    jc.fp8("e4m3", block_size=512),
+    jc.fp8("e5m2", block_size=128),
+    jc.hadamard(jc.int4(block_size=128), size=256),
+    jc.hadamard(jc.int8(block_size=64), size=4096),
+    jc.hadamard(jc.fp8("e4m3", block_size=128), size=64),
+    jc.error_bounded(1e-2, block_size=64),
+    jc.error_bounded(1e-4, block_size=1024),
   ]
 
 
 def _data(rows: int, n: int, seed: int, subnormal: bool = False):
   """Mixed test rows; subnormal=False scales the "tiny" runs to 1e-30 instead of 1e-39."""
   import numpy as np
+
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((rows, n)).astype(np.float32) * np.float32(3.0)
   x[rng.random((rows, n)) < 0.01] *= np.float32(1e4)
@@ -106,10 +123,15 @@ def _data(rows: int, n: int, seed: int, subnormal: bool = False):
 
 def _layout(c, dtype, n: int) -> gc.Layout:
   import jax.numpy as jnp
+
   from jcoccl import native
+
   a = native.codec_attrs(c)
-  d = {jnp.dtype(jnp.float32): gc.F32, jnp.dtype(jnp.bfloat16): gc.BF16,
-       jnp.dtype(jnp.float16): gc.F16}[jnp.dtype(dtype)]
+  d = {
+    jnp.dtype(jnp.float32): gc.F32,
+    jnp.dtype(jnp.bfloat16): gc.BF16,
+    jnp.dtype(jnp.float16): gc.F16,
+  }[jnp.dtype(dtype)]
   return gc.Layout(int(a["kind"]), int(a["block"]), int(a["cast_dtype"]), int(a["hadamard"]), d, n)
 
 
@@ -120,9 +142,13 @@ def _ref_ops(c, n: int, dtype):
 
   def ops(x):
     buf = c.encode_rows(x, impl="jnp")
-    return (buf, c.decode_rows(buf, n, dtype, impl="jnp"),
-            c.decode_sum(buf[:5], n, dtype, impl="jnp"),
-            c.decode_sum_encode(buf, n, dtype, impl="jnp"))
+    return (
+      buf,
+      c.decode_rows(buf, n, dtype, impl="jnp"),
+      c.decode_sum(buf[:5], n, dtype, impl="jnp"),
+      c.decode_sum_encode(buf, n, dtype, impl="jnp"),
+    )
+
   return jax.jit(ops)
 
 
@@ -131,9 +157,13 @@ def _native_ops(c, n: int, dtype):
   import jax
 
   def ops(x, buf_ref):
-    return (c.encode_rows(x, impl="native"), c.decode_rows(buf_ref, n, dtype, impl="native"),
-            c.decode_sum(buf_ref[:5], n, dtype, impl="native"),
-            c.decode_sum_encode(buf_ref, n, dtype, impl="native"))
+    return (
+      c.encode_rows(x, impl="native"),
+      c.decode_rows(buf_ref, n, dtype, impl="native"),
+      c.decode_sum(buf_ref[:5], n, dtype, impl="native"),
+      c.decode_sum_encode(buf_ref, n, dtype, impl="native"),
+    )
+
   return jax.jit(ops)
 
 
@@ -146,6 +176,7 @@ def check_case(jax, jnp, c, dtype) -> tuple[list[str], list[str]]:
     bit-identical up to NaN payloads.
   """
   import numpy as np
+
   n = max(c.granule, 512) * 2
   cpu, dev = jax.devices("cpu")[0], jax.devices()[0]
   ref_fn, native_fn = _ref_ops(c, n, dtype), _native_ops(c, n, dtype)
@@ -171,20 +202,25 @@ def check_case(jax, jnp, c, dtype) -> tuple[list[str], list[str]]:
   return found[0], found[1]
 
 
-def check(jax, jnp, jc, results: Results | None = None,
-          only: str | None = None) -> tuple[list[str], list[str]]:
+def check(
+  jax, jnp, jc, results: Results | None = None, only: str | None = None
+) -> tuple[list[str], list[str]]:
   """Every codec x dtype (names matching the regex `only`); returns (mismatches,
   differences on the subnormal data)."""
   import re
+
   from jcoccl import native
+
   bad, sub = [], []
   for c in _codecs(jc, jnp):
     if only and not re.search(only, str(c)):
       continue
     for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
       name = f"{c} {jnp.dtype(dtype).name}"
-      if not all(native.available(c, op, dtype)
-                 for op in ("encode", "decode", "decode_sum", "decode_sum_encode")):
+      if not all(
+        native.available(c, op, dtype)
+        for op in ("encode", "decode", "decode_sum", "decode_sum_encode")
+      ):
         m, s = [f"{name}: no native kernel available"], []
       else:
         try:
@@ -193,16 +229,22 @@ def check(jax, jnp, jc, results: Results | None = None,
           m, s = [f"{name}: {type(e).__name__}: {str(e)[:300]}"], []
       bad += m
       sub += s
-      print(f"codecs  {name:58s} {'OK' if not m else 'MISMATCH ' + m[0]}"
-            f"{'' if not s else f' (subnormal data: {len(s)} differences)'}", flush=True)
+      print(
+        f"codecs  {name:58s} {'OK' if not m else 'MISMATCH ' + m[0]}"
+        f"{'' if not s else f' (subnormal data: {len(s)} differences)'}",
+        flush=True,
+      )
       if results is not None:
-        results.add("cases", dict(codec=str(c), dtype=jnp.dtype(dtype).name, mismatches=m,
-                                  subnormal_differences=s))
+        results.add(
+          "cases",
+          dict(codec=str(c), dtype=jnp.dtype(dtype).name, mismatches=m, subnormal_differences=s),
+        )
   return bad, sub
 
 
 def _time(fn, *args, iters: int) -> float:
   import jax
+
   jax.block_until_ready(fn(*args))
   t0 = time.perf_counter()
   for _ in range(iters):
@@ -216,6 +258,7 @@ def _cupy_copy_gbs(nbytes: int, iters: int) -> float | None:
   physical limit codec throughput is judged against. None without cupy or a GPU."""
   try:
     import cupy as cp
+
     src = cp.zeros(nbytes // 4, cp.float32)
     dst = cp.empty_like(src)
     dst[...] = src
@@ -231,8 +274,9 @@ def _cupy_copy_gbs(nbytes: int, iters: int) -> float | None:
     return None
 
 
-def bench(jax, jnp, jc, sizes_mib: list[float], iters: int,
-          results: Results | None = None) -> list[dict]:
+def bench(
+  jax, jnp, jc, sizes_mib: list[float], iters: int, results: Results | None = None
+) -> list[dict]:
   """Codec encode/decode throughput against the device copy bandwidth, per size."""
   rows = []
 
@@ -252,21 +296,41 @@ def bench(jax, jnp, jc, sizes_mib: list[float], iters: int,
     if cupy_gbs is not None:
       add({"codec": "copy", "mib": mib, "op": "copy(cupy, CUDA events)", "gbs": cupy_gbs})
       copy_gbs = max(copy_gbs, cupy_gbs)
-    print(f"{mib:7.2f} MiB copy                      {t_copy*1e3:8.3f} ms {copy_gbs:8.1f} GB/s"
-          f"{'' if cupy_gbs is None else f' (cupy {cupy_gbs:.1f})'}", flush=True)
-    for c in (jc.int8(block_size=256), jc.int4(block_size=256), jc.fp8("e4m3", block_size=128),
-              jc.hadamard(jc.int4(block_size=128), size=256)):
+    print(
+      f"{mib:7.2f} MiB copy                      {t_copy * 1e3:8.3f} ms {copy_gbs:8.1f} GB/s"
+      f"{'' if cupy_gbs is None else f' (cupy {cupy_gbs:.1f})'}",
+      flush=True,
+    )
+    for c in (
+      jc.int8(block_size=256),
+      jc.int4(block_size=256),
+      jc.fp8("e4m3", block_size=128),
+      jc.hadamard(jc.int4(block_size=128), size=256),
+    ):
       enc = jax.jit(lambda v, c=c: c.encode_rows(v, impl="native"))
       buf = enc(x)
-      dec = jax.jit(lambda b, c=c: c.decode_rows(b, ncols, jnp.float32, impl="native"))
-      for op, fn, arg, moved in (("encode", enc, x, x.nbytes + buf.nbytes),
-                                 ("decode", dec, buf, x.nbytes + buf.nbytes)):
+      dec = jax.jit(lambda b, c=c, n=ncols: c.decode_rows(b, n, jnp.float32, impl="native"))
+      for op, fn, arg, moved in (
+        ("encode", enc, x, x.nbytes + buf.nbytes),
+        ("decode", dec, buf, x.nbytes + buf.nbytes),
+      ):
         t = _time(fn, arg, iters=iters)
         gbs = moved / t / 1e9
-        add({"codec": str(c), "mib": mib, "op": op, "ms": t * 1e3, "gbs": gbs,
-             "vs_copy": gbs / copy_gbs})
-        print(f"{mib:7.2f} MiB {str(c):28s} {op:6s} {t*1e3:8.3f} ms {gbs:8.1f} GB/s "
-              f"({100 * gbs / copy_gbs:5.1f}% of copy)", flush=True)
+        add(
+          {
+            "codec": str(c),
+            "mib": mib,
+            "op": op,
+            "ms": t * 1e3,
+            "gbs": gbs,
+            "vs_copy": gbs / copy_gbs,
+          }
+        )
+        print(
+          f"{mib:7.2f} MiB {c!s:28s} {op:6s} {t * 1e3:8.3f} ms {gbs:8.1f} GB/s "
+          f"({100 * gbs / copy_gbs:5.1f}% of copy)",
+          flush=True,
+        )
       del buf
     del x
   return rows
@@ -276,11 +340,15 @@ def main() -> int:
   args = _parse()
   import jax
   import jax.numpy as jnp
+
   from jcoccl import compressors as jc
   from jcoccl import native
+
   if jax.default_backend() != args.platform:
-    print(f"VERDICT codecs: SKIPPED (default backend {jax.default_backend()!r}, "
-          f"--platform {args.platform})")
+    print(
+      f"VERDICT codecs: SKIPPED (default backend {jax.default_backend()!r}, "
+      f"--platform {args.platform})"
+    )
     return 2
   module = "cuda" if args.platform == "gpu" else "cpu"
   if not native.register(module):
@@ -293,8 +361,11 @@ def main() -> int:
     bad, sub = check(jax, jnp, jc, results, args.only)
     dt = time.perf_counter() - t0
     results.set(mismatches=bad, subnormal_differences=sub, check_s=dt)
-    print(f"VERDICT codecs: {'PASS' if not bad else 'FAIL'} ({len(bad)} mismatches, "
-          f"{len(sub)} subnormal-data differences, {dt:.1f} s)", flush=True)
+    print(
+      f"VERDICT codecs: {'PASS' if not bad else 'FAIL'} ({len(bad)} mismatches, "
+      f"{len(sub)} subnormal-data differences, {dt:.1f} s)",
+      flush=True,
+    )
   if not args.skip_bench:
     rows = bench(jax, jnp, jc, [float(s) for s in args.sizes_mib.split(",")], args.iters, results)
     print(f"VERDICT codec-bench: {len(rows)} rows", flush=True)

@@ -56,28 +56,35 @@ OPS = ("one_shot", "two_shot", "reduce_scatter", "all_gather", "all_to_all", "pp
 
 def _compressors() -> dict[str, Any]:
   from jcoccl import compressors as jc
+
   return {
-      "int8": jc.int8(block_size=256),
-      "int4_asym": jc.int4(block_size=128, symmetric=False),
-      "fp8_e4m3": jc.fp8("e4m3", block_size=128),
-      "hadamard_int4": jc.hadamard(jc.int4(block_size=128)),
-      "cast_bf16": jc.cast("bfloat16"),
+    "int8": jc.int8(block_size=256),
+    "int4_asym": jc.int4(block_size=128, symmetric=False),
+    "fp8_e4m3": jc.fp8("e4m3", block_size=128),
+    "hadamard_int4": jc.hadamard(jc.int4(block_size=128)),
+    "cast_bf16": jc.cast("bfloat16"),
   }
 
 
 def _bits_equal(a: Any, b: Any) -> bool:
   import numpy as np
+
   a, b = np.asarray(a), np.asarray(b)
-  return a.shape == b.shape and a.dtype == b.dtype and bool(
-      np.array_equal(a.view(np.uint8), b.view(np.uint8)))
+  return (
+    a.shape == b.shape
+    and a.dtype == b.dtype
+    and bool(np.array_equal(a.view(np.uint8), b.view(np.uint8)))
+  )
 
 
 # ----------------------------------------------------------------------------------------
 # single: world size 1 through the public API.
 
+
 def _devices(platform: str) -> list:
   """The devices of --platform ("gpu" or "cpu")."""
   import jax
+
   return jax.devices("gpu" if platform == "gpu" else "cpu")
 
 
@@ -86,22 +93,27 @@ def _mesh(devices: list, names: tuple[str, ...]):
   shard_map rejects inputs whose sharding does not already match in_specs."""
   import jax
   from jax.sharding import AxisType
-  return jax.make_mesh((1,) * len(names), names, devices=devices[:1],
-                       axis_types=(AxisType.Auto,) * len(names))
+
+  return jax.make_mesh(
+    (1,) * len(names), names, devices=devices[:1], axis_types=(AxisType.Auto,) * len(names)
+  )
 
 
 def _put(x, mesh, spec):
   """x placed with the sharding shard_map's in_specs expects."""
   import jax
   from jax.sharding import NamedSharding
+
   return jax.device_put(x, NamedSharding(mesh, spec))
 
 
 def cmd_single(args: argparse.Namespace) -> int:
   import re
+
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   import jcoccl
 
   results: list[dict] = []
@@ -109,8 +121,10 @@ def cmd_single(args: argparse.Namespace) -> int:
   def record(row: dict) -> None:  # the JSON is rewritten after every case
     results.append(row)
     bad = sum(not r["bit_identical"] for r in results)
-    _write(args.out, dict(kind="single", platform=args.platform, results=results,
-                          mismatches=bad, complete=False))
+    _write(
+      args.out,
+      dict(kind="single", platform=args.platform, results=results, mismatches=bad, complete=False),
+    )
 
   devs = _devices(args.platform)
   mesh = _mesh(devs, ("x",))
@@ -118,8 +132,11 @@ def cmd_single(args: argparse.Namespace) -> int:
   rng = np.random.default_rng(0)
   x_host = rng.standard_normal((8, 1000)).astype(np.float32)
   x_host[0, 3] = np.nan
-  comps = {k: v for k, v in _compressors().items()
-           if not args.compressors or re.search(args.compressors, k)}
+  comps = {
+    k: v
+    for k, v in _compressors().items()
+    if not args.compressors or re.search(args.compressors, k)
+  }
   jcoccl.init(mesh)
   for name, comp in comps.items():
     for dtype in (jnp.float32, jnp.bfloat16):
@@ -129,12 +146,14 @@ def cmd_single(args: argparse.Namespace) -> int:
         kw = dict(compressor=comp, backend=backend, chunks=2, min_bytes=0)
 
         def body(v, kw=kw):
-          return (jcoccl.all_reduce(v, "x", algorithm="one_shot", **kw),
-                  jcoccl.all_reduce(v, "x", algorithm="two_shot", **kw),
-                  jcoccl.reduce_scatter(v, "x", scatter_dimension=0, tiled=True, **kw),
-                  jcoccl.all_gather(v, "x", axis=0, tiled=True, **kw),
-                  jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
-                  jcoccl.ppermute(v, "x", [(0, 0)], **kw))
+          return (
+            jcoccl.all_reduce(v, "x", algorithm="one_shot", **kw),
+            jcoccl.all_reduce(v, "x", algorithm="two_shot", **kw),
+            jcoccl.reduce_scatter(v, "x", scatter_dimension=0, tiled=True, **kw),
+            jcoccl.all_gather(v, "x", axis=0, tiled=True, **kw),
+            jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
+            jcoccl.ppermute(v, "x", [(0, 0)], **kw),
+          )
 
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
         try:
@@ -144,49 +163,96 @@ def cmd_single(args: argparse.Namespace) -> int:
         except Exception as e:  # report and continue with the other cases
           outs[backend] = f"{type(e).__name__}: {e}"
       for i, op in enumerate(OPS):
-        ok = (not isinstance(outs["xla"], str) and not isinstance(outs["fused"], str)
-              and _bits_equal(outs["xla"][i], outs["fused"][i]))
-        err = outs["fused"] if isinstance(outs["fused"], str) else (
-            outs["xla"] if isinstance(outs["xla"], str) else "")
-        record(dict(op=op, compressor=name, dtype=jnp.dtype(dtype).name, bit_identical=ok,
-                    fused_calls=outs.get("hlo_fused_calls"), error=err[:500]))
-        print(f"single  {op:15s} {name:14s} {jnp.dtype(dtype).name:9s} "
-              f"{'OK' if ok else 'MISMATCH ' + err[:200]}", flush=True)
+        ok = (
+          not isinstance(outs["xla"], str)
+          and not isinstance(outs["fused"], str)
+          and _bits_equal(outs["xla"][i], outs["fused"][i])
+        )
+        err = (
+          outs["fused"]
+          if isinstance(outs["fused"], str)
+          else (outs["xla"] if isinstance(outs["xla"], str) else "")
+        )
+        record(
+          dict(
+            op=op,
+            compressor=name,
+            dtype=jnp.dtype(dtype).name,
+            bit_identical=ok,
+            fused_calls=outs.get("hlo_fused_calls"),
+            error=err[:500],
+          )
+        )
+        print(
+          f"single  {op:15s} {name:14s} {jnp.dtype(dtype).name:9s} "
+          f"{'OK' if ok else 'MISMATCH ' + err[:200]}",
+          flush=True,
+        )
   # Hierarchical over a (1, 1) mesh.
   jcoccl.init(mesh2)
   levels = (_compressors()["int4_asym"], _compressors()["int8"])
   spec2 = jax.P(("node", "gpu"))
   outs = {}
   for backend in ("xla", "fused"):
+
     def hbody(v, backend=backend):
-      return jcoccl.all_reduce(v, ("node", "gpu"), compressor=levels, algorithm="hierarchical",
-                               backend=backend, chunks=2, min_bytes=0)
+      return jcoccl.all_reduce(
+        v,
+        ("node", "gpu"),
+        compressor=levels,
+        algorithm="hierarchical",
+        backend=backend,
+        chunks=2,
+        min_bytes=0,
+      )
+
     f = jax.jit(jax.shard_map(hbody, mesh=mesh2, in_specs=spec2, out_specs=spec2))
     try:
       outs[backend] = np.asarray(f(_put(jnp.asarray(x_host), mesh2, spec2)))
     except Exception as e:
       outs[backend] = f"{type(e).__name__}: {e}"
-  ok = not isinstance(outs["xla"], str) and not isinstance(outs["fused"], str) and _bits_equal(
-      outs["xla"], outs["fused"])
+  ok = (
+    not isinstance(outs["xla"], str)
+    and not isinstance(outs["fused"], str)
+    and _bits_equal(outs["xla"], outs["fused"])
+  )
   err = next((o for o in outs.values() if isinstance(o, str)), "")
-  record(dict(op="hierarchical", compressor="int4_asym/int8", dtype="float32", bit_identical=ok,
-              error=err[:500]))
-  print(f"single  hierarchical    int4_asym/int8 float32   {'OK' if ok else 'MISMATCH ' + err[:200]}")
+  record(
+    dict(
+      op="hierarchical",
+      compressor="int4_asym/int8",
+      dtype="float32",
+      bit_identical=ok,
+      error=err[:500],
+    )
+  )
+  print(
+    f"single  hierarchical    int4_asym/int8 float32   {'OK' if ok else 'MISMATCH ' + err[:200]}"
+  )
   jcoccl.shutdown()
   bad = [r for r in results if not r["bit_identical"]]
-  _write(args.out, dict(kind="single", platform=args.platform, results=results,
-                        mismatches=len(bad), complete=True))
-  print(f"VERDICT single: {'PASS' if not bad else 'FAIL'} ({len(results) - len(bad)}/"
-        f"{len(results)} bit-identical, fused vs xla at world 1)", flush=True)
+  _write(
+    args.out,
+    dict(
+      kind="single", platform=args.platform, results=results, mismatches=len(bad), complete=True
+    ),
+  )
+  print(
+    f"VERDICT single: {'PASS' if not bad else 'FAIL'} ({len(results) - len(bad)}/"
+    f"{len(results)} bit-identical, fused vs xla at world 1)",
+    flush=True,
+  )
   return 1 if bad else 0
 
 
 # ----------------------------------------------------------------------------------------
 # worker: one rank of a multi-process NCCL group on the shared GPU.
 
+
 def _inputs(rank: int, n: int, m: int, rows: int, dtype: Any) -> Any:
-  import numpy as np
   import jax.numpy as jnp
+  import numpy as np
+
   rng = np.random.default_rng(1000 + rank)
   x = rng.standard_normal((rows, m)).astype(np.float32)
   x[rng.random(x.shape) < 0.01] *= 200.0
@@ -196,14 +262,19 @@ def _inputs(rank: int, n: int, m: int, rows: int, dtype: Any) -> Any:
 def _reference(op: str, comp: Any, xs: list, me: int, n: int, m: int, dtype: Any) -> Any:
   """The expected output of rank ``me`` from the jnp specification (on the CPU)."""
   import jax.numpy as jnp
+
   enc = lambda v: comp.encode_rows(v, impl="jnp")
   if op == "one_shot":
     got = jnp.concatenate([enc(x[:1]) for x in xs])
     return comp.decode_sum(got, m, dtype, impl="jnp")[None]
   if op == "two_shot":
     e = [enc(x) for x in xs]
-    shards = jnp.stack([comp.decode_sum_encode(jnp.stack([e[r][j] for r in range(n)]), m, dtype,
-                                               impl="jnp") for j in range(n)])
+    shards = jnp.stack(
+      [
+        comp.decode_sum_encode(jnp.stack([e[r][j] for r in range(n)]), m, dtype, impl="jnp")
+        for j in range(n)
+      ]
+    )
     return comp.decode_rows(shards, m, dtype, impl="jnp")[None]
   if op == "reduce_scatter":
     got = jnp.stack([enc(x)[me] for x in xs])
@@ -227,25 +298,34 @@ def _layout(op: str, x: Any, n: int, m: int) -> tuple[Any, tuple]:
     inp = x[:1].reshape(1, m)
   else:
     inp = x.reshape(1, n, m)
-  out = {"one_shot": (1, m), "ppermute": (1, m), "reduce_scatter": (1, m),
-         "all_gather": (1, n, m)}.get(op, (1, n, m))
+  out = {
+    "one_shot": (1, m),
+    "ppermute": (1, m),
+    "reduce_scatter": (1, m),
+    "all_gather": (1, n, m),
+  }.get(op, (1, n, m))
   return inp, out
 
 
-def _engine(op: str, x: Any, out_shape: tuple, cid: int, n: int, comp: Any, m: int,
-            k: int = 1) -> Any:
+def _engine(
+  op: str, x: Any, out_shape: tuple, cid: int, n: int, comp: Any, m: int, k: int = 1
+) -> Any:
   """One engine call; ``op`` is an engine algorithm or "plain_<collective>" (NCCL's own)."""
   import numpy as np
+
   from jcoccl import native as engine
+
   if op.startswith("plain_"):
-    return engine.engine_call(op[len("plain_"):], "plain", x, out_shape, cid, n, None, k, m,
-                             platform=PLATFORM)
+    return engine.engine_call(
+      op[len("plain_") :], "plain", x, out_shape, cid, n, None, k, m, platform=PLATFORM
+    )
   name = op if op in ("reduce_scatter", "all_gather", "all_to_all", "ppermute") else "all_reduce"
   perm = None
   if op == "ppermute":
     perm = np.array([i + 1 if i + 1 < n else -1 for i in range(n)], np.int32)
-  return engine.engine_call(name, op, x, out_shape, cid, n, comp, k, m, platform=PLATFORM,
-                           perm=perm)
+  return engine.engine_call(
+    name, op, x, out_shape, cid, n, comp, k, m, platform=PLATFORM, perm=perm
+  )
 
 
 def _wait_file(path: str, timeout: float) -> bytes:
@@ -263,6 +343,7 @@ def _comm_init_nccl(args: argparse.Namespace, me: int, n: int, cid: int) -> str 
   """NCCL communicator of the launch's ranks; the ncclUniqueId travels through a file.
   Returns an error message, or None."""
   from jcoccl import native
+
   mod = native.module("cuda")
   if mod is None:
     return f"jcoccl._cuda missing: {native.import_error('cuda')}"
@@ -285,7 +366,9 @@ def _comm_init_nccl(args: argparse.Namespace, me: int, n: int, cid: int) -> str 
 def _comm_init_host(args: argparse.Namespace, me: int, n: int, cid: int) -> str | None:
   """The CPU dry run's communicator: the in-process host transport (world size 1 only)."""
   import jax
+
   from jcoccl import native
+
   if n != 1:
     return "--platform cpu runs at world size 1 only (the host transport is in-process)"
   mod = native.module("cpu")
@@ -299,11 +382,13 @@ def _comm_init_host(args: argparse.Namespace, me: int, n: int, cid: int) -> str 
 def cmd_worker(args: argparse.Namespace) -> int:
   global PLATFORM
   import jax
+
   from jcoccl import native
 
   me, n = args.rank, args.world
-  report: dict[str, Any] = dict(kind="worker", rank=me, world=n, platform=args.platform,
-                                checks=[], bench=[], done=False)
+  report: dict[str, Any] = dict(
+    kind="worker", rank=me, world=n, platform=args.platform, checks=[], bench=[], done=False
+  )
   out_path = os.path.join(args.dir, f"rank{me}.json")
   PLATFORM = "cuda" if args.platform == "gpu" else "cpu"
   cid = 1 if args.platform == "gpu" else (1 << 50) + 12
@@ -332,8 +417,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
   return 1 if bad else 0
 
 
-def _checks(cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | None = None,
-            progress=lambda: None) -> list:
+def _checks(
+  cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | None = None, progress=lambda: None
+) -> list:
   """Every compressed engine op on ``dev`` against the jnp specification, bit for bit.
   Results are appended to ``out`` (returned), calling ``progress()`` after each."""
   import jax
@@ -356,12 +442,18 @@ def _checks(cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | None = No
           err = ""
         except Exception as e:
           ok, err = False, f"{type(e).__name__}: {e}"[:500]
-        out.append(dict(op=op, compressor=cname, dtype=jnp.dtype(dtype).name,
-                        bit_identical=ok, ok=ok, error=err))
+        out.append(
+          dict(
+            op=op, compressor=cname, dtype=jnp.dtype(dtype).name, bit_identical=ok, ok=ok, error=err
+          )
+        )
         progress()
         if me == 0 or not ok:
-          print(f"[rank {me}/{n}] {op:15s} {cname:14s} {jnp.dtype(dtype).name:9s} "
-                f"{'OK' if ok else 'MISMATCH ' + err}", flush=True)
+          print(
+            f"[rank {me}/{n}] {op:15s} {cname:14s} {jnp.dtype(dtype).name:9s} "
+            f"{'OK' if ok else 'MISMATCH ' + err}",
+            flush=True,
+          )
   return out
 
 
@@ -369,16 +461,19 @@ def _fold_bound(n: int) -> float:
   """Two float32 summation orders of n terms differ by at most 2 gamma_{n-1} sum|x_r|
   (gamma_j = j u / (1 - j u), u = eps32 / 2): NCCL's order vs the rank-order fold."""
   import numpy as np
+
   u = float(np.finfo(np.float32).eps) / 2
   return 2 * (n - 1) * u / (1 - (n - 1) * u)
 
 
-def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | None = None,
-                  progress=lambda: None) -> list:
+def _plain_checks(
+  cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | None = None, progress=lambda: None
+) -> list:
   """NCCL's plain ops on ``dev`` against numpy: all_gather bit for bit; all_reduce and
   reduce_scatter within float32 summation rounding of the rank-order fold (NCCL sums in
   its own order). The all_reduce digest lets `launch` compare the ranks' bits."""
   import hashlib
+
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -392,18 +487,21 @@ def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | Non
     fold = fold + xs[r]
   bound = _fold_bound(n) * np.abs(x64).sum(axis=0)
   cases = {
-      "plain_all_reduce": (xs[me].reshape(1, n * m), (1, n * m), n * m,
-                           fold.reshape(1, n * m), bound.reshape(1, n * m)),
-      "plain_reduce_scatter": (xs[me].reshape(1, n, m), (1, m), m, fold[me][None],
-                               bound[me][None]),
-      "plain_all_gather": (xs[me][:1], (1, n, m), m, np.stack([x[0] for x in xs])[None], None),
+    "plain_all_reduce": (
+      xs[me].reshape(1, n * m),
+      (1, n * m),
+      n * m,
+      fold.reshape(1, n * m),
+      bound.reshape(1, n * m),
+    ),
+    "plain_reduce_scatter": (xs[me].reshape(1, n, m), (1, m), m, fold[me][None], bound[me][None]),
+    "plain_all_gather": (xs[me][:1], (1, n, m), m, np.stack([x[0] for x in xs])[None], None),
   }
   out = [] if out is None else out
   for op, (inp, oshape, mm, want, tol) in cases.items():
     digest = ""
     try:
-      got = np.asarray(_engine(op, jax.device_put(jnp.asarray(inp), dev), oshape, cid, n, None,
-                               mm))
+      got = np.asarray(_engine(op, jax.device_put(jnp.asarray(inp), dev), oshape, cid, n, None, mm))
       digest = hashlib.sha256(got.tobytes()).hexdigest()
       if tol is None:
         ok, err = _bits_equal(got, want), ""
@@ -416,14 +514,17 @@ def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | Non
     out.append(dict(op=op, compressor="nccl", dtype="float32", ok=ok, error=err, digest=digest))
     progress()
     if me == 0 or not ok:
-      print(f"[rank {me}/{n}] {op:22s} nccl      float32   {'OK' if ok else 'MISMATCH ' + err}",
-            flush=True)
+      print(
+        f"[rank {me}/{n}] {op:22s} nccl      float32   {'OK' if ok else 'MISMATCH ' + err}",
+        flush=True,
+      )
   # Raw bytes: the 2-byte dtype moves exactly as well.
   with jax.default_device(cpu):
     hs = [_inputs(r, n, m, 1, jnp.bfloat16) for r in range(n)]
   try:
-    got = np.asarray(_engine("plain_all_gather", jax.device_put(hs[me], dev), (1, n, m), cid, n,
-                             None, m))
+    got = np.asarray(
+      _engine("plain_all_gather", jax.device_put(hs[me], dev), (1, n, m), cid, n, None, m)
+    )
     ok, err = _bits_equal(got, np.stack([np.asarray(h)[0] for h in hs])[None]), ""
   except Exception as e:
     ok, err = False, f"{type(e).__name__}: {e}"[:500]
@@ -435,31 +536,48 @@ def _plain_checks(cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | Non
 def _bench_cases(n: int) -> dict:
   """op -> (nccl-tests bus factor, [(label, engine algo, compressor or None)])."""
   from jcoccl import compressors as jc
-  comps = {"int8": jc.int8(block_size=256), "int4": jc.int4(block_size=128),
-           "fp8": jc.fp8("e4m3", block_size=128)}
-  rows = lambda algo: ([("nccl", "plain_" + op_of[algo], None), ("engine_none", algo, None)] +
-                       [(c, algo, comp) for c, comp in comps.items()])
-  op_of = {"two_shot": "all_reduce", "all_gather": "all_gather",
-           "reduce_scatter": "reduce_scatter"}
+
+  comps = {
+    "int8": jc.int8(block_size=256),
+    "int4": jc.int4(block_size=128),
+    "fp8": jc.fp8("e4m3", block_size=128),
+  }
+  rows = lambda algo: (
+    [("nccl", "plain_" + op_of[algo], None), ("engine_none", algo, None)]
+    + [(c, algo, comp) for c, comp in comps.items()]
+  )
+  op_of = {"two_shot": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter"}
   ar = rows("two_shot") + [("int8/one_shot", "one_shot", comps["int8"])]
-  return {"all_reduce": (2.0 * (n - 1) / n, ar),
-          "all_gather": ((n - 1) / n, rows("all_gather")),
-          "reduce_scatter": ((n - 1) / n, rows("reduce_scatter"))}
+  return {
+    "all_reduce": (2.0 * (n - 1) / n, ar),
+    "all_gather": ((n - 1) / n, rows("all_gather")),
+    "reduce_scatter": ((n - 1) / n, rows("reduce_scatter")),
+  }
 
 
 def _bench_layout(algo: str, n: int, m: int) -> tuple[tuple, tuple, int]:
   """(input shape, output shape, engine row length) for one timed call of n*m float32."""
-  return {"plain_all_reduce": ((1, n * m), (1, n * m), n * m),
-          "one_shot": ((1, n * m), (1, n * m), n * m),
-          "two_shot": ((1, n, m), (1, n, m), m),
-          "plain_reduce_scatter": ((1, n, m), (1, m), m),
-          "reduce_scatter": ((1, n, m), (1, m), m),
-          "plain_all_gather": ((1, m), (1, n, m), m),
-          "all_gather": ((1, m), (1, n, m), m)}[algo]
+  return {
+    "plain_all_reduce": ((1, n * m), (1, n * m), n * m),
+    "one_shot": ((1, n * m), (1, n * m), n * m),
+    "two_shot": ((1, n, m), (1, n, m), m),
+    "plain_reduce_scatter": ((1, n, m), (1, m), m),
+    "reduce_scatter": ((1, n, m), (1, m), m),
+    "plain_all_gather": ((1, m), (1, n, m), m),
+    "all_gather": ((1, m), (1, n, m), m),
+  }[algo]
 
 
-def _bench(cid: int, me: int, n: int, dev: Any, sizes_mib: list, iters: int,
-           rows: list | None = None, progress=lambda: None) -> list:
+def _bench(
+  cid: int,
+  me: int,
+  n: int,
+  dev: Any,
+  sizes_mib: list,
+  iters: int,
+  rows: list | None = None,
+  progress=lambda: None,
+) -> list:
   """Times compressed collectives against NCCL's at each size (float32; bytes = the full
   buffer as nccl-tests counts it: count * 4 for all_reduce, the gathered / scattered buffer
   for all_gather / reduce_scatter)."""
@@ -478,8 +596,11 @@ def _bench(cid: int, me: int, n: int, dev: Any, sizes_mib: list, iters: int,
       for label, algo, comp in cases:
         ishape, oshape, mm = _bench_layout(algo, n, m)
         x = jax.device_put(jax.random.normal(jax.random.key(me), ishape, jnp.float32), dev)
-        f = jax.jit(lambda v, algo=algo, oshape=oshape, comp=comp, mm=mm:
-                    _engine(algo, v, oshape, cid, n, comp, mm))
+        f = jax.jit(
+          lambda v, algo=algo, oshape=oshape, comp=comp, mm=mm: _engine(
+            algo, v, oshape, cid, n, comp, mm
+          )
+        )
         jax.block_until_ready(f(x))
         jax.block_until_ready(f(x))
         jax.block_until_ready(barrier(barrier_in))  # every rank starts the clock together
@@ -489,16 +610,29 @@ def _bench(cid: int, me: int, n: int, dev: Any, sizes_mib: list, iters: int,
         t = (time.perf_counter() - t0) / max(1, iters)
         times[label] = t
         algbw = buf / t / 1e9
-        rows.append(dict(op=opname, bytes=buf, compressor=label, algo=algo, time_us=t * 1e6,
-                         algbw_GBps=algbw, busbw_GBps=algbw * factor, speedup_vs_nccl=None))
-      for r in rows[-len(cases):]:
+        rows.append(
+          dict(
+            op=opname,
+            bytes=buf,
+            compressor=label,
+            algo=algo,
+            time_us=t * 1e6,
+            algbw_GBps=algbw,
+            busbw_GBps=algbw * factor,
+            speedup_vs_nccl=None,
+          )
+        )
+      for r in rows[-len(cases) :]:
         r["speedup_vs_nccl"] = times["nccl"] / times[r["compressor"]]
       progress()
       if me == 0:
-        for r in rows[-len(cases):]:
-          print(f"[bench n={n}] {r['op']:14s} {r['bytes']:>12d} {r['compressor']:13s} "
-                f"{r['time_us']:>11.1f} us  algbw {r['algbw_GBps']:7.3f}  busbw "
-                f"{r['busbw_GBps']:7.3f} GB/s  x{r['speedup_vs_nccl']:.2f} vs nccl", flush=True)
+        for r in rows[-len(cases) :]:
+          print(
+            f"[bench n={n}] {r['op']:14s} {r['bytes']:>12d} {r['compressor']:13s} "
+            f"{r['time_us']:>11.1f} us  algbw {r['algbw_GBps']:7.3f}  busbw "
+            f"{r['busbw_GBps']:7.3f} GB/s  x{r['speedup_vs_nccl']:.2f} vs nccl",
+            flush=True,
+          )
   return rows
 
 
@@ -506,6 +640,7 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
   """World size 1 on the CPU (host transport): the worker's checks and the benchmark loop."""
   global PLATFORM
   import jax
+
   from jcoccl import native
 
   mod = native.module("cpu")
@@ -531,11 +666,29 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------
 # launch: the multi-process run.
 
+
 def _worker_cmd(args: argparse.Namespace, d: str, r: int) -> list[str]:
-  return ([sys.executable, os.path.abspath(__file__), "worker", "--rank", str(r), "--world",
-           str(args.world), "--dir", d, "--platform", args.platform, "--iters", str(args.iters),
-           "--sizes-mib", *[str(s) for s in args.sizes_mib]] +
-          (["--bench"] if args.bench else []) + (["--no-checks"] if args.no_checks else []))
+  return (
+    [
+      sys.executable,
+      os.path.abspath(__file__),
+      "worker",
+      "--rank",
+      str(r),
+      "--world",
+      str(args.world),
+      "--dir",
+      d,
+      "--platform",
+      args.platform,
+      "--iters",
+      str(args.iters),
+      "--sizes-mib",
+      *[str(s) for s in args.sizes_mib],
+    ]
+    + (["--bench"] if args.bench else [])
+    + (["--no-checks"] if args.no_checks else [])
+  )
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -547,12 +700,21 @@ def cmd_launch(args: argparse.Namespace) -> int:
   procs = []
   for r in range(args.world):
     env = dict(os.environ)
-    env.update(NCCL_HOSTID=f"jcoccl-rank-{r}", NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false", JCOCCL_TIMEOUT_S=str(args.timeout),
-               NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "WARN"))
-    log = open(os.path.join(d, f"rank{r}.log"), "w")
-    procs.append((subprocess.Popen(_worker_cmd(args, d, r), env=env, stdout=log,
-                                   stderr=subprocess.STDOUT), log))
+    env.update(
+      NCCL_HOSTID=f"jcoccl-rank-{r}",
+      NCCL_SOCKET_IFNAME="lo",
+      NCCL_IB_DISABLE="1",
+      XLA_PYTHON_CLIENT_PREALLOCATE="false",
+      JCOCCL_TIMEOUT_S=str(args.timeout),
+      NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "WARN"),
+    )
+    log = open(os.path.join(d, f"rank{r}.log"), "w")  # noqa: SIM115 (closed after the rank exits)
+    procs.append(
+      (
+        subprocess.Popen(_worker_cmd(args, d, r), env=env, stdout=log, stderr=subprocess.STDOUT),
+        log,
+      )
+    )
   # The launch's own deadline comes before the caller's step limit, so that the summary of
   # whatever the ranks finished is always written.
   deadline = time.time() + (args.deadline if args.deadline else args.timeout * 3)
@@ -569,35 +731,53 @@ def cmd_launch(args: argparse.Namespace) -> int:
   for r in range(args.world):
     path = os.path.join(d, f"rank{r}.json")
     try:
-      ranks.append(json.load(open(path)))
+      with open(path) as f:
+        ranks.append(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
       ranks.append({"rank": r, "error": f"no report ({e})"})
-    tail = open(os.path.join(d, f"rank{r}.log")).read()[-3000:]
+    with open(os.path.join(d, f"rank{r}.log")) as f:
+      tail = f.read()[-3000:]
     ranks[-1]["log_tail"] = tail
     print(f"----- rank {r} (rc={rcs[r]}) log tail -----\n{tail}", flush=True)
-  refused = any("refused" in str(x.get("error", "")).lower() or "Duplicate GPU" in x["log_tail"]
-                for x in ranks)
+  refused = any(
+    "refused" in str(x.get("error", "")).lower() or "Duplicate GPU" in x["log_tail"] for x in ranks
+  )
   if refused:
-    print(f"NCCL REFUSED {args.world} ranks on one GPU with distinct NCCL_HOSTID "
-          "(see the log tails above)", flush=True)
+    print(
+      f"NCCL REFUSED {args.world} ranks on one GPU with distinct NCCL_HOSTID "
+      "(see the log tails above)",
+      flush=True,
+    )
   # NCCL's all_reduce usually hands every rank the same bits (ring/tree broadcast the reduced
   # chunks); recorded for information, not counted as a mismatch.
-  digests = {c.get("digest") for x in ranks for c in x.get("checks", [])
-             if c.get("op") == "plain_all_reduce"}
+  digests = {
+    c.get("digest") for x in ranks for c in x.get("checks", []) if c.get("op") == "plain_all_reduce"
+  }
   same = len(digests) == 1 and "" not in digests and None not in digests
   print(f"plain NCCL all_reduce bits identical on every rank: {same}", flush=True)
   failed = sum(not c.get("ok") for x in ranks for c in x.get("checks", []))
   checks = sum(len(x.get("checks", [])) for x in ranks)
-  summary = dict(kind="launch", world=args.world, platform=args.platform,
-                 returncodes=[str(c) for c in rcs], refused=refused,
-                 plain_all_reduce_same_bits_on_all_ranks=same, ranks=ranks,
-                 bench=ranks[0].get("bench", []) if ranks else [], mismatches=failed,
-                 checks=checks, complete=all(x.get("done") for x in ranks))
+  summary = dict(
+    kind="launch",
+    world=args.world,
+    platform=args.platform,
+    returncodes=[str(c) for c in rcs],
+    refused=refused,
+    plain_all_reduce_same_bits_on_all_ranks=same,
+    ranks=ranks,
+    bench=ranks[0].get("bench", []) if ranks else [],
+    mismatches=failed,
+    checks=checks,
+    complete=all(x.get("done") for x in ranks),
+  )
   _write(args.out, summary)
   ok = not refused and all(c == 0 for c in rcs)
-  print(f"VERDICT world{args.world}: {'PASS' if ok else 'REFUSED' if refused else 'FAIL'} "
-        f"({checks - failed}/{checks} checks OK, {len(summary['bench'])} bench rows, "
-        f"returncodes {summary['returncodes']})", flush=True)
+  print(
+    f"VERDICT world{args.world}: {'PASS' if ok else 'REFUSED' if refused else 'FAIL'} "
+    f"({checks - failed}/{checks} checks OK, {len(summary['bench'])} bench rows, "
+    f"returncodes {summary['returncodes']})",
+    flush=True,
+  )
   if refused:
     return 3
   return 0 if ok else 1
@@ -606,44 +786,60 @@ def cmd_launch(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------
 # report.
 
+
 def cmd_report(args: argparse.Namespace) -> int:
   parts = {}
   for name in sorted(os.listdir(args.dir)):
     if name.endswith(".json") and name != "summary.json":
       try:
-        parts[name] = json.load(open(os.path.join(args.dir, name)))
+        with open(os.path.join(args.dir, name)) as f:
+          parts[name] = json.load(f)
       except (OSError, json.JSONDecodeError) as e:
         parts[name] = {"error": str(e)}
   _write(os.path.join(args.dir, "summary.json"), parts)
   lines = ["# jcoccl GPU check summary", ""]
   for name, p in parts.items():
     if p.get("kind") == "single":
-      lines.append(f"{name}: world 1 fused vs xla: {len(p['results']) - p['mismatches']}/"
-                   f"{len(p['results'])} bit-identical"
-                   f"{'' if p.get('complete', True) else ' (incomplete: cut short)'}")
+      lines.append(
+        f"{name}: world 1 fused vs xla: {len(p['results']) - p['mismatches']}/"
+        f"{len(p['results'])} bit-identical"
+        f"{'' if p.get('complete', True) else ' (incomplete: cut short)'}"
+      )
     elif p.get("kind") == "launch":
-      lines.append(f"{name}: world {p['world']}: refused={p['refused']} "
-                   f"returncodes={p['returncodes']} mismatches={p['mismatches']} "
-                   "nccl all_reduce same bits on all ranks="
-                   f"{p.get('plain_all_reduce_same_bits_on_all_ranks')}")
+      lines.append(
+        f"{name}: world {p['world']}: refused={p['refused']} "
+        f"returncodes={p['returncodes']} mismatches={p['mismatches']} "
+        "nccl all_reduce same bits on all ranks="
+        f"{p.get('plain_all_reduce_same_bits_on_all_ranks')}"
+      )
       if p.get("bench"):
-        lines.append("  baseline nccl = ncclAllReduce/ncclReduceScatter (f32 sum), ncclAllGather;"
-                     " speedup = t_nccl / t; engine_none = engine + identity codec")
-        lines.append(f"  {'op':14s} {'bytes':>12s} {'codec':13s} {'time(us)':>11s} "
-                     f"{'algbw':>8s} {'busbw':>8s} {'speedup':>8s}")
+        lines.append(
+          "  baseline nccl = ncclAllReduce/ncclReduceScatter (f32 sum), ncclAllGather;"
+          " speedup = t_nccl / t; engine_none = engine + identity codec"
+        )
+        lines.append(
+          f"  {'op':14s} {'bytes':>12s} {'codec':13s} {'time(us)':>11s} "
+          f"{'algbw':>8s} {'busbw':>8s} {'speedup':>8s}"
+        )
         for r in p["bench"]:
-          lines.append(f"  {r['op']:14s} {r['bytes']:>12d} {r['compressor']:13s} "
-                       f"{r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} "
-                       f"{r['speedup_vs_nccl']:>8.2f}")
+          lines.append(
+            f"  {r['op']:14s} {r['bytes']:>12d} {r['compressor']:13s} "
+            f"{r['time_us']:>11.1f} {r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} "
+            f"{r['speedup_vs_nccl']:>8.2f}"
+          )
     elif "cases" in p or isinstance(p.get("mismatches"), list):  # tools/gpu_codecs.py
       bad = p.get("mismatches")
-      lines.append(f"{name}: codecs vs CPU spec: "
-                   f"{'incomplete' if bad is None else f'{len(bad)} mismatches'}, "
-                   f"{len(p.get('cases', []))} cases, "
-                   f"{len(p.get('subnormal_differences') or [])} subnormal-data differences")
+      lines.append(
+        f"{name}: codecs vs CPU spec: "
+        f"{'incomplete' if bad is None else f'{len(bad)} mismatches'}, "
+        f"{len(p.get('cases', []))} cases, "
+        f"{len(p.get('subnormal_differences') or [])} subnormal-data differences"
+      )
       for r in p.get("bench", []):
-        lines.append(f"  {r['mib']:>8} MiB {r['codec']:36s} {r['op']:24s} {r['gbs']:8.1f} GB/s"
-                     + (f" ({100 * r['vs_copy']:.0f}% of copy)" if "vs_copy" in r else ""))
+        lines.append(
+          f"  {r['mib']:>8} MiB {r['codec']:36s} {r['op']:24s} {r['gbs']:8.1f} GB/s"
+          + (f" ({100 * r['vs_copy']:.0f}% of copy)" if "vs_copy" in r else "")
+        )
     else:
       lines.append(f"{name}: {json.dumps(p)[:300]}")
   text = "\n".join(lines) + "\n"
@@ -660,45 +856,68 @@ def _write(path: str, obj: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   sub = p.add_subparsers(dest="cmd", required=True)
   s = sub.add_parser("single", help="world size 1: fused vs xla backend, bit for bit")
   s.add_argument("--out", default="gpu_out/single.json")
-  s.add_argument("--platform", choices=("gpu", "cpu"), default="gpu",
-                 help="cpu: the CI dry run (host transport instead of NCCL)")
+  s.add_argument(
+    "--platform",
+    choices=("gpu", "cpu"),
+    default="gpu",
+    help="cpu: the CI dry run (host transport instead of NCCL)",
+  )
   s.add_argument("--compressors", default=None, help="regex: only these compressors")
   for name in ("launch", "worker"):
     w = sub.add_parser(name, help="multi-process NCCL run" if name == "launch" else "one rank")
     w.add_argument("--world", type=int, default=2)
-    w.add_argument("--platform", choices=("gpu", "cpu"), default="gpu",
-                   help="cpu: the CI dry run at --world 1 (host transport)")
+    w.add_argument(
+      "--platform",
+      choices=("gpu", "cpu"),
+      default="gpu",
+      help="cpu: the CI dry run at --world 1 (host transport)",
+    )
     w.add_argument("--bench", action="store_true", help="also time compressed vs NCCL")
     w.add_argument("--no-checks", action="store_true", help="skip the correctness checks")
     w.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 8, 64])
     w.add_argument("--iters", type=int, default=5)
     if name == "launch":
       w.add_argument("--out", default="gpu_out/world.json")
-      w.add_argument("--dir", default=None,
-                     help="directory for the ranks' logs and JSON (default: a new temp dir)")
-      w.add_argument("--timeout", type=float, default=60.0,
-                     help="JCOCCL_TIMEOUT_S for the workers")
-      w.add_argument("--deadline", type=float, default=0.0,
-                     help="seconds after which unfinished ranks are killed and the summary "
-                     "written (default: 3 x --timeout)")
+      w.add_argument(
+        "--dir",
+        default=None,
+        help="directory for the ranks' logs and JSON (default: a new temp dir)",
+      )
+      w.add_argument("--timeout", type=float, default=60.0, help="JCOCCL_TIMEOUT_S for the workers")
+      w.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="seconds after which unfinished ranks are killed and the summary "
+        "written (default: 3 x --timeout)",
+      )
     else:
       w.add_argument("--rank", type=int, required=True)
       w.add_argument("--dir", required=True)
-  c = sub.add_parser("selfcheck", help="world size 1 on the CPU: the script's checks and bench "
-                     "code through the host transport (no GPU)")
+  c = sub.add_parser(
+    "selfcheck",
+    help="world size 1 on the CPU: the script's checks and bench "
+    "code through the host transport (no GPU)",
+  )
   c.add_argument("--out", default="gpu_out/selfcheck.json")
   c.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25])
   c.add_argument("--iters", type=int, default=2)
   r = sub.add_parser("report", help="merge the JSON files of a directory")
   r.add_argument("--dir", default="gpu_out")
   args = p.parse_args(argv)
-  return {"single": cmd_single, "launch": cmd_launch, "worker": cmd_worker,
-          "selfcheck": cmd_selfcheck, "report": cmd_report}[args.cmd](args)
+  return {
+    "single": cmd_single,
+    "launch": cmd_launch,
+    "worker": cmd_worker,
+    "selfcheck": cmd_selfcheck,
+    "report": cmd_report,
+  }[args.cmd](args)
 
 
 if __name__ == "__main__":

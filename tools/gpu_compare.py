@@ -27,11 +27,12 @@ _UINT = {F32: np.uint32, BF16: np.uint16, F16: np.uint16}
 
 class Layout(NamedTuple):
   """What the comparison needs to know of a codec's payload of a row of n elements."""
+
   kind: int
-  block: int          # int / fp8 / error_bounded block size, else 1
-  cast_dtype: int     # cast: the payload element type
-  hadamard: int       # 0: none
-  dtype: int          # the row's element type (F32, BF16, F16)
+  block: int  # int / fp8 / error_bounded block size, else 1
+  cast_dtype: int  # cast: the payload element type
+  hadamard: int  # 0: none
+  dtype: int  # the row's element type (F32, BF16, F16)
   n: int
 
   def payload_elem(self) -> int | None:
@@ -82,8 +83,8 @@ def payload_mismatch(layout: Layout, a: np.ndarray, b: np.ndarray) -> np.ndarray
     nb = layout.n // layout.block
     words_at = (nb + 3) // 4 * 4
     wa, wb = a[:, :nb], b[:, :nb]
-    raw = (wa == RAW_WIDTH) & (wb == RAW_WIDTH)                       # [rows, nb]
-    raw_words = np.repeat(raw, layout.block, axis=-1)                 # [rows, n]
+    raw = (wa == RAW_WIDTH) & (wb == RAW_WIDTH)  # [rows, nb]
+    raw_words = np.repeat(raw, layout.block, axis=-1)  # [rows, n]
     ua = a[:, words_at:].view(np.uint32)
     ub = b[:, words_at:].view(np.uint32)
     w_bad = np.where(raw_words, float_mismatch(ua, ub, F32), ua != ub)

@@ -25,17 +25,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("cuda/gpu/codecs.cu", "cuda/gpu/fused.cu")
 FORBIDDEN = {
-    "fused multiply-add": re.compile(r"^\s*(@!?%\w+\s+)?(fma\.\S+|mad(\.\w+)*\.f(16|32|64)\b)",
-                                     re.M),
-    "non-IEEE division or approximation": re.compile(r"\b(div\.full|div\.approx|\w+\.approx)\S*"),
-    "flush to zero": re.compile(r"^\s*(@!?%\w+\s+)?\w+(\.\w+)*\.ftz\b\S*", re.M),
+  "fused multiply-add": re.compile(r"^\s*(@!?%\w+\s+)?(fma\.\S+|mad(\.\w+)*\.f(16|32|64)\b)", re.M),
+  "non-IEEE division or approximation": re.compile(r"\b(div\.full|div\.approx|\w+\.approx)\S*"),
+  "flush to zero": re.compile(r"^\s*(@!?%\w+\s+)?\w+(\.\w+)*\.ftz\b\S*", re.M),
 }
 
 
 def nvcc() -> str | None:
   """nvcc from $CUDACXX, PATH, /usr/local/cuda/bin or /usr/local/bin."""
-  for c in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc",
-            "/usr/local/bin/nvcc"):
+  for c in (
+    os.environ.get("CUDACXX"),
+    shutil.which("nvcc"),
+    "/usr/local/cuda/bin/nvcc",
+    "/usr/local/bin/nvcc",
+  ):
     if c and os.path.exists(c):
       return c
   return None
@@ -71,9 +74,22 @@ def compile_source(src: Path, flags: list[str], arch: str, work: Path) -> tuple[
     raise RuntimeError("nvcc not found (set CUDACXX or PATH)")
   keep = work / src.stem
   keep.mkdir(parents=True, exist_ok=True)
-  cmd = [exe, "-std=c++17", *flags, f"-arch=sm_{arch}", "-Xptxas", "-v", "-cubin", "--keep",
-         "--keep-dir", str(keep), *[f"-I{d}" for d in _include_dirs()], str(src),
-         "-o", str(keep / f"{src.stem}.cubin")]
+  cmd = [
+    exe,
+    "-std=c++17",
+    *flags,
+    f"-arch=sm_{arch}",
+    "-Xptxas",
+    "-v",
+    "-cubin",
+    "--keep",
+    "--keep-dir",
+    str(keep),
+    *[f"-I{d}" for d in _include_dirs()],
+    str(src),
+    "-o",
+    str(keep / f"{src.stem}.cubin"),
+  ]
   r = subprocess.run(cmd, capture_output=True, text=True)
   if r.returncode != 0:
     raise RuntimeError(f"nvcc failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")

@@ -31,39 +31,59 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_compare as gc  # noqa: E402
+import gpu_compare as gc
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM_DIR = ROOT / "cuda" / "hostshim"
-FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
-         "-fno-strict-aliasing", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-w"]
+FLAGS = [
+  "-std=c++17",
+  "-O2",
+  "-fPIC",
+  "-shared",
+  "-ffp-contract=off",
+  "-fno-fast-math",
+  "-fno-strict-aliasing",
+  "-fvisibility=hidden",
+  "-fvisibility-inlines-hidden",
+  "-w",
+]
 
 # Deliberate defects, each a (file, statement, replacement statement) edit of a copy of the
 # sources. The mutant library holds all of them, each behind a run-time switch
 # (jc_set_mutation), so one compile serves every mutation; the comparison must report
 # mismatches for each.
 MUTATIONS: dict[str, tuple[str, str, str]] = {
-    "fp8_byte_order": ("cuda/gpu/codecs.cu", "word |= c << (8 * t);", "word |= c << (8 * (3 - t));"),
-    "int_code_order": ("cuda/gpu/codecs.cu", "word |= c << (bits * t);",
-                       "word |= c << (bits * (t ^ 1));"),
-    "round_half_away": ("cuda/codecs/format.h", "return rintf(x);", "return roundf(x);"),
-    "eb_last_word": ("cuda/gpu/codecs.cu", "if (last > B - 1) last = B - 1;",
-                     "if (last > B - 2) last = B - 2;"),
-    "hadamard_stage": ("cuda/gpu/codecs.cu", "t[a + len] = x - y;", "t[a + len] = y - x;"),
-    "sum_order": ("cuda/gpu/codecs.cu",
-                  "for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);",
-                  "for (int r = nrows - 1; r >= 1; --r) v = v + dec(row + r * stride, i);"),
+  "fp8_byte_order": ("cuda/gpu/codecs.cu", "word |= c << (8 * t);", "word |= c << (8 * (3 - t));"),
+  "int_code_order": (
+    "cuda/gpu/codecs.cu",
+    "word |= c << (bits * t);",
+    "word |= c << (bits * (t ^ 1));",
+  ),
+  "round_half_away": ("cuda/codecs/format.h", "return rintf(x);", "return roundf(x);"),
+  "eb_last_word": (
+    "cuda/gpu/codecs.cu",
+    "if (last > B - 1) last = B - 1;",
+    "if (last > B - 2) last = B - 2;",
+  ),
+  "hadamard_stage": ("cuda/gpu/codecs.cu", "t[a + len] = x - y;", "t[a + len] = y - x;"),
+  "sum_order": (
+    "cuda/gpu/codecs.cu",
+    "for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);",
+    "for (int r = nrows - 1; r >= 1; --r) v = v + dec(row + r * stride, i);",
+  ),
 }
 MUTATION_IDS = {name: i + 1 for i, name in enumerate(MUTATIONS)}
 
 
 # ---- building ------------------------------------------------------------------------------
+
 
 def compiler() -> str | None:
   """A C++17 compiler with _Float16 (g++ >= 12, clang++ >= 15): $CXX, g++, clang++."""
@@ -82,19 +102,31 @@ def xla_include() -> str:
 
 def translate(src: str) -> str:
   """Rewrites the two CUDA-only syntax forms of codecs.cu into shim calls (nothing else)."""
-  out, launches = re.subn(r"(\w+)<<<(.*?)>>>\(", r"::jcoccl_shim::LaunchCfg(\2).Run(\1, ", src,
-                          flags=re.S)
-  out, shared = re.subn(r"extern\s+__shared__\s+(\w+)\s+(\w+)\[\];",
-                        r"\1* \2 = ::jcoccl_shim::DynamicShared<\1>();", out)
+  out, launches = re.subn(
+    r"(\w+)<<<(.*?)>>>\(", r"::jcoccl_shim::LaunchCfg(\2).Run(\1, ", src, flags=re.S
+  )
+  out, _ = re.subn(
+    r"extern\s+__shared__\s+(\w+)\s+(\w+)\[\];",
+    r"\1* \2 = ::jcoccl_shim::DynamicShared<\1>();",
+    out,
+  )
   if launches == 0:
     raise RuntimeError("no kernel launch found in cuda/gpu/codecs.cu")
   return out
 
 
-def _compile(cxx: str, sources: list[str], includes: list[str], out: Path,
-             defines: list[str] = ()) -> None:
-  cmd = [cxx, *FLAGS, *[f"-I{i}" for i in includes], *[f"-D{d}" for d in defines], *sources,
-         "-o", str(out)]
+def _compile(
+  cxx: str, sources: list[str], includes: list[str], out: Path, defines: list[str] = ()
+) -> None:
+  cmd = [
+    cxx,
+    *FLAGS,
+    *[f"-I{i}" for i in includes],
+    *[f"-D{d}" for d in defines],
+    *sources,
+    "-o",
+    str(out),
+  ]
   r = subprocess.run(cmd, capture_output=True, text=True)
   if r.returncode != 0:
     raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")
@@ -109,13 +141,16 @@ def _digest(paths: list[Path], extra: str) -> str:
 
 def _mutated_sources(cuda: Path) -> dict[str, str]:
   """codecs.cu and format.h with every mutation behind `if (g_mutation == id)`."""
-  text = {"cuda/gpu/codecs.cu": (cuda / "gpu" / "codecs.cu").read_text(),
-          "cuda/codecs/format.h": (cuda / "codecs" / "format.h").read_text()}
+  text = {
+    "cuda/gpu/codecs.cu": (cuda / "gpu" / "codecs.cu").read_text(),
+    "cuda/codecs/format.h": (cuda / "codecs" / "format.h").read_text(),
+  }
   for name, (path, old, new) in MUTATIONS.items():
     if text[path].count(old) != 1:
       raise RuntimeError(f"mutation {name}: {old!r} must occur once in {path}")
-    switched = (f"if (::jcoccl_shim::g_mutation == {MUTATION_IDS[name]}) {{ {new} }} "
-                f"else {{ {old} }}")
+    switched = (
+      f"if (::jcoccl_shim::g_mutation == {MUTATION_IDS[name]}) {{ {new} }} else {{ {old} }}"
+    )
     text[path] = text[path].replace(old, switched)
   return text
 
@@ -139,16 +174,28 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
   out_dir = out_dir.resolve()  # the kernels' path goes into an #include
   out_dir.mkdir(parents=True, exist_ok=True)
   cuda = ROOT / "cuda"
-  ref_inputs = sorted([*cuda.glob("codecs/*.h"), cuda / "registry.h", cuda / "cpu" / "codecs.cc",
-                       cuda / "cpu" / "codec_kernels.inc", SHIM_DIR / "ref_api.cc",
-                       SHIM_DIR / "codec_api.h"])
+  ref_inputs = sorted(
+    [
+      *cuda.glob("codecs/*.h"),
+      cuda / "registry.h",
+      cuda / "cpu" / "codecs.cc",
+      cuda / "cpu" / "codec_kernels.inc",
+      SHIM_DIR / "ref_api.cc",
+      SHIM_DIR / "codec_api.h",
+    ]
+  )
   ref = out_dir / f"libref-{_digest(ref_inputs, cxx + str(FLAGS))}.so"
   if not ref.exists():
-    _compile(cxx, [str(cuda / "cpu" / "codecs.cc"), str(SHIM_DIR / "ref_api.cc")],
-             [str(cuda), xla_include()], ref.with_suffix(".tmp"))
+    _compile(
+      cxx,
+      [str(cuda / "cpu" / "codecs.cc"), str(SHIM_DIR / "ref_api.cc")],
+      [str(cuda), xla_include()],
+      ref.with_suffix(".tmp"),
+    )
     ref.with_suffix(".tmp").replace(ref)
-  inputs = sorted([*cuda.glob("codecs/*.h"), *SHIM_DIR.glob("*"), cuda / "registry.h",
-                   cuda / "gpu" / "codecs.cu"])
+  inputs = sorted(
+    [*cuda.glob("codecs/*.h"), *SHIM_DIR.glob("*"), cuda / "registry.h", cuda / "gpu" / "codecs.cu"]
+  )
   tag = "mutants" if mutants else "orig"
   key = _digest(inputs, f"{cxx} {FLAGS} {tag} {sorted(MUTATIONS.items())}")
   shim = out_dir / f"libshim-{tag}-{key}.so"
@@ -163,13 +210,19 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
       text = {"cuda/gpu/codecs.cu": (cuda / "gpu" / "codecs.cu").read_text()}
     kernels = src_dir / "gpu_codecs_shim.cc"
     kernels.write_text(translate(text["cuda/gpu/codecs.cu"]))
-    _compile(cxx, [str(SHIM_DIR / "shim_api.cc")], [str(SHIM_DIR), str(cuda), xla_include()],
-             shim.with_suffix(".tmp"), [f'JCOCCL_SHIM_KERNELS="{kernels}"'])
+    _compile(
+      cxx,
+      [str(SHIM_DIR / "shim_api.cc")],
+      [str(SHIM_DIR), str(cuda), xla_include()],
+      shim.with_suffix(".tmp"),
+      [f'JCOCCL_SHIM_KERNELS="{kernels}"'],
+    )
     shim.with_suffix(".tmp").replace(shim)
   return shim, ref
 
 
 # ---- the libraries -------------------------------------------------------------------------
+
 
 class Spec(NamedTuple):
   name: str
@@ -183,8 +236,9 @@ class Spec(NamedTuple):
   abs_error: float = 0.0
 
   def fields(self):
-    return (ctypes.c_int32 * 7)(self.kind, self.bits, self.block, self.symmetric, self.fp8,
-                                self.cast_dtype, self.hadamard)
+    return (ctypes.c_int32 * 7)(
+      self.kind, self.bits, self.block, self.symmetric, self.fp8, self.cast_dtype, self.hadamard
+    )
 
   def granule(self) -> int:
     inner = 1 if self.kind in (gc.NONE, gc.CAST) else self.block
@@ -229,29 +283,60 @@ class CodecLib:
     rows, n = x.shape[0], x.shape[1]
     p = self.payload_bytes(s, dtype, n)
     x = np.ascontiguousarray(x)
-    return self._call(self.lib.jc_encode, rows * p, s.fields(), s.abs_error, dtype,
-                      x.ctypes.data, rows, n).reshape(rows, p)
+    return self._call(
+      self.lib.jc_encode, rows * p, s.fields(), s.abs_error, dtype, x.ctypes.data, rows, n
+    ).reshape(rows, p)
 
   def decode(self, s: Spec, dtype: int, buf: np.ndarray, n: int) -> np.ndarray:
     rows = buf.shape[0]
     buf = np.ascontiguousarray(buf)
-    return self._call(self.lib.jc_decode, rows * n * ELEM_BYTES[dtype], s.fields(), s.abs_error,
-                      dtype, buf.ctypes.data, rows, n).reshape(rows, -1)
+    return self._call(
+      self.lib.jc_decode,
+      rows * n * ELEM_BYTES[dtype],
+      s.fields(),
+      s.abs_error,
+      dtype,
+      buf.ctypes.data,
+      rows,
+      n,
+    ).reshape(rows, -1)
 
-  def decode_sum(self, s: Spec, dtype: int, buf: np.ndarray, nrows: int, stride: int,
-                 n: int) -> np.ndarray:
+  def decode_sum(
+    self, s: Spec, dtype: int, buf: np.ndarray, nrows: int, stride: int, n: int
+  ) -> np.ndarray:
     outs = buf.size // (nrows * stride)
     buf = np.ascontiguousarray(buf)
-    return self._call(self.lib.jc_decode_sum, outs * n * ELEM_BYTES[dtype], s.fields(),
-                      s.abs_error, dtype, buf.ctypes.data, nrows, stride, outs, n).reshape(outs, -1)
+    return self._call(
+      self.lib.jc_decode_sum,
+      outs * n * ELEM_BYTES[dtype],
+      s.fields(),
+      s.abs_error,
+      dtype,
+      buf.ctypes.data,
+      nrows,
+      stride,
+      outs,
+      n,
+    ).reshape(outs, -1)
 
-  def decode_sum_encode(self, s: Spec, dtype: int, buf: np.ndarray, nrows: int, stride: int,
-                        n: int) -> np.ndarray:
+  def decode_sum_encode(
+    self, s: Spec, dtype: int, buf: np.ndarray, nrows: int, stride: int, n: int
+  ) -> np.ndarray:
     outs = buf.size // (nrows * stride)
     p = self.payload_bytes(s, dtype, n)
     buf = np.ascontiguousarray(buf)
-    return self._call(self.lib.jc_decode_sum_encode, outs * p, s.fields(), s.abs_error, dtype,
-                      buf.ctypes.data, nrows, stride, outs, n).reshape(outs, p)
+    return self._call(
+      self.lib.jc_decode_sum_encode,
+      outs * p,
+      s.fields(),
+      s.abs_error,
+      dtype,
+      buf.ctypes.data,
+      nrows,
+      stride,
+      outs,
+      n,
+    ).reshape(outs, p)
 
 
 # ---- cases ---------------------------------------------------------------------------------
@@ -261,8 +346,11 @@ BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 def specs() -> list[Spec]:
   """Every codec family x block size, and Hadamard around each inner family."""
-  out = [Spec("none", gc.NONE), Spec("cast_bf16", gc.CAST, cast_dtype=gc.BF16),
-         Spec("cast_f16", gc.CAST, cast_dtype=gc.F16)]
+  out = [
+    Spec("none", gc.NONE),
+    Spec("cast_bf16", gc.CAST, cast_dtype=gc.BF16),
+    Spec("cast_f16", gc.CAST, cast_dtype=gc.F16),
+  ]
   for b in BLOCKS:
     for bits in (8, 4, 2):
       out.append(Spec(f"int{bits}_B{b}", gc.INT, bits=bits, block=b))
@@ -271,13 +359,15 @@ def specs() -> list[Spec]:
     out.append(Spec(f"fp8_e5m2_B{b}", gc.FP8, block=b, fp8=1))
     out.append(Spec(f"eb_1e-2_B{b}", gc.ERROR_BOUNDED, block=b, abs_error=1e-2))
     out.append(Spec(f"eb_0.25_B{b}", gc.ERROR_BOUNDED, block=b, abs_error=0.25))
-  out += [Spec("had2_none", gc.NONE, hadamard=2),
-          Spec("had64_cast_f16", gc.CAST, cast_dtype=gc.F16, hadamard=64),
-          Spec("had256_int4_B128", gc.INT, bits=4, block=128, hadamard=256),
-          Spec("had32_int2_asym_B256", gc.INT, bits=2, block=256, symmetric=0, hadamard=32),
-          Spec("had4096_int8_B64", gc.INT, bits=8, block=64, hadamard=4096),
-          Spec("had64_fp8_e4m3_B128", gc.FP8, block=128, hadamard=64),
-          Spec("had128_eb_B32", gc.ERROR_BOUNDED, block=32, abs_error=1e-2, hadamard=128)]
+  out += [
+    Spec("had2_none", gc.NONE, hadamard=2),
+    Spec("had64_cast_f16", gc.CAST, cast_dtype=gc.F16, hadamard=64),
+    Spec("had256_int4_B128", gc.INT, bits=4, block=128, hadamard=256),
+    Spec("had32_int2_asym_B256", gc.INT, bits=2, block=256, symmetric=0, hadamard=32),
+    Spec("had4096_int8_B64", gc.INT, bits=8, block=64, hadamard=4096),
+    Spec("had64_fp8_e4m3_B128", gc.FP8, block=128, hadamard=64),
+    Spec("had128_eb_B32", gc.ERROR_BOUNDED, block=32, abs_error=1e-2, hadamard=128),
+  ]
   return out
 
 
@@ -317,8 +407,11 @@ def data(rows: int, n: int, dtype: int, seed: int) -> np.ndarray:
   if dtype == gc.F32:
     return np.ascontiguousarray(x[:, :n])
   with np.errstate(over="ignore"):
-    bits = (x.view(np.uint32) >> 16).astype(np.uint16) if dtype == gc.BF16 else (
-        x.astype(np.float16).view(np.uint16))
+    bits = (
+      (x.view(np.uint32) >> 16).astype(np.uint16)
+      if dtype == gc.BF16
+      else (x.astype(np.float16).view(np.uint16))
+    )
   rnd = rng.integers(0, 1 << 16, size=bits.shape, dtype=np.uint16)
   b_runs, r_runs = bits.reshape(rows, -1, 32), rnd.reshape(rows, -1, 32)
   b_runs[kind == 9] = r_runs[kind == 9]
@@ -344,11 +437,18 @@ def compare(shim: CodecLib, ref: CodecLib, s: Spec, dtype: int, seed: int) -> li
   for stride in (p, p + 64):
     buf = np.zeros((rows * nrows, stride), np.uint8)
     buf[:, :p] = enc_ref
-    check(f"decode_sum(stride={stride})", shim.decode_sum(s, dtype, buf, nrows, stride, n),
-          ref.decode_sum(s, dtype, buf, nrows, stride, n), False)
-    check(f"decode_sum_encode(stride={stride})",
-          shim.decode_sum_encode(s, dtype, buf, nrows, stride, n),
-          ref.decode_sum_encode(s, dtype, buf, nrows, stride, n), True)
+    check(
+      f"decode_sum(stride={stride})",
+      shim.decode_sum(s, dtype, buf, nrows, stride, n),
+      ref.decode_sum(s, dtype, buf, nrows, stride, n),
+      False,
+    )
+    check(
+      f"decode_sum_encode(stride={stride})",
+      shim.decode_sum_encode(s, dtype, buf, nrows, stride, n),
+      ref.decode_sum_encode(s, dtype, buf, nrows, stride, n),
+      True,
+    )
   return bad
 
 
@@ -365,8 +465,12 @@ def main(argv: list[str] | None = None) -> int:
   sub = p.add_subparsers(dest="cmd", required=True)
   c = sub.add_parser("compare", help="build and compare every case")
   c.add_argument("--build-dir", default=str(ROOT / "build" / "gpu_shim"))
-  c.add_argument("--mutate", choices=sorted(MUTATIONS), default=None,
-                 help="compile a deliberately broken copy (the comparison must fail)")
+  c.add_argument(
+    "--mutate",
+    choices=sorted(MUTATIONS),
+    default=None,
+    help="compile a deliberately broken copy (the comparison must fail)",
+  )
   c.add_argument("--max-grid", type=int, default=0, help="cap every launch's grid (0: none)")
   c.add_argument("--only", default=None, help="regex over case names")
   args = p.parse_args(argv)
@@ -383,8 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     bad += b
   for m in bad[:50]:
     print("MISMATCH", m)
-  print(f"shim vs CPU codecs: {cases} cases (spec x dtype, 4 ops each), {len(bad)} mismatches; "
-        f"build {t_build:.1f} s, run {time.perf_counter() - t0 - t_build:.1f} s")
+  print(
+    f"shim vs CPU codecs: {cases} cases (spec x dtype, 4 ops each), {len(bad)} mismatches; "
+    f"build {t_build:.1f} s, run {time.perf_counter() - t0 - t_build:.1f} s"
+  )
   return 1 if bad else 0
 
 

@@ -30,11 +30,19 @@ def _save(name: str, model: torch.nn.Module, vocab: int) -> None:
     logits = model(tokens).logits.float().numpy()
   # A tied lm_head is the embedding again: leave it out (from_hf must not need it).
   tied = model.config.tie_word_embeddings
-  arrays = {"sd/" + k: v.detach().float().numpy() for k, v in model.state_dict().items()
-            if not (tied and k == "lm_head.weight")}
+  arrays = {
+    "sd/" + k: v.detach().float().numpy()
+    for k, v in model.state_dict().items()
+    if not (tied and k == "lm_head.weight")
+  }
   config = json.dumps(model.config.to_dict(), default=str)
-  np.savez_compressed(OUT / f"{name}.npz", config=np.array(config), tokens=tokens.int().numpy(),
-                      logits=logits, **arrays)
+  np.savez_compressed(
+    OUT / f"{name}.npz",
+    config=np.array(config),
+    tokens=tokens.int().numpy(),
+    logits=logits,
+    **arrays,
+  )
   print(f"{name}: {sum(a.size for a in arrays.values())} params, logits {logits.shape}")
 
 
@@ -49,17 +57,26 @@ def _randomize(model: torch.nn.Module) -> None:
 def main() -> None:
   OUT.mkdir(parents=True, exist_ok=True)
   torch.manual_seed(0)
-  gpt = transformers.GPT2Config(vocab_size=128, n_positions=16, n_embd=64, n_layer=2, n_head=4,
-                                 attn_implementation="eager")
+  gpt = transformers.GPT2Config(
+    vocab_size=128, n_positions=16, n_embd=64, n_layer=2, n_head=4, attn_implementation="eager"
+  )
   m = transformers.GPT2LMHeadModel(gpt)
   _randomize(m)
   _save("gpt2", m, 128)
   for tied in (True, False):
     cfg = transformers.Qwen2Config(
-        vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        rope_theta=5000.0, rms_norm_eps=1e-5, tie_word_embeddings=tied,
-        attn_implementation="eager")
+      vocab_size=128,
+      hidden_size=64,
+      intermediate_size=64,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      max_position_embeddings=64,
+      rope_theta=5000.0,
+      rms_norm_eps=1e-5,
+      tie_word_embeddings=tied,
+      attn_implementation="eager",
+    )
     m = transformers.Qwen2ForCausalLM(cfg)
     _randomize(m)
     _save("qwen2_tied" if tied else "qwen2_untied", m, 128)

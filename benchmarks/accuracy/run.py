@@ -44,8 +44,26 @@ DEFAULT_POLICIES = "exact,int8,coccl,zeropp,lean"
 # leave a seed-to-seed sampling spread of the same order as the differences measured).
 STUDY = ["--eval-batches", "16", "--sample-tokens", "64"]
 # --tiny: seconds of compute per run, for tests and trying the command.
-TINY = ["--size", "tiny", "--batch", "8", "--seq-len", "32", "--micro", "2", "--lr", "1e-2",
-        "--warmup", "2", "--max-chars", "200000", "--eval-batches", "2", "--sample-tokens", "16"]
+TINY = [
+  "--size",
+  "tiny",
+  "--batch",
+  "8",
+  "--seq-len",
+  "32",
+  "--micro",
+  "2",
+  "--lr",
+  "1e-2",
+  "--warmup",
+  "2",
+  "--max-chars",
+  "200000",
+  "--eval-batches",
+  "2",
+  "--sample-tokens",
+  "16",
+]
 COLUMNS = ("data", "tensor", "pipe", "other")
 DEFAULT_STEPS = 200
 
@@ -53,19 +71,35 @@ DEFAULT_STEPS = 200
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
   p.add_argument("--models", default="gpt,qwen", help="comma-separated: gpt, qwen")
-  p.add_argument("--policies", default=DEFAULT_POLICIES,
-                 help="comma-separated names under models/configs or TOML paths; a missing "
-                      f"one is skipped (default {DEFAULT_POLICIES})")
+  p.add_argument(
+    "--policies",
+    default=DEFAULT_POLICIES,
+    help="comma-separated names under models/configs or TOML paths; a missing "
+    f"one is skipped (default {DEFAULT_POLICIES})",
+  )
   p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per model and policy")
-  p.add_argument("--steps", type=int, default=None,
-                 help=f"train steps per run (default {DEFAULT_STEPS}; 4 with --tiny)")
+  p.add_argument(
+    "--steps",
+    type=int,
+    default=None,
+    help=f"train steps per run (default {DEFAULT_STEPS}; 4 with --tiny)",
+  )
   p.add_argument("--size", default="small", help="model preset (models/configs/models.py)")
-  p.add_argument("--tiny", action="store_true",
-                 help="tiny budget: tiny models, short sequences, 4 steps unless --steps")
-  p.add_argument("--out", default=None,
-                 help="output directory (default benchmarks/results/<date>-accuracy)")
-  p.add_argument("--train-arg", action="append", default=[], metavar="ARG",
-                 help="extra models.train argument, e.g. --train-arg=--lr=1e-3 (repeatable)")
+  p.add_argument(
+    "--tiny",
+    action="store_true",
+    help="tiny budget: tiny models, short sequences, 4 steps unless --steps",
+  )
+  p.add_argument(
+    "--out", default=None, help="output directory (default benchmarks/results/<date>-accuracy)"
+  )
+  p.add_argument(
+    "--train-arg",
+    action="append",
+    default=[],
+    metavar="ARG",
+    help="extra models.train argument, e.g. --train-arg=--lr=1e-3 (repeatable)",
+  )
   return p
 
 
@@ -92,28 +126,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
       args.policy_paths[label] = train.policy_path(name)
     except ValueError:
-      args.skipped[label] = (f"policy {name!r} skipped: no file {name} nor "
-                             f"models/configs/{name}.toml (yet)")
+      args.skipped[label] = (
+        f"policy {name!r} skipped: no file {name} nor models/configs/{name}.toml (yet)"
+      )
   if not args.policy_paths:
     p.error(f"none of --policies {args.policies} exists: {'; '.join(args.skipped.values())}")
-  args.out = pathlib.Path(args.out or ROOT / "benchmarks" / "results" /
-                          f"{datetime.date.today().isoformat()}-accuracy")
+  args.out = pathlib.Path(
+    args.out or ROOT / "benchmarks" / "results" / f"{datetime.date.today().isoformat()}-accuracy"
+  )
   return args
 
 
 def common_argv(args: argparse.Namespace) -> list[str]:
   """The models.train arguments that every run of the study shares."""
   sizing = TINY if args.tiny else ["--size", args.size] + STUDY
-  return (["--steps", str(args.steps), "--eval-every", str(args.steps),
-           "--ckpt-every", str(args.steps), "--mesh", "2,2,2", "--no-progress"] + sizing
-          + list(args.train_arg))
+  return (
+    [
+      "--steps",
+      str(args.steps),
+      "--eval-every",
+      str(args.steps),
+      "--ckpt-every",
+      str(args.steps),
+      "--mesh",
+      "2,2,2",
+      "--no-progress",
+    ]
+    + sizing
+    + list(args.train_arg)
+  )
 
 
-def train_argv(args: argparse.Namespace, model: str, policy: str, seed: int,
-               out: pathlib.Path) -> list[str]:
+def train_argv(
+  args: argparse.Namespace, model: str, policy: str, seed: int, out: pathlib.Path
+) -> list[str]:
   """The models.train command line of one run."""
-  return (["--model", model, "--policy", str(args.policy_paths[policy]), "--seed", str(seed),
-           "--out", str(out)] + common_argv(args))
+  return [
+    "--model",
+    model,
+    "--policy",
+    str(args.policy_paths[policy]),
+    "--seed",
+    str(seed),
+    "--out",
+    str(out),
+  ] + common_argv(args)
 
 
 def run_one(args: argparse.Namespace, model: str, policy: str, seed: int) -> dict:
@@ -133,20 +190,32 @@ def run_one(args: argparse.Namespace, model: str, policy: str, seed: int) -> dic
       with open(out / "train.log", "w") as log, contextlib.redirect_stdout(log):
         summary = train.main(argv)
     except Exception as e:
-      raise RuntimeError(f"the {model} {policy} seed {seed} run failed ({type(e).__name__}: "
-                         f"{e}); its log: {out / 'train.log'}") from e
+      raise RuntimeError(
+        f"the {model} {policy} seed {seed} run failed ({type(e).__name__}: "
+        f"{e}); its log: {out / 'train.log'}"
+      ) from e
     wall, cpu, reused = time.perf_counter() - t0, _cpu_s() - c0, False
   wire = summary["wire"]
   if not wire.get("source"):
     raise RuntimeError(f"{out}: the run reports no bytes on the wire")
   by_axis = columns({k: v["compressed"] for k, v in wire["by_axis"].items()})
-  return {"model": model, "policy": policy, "seed": seed, "val_loss": summary["val_loss_end"],
-          "loss_end": summary["loss_end"], "bytes_by_axis": by_axis,
-          "wire_by_axis": {k: v["compressed"] for k, v in wire["by_axis"].items()},
-          "bytes": wire["total"]["compressed"], "exact_bytes": wire["total"]["uncompressed"],
-          "tokens_per_s": summary["tokens_per_s"], "wall_s": wall, "cpu_s": cpu,
-          "reused": reused,
-          "sample": summary.get("sample"), "dir": str(out)}
+  return {
+    "model": model,
+    "policy": policy,
+    "seed": seed,
+    "val_loss": summary["val_loss_end"],
+    "loss_end": summary["loss_end"],
+    "bytes_by_axis": by_axis,
+    "wire_by_axis": {k: v["compressed"] for k, v in wire["by_axis"].items()},
+    "bytes": wire["total"]["compressed"],
+    "exact_bytes": wire["total"]["uncompressed"],
+    "tokens_per_s": summary["tokens_per_s"],
+    "wall_s": wall,
+    "cpu_s": cpu,
+    "reused": reused,
+    "sample": summary.get("sample"),
+    "dir": str(out),
+  }
 
 
 def columns(by_axis: dict[str, float]) -> dict[str, float]:
@@ -156,8 +225,7 @@ def columns(by_axis: dict[str, float]) -> dict[str, float]:
   out = dict.fromkeys(COLUMNS, 0.0)
   for key, value in by_axis.items():
     names = set(key.split(","))
-    col = ("data" if names <= {"data", "node"} else
-           key if key in ("tensor", "pipe") else "other")
+    col = "data" if names <= {"data", "node"} else key if key in ("tensor", "pipe") else "other"
     out[col] += value
   return out
 
@@ -166,6 +234,7 @@ def _cpu_s() -> float:
   """CPU seconds of this process, all threads (user + system): on an idle machine the wall
   time of a run lies between this over the core count and this."""
   import resource
+
   u = resource.getrusage(resource.RUSAGE_SELF)
   return u.ru_utime + u.ru_stime
 
@@ -187,49 +256,71 @@ def table(runs: list[dict]) -> list[dict]:
       rs = [r for r in mine if r["policy"] == policy]
       vals = [r["val_loss"] for r in rs]
       total = statistics.mean(r["bytes"] for r in rs)
-      ref = (statistics.mean(r["bytes"] for r in exact) if exact
-             else statistics.mean(r["exact_bytes"] for r in rs))
+      ref = (
+        statistics.mean(r["bytes"] for r in exact)
+        if exact
+        else statistics.mean(r["exact_bytes"] for r in rs)
+      )
       mean = statistics.mean(vals)
-      rows.append({
-          "model": model, "policy": policy, "seeds": len(rs), "val_loss_mean": mean,
-          "val_loss_std": _spread(vals), "val_loss_min": min(vals), "val_loss_max": max(vals),
-          "bytes_by_axis": {a: statistics.mean(r["bytes_by_axis"][a] for r in rs)
-                            for a in COLUMNS},
-          "bytes": total, "byte_ratio": total / ref if ref else math.nan,
+      rows.append(
+        {
+          "model": model,
+          "policy": policy,
+          "seeds": len(rs),
+          "val_loss_mean": mean,
+          "val_loss_std": _spread(vals),
+          "val_loss_min": min(vals),
+          "val_loss_max": max(vals),
+          "bytes_by_axis": {a: statistics.mean(r["bytes_by_axis"][a] for r in rs) for a in COLUMNS},
+          "bytes": total,
+          "byte_ratio": total / ref if ref else math.nan,
           "byte_ratio_to": "exact policy" if exact else "uncompressed reference compile",
           "val_ratio": mean / exact_val if exact_val else None,
-          "sample": next((r["sample"] for r in rs if r["seed"] == 0), rs[0]["sample"])})
+          "sample": next((r["sample"] for r in rs if r["seed"] == 0), rs[0]["sample"]),
+        }
+      )
   return rows
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
-  lines = ["# Accuracy study: validation loss vs bytes on the wire", "",
-           f"`{meta['command']}`", "",
-           f"{meta['steps']} steps per run, seeds {meta['seeds']}, mesh data x tensor x pipe = "
-           f"2x2x2, models.train arguments: `{' '.join(meta['train_args'])}`. "
-           f"Bytes per step and device, by mesh axis, as models.train measures them on the "
-           f"compiled step; val loss = final validation loss (mean ± sample standard deviation "
-           f"over seeds, [min, max]); the data column is the whole data level (ZeRO++ splits "
-           f"it into node and data axes), other = groups over several axes. Ratios are to the "
-           f"exact policy of the same model. "
-           f"Commit {meta['commit']}, {meta['date']}, total wall time {meta['wall_s']:.0f} s.",
-           ""]
+  lines = [
+    "# Accuracy study: validation loss vs bytes on the wire",
+    "",
+    f"`{meta['command']}`",
+    "",
+    f"{meta['steps']} steps per run, seeds {meta['seeds']}, mesh data x tensor x pipe = "
+    f"2x2x2, models.train arguments: `{' '.join(meta['train_args'])}`. "
+    f"Bytes per step and device, by mesh axis, as models.train measures them on the "
+    f"compiled step; val loss = final validation loss (mean ± sample standard deviation "
+    f"over seeds, [min, max]); the data column is the whole data level (ZeRO++ splits "
+    f"it into node and data axes), other = groups over several axes. Ratios are to the "
+    f"exact policy of the same model. "
+    f"Commit {meta['commit']}, {meta['date']}, total wall time {meta['wall_s']:.0f} s.",
+    "",
+  ]
   if meta["skipped"]:
     lines += [f"- {why}" for why in meta["skipped"]] + [""]
-  lines += ["| model | policy | seeds | val loss | val / exact | data kB | tensor kB | pipe kB "
-            "| other kB | total kB | bytes / exact |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines += [
+    "| model | policy | seeds | val loss | val / exact | data kB | tensor kB | pipe kB "
+    "| other kB | total kB | bytes / exact |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
     ax = r["bytes_by_axis"]
     val_ratio = "n/a" if r["val_ratio"] is None else f"{r['val_ratio']:.4f}"
     lines.append(
-        f"| {r['model']} | {r['policy']} | {r['seeds']} | {r['val_loss_mean']:.4f} ± "
-        f"{r['val_loss_std']:.4f} [{r['val_loss_min']:.4f}, {r['val_loss_max']:.4f}] | "
-        f"{val_ratio} | {ax['data'] / 1e3:.1f} | {ax['tensor'] / 1e3:.1f} | "
-        f"{ax['pipe'] / 1e3:.1f} | {ax['other'] / 1e3:.1f} | {r['bytes'] / 1e3:.1f} | "
-        f"{r['byte_ratio']:.3f} |")
-  lines += ["", f"## Samples (run seed 0; the prompt, then {train.SAMPLE_TEMPERATURE} "
-            f"temperature sampling with seed {train.SAMPLE_SEED})", ""]
+      f"| {r['model']} | {r['policy']} | {r['seeds']} | {r['val_loss_mean']:.4f} ± "
+      f"{r['val_loss_std']:.4f} [{r['val_loss_min']:.4f}, {r['val_loss_max']:.4f}] | "
+      f"{val_ratio} | {ax['data'] / 1e3:.1f} | {ax['tensor'] / 1e3:.1f} | "
+      f"{ax['pipe'] / 1e3:.1f} | {ax['other'] / 1e3:.1f} | {r['bytes'] / 1e3:.1f} | "
+      f"{r['byte_ratio']:.3f} |"
+    )
+  lines += [
+    "",
+    f"## Samples (run seed 0; the prompt, then {train.SAMPLE_TEMPERATURE} "
+    f"temperature sampling with seed {train.SAMPLE_SEED})",
+    "",
+  ]
   for r in rows:
     if r["sample"]:
       lines += [f"**{r['model']} / {r['policy']}**", "", "```", r["sample"].rstrip(), "```", ""]
@@ -239,8 +330,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
 def plot(runs: list[dict], path: pathlib.Path) -> None:
   """Validation loss against bytes per step: a panel per model, a marker per policy."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   models = list(dict.fromkeys(r["model"] for r in runs))
   policies = list(dict.fromkeys(r["policy"] for r in runs))
   markers = "osD^v<>PX*"
@@ -248,8 +341,13 @@ def plot(runs: list[dict], path: pathlib.Path) -> None:
   for ax, model in zip(axes[0], models):
     for i, policy in enumerate(policies):
       rs = [r for r in runs if r["model"] == model and r["policy"] == policy]
-      ax.scatter([r["bytes"] / 1e3 for r in rs], [r["val_loss"] for r in rs],
-                 marker=markers[i % len(markers)], label=policy, alpha=0.8)
+      ax.scatter(
+        [r["bytes"] / 1e3 for r in rs],
+        [r["val_loss"] for r in rs],
+        marker=markers[i % len(markers)],
+        label=policy,
+        alpha=0.8,
+      )
     ax.set_xscale("log")
     ax.ticklabel_format(axis="y", useOffset=False)
     ax.set_title(model)
@@ -264,9 +362,14 @@ def plot(runs: list[dict], path: pathlib.Path) -> None:
 
 def _commit() -> str:
   import subprocess
+
   try:
-    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+      ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
 
@@ -283,16 +386,24 @@ def main(argv: list[str] | None = None) -> dict:
     r = run_one(args, model, policy, seed)
     runs.append(r)
     how = "reused" if r["reused"] else f"{r['wall_s']:.0f} s"
-    print(f"[{k + 1}/{len(jobs)}] {model} {policy} seed {seed}: val {r['val_loss']:.4f}, "
-          f"{r['bytes'] / 1e3:.1f} kB/step ({how})", flush=True)
+    print(
+      f"[{k + 1}/{len(jobs)}] {model} {policy} seed {seed}: val {r['val_loss']:.4f}, "
+      f"{r['bytes'] / 1e3:.1f} kB/step ({how})",
+      flush=True,
+    )
   rows = table(runs)
-  meta = {"command": " ".join([PROG] + list(argv if argv is not None else sys.argv[1:])),
-          "steps": args.steps, "seeds": list(range(args.seeds)), "models": args.models,
-          "policies": {p: str(path) for p, path in args.policy_paths.items()},
-          "skipped": list(args.skipped.values()),
-          "train_args": common_argv(args),
-          "commit": _commit(), "date": datetime.datetime.now(datetime.UTC).isoformat(
-              timespec="seconds"), "wall_s": time.perf_counter() - t0}
+  meta = {
+    "command": " ".join([PROG] + list(argv if argv is not None else sys.argv[1:])),
+    "steps": args.steps,
+    "seeds": list(range(args.seeds)),
+    "models": args.models,
+    "policies": {p: str(path) for p, path in args.policy_paths.items()},
+    "skipped": list(args.skipped.values()),
+    "train_args": common_argv(args),
+    "commit": _commit(),
+    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    "wall_s": time.perf_counter() - t0,
+  }
   result = {"meta": meta, "table": rows, "runs": runs}
   (args.out / "results.json").write_text(json.dumps(result, indent=1))
   (args.out / "results.md").write_text(markdown(rows, meta))

@@ -54,7 +54,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 BACKENDS = ("auto", "xla", "fused")
@@ -113,14 +114,15 @@ def validate(op: str, backend: Any) -> None:
     return
   if backend == "fused":
     raise ValueError(
-        "backend='fused' is not available: call jcoccl.init(mesh) first (it registers "
-        "the fused engine), or use backend='xla' or 'auto'")
-  raise ValueError(
-      f"backend must be one of {sorted(set(BACKENDS) | set(impls))}, got {backend!r}")
+      "backend='fused' is not available: call jcoccl.init(mesh) first (it registers "
+      "the fused engine), or use backend='xla' or 'auto'"
+    )
+  raise ValueError(f"backend must be one of {sorted(set(BACKENDS) | set(impls))}, got {backend!r}")
 
 
-def resolve(op: str, backend: str, axes: Sequence[str],
-            **call: Any) -> tuple[str, Callable[..., Any]]:
+def resolve(
+  op: str, backend: str, axes: Sequence[str], **call: Any
+) -> tuple[str, Callable[..., Any]]:
   """Returns (name, implementation) of the backend that runs ``op`` over ``axes``.
 
   Args:
@@ -155,6 +157,8 @@ def implementation(op: str, name: str) -> Callable[..., Any]:
 
 def _fused_reason(op: str, axes: Sequence[str], call: dict[str, Any]) -> str | None:
   if _fused_check is None:
-    return ("backend='fused' is not available: call jcoccl.init(mesh) first, or use "
-            "backend='xla' or 'auto'")
+    return (
+      "backend='fused' is not available: call jcoccl.init(mesh) first, or use "
+      "backend='xla' or 'auto'"
+    )
   return _fused_check(op, tuple(axes), **call)

@@ -7,15 +7,14 @@ How a message becomes padded, sliced rows is :mod:`jcoccl._src.layout`'s.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jcoccl._src import _compat
-from jcoccl._src import cost_model
-from jcoccl._src import layout
+from jcoccl._src import _compat, cost_model, layout
 
 # ----------------------------------------------------------------------------------------
 # Threshold: messages (per pytree leaf, local bytes) under it go uncompressed.
@@ -65,6 +64,7 @@ def default_min_bytes() -> int:
 # ----------------------------------------------------------------------------------------
 # Axes.
 
+
 def canonical_axes(axis_name: Any) -> tuple[str, ...]:
   """``axis_name`` (a name or a tuple/list of names) as a non-empty tuple."""
   axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
@@ -88,8 +88,9 @@ def group_size(axes: Sequence[Any]) -> int:
       size *= lax.axis_size(a)
     except (NameError, KeyError, ValueError) as e:
       raise AxisNameError(
-          f"axis_name {a!r} is not a mesh axis bound here (call the op inside jax.shard_map "
-          f"over a mesh with that axis): {e}") from None
+        f"axis_name {a!r} is not a mesh axis bound here (call the op inside jax.shard_map "
+        f"over a mesh with that axis): {e}"
+      ) from None
   return int(size)
 
 
@@ -126,6 +127,7 @@ def match_vma(x: jax.Array, vma: frozenset) -> jax.Array:
 # Codec calls that keep the input's varying axes: native custom calls (ffi_call) return
 # results without them, which would make shard_map insert pvary/psum pairs around the op.
 
+
 def encode_rows(c: Any, x2d: jax.Array, key: Any = None) -> jax.Array:
   return match_vma(c.encode_rows(x2d, key=key), vma_of(x2d))
 
@@ -156,12 +158,21 @@ def gather_method() -> str:
     raise ValueError(f"JCOCCL_GATHER must be one of {GATHERS}, got {method!r}")
   if method != "auto":
     return method
-  return "all_to_all" if jax.default_backend() == "cpu" and jax.process_count() > 1 else (
-      "all_gather")
+  return (
+    "all_to_all" if jax.default_backend() == "cpu" and jax.process_count() > 1 else ("all_gather")
+  )
 
 
-def gather_decode(c: Any, row: jax.Array, axes: Sequence[str], n: int, dtype: Any, *,
-                  sum_rows: bool, invariant: bool) -> jax.Array:
+def gather_decode(
+  c: Any,
+  row: jax.Array,
+  axes: Sequence[str],
+  n: int,
+  dtype: Any,
+  *,
+  sum_rows: bool,
+  invariant: bool,
+) -> jax.Array:
   """All-gathers one payload row per rank of ``axes`` and decodes what arrived.
 
   Args:
@@ -183,11 +194,11 @@ def gather_decode(c: Any, row: jax.Array, axes: Sequence[str], n: int, dtype: An
   decode = decode_sum if sum_rows else decode_rows
   if gather_method() == "all_to_all":
     from jcoccl._src.compressors import native
+
     op = "decode_sum" if sum_rows else "decode"
     if not invariant or native.available(c, op, d):
       k = group_size(axes)
-      every = lax.all_to_all(jnp.broadcast_to(row[None], (k,) + row.shape), axes, 0, 0,
-                             tiled=True)
+      every = lax.all_to_all(jnp.broadcast_to(row[None], (k,) + row.shape), axes, 0, 0, tiled=True)
       if not invariant:
         return decode(c, every, n, d)
       fn = native.decode_sum if sum_rows else native.decode_rows
@@ -199,6 +210,7 @@ def gather_decode(c: Any, row: jax.Array, axes: Sequence[str], n: int, dtype: An
 # ----------------------------------------------------------------------------------------
 # Compressors.
 
+
 def resolve_compressor(compressor: Any, argname: str = "compressor") -> Any:
   """A Compressor from a Compressor, spec string or None; None for the exact path.
 
@@ -208,14 +220,16 @@ def resolve_compressor(compressor: Any, argname: str = "compressor") -> Any:
     return None
   if isinstance(compressor, str):
     from jcoccl import compressors as _c
+
     try:
       compressor = _c.parse(compressor)
     except ValueError as e:
       raise ValueError(f"{argname}: {e}") from None
   if not hasattr(compressor, "encode_rows") or not hasattr(compressor, "granule"):
     raise TypeError(
-        f"{argname} must be a jcoccl Compressor, a spec string (e.g. 'int8') or None, "
-        f"got {compressor!r}")
+      f"{argname} must be a jcoccl Compressor, a spec string (e.g. 'int8') or None, "
+      f"got {compressor!r}"
+    )
   if getattr(compressor, "kind", None) == "none":
     return None
   return compressor
@@ -225,21 +239,29 @@ def check_dtype(dtype: Any, compressor: Any, argname: str = "compressor") -> Non
   """Raises TypeError when a lossy ``compressor`` is given a non-floating ``dtype``."""
   if compressor is None or compressor.lossless:
     return
-  if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
-                              jnp.dtype(jnp.float16)):
+  if jnp.dtype(dtype) not in (
+    jnp.dtype(jnp.float32),
+    jnp.dtype(jnp.bfloat16),
+    jnp.dtype(jnp.float16),
+  ):
     raise TypeError(
-        f"{argname} {compressor} is lossy and accepts float32, bfloat16 or float16 inputs; "
-        f"got dtype {jnp.dtype(dtype).name} (pass compressor=None for this leaf)")
+      f"{argname} {compressor} is lossy and accepts float32, bfloat16 or float16 inputs; "
+      f"got dtype {jnp.dtype(dtype).name} (pass compressor=None for this leaf)"
+    )
 
 
 def is_float(dtype: Any) -> bool:
   """float32, bfloat16 or float16: the dtypes lossy compressors take."""
-  return jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
-                              jnp.dtype(jnp.float16))
+  return jnp.dtype(dtype) in (
+    jnp.dtype(jnp.float32),
+    jnp.dtype(jnp.bfloat16),
+    jnp.dtype(jnp.float16),
+  )
 
 
-def effective_compressor(x: jax.Array, compressor: Any, min_bytes: int | None,
-                         strict: bool = True) -> Any:
+def effective_compressor(
+  x: jax.Array, compressor: Any, min_bytes: int | None, strict: bool = True
+) -> Any:
   """The compressor for leaf ``x`` after the size threshold (None = exact lax path).
 
   A lossy compressor applies to float32/bfloat16/float16 leaves of at least ``min_bytes``
@@ -277,14 +299,18 @@ def grad_for(x: jax.Array, grad_compressor: Any) -> Any:
   """The backward compressor for leaf ``x`` (dtype-checked; threshold applied in bwd)."""
   if grad_compressor is None or grad_compressor.lossless:
     return grad_compressor
-  if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
-                                jnp.dtype(jnp.float16)):
+  if jnp.dtype(x.dtype) not in (
+    jnp.dtype(jnp.float32),
+    jnp.dtype(jnp.bfloat16),
+    jnp.dtype(jnp.float16),
+  ):
     return None  # integer leaves have no cotangent to compress
   return grad_compressor
 
 
-def canonical_args(axis_name: Any, compressor: Any, grad_compressor: Any, chunks: Any,
-                   tiled: Any = False) -> tuple[tuple[str, ...], Any, Any]:
+def canonical_args(
+  axis_name: Any, compressor: Any, grad_compressor: Any, chunks: Any, tiled: Any = False
+) -> tuple[tuple[str, ...], Any, Any]:
   """The arguments every compressed collective shares, checked and canonicalised.
 
   Args:
@@ -320,6 +346,7 @@ def check_chunks(chunks: Any) -> int:
 # ----------------------------------------------------------------------------------------
 # Per-slice keys.
 
+
 def rank_key(key: Any, axes: Sequence[str], chunk: int) -> Any:
   """A per-rank, per-chunk PRNG key (None stays None)."""
   if key is None:
@@ -330,6 +357,7 @@ def rank_key(key: Any, axes: Sequence[str], chunk: int) -> Any:
 
 # ----------------------------------------------------------------------------------------
 # Cost model for all_reduce algorithm="auto".
+
 
 def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
   """algorithm="auto" for a flat all_reduce: the cheaper of one_shot and two_shot under the

@@ -6,11 +6,12 @@ from ``jax._src`` elsewhere in jcoccl.
 
 from __future__ import annotations
 
-
-# --- collectives: shard_map varying-axes (vma) introspection -------------------------------
+import contextvars as _contextvars
 
 import jax as _jax
 from jax._src import config as _jax_config
+
+# --- collectives: shard_map varying-axes (vma) introspection -------------------------------
 
 
 def check_vma_enabled() -> bool:
@@ -30,13 +31,16 @@ def varying_axes(x) -> frozenset:
 # --- fused engine: result types with varying axes; the traced shard_map's devices;
 # --- jax.distributed key-value store --------------------------------------------------------
 
-def shape_dtype_with_vma(shape, dtype, vma) -> "_jax.ShapeDtypeStruct":
+
+def shape_dtype_with_vma(shape, dtype, vma) -> _jax.ShapeDtypeStruct:
   """A ShapeDtypeStruct whose value varies over the manual axes ``vma`` (for ffi_call
   results inside ``shard_map(check_vma=True)``, which do not inherit the inputs' axes)."""
   from jax._src import core as _core
+
   sharding = _core.get_cur_mesh_sharding(_jax.P(*([None] * len(shape))))
-  return _jax.ShapeDtypeStruct(shape, dtype, sharding=sharding,
-                               manual_axis_type=_core.ManualAxisType(varying=frozenset(vma)))
+  return _jax.ShapeDtypeStruct(
+    shape, dtype, sharding=sharding, manual_axis_type=_core.ManualAxisType(varying=frozenset(vma))
+  )
 
 
 def shard_map_mesh():
@@ -52,7 +56,9 @@ def shard_map_mesh():
     The Mesh, or None outside shard_map or when its devices are unknown at trace time.
   """
   import sys
+
   from jax._src import mesh as _mesh
+
   lowering = _lowering_mesh.get()
   if isinstance(lowering, _mesh.Mesh) and not lowering.empty:
     return lowering
@@ -97,9 +103,9 @@ def mesh_guard(x, key, check):
 
 
 def _make_mesh_guard():
+  from jax._src import mesh as _mesh
   from jax.extend.core import Primitive
   from jax.interpreters import ad, batching, mlir
-  from jax._src import mesh as _mesh
 
   p = Primitive("jcoccl_mesh_guard")
   p.def_impl(lambda x, **_: x)
@@ -123,10 +129,13 @@ def _make_mesh_guard():
 
 def _kv_client():
   from jax._src import distributed as _dist
+
   client = _dist.global_state.client
   if client is None:
-    raise RuntimeError("jax.distributed is not initialised: call jax.distributed.initialize() "
-                       "in every process before jcoccl.init(mesh)")
+    raise RuntimeError(
+      "jax.distributed is not initialised: call jax.distributed.initialize() "
+      "in every process before jcoccl.init(mesh)"
+    )
   return client
 
 
@@ -142,6 +151,7 @@ def kv_get(key: str, timeout_ms: int) -> str:
 
 # --- wire bytes: the device assignment of a compiled program --------------------------------
 
+
 def executable_device_ids(compiled) -> list[int] | None:
   """Device ids of a ``jax.stages.Compiled`` in logical (partition) order, or None.
 
@@ -150,12 +160,13 @@ def executable_device_ids(compiled) -> list[int] | None:
   """
   try:
     devices = compiled.runtime_executable().local_devices()
-  except Exception:  # noqa: BLE001 - a backend without the method: caller falls back
+  except Exception:
     return None
   return [d.id for d in devices]
 
 
 # --- compress: tracing a rewritten sub-program to a closed jaxpr of given input types --------
+
 
 def trace_closed_jaxpr(fn, in_avals, name: str = "jcoccl_compress"):
   """``fn`` (flat arrays -> list of arrays) traced at ``in_avals`` into a ClosedJaxpr.
@@ -169,20 +180,20 @@ def trace_closed_jaxpr(fn, in_avals, name: str = "jcoccl_compress"):
   from jax._src import core as _core
   from jax._src import linear_util as _lu
   from jax._src.interpreters import partial_eval as _pe
+
   dbg = _api_util.debug_info(name, fn, tuple(in_avals), {})
-  jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(_lu.wrap_init(fn, debug_info=dbg),
-                                                list(in_avals))
+  jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(_lu.wrap_init(fn, debug_info=dbg), list(in_avals))
   return _core.ClosedJaxpr(jaxpr, consts)
 
 
 # --- collectives as primitives: definition, abstract evaluation, lowering, AD, batching ------
 
-import contextvars as _contextvars
 
 # The concrete mesh of the shard_map whose body is being lowered, set by the collectives'
 # lowering rules (the trace-time frames shard_map_mesh reads are gone by then).
-_lowering_mesh: _contextvars.ContextVar = _contextvars.ContextVar("jcoccl_lowering_mesh",
-                                                                  default=None)
+_lowering_mesh: _contextvars.ContextVar = _contextvars.ContextVar(
+  "jcoccl_lowering_mesh", default=None
+)
 
 
 def lowering_collective() -> bool:
@@ -193,6 +204,7 @@ def lowering_collective() -> bool:
 def new_primitive(name: str):
   """A ``jax.extend.core.Primitive`` named ``name``."""
   from jax.extend.core import Primitive
+
   return Primitive(name)
 
 
@@ -205,8 +217,7 @@ def collective_aval(aval, shape, vma, reduced_axes=()):
   mat = mat.update(varying=frozenset(vma))
   unreduced = frozenset(mat.unreduced) - set(reduced_axes)
   if unreduced != mat.unreduced:
-    mat = mat.update(unreduced=unreduced,
-                     unreduced_kind=mat.unreduced_kind if unreduced else None)
+    mat = mat.update(unreduced=unreduced, unreduced_kind=mat.unreduced_kind if unreduced else None)
   return aval.update(shape=tuple(shape), weak_type=False, manual_axis_type=mat)
 
 
@@ -226,13 +237,17 @@ def unreduced_as_varying(x, axes):
   global _unreduced_vary_p
   if _unreduced_vary_p is None:
     from jax.interpreters import mlir
+
     p = new_primitive("jcoccl_unreduced_as_varying")
 
     def abstract(aval, *, axes):
       mat = aval.mat
       unreduced = frozenset(mat.unreduced) - set(axes)
-      mat = mat.update(varying=frozenset(mat.varying) | set(axes), unreduced=unreduced,
-                       unreduced_kind=mat.unreduced_kind if unreduced else None)
+      mat = mat.update(
+        varying=frozenset(mat.varying) | set(axes),
+        unreduced=unreduced,
+        unreduced_kind=mat.unreduced_kind if unreduced else None,
+      )
       return aval.update(manual_axis_type=mat)
 
     p.def_abstract_eval(abstract)
@@ -267,10 +282,11 @@ def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None
     transpose: ``(ct, *args, **params) -> list of cotangents``.
     batch: ``(args, dims, **params) -> (out, out_dim)``.
   """
+  import functools
+
   from jax._src import core as _core
   from jax._src import dispatch as _dispatch
   from jax.interpreters import ad, batching, mlir
-  import functools
 
   def effectful(*avals, **params):
     out, axes = abstract_eval(*avals, **params)
@@ -297,32 +313,38 @@ def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None
 def is_zero_cotangent(ct) -> bool:
   """True for AD's symbolic zero."""
   from jax.interpreters import ad
+
   return type(ct) is ad.Zero
 
 
 def zero_like_aval(aval):
   from jax.interpreters import ad
+
   return ad.Zero(aval)
 
 
 def zero_tangent_of(value):
   from jax.interpreters import ad
+
   return ad.Zero.from_primal_value(value)
 
 
 def undefined_aval(x):
   """The abstract value of a transpose rule's linear (undefined) input."""
   from jax.interpreters import ad
+
   return x.aval if ad.is_undefined_primal(x) else _jax.typeof(x)
 
 
 def instantiate_zero(t):
   from jax.interpreters import ad
+
   return ad.instantiate_zeros(t)
 
 
 def mesh_axis_names() -> frozenset:
   """The axis names of the mesh in context (abstract, as inside shard_map's trace)."""
   from jax._src import mesh as _mesh
+
   m = _mesh.get_abstract_mesh()
   return frozenset(() if m is None or m.empty else m.axis_names)

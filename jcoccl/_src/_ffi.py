@@ -61,8 +61,9 @@ def codes(table: str) -> dict[str, int]:
   try:
     mod = importlib.import_module(_PLATFORMS["cpu"])
   except ImportError as e:
-    raise ImportError(f"jcoccl's native module jcoccl._cpu is missing ({e}); "
-                      "reinstall jcoccl") from e
+    raise ImportError(
+      f"jcoccl's native module jcoccl._cpu is missing ({e}); reinstall jcoccl"
+    ) from e
   if not hasattr(mod, table):
     raise ValueError(f"table must be one of CODEC_KINDS, DTYPES, FP8_FORMATS, OPS, got {table!r}")
   return {str(k): int(v) for k, v in getattr(mod, table).items()}

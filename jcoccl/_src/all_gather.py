@@ -17,11 +17,21 @@ from jcoccl._src import primitives as P
 SAME = C.SAME
 
 
-def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
-               compressor: Any = None, backend: str = "auto", chunks: int = 1,
-               min_bytes: int | None = None, grad_compressor: Any = SAME,
-               key: Any = None, to: str = "varying",
-               axis_index_groups: Any = None) -> Any:
+def all_gather(
+  x: Any,
+  axis_name: Any,
+  *,
+  axis: int = 0,
+  tiled: bool = False,
+  compressor: Any = None,
+  backend: str = "auto",
+  chunks: int = 1,
+  min_bytes: int | None = None,
+  grad_compressor: Any = SAME,
+  key: Any = None,
+  to: str = "varying",
+  axis_index_groups: Any = None,
+) -> Any:
   """Gathers ``x`` from every rank of ``axis_name``, as ``jax.lax.all_gather``.
 
   Each rank encodes its shard once, the uint8 payloads are gathered with
@@ -64,21 +74,47 @@ def all_gather(x: Any, axis_name: Any, *, axis: int = 0, tiled: bool = False,
   if to not in TOS:
     raise ValueError(f"to must be one of {TOS}, got {to!r}")
   if axis_index_groups is not None or to == "reduced":
-    return lax.all_gather(x, axes, axis_index_groups=axis_index_groups, axis=axis,
-                          tiled=tiled, to=to)
+    return lax.all_gather(
+      x, axes, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to
+    )
   strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: gather_leaf(leaf, key, axes=axes, axis=axis, tiled=tiled, compressor=comp,
-                               grad_compressor=gcomp, backend=backend, chunks=chunks,
-                               min_bytes=min_bytes, strict=strict, to=to), x)
+    lambda leaf: gather_leaf(
+      leaf,
+      key,
+      axes=axes,
+      axis=axis,
+      tiled=tiled,
+      compressor=comp,
+      grad_compressor=gcomp,
+      backend=backend,
+      chunks=chunks,
+      min_bytes=min_bytes,
+      strict=strict,
+      to=to,
+    ),
+    x,
+  )
 
 
 TOS = ("varying", "invarying", "reduced")
 
 
-def gather_leaf(x: jax.Array, key: Any, *, axes: tuple, axis: Any, tiled: bool,
-                compressor: Any, grad_compressor: Any, backend: str, chunks: int,
-                min_bytes: Any, strict: bool = True, to: str = "varying") -> jax.Array:
+def gather_leaf(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  axis: Any,
+  tiled: bool,
+  compressor: Any,
+  grad_compressor: Any,
+  backend: str,
+  chunks: int,
+  min_bytes: Any,
+  strict: bool = True,
+  to: str = "varying",
+) -> jax.Array:
   """all_gather of one array (arguments already canonicalised): the exact lax.all_gather,
   or the ``jcoccl_all_gather`` primitive."""
   x = jnp.asarray(x)
@@ -96,25 +132,52 @@ def gather_leaf(x: jax.Array, key: Any, *, axes: tuple, axis: Any, tiled: bool,
   _backend.validate("all_gather", backend)
   if c is None and gc is None:
     return lax.all_gather(x, axes, axis=axis, tiled=tiled, to=to)
-  name = "xla" if c is None else _backend.resolve("all_gather", backend, axes, compressor=c,
-                                                  dtype=x.dtype)[0]
+  name = (
+    "xla"
+    if c is None
+    else _backend.resolve("all_gather", backend, axes, compressor=c, dtype=x.dtype)[0]
+  )
   if c is not None:  # fail at trace time, not at lowering
     L.slices(chunks, x.size, c.granule)
   x = C.ensure_varying(x, axes)
-  return P.bind("all_gather", x, key, axes=axes, axis=axis, tiled=tiled, to=to,
-                compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
-                backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
+  return P.bind(
+    "all_gather",
+    x,
+    key,
+    axes=axes,
+    axis=axis,
+    tiled=tiled,
+    to=to,
+    compressor=P.spec_of(c),
+    grad_compressor=P.spec_of(gc),
+    backend=name,
+    backend_arg=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+  )
 
 
 def _out_shape(shape: tuple, params: dict) -> tuple:
   n, axis = C.group_size(params["axes"]), params["axis"]
   if params["tiled"]:
-    return shape[:axis] + (n * shape[axis],) + shape[axis + 1:]
+    return shape[:axis] + (n * shape[axis],) + shape[axis + 1 :]
   return shape[:axis] + (n,) + shape[axis:]
 
 
-def _forward(x: jax.Array, key: Any, *, axes: tuple, axis: int, tiled: bool, to: str,
-             compressor: Any, backend: str, chunks: int, batch: int, **_: Any) -> jax.Array:
+def _forward(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  axis: int,
+  tiled: bool,
+  to: str,
+  compressor: Any,
+  backend: str,
+  chunks: int,
+  batch: int,
+  **_: Any,
+) -> jax.Array:
   comp = P.load(compressor)
   if comp is None:
     return lax.all_gather(x, axes, axis=axis + batch, tiled=tiled, to=to)
@@ -130,8 +193,13 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, axis: int, tiled: bool, to:
     return arrange(stacked, axis, tiled)
 
   return L.run_batched(
-      lay, L.flat_row, x, batch,
-      lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key), post)
+    lay,
+    L.flat_row,
+    x,
+    batch,
+    lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key),
+    post,
+  )
 
 
 def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
@@ -141,14 +209,20 @@ def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
     return moved
   shape = stacked.shape[1:]
   n = stacked.shape[0]
-  return moved.reshape(shape[:axis] + (n * shape[axis],) + shape[axis + 1:])
+  return moved.reshape(shape[:axis] + (n * shape[axis],) + shape[axis + 1 :])
 
 
 def _common_args(params: dict) -> dict:
   gc = P.load(params["grad_compressor"])
-  return dict(axes=params["axes"], tiled=params["tiled"], compressor=gc, grad_compressor=gc,
-              backend=params["backend_arg"], chunks=params["chunks"],
-              min_bytes=params["min_bytes"])
+  return dict(
+    axes=params["axes"],
+    tiled=params["tiled"],
+    compressor=gc,
+    grad_compressor=gc,
+    backend=params["backend_arg"],
+    chunks=params["chunks"],
+    min_bytes=params["min_bytes"],
+  )
 
 
 def _own_block(ct: jax.Array, params: dict) -> jax.Array:
@@ -159,20 +233,28 @@ def _own_block(ct: jax.Array, params: dict) -> jax.Array:
   return out if params["tiled"] else jnp.squeeze(out, axis)
 
 
-P.register(P.Op(
-    "all_gather", out_shape=_out_shape, reduces=lambda params: params["to"] == "invarying",
-    forward=_forward, leaf=gather_leaf, invariant_transpose=_own_block,
-    tangent_args=lambda params: dict(_common_args(params), axis=params["axis"],
-                                     to=params["to"]),
+P.register(
+  P.Op(
+    "all_gather",
+    out_shape=_out_shape,
+    reduces=lambda params: params["to"] == "invarying",
+    forward=_forward,
+    leaf=gather_leaf,
+    invariant_transpose=_own_block,
+    tangent_args=lambda params: dict(_common_args(params), axis=params["axis"], to=params["to"]),
     # The dual, reduce_scatter, scatters the dimension the gather stacked or tiled.
-    dual_args=lambda params: dict(_common_args(params), scatter_dimension=params["axis"])))
+    dual_args=lambda params: dict(_common_args(params), scatter_dimension=params["axis"]),
+  )
+)
 
 
 # ----------------------------------------------------------------------------------------
 # XLA backend.
 
-def gather_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int, key: Any,
-                invariant: bool = False) -> jax.Array:
+
+def gather_rows(
+  x: jax.Array, axes: tuple, compressor: Any, chunks: int, key: Any, invariant: bool = False
+) -> jax.Array:
   """dtype[C] -> dtype[n, C] (row i = rank i's x); ``invariant`` makes the result
   device-invariant over ``axes`` (used inside all_reduce)."""
   to = "invarying" if invariant else "varying"
@@ -181,14 +263,16 @@ def gather_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int, key: An
     if compressor is None:
       return lax.all_gather(xs, axes, axis=0, tiled=False, to=to)
     buf = C.encode_rows(compressor, xs[None], key=C.rank_key(key, axes, i))
-    return C.gather_decode(compressor, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=False,
-                           invariant=invariant)
+    return C.gather_decode(
+      compressor, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=False, invariant=invariant
+    )
 
   return L.chunked(one, x, chunks)
 
 
-def _xla_all_gather(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                    key: Any) -> jax.Array:
+def _xla_all_gather(
+  x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any
+) -> jax.Array:
   return gather_rows(x, axes, compressor, chunks, key)
 
 

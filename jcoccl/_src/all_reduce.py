@@ -10,21 +10,29 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jcoccl._src import _backend
+from jcoccl._src import _backend, _compat
 from jcoccl._src import _common as C
-from jcoccl._src import _compat
+from jcoccl._src import all_gather as _ag
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
-from jcoccl._src import all_gather as _ag
 from jcoccl._src import reduce_scatter as _rs
 
 ALGORITHMS = ("auto", "one_shot", "two_shot", "hierarchical")
 
 
-def all_reduce(x: Any, axis_name: Any, *, compressor: Any = None, algorithm: str = "auto",
-               backend: str = "auto", chunks: int = 1, min_bytes: int | None = None,
-               grad_compressor: Any = C.SAME, key: Any = None,
-               axis_index_groups: Any = None) -> Any:
+def all_reduce(
+  x: Any,
+  axis_name: Any,
+  *,
+  compressor: Any = None,
+  algorithm: str = "auto",
+  backend: str = "auto",
+  chunks: int = 1,
+  min_bytes: int | None = None,
+  grad_compressor: Any = C.SAME,
+  key: Any = None,
+  axis_index_groups: Any = None,
+) -> Any:
   """Sums ``x`` over ``axis_name``, as ``jax.lax.psum``, optionally compressed.
 
   Algorithms (none re-quantizes at every hop):
@@ -90,20 +98,38 @@ def all_reduce(x: Any, axis_name: Any, *, compressor: Any = None, algorithm: str
   if algorithm not in ALGORITHMS:
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
   comp = resolve_levels(compressor, axes, "compressor")
-  gcomp = comp if (isinstance(grad_compressor, str) and grad_compressor == C.SAME) else (
-      resolve_levels(grad_compressor, axes, "grad_compressor"))
+  gcomp = (
+    comp
+    if (isinstance(grad_compressor, str) and grad_compressor == C.SAME)
+    else (resolve_levels(grad_compressor, axes, "grad_compressor"))
+  )
   if isinstance(comp, tuple) and algorithm not in ("auto", "hierarchical"):
-    raise ValueError(f"a per-level compressor needs algorithm='hierarchical' or 'auto', "
-                     f"got algorithm={algorithm!r}")
+    raise ValueError(
+      f"a per-level compressor needs algorithm='hierarchical' or 'auto', "
+      f"got algorithm={algorithm!r}"
+    )
   if algorithm == "hierarchical" and len(axes) < 2:
-    raise ValueError(f"algorithm='hierarchical' needs a tuple of at least two axis names "
-                     f"(outer..., inner), got axis_name={axis_name!r}")
+    raise ValueError(
+      f"algorithm='hierarchical' needs a tuple of at least two axis names "
+      f"(outer..., inner), got axis_name={axis_name!r}"
+    )
   C.check_chunks(chunks)
   strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: reduce_leaf(leaf, key, axes=axes, compressor=comp, grad_compressor=gcomp,
-                               algorithm=algorithm, backend=backend, chunks=chunks,
-                               min_bytes=min_bytes, strict=strict), x)
+    lambda leaf: reduce_leaf(
+      leaf,
+      key,
+      axes=axes,
+      compressor=comp,
+      grad_compressor=gcomp,
+      algorithm=algorithm,
+      backend=backend,
+      chunks=chunks,
+      min_bytes=min_bytes,
+      strict=strict,
+    ),
+    x,
+  )
 
 
 def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
@@ -114,14 +140,15 @@ def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
     outer, inner = axes[:-1], axes[-1]
     unknown = [k for k in compressor if k not in (inner, outer, *outer)]
     if unknown:
-      raise ValueError(f"{argname} dict keys must be mesh axis names among {axes} (or the "
-                       f"tuple of outer names {outer}), got {unknown}")
+      raise ValueError(
+        f"{argname} dict keys must be mesh axis names among {axes} (or the "
+        f"tuple of outer names {outer}), got {unknown}"
+      )
     out_c = compressor.get(outer, compressor.get(outer[0]) if len(outer) == 1 else None)
     compressor = (out_c, compressor.get(inner))
   if isinstance(compressor, (tuple, list)):
     if len(compressor) != 2:
-      raise ValueError(f"a per-level {argname} must be a pair (outer, inner), got "
-                       f"{compressor!r}")
+      raise ValueError(f"a per-level {argname} must be a pair (outer, inner), got {compressor!r}")
     if len(axes) < 2:
       raise ValueError(f"a per-level {argname} needs a tuple of at least two axis names")
     return tuple(C.resolve_compressor(c, argname) for c in compressor)
@@ -169,9 +196,19 @@ def row_layout(m: int, comp: Any, algorithm: str, axes: tuple, chunks: int) -> L
   return L.RowLayout.of(m, slice_unit(comp, algorithm, axes), chunks)
 
 
-def reduce_leaf(x: jax.Array, key: Any, *, axes: tuple, compressor: Any,
-                grad_compressor: Any, algorithm: str, backend: str, chunks: int,
-                min_bytes: Any, strict: bool = True) -> jax.Array:
+def reduce_leaf(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  compressor: Any,
+  grad_compressor: Any,
+  algorithm: str,
+  backend: str,
+  chunks: int,
+  min_bytes: Any,
+  strict: bool = True,
+) -> jax.Array:
   """all_reduce of one array (arguments already canonicalised): the exact lax.psum, or
   the ``jcoccl_all_reduce`` primitive."""
   x = jnp.asarray(x)
@@ -180,29 +217,59 @@ def reduce_leaf(x: jax.Array, key: Any, *, axes: tuple, compressor: Any,
     return lax.psum(x, axes)
   partial = set(axes) & _compat.unreduced_axes(x)
   if partial and partial != set(axes):
-    raise ValueError(f"all_reduce over {axes}: x is unreduced over {sorted(partial)} only; "
-                     "sum over the unreduced and the other axes in two calls")
+    raise ValueError(
+      f"all_reduce over {axes}: x is unreduced over {sorted(partial)} only; "
+      "sum over the unreduced and the other axes in two calls"
+    )
   c = _levels_effective(x, compressor, min_bytes, strict)
   gc = _grad_levels(x, grad_compressor)
   _backend.validate("all_reduce", backend)
   if c is None and gc is None:
     return lax.psum(x, axes)
-  algo = "one_shot" if c is None else choose(c, algorithm, axes, x.size * x.dtype.itemsize,
-                                             x.size, x.dtype)
+  algo = (
+    "one_shot"
+    if c is None
+    else choose(c, algorithm, axes, x.size * x.dtype.itemsize, x.size, x.dtype)
+  )
   if algo == "hierarchical" and not isinstance(c, tuple) and c is not None:
     c = (c, c)
-  name = "xla" if c is None else _backend.resolve(
-      "all_reduce", backend, axes, compressor=c, dtype=x.dtype, algorithm=algo)[0]
+  name = (
+    "xla"
+    if c is None
+    else _backend.resolve("all_reduce", backend, axes, compressor=c, dtype=x.dtype, algorithm=algo)[
+      0
+    ]
+  )
   if c is not None:  # fail at trace time, not at lowering
     L.slices(chunks, x.size, slice_unit(c, algo, axes))
   x = C.ensure_varying(x, axes)
-  return P.bind("all_reduce", x, key, axes=axes, compressor=P.spec_of(c),
-                grad_compressor=P.spec_of(gc), algorithm=algo, backend=name,
-                backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
+  return P.bind(
+    "all_reduce",
+    x,
+    key,
+    axes=axes,
+    compressor=P.spec_of(c),
+    grad_compressor=P.spec_of(gc),
+    algorithm=algo,
+    backend=name,
+    backend_arg=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+  )
 
 
-def _forward(x: jax.Array, key: Any, *, axes: tuple, compressor: Any, algorithm: str,
-             backend: str, chunks: int, batch: int, **_: Any) -> jax.Array:
+def _forward(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  compressor: Any,
+  algorithm: str,
+  backend: str,
+  chunks: int,
+  batch: int,
+  **_: Any,
+) -> jax.Array:
   comp = P.load(compressor)
   if comp is None:
     return lax.psum(x, axes)
@@ -213,10 +280,13 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, compressor: Any, algorithm:
   lay = row_layout(m, comp, algorithm, axes, chunks)
   impl = _backend.implementation("all_reduce", backend)
   return L.run_batched(
-      lay, L.flat_row, x, batch,
-      lambda r: impl(r, axes=axes, compressor=comp, algorithm=algorithm, chunks=lay.slices,
-                     key=key),
-      lambda r: r.reshape(shape))
+    lay,
+    L.flat_row,
+    x,
+    batch,
+    lambda r: impl(r, axes=axes, compressor=comp, algorithm=algorithm, chunks=lay.slices, key=key),
+    lambda r: r.reshape(shape),
+  )
 
 
 def _grad_args(params: dict) -> dict:
@@ -224,27 +294,41 @@ def _grad_args(params: dict) -> dict:
   gc = P.load(params["grad_compressor"])
   algo = params["algorithm"]
   algo = algo if algo != "hierarchical" or gc else "auto"
-  return dict(axes=params["axes"], compressor=gc, grad_compressor=gc, algorithm=algo,
-              backend=params["backend_arg"], chunks=params["chunks"],
-              min_bytes=params["min_bytes"])
+  return dict(
+    axes=params["axes"],
+    compressor=gc,
+    grad_compressor=gc,
+    algorithm=algo,
+    backend=params["backend_arg"],
+    chunks=params["chunks"],
+    min_bytes=params["min_bytes"],
+  )
 
 
-P.register(P.Op("all_reduce", out_shape=lambda shape, params: shape,
-                reduces=lambda params: True, forward=_forward, leaf=reduce_leaf,
-                tangent_args=_grad_args, dual_args=_grad_args,
-                # lax.psum's transpose under check_vma: the invariant cotangent itself.
-                invariant_transpose=lambda ct, params: ct))
+P.register(
+  P.Op(
+    "all_reduce",
+    out_shape=lambda shape, params: shape,
+    reduces=lambda params: True,
+    forward=_forward,
+    leaf=reduce_leaf,
+    tangent_args=_grad_args,
+    dual_args=_grad_args,
+    # lax.psum's transpose under check_vma: the invariant cotangent itself.
+    invariant_transpose=lambda ct, params: ct,
+  )
+)
 
 
 # ----------------------------------------------------------------------------------------
 # XLA backend.
 
+
 def _one_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   if comp is None:
     return lax.psum(xs, axes)
   buf = C.encode_rows(comp, xs[None], key=key)
-  return C.gather_decode(comp, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=True,
-                         invariant=True)
+  return C.gather_decode(comp, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=True, invariant=True)
 
 
 def _two_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
@@ -253,8 +337,9 @@ def _two_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   buf = C.encode_rows(comp, L.rank_rows(xs, n), key=key)
   got = lax.all_to_all(buf, axes, 0, 0, tiled=True)
   shard = C.decode_sum_encode(comp, got, width, xs.dtype)  # second quantization
-  return L.flat_row(C.gather_decode(comp, shard, axes, width, xs.dtype, sum_rows=False,
-                                   invariant=True))
+  return L.flat_row(
+    C.gather_decode(comp, shard, axes, width, xs.dtype, sum_rows=False, invariant=True)
+  )
 
 
 def _hierarchical(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
@@ -272,13 +357,17 @@ def _hierarchical(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
 _ALGOS = {"one_shot": _one_shot, "two_shot": _two_shot, "hierarchical": _hierarchical}
 
 
-def _xla_all_reduce(x: jax.Array, *, axes: tuple, compressor: Any, algorithm: str,
-                    chunks: int, key: Any) -> jax.Array:
+def _xla_all_reduce(
+  x: jax.Array, *, axes: tuple, compressor: Any, algorithm: str, chunks: int, key: Any
+) -> jax.Array:
   run = _ALGOS[algorithm]
 
   def one(xs: jax.Array, i: int) -> jax.Array:
-    k = C.rank_key(key, axes, i) if algorithm != "hierarchical" else (
-        None if key is None else jax.random.fold_in(key, i))
+    k = (
+      C.rank_key(key, axes, i)
+      if algorithm != "hierarchical"
+      else (None if key is None else jax.random.fold_in(key, i))
+    )
     return run(xs, axes, compressor, k)
 
   return L.chunked(one, x, chunks)

@@ -16,11 +16,21 @@ from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 
 
-def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
-               tiled: bool = False, compressor: Any = None, backend: str = "auto",
-               chunks: int = 1, min_bytes: int | None = None,
-               grad_compressor: Any = C.SAME, key: Any = None,
-               axis_index_groups: Any = None) -> Any:
+def all_to_all(
+  x: Any,
+  axis_name: Any,
+  split_axis: int,
+  concat_axis: int,
+  *,
+  tiled: bool = False,
+  compressor: Any = None,
+  backend: str = "auto",
+  chunks: int = 1,
+  min_bytes: int | None = None,
+  grad_compressor: Any = C.SAME,
+  key: Any = None,
+  axis_index_groups: Any = None,
+) -> Any:
   """Exchanges chunks of ``x`` between the ranks of ``axis_name``, as ``jax.lax.all_to_all``.
 
   ``x`` is split along ``split_axis`` into n chunks (chunk j goes to rank j) and the
@@ -60,41 +70,72 @@ def all_to_all(x: Any, axis_name: Any, split_axis: int, concat_axis: int, *,
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
   if axis_index_groups is not None:
     return jax.tree_util.tree_map(
-        lambda leaf: lax.all_to_all(leaf, axes, split_axis, concat_axis,
-                                    axis_index_groups=axis_index_groups, tiled=tiled), x)
+      lambda leaf: lax.all_to_all(
+        leaf, axes, split_axis, concat_axis, axis_index_groups=axis_index_groups, tiled=tiled
+      ),
+      x,
+    )
   strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: a2a_leaf(leaf, key, axes=axes, split_axis=split_axis,
-                            concat_axis=concat_axis, tiled=tiled, compressor=comp,
-                            grad_compressor=gcomp, backend=backend, chunks=chunks,
-                            min_bytes=min_bytes, strict=strict), x)
+    lambda leaf: a2a_leaf(
+      leaf,
+      key,
+      axes=axes,
+      split_axis=split_axis,
+      concat_axis=concat_axis,
+      tiled=tiled,
+      compressor=comp,
+      grad_compressor=gcomp,
+      backend=backend,
+      chunks=chunks,
+      min_bytes=min_bytes,
+      strict=strict,
+    ),
+    x,
+  )
 
 
-def _check_axes(shape: tuple, split_axis: Any, concat_axis: Any, tiled: bool,
-                n: int) -> tuple[int, int]:
+def _check_axes(
+  shape: tuple, split_axis: Any, concat_axis: Any, tiled: bool, n: int
+) -> tuple[int, int]:
   nd = len(shape)
   if nd == 0:
     raise ValueError("all_to_all needs an input of rank >= 1 (x is a scalar)")
   if not isinstance(split_axis, int) or not -nd <= split_axis < nd:
     raise ValueError(f"split_axis must be an int in [{-nd}, {nd}), got {split_axis!r}")
-  out_nd = nd if tiled else nd  # non-tiled removes one axis and inserts one
+  out_nd = nd  # tiled keeps the rank; non-tiled removes one axis and inserts one
   if not isinstance(concat_axis, int) or not -out_nd <= concat_axis < out_nd:
-    raise ValueError(f"concat_axis must be an int in [{-out_nd}, {out_nd}), got "
-                     f"{concat_axis!r}")
+    raise ValueError(f"concat_axis must be an int in [{-out_nd}, {out_nd}), got {concat_axis!r}")
   split_axis %= nd
   concat_axis %= out_nd
   if tiled and shape[split_axis] % n:
-    raise ValueError(f"split_axis {split_axis} has size {shape[split_axis]}, not divisible "
-                     f"by the group size {n} (tiled=True)")
+    raise ValueError(
+      f"split_axis {split_axis} has size {shape[split_axis]}, not divisible "
+      f"by the group size {n} (tiled=True)"
+    )
   if not tiled and shape[split_axis] != n:
-    raise ValueError(f"split_axis {split_axis} has size {shape[split_axis]}, but "
-                     f"tiled=False needs it to equal the group size {n}")
+    raise ValueError(
+      f"split_axis {split_axis} has size {shape[split_axis]}, but "
+      f"tiled=False needs it to equal the group size {n}"
+    )
   return split_axis, concat_axis
 
 
-def a2a_leaf(x: jax.Array, key: Any, *, axes: tuple, split_axis: Any, concat_axis: Any,
-             tiled: bool, compressor: Any, grad_compressor: Any, backend: str, chunks: int,
-             min_bytes: Any, strict: bool = True) -> jax.Array:
+def a2a_leaf(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  split_axis: Any,
+  concat_axis: Any,
+  tiled: bool,
+  compressor: Any,
+  grad_compressor: Any,
+  backend: str,
+  chunks: int,
+  min_bytes: Any,
+  strict: bool = True,
+) -> jax.Array:
   """all_to_all of one array (arguments already canonicalised): the exact lax.all_to_all,
   or the ``jcoccl_all_to_all`` primitive."""
   x = jnp.asarray(x)
@@ -107,21 +148,36 @@ def a2a_leaf(x: jax.Array, key: Any, *, axes: tuple, split_axis: Any, concat_axi
   _backend.validate("all_to_all", backend)
   if c is None and gc is None:
     return lax.all_to_all(x, axes, sa, ca, tiled=tiled)
-  name = "xla" if c is None else _backend.resolve("all_to_all", backend, axes, compressor=c,
-                                                  dtype=x.dtype)[0]
+  name = (
+    "xla"
+    if c is None
+    else _backend.resolve("all_to_all", backend, axes, compressor=c, dtype=x.dtype)[0]
+  )
   if c is not None:  # fail at trace time, not at lowering
     L.slices(chunks, x.size // n, c.granule)
   x = C.ensure_varying(x, axes)
-  return P.bind("all_to_all", x, key, axes=axes, split_axis=sa, concat_axis=ca, tiled=tiled,
-                compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
-                backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
+  return P.bind(
+    "all_to_all",
+    x,
+    key,
+    axes=axes,
+    split_axis=sa,
+    concat_axis=ca,
+    tiled=tiled,
+    compressor=P.spec_of(c),
+    grad_compressor=P.spec_of(gc),
+    backend=name,
+    backend_arg=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+  )
 
 
 def _out_shape(shape: tuple, params: dict) -> tuple:
   n = C.group_size(params["axes"])
   sa, ca = params["split_axis"], params["concat_axis"]
   if not params["tiled"]:
-    rest = shape[:sa] + shape[sa + 1:]
+    rest = shape[:sa] + shape[sa + 1 :]
     return rest[:ca] + (n,) + rest[ca:]
   out = list(shape)
   out[sa] //= n
@@ -129,9 +185,20 @@ def _out_shape(shape: tuple, params: dict) -> tuple:
   return tuple(out)
 
 
-def _forward(x: jax.Array, key: Any, *, axes: tuple, split_axis: int, concat_axis: int,
-             tiled: bool, compressor: Any, backend: str, chunks: int, batch: int,
-             **_: Any) -> jax.Array:
+def _forward(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  split_axis: int,
+  concat_axis: int,
+  tiled: bool,
+  compressor: Any,
+  backend: str,
+  chunks: int,
+  batch: int,
+  **_: Any,
+) -> jax.Array:
   sa, ca = split_axis, concat_axis
   comp = P.load(compressor)
   if comp is None:
@@ -148,12 +215,16 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, split_axis: int, concat_axi
     if not tiled:
       return jnp.moveaxis(jnp.squeeze(blocks, sa + 1), 0, ca)
     bshape = blocks.shape[1:]
-    return jnp.moveaxis(blocks, 0, ca).reshape(
-        bshape[:ca] + (n * bshape[ca],) + bshape[ca + 1:])
+    return jnp.moveaxis(blocks, 0, ca).reshape(bshape[:ca] + (n * bshape[ca],) + bshape[ca + 1 :])
 
   return L.run_batched(
-      lay, lambda v: L.to_rows(v, sa, n)[0], x, batch,
-      lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key), post)
+    lay,
+    lambda v: L.to_rows(v, sa, n)[0],
+    x,
+    batch,
+    lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key),
+    post,
+  )
 
 
 def _grad_args(params: dict, swap: bool) -> dict:
@@ -161,21 +232,39 @@ def _grad_args(params: dict, swap: bool) -> dict:
   sa, ca = params["split_axis"], params["concat_axis"]
   if swap:  # the dual: the inverse exchange
     sa, ca = ca, sa
-  return dict(axes=params["axes"], split_axis=sa, concat_axis=ca, tiled=params["tiled"],
-              compressor=gc, grad_compressor=gc, backend=params["backend_arg"],
-              chunks=params["chunks"], min_bytes=params["min_bytes"])
+  return dict(
+    axes=params["axes"],
+    split_axis=sa,
+    concat_axis=ca,
+    tiled=params["tiled"],
+    compressor=gc,
+    grad_compressor=gc,
+    backend=params["backend_arg"],
+    chunks=params["chunks"],
+    min_bytes=params["min_bytes"],
+  )
 
 
-P.register(P.Op("all_to_all", out_shape=_out_shape, reduces=lambda params: False, forward=_forward,
-                leaf=a2a_leaf, tangent_args=lambda params: _grad_args(params, False),
-                dual_args=lambda params: _grad_args(params, True)))
+P.register(
+  P.Op(
+    "all_to_all",
+    out_shape=_out_shape,
+    reduces=lambda params: False,
+    forward=_forward,
+    leaf=a2a_leaf,
+    tangent_args=lambda params: _grad_args(params, False),
+    dual_args=lambda params: _grad_args(params, True),
+  )
+)
 
 
 # ----------------------------------------------------------------------------------------
 # XLA backend.
 
-def _xla_all_to_all(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                    key: Any) -> jax.Array:
+
+def _xla_all_to_all(
+  x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any
+) -> jax.Array:
 
   def one(xs: jax.Array, i: int) -> jax.Array:
     if compressor is None:

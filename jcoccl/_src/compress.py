@@ -48,28 +48,40 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.extend import core as jex
 
+from jcoccl._src import _compat
 from jcoccl._src.all_gather import all_gather
 from jcoccl._src.all_reduce import all_reduce
 from jcoccl._src.all_to_all import all_to_all
 from jcoccl._src.ppermute import ppermute
 from jcoccl._src.reduce_scatter import reduce_scatter
-from jcoccl._src import _compat
 from jcoccl.policy import WILDCARD, Policy
 
 # lax primitive -> the policy's (and jcoccl's) op name.
-_OPS = {"psum": "all_reduce", "psum_invariant": "all_reduce", "all_gather": "all_gather",
-        "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all",
-        "ppermute": "ppermute"}
+_OPS = {
+  "psum": "all_reduce",
+  "psum_invariant": "all_reduce",
+  "all_gather": "all_gather",
+  "reduce_scatter": "reduce_scatter",
+  "all_to_all": "all_to_all",
+  "ppermute": "ppermute",
+}
 # Equations whose sub-programs are interpreted: primitive -> parameters holding them.
-_CLOSED = {"jit": ("jaxpr",), "pjit": ("jaxpr",), "closed_call": ("call_jaxpr",),
-           "core_call": ("call_jaxpr",), "scan": ("jaxpr",),
-           "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
+_CLOSED = {
+  "jit": ("jaxpr",),
+  "pjit": ("jaxpr",),
+  "closed_call": ("call_jaxpr",),
+  "core_call": ("call_jaxpr",),
+  "scan": ("jaxpr",),
+  "while": ("cond_jaxpr", "body_jaxpr"),
+  "cond": ("branches",),
+}
 _REMAT = ("remat2", "checkpoint", "remat")
 _CODEC_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -110,8 +122,9 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
     >>> fast(x)    # psum over 'data' is jcoccl.all_reduce(..., compressor=int8)
   """
   if not callable(f):
-    raise TypeError(f"compress: f must be a callable (the function to rewrite), got "
-                    f"{type(f).__name__} {f!r}")
+    raise TypeError(
+      f"compress: f must be a callable (the function to rewrite), got {type(f).__name__} {f!r}"
+    )
   pol = as_policy(policy)
 
   @functools.wraps(f)
@@ -152,11 +165,14 @@ def as_policy(policy: Any) -> Policy:
     return Policy.from_dict(policy)
   if isinstance(policy, (str, os.PathLike)):
     return Policy.from_toml(os.fspath(policy))
-  raise TypeError(f"compress: policy must be a jcoccl.Policy, a mapping {{axis: {{op: spec}}}} "
-                  f"or the path of a TOML policy file, got {type(policy).__name__} {policy!r}")
+  raise TypeError(
+    f"compress: policy must be a jcoccl.Policy, a mapping {{axis: {{op: spec}}}} "
+    f"or the path of a TOML policy file, got {type(policy).__name__} {policy!r}"
+  )
 
 
 # -- which collectives are rewritten ------------------------------------------------------
+
 
 def _axes_of(name: str, params: Mapping[str, Any]) -> tuple | None:
   axes = params.get("axes" if name.startswith("psum") else "axis_name")
@@ -195,14 +211,16 @@ def _sub_jaxprs(eqn: Any) -> Iterator[Any]:
     yield eqn.params["jaxpr"]
   for key in _CLOSED.get(name, ()):
     v = eqn.params[key]
-    for c in (v if isinstance(v, (tuple, list)) else (v,)):
+    for c in v if isinstance(v, (tuple, list)) else (v,):
       yield c.jaxpr
 
 
 def _rewrites(jaxpr: Any, pol: Policy) -> bool:
   """Whether the interpreter would replace any collective of ``jaxpr``."""
-  return any(_choice(e, pol) is not None or any(_rewrites(j, pol) for j in _sub_jaxprs(e))
-             for e in jaxpr.eqns)
+  return any(
+    _choice(e, pol) is not None or any(_rewrites(j, pol) for j in _sub_jaxprs(e))
+    for e in jaxpr.eqns
+  )
 
 
 def _mesh_axes(jaxpr: Any) -> set:
@@ -223,12 +241,15 @@ def _enclosing_axes() -> set:
 def _check_axes(pol: Policy, mesh_axes: set) -> None:
   unknown = [a for a in pol.axes if a != WILDCARD and a not in mesh_axes]
   if mesh_axes and unknown:
-    raise ValueError(f"compress: policy names axis {unknown[0]!r}, which the mesh of f's "
-                     f"shard_map does not have (its axes: {', '.join(sorted(mesh_axes))}); "
-                     f"use those names, or '*' for every axis")
+    raise ValueError(
+      f"compress: policy names axis {unknown[0]!r}, which the mesh of f's "
+      f"shard_map does not have (its axes: {', '.join(sorted(mesh_axes))}); "
+      f"use those names, or '*' for every axis"
+    )
 
 
 # -- the interpreter --------------------------------------------------------------------------
+
 
 def _eval(jaxpr: Any, consts: Any, args: Any, pol: Policy) -> list:
   env: dict = {}
@@ -259,8 +280,9 @@ def _eval_eqn(eqn: Any, invals: list, pol: Policy) -> list:
     params = dict(eqn.params)
     for key in _CLOSED[name]:
       v = params[key]
-      params[key] = (type(v)(_closed(c, pol) for c in v) if isinstance(v, (tuple, list))
-                     else _closed(v, pol))
+      params[key] = (
+        type(v)(_closed(c, pol) for c in v) if isinstance(v, (tuple, list)) else _closed(v, pol)
+      )
     eqn_params = prim.get_bind_params(params)
   else:
     eqn_params = prim.get_bind_params(eqn.params)
@@ -280,16 +302,22 @@ def _shard_map(eqn: Any, invals: list, pol: Policy) -> list:
   if body.constvars:
     raise NotImplementedError("compress: a shard_map body with constants")
   manual = p.get("newly_manual_axes", p.get("manual_axes"))
-  f = jax.shard_map(lambda *a: tuple(_eval(body, (), a, pol)), mesh=p["mesh"],
-                    in_specs=tuple(p["in_specs"]), out_specs=tuple(p["out_specs"]),
-                    axis_names=set(manual), check_vma=p["check_vma"])
+  f = jax.shard_map(
+    lambda *a: tuple(_eval(body, (), a, pol)),
+    mesh=p["mesh"],
+    in_specs=tuple(p["in_specs"]),
+    out_specs=tuple(p["out_specs"]),
+    axis_names=set(manual),
+    check_vma=p["check_vma"],
+  )
   return list(f(*invals))
 
 
 def _remat(eqn: Any, invals: list, pol: Policy) -> list:
   p, body = eqn.params, eqn.params["jaxpr"]
-  f = jax.checkpoint(lambda *a: _eval(body, (), a, pol), prevent_cse=p["prevent_cse"],
-                     policy=p["policy"])
+  f = jax.checkpoint(
+    lambda *a: _eval(body, (), a, pol), prevent_cse=p["prevent_cse"], policy=p["policy"]
+  )
   return list(f(*invals))
 
 
@@ -307,16 +335,29 @@ def _collective(eqn: Any, invals: list, axes: tuple, comp: Any, opts: dict) -> l
     if op == "all_reduce":
       outs.append(all_reduce(x, axes, compressor=comp, **opts))
     elif op == "all_gather":
-      outs.append(all_gather(x, axes, axis=p["all_gather_dimension"], tiled=p["tiled"],
-                                    compressor=comp, **opts))
+      outs.append(
+        all_gather(
+          x, axes, axis=p["all_gather_dimension"], tiled=p["tiled"], compressor=comp, **opts
+        )
+      )
     elif op == "reduce_scatter":
-      outs.append(reduce_scatter(x, axes, scatter_dimension=p["scatter_dimension"],
-                                        tiled=p["tiled"], compressor=comp, **opts))
+      outs.append(
+        reduce_scatter(
+          x,
+          axes,
+          scatter_dimension=p["scatter_dimension"],
+          tiled=p["tiled"],
+          compressor=comp,
+          **opts,
+        )
+      )
     elif op == "all_to_all":
       axis_name = p["axis_name"]
-      outs.append(all_to_all(x, axis_name, p["split_axis"], p["concat_axis"],
-                                    tiled=p["tiled"], compressor=comp, **opts))
+      outs.append(
+        all_to_all(
+          x, axis_name, p["split_axis"], p["concat_axis"], tiled=p["tiled"], compressor=comp, **opts
+        )
+      )
     else:
-      outs.append(ppermute(x, axes, [tuple(pair) for pair in p["perm"]],
-                                  compressor=comp, **opts))
+      outs.append(ppermute(x, axes, [tuple(pair) for pair in p["perm"]], compressor=comp, **opts))
   return outs

@@ -22,7 +22,8 @@ import dataclasses
 import itertools
 import json
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,7 @@ class CostModel:
     gamma_Bps: codec input bytes per second.
     source: where the numbers come from (measurement, link, commit).
   """
+
   alpha_s: float
   beta_Bps: float
   gamma_Bps: float
@@ -77,8 +79,8 @@ def _terms(algorithm: str, s: float, n: int, r: float) -> tuple[float, float, fl
 # (benchmarks/results/cost_model_cpu_4proc_10gbit.json); "gpu": a placeholder of the order of
 # NVLink-class links until a GPU fit is recorded.
 DEFAULTS: dict[str, CostModel] = {
-    "cpu": CostModel(1.19e-4, 1.289e9, 2.199e9, "fit: 4 CPU processes, 10gbit loopback"),
-    "gpu": CostModel(5e-6, 25e9, 200e9, "placeholder (no GPU measurement yet)"),
+  "cpu": CostModel(1.19e-4, 1.289e9, 2.199e9, "fit: 4 CPU processes, 10gbit loopback"),
+  "gpu": CostModel(5e-6, 25e9, 200e9, "placeholder (no GPU measurement yet)"),
 }
 _active: CostModel | None = None
 
@@ -112,8 +114,12 @@ def load(path: str) -> CostModel:
   missing = [k for k in ("alpha_s", "beta_Bps", "gamma_Bps") if k not in data]
   if missing:
     raise ValueError(f"cost model file {path!r} lacks {', '.join(missing)}")
-  model = CostModel(float(data["alpha_s"]), float(data["beta_Bps"]), float(data["gamma_Bps"]),
-                    str(data.get("source", path)))
+  model = CostModel(
+    float(data["alpha_s"]),
+    float(data["beta_Bps"]),
+    float(data["gamma_Bps"]),
+    str(data.get("source", path)),
+  )
   set_model(model)
   return model
 
@@ -126,6 +132,7 @@ def active(platform: str | None = None) -> CostModel:
     return _active
   if platform is None:
     import jax
+
     platform = jax.default_backend()
   return DEFAULTS["cpu" if platform == "cpu" else "gpu"]
 
@@ -161,8 +168,10 @@ def fit(samples: Iterable[Mapping[str, Any]], source: str = "") -> CostModel:
     rows.append(_terms(s["algorithm"], float(s["bytes"]), int(s["ranks"]), float(s["ratio"])))
     times.append(float(s["seconds"]))
   if len(rows) < 3:
-    raise ValueError(f"fit needs at least 3 all_reduce timings on >= 2 ranks (one_shot and "
-                     f"two_shot at several sizes), got {len(rows)}")
+    raise ValueError(
+      f"fit needs at least 3 all_reduce timings on >= 2 ranks (one_shot and "
+      f"two_shot at several sizes), got {len(rows)}"
+    )
   a = np.asarray(rows) / np.asarray(times)[:, None]
   y = np.ones(len(times))
   # Non-negative least squares over 3 unknowns: the best unconstrained solution on each

@@ -46,7 +46,9 @@ def _heartbeat_s() -> int:
   try:
     value = int(text)
   except ValueError:
-    raise ValueError(f"JCOCCL_HEARTBEAT_S must be a whole number of seconds, got {text!r}") from None
+    raise ValueError(
+      f"JCOCCL_HEARTBEAT_S must be a whole number of seconds, got {text!r}"
+    ) from None
   if value < 1:
     raise ValueError(f"JCOCCL_HEARTBEAT_S must be >= 1, got {value}")
   return value

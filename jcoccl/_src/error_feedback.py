@@ -34,6 +34,7 @@ class ErrorFeedback(NamedTuple):
     reduce_scatter: ``reduce_scatter(grads, state, axis_name, **kw) -> (shards, new_state)``.
     compensate: ``compensate(grads, state, layout_fn) -> (to_send, new_state)`` low level.
   """
+
   init: Any
   all_reduce: Any
   reduce_scatter: Any
@@ -75,30 +76,41 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
   """
   comp = C.resolve_compressor(compressor)
   if comp is not None and getattr(comp, "stochastic", False):
-    raise ValueError("error_feedback needs a compressor with rounding='nearest', got "
-                     f"{comp}")
+    raise ValueError(f"error_feedback needs a compressor with rounding='nearest', got {comp}")
 
   def init(grads: Any) -> Any:
     # The residual varies over the same axes as the gradients (it is per rank).
     return jax.tree_util.tree_map(
-        lambda g: C.match_vma(jnp.zeros(jnp.shape(g), jnp.float32), C.vma_of(g)), grads)
+      lambda g: C.match_vma(jnp.zeros(jnp.shape(g), jnp.float32), C.vma_of(g)), grads
+    )
 
   def compensate(grads: Any, state: Any, roundtrip: Any) -> tuple[Any, Any]:
     """y = g + e (cast to g's dtype); new e = y - roundtrip(y) in float32."""
+
     def leaf(g, e):
       y = (g.astype(jnp.float32) + e).astype(g.dtype)
       sent = roundtrip(y)
       if sent is None:
         return y, jnp.zeros_like(e)
       return y, (y.astype(jnp.float32) - sent.astype(jnp.float32)) + (
-          (g.astype(jnp.float32) + e) - y.astype(jnp.float32))
+        (g.astype(jnp.float32) + e) - y.astype(jnp.float32)
+      )
+
     pairs = jax.tree_util.tree_map(leaf, grads, state)
     ys = jax.tree_util.tree_map(lambda g, p: p[0], grads, pairs)
     es = jax.tree_util.tree_map(lambda g, p: p[1], grads, pairs)
     return ys, es
 
-  def all_reduce(grads: Any, state: Any, axis_name: Any, *, algorithm: str = "auto",
-                 chunks: int = 1, min_bytes: int | None = None, **kw: Any) -> tuple[Any, Any]:
+  def all_reduce(
+    grads: Any,
+    state: Any,
+    axis_name: Any,
+    *,
+    algorithm: str = "auto",
+    chunks: int = 1,
+    min_bytes: int | None = None,
+    **kw: Any,
+  ) -> tuple[Any, Any]:
     """Compressed all_reduce of ``grads + state``; returns (reduced, new_state)."""
     axes = C.canonical_axes(axis_name)
 
@@ -108,18 +120,28 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
         return None
       algo = _ar.choose(c, algorithm, axes, y.size * y.dtype.itemsize, y.size, y.dtype)
       if algo == "hierarchical":
-        raise ValueError("error_feedback.all_reduce supports one_shot and two_shot, not "
-                         "hierarchical")
+        raise ValueError(
+          "error_feedback.all_reduce supports one_shot and two_shot, not hierarchical"
+        )
       return _roundtrip_flat(y, c, _ar.row_layout(y.size, c, algo, axes, chunks))
 
     ys, new_state = compensate(grads, state, roundtrip)
-    out = _ar.all_reduce(ys, axis_name, compressor=comp, algorithm=algorithm,
-                         chunks=chunks, min_bytes=min_bytes, **kw)
+    out = _ar.all_reduce(
+      ys, axis_name, compressor=comp, algorithm=algorithm, chunks=chunks, min_bytes=min_bytes, **kw
+    )
     return out, new_state
 
-  def reduce_scatter(grads: Any, state: Any, axis_name: Any, *, scatter_dimension: int = 0,
-                     tiled: bool = False, chunks: int = 1, min_bytes: int | None = None,
-                     **kw: Any) -> tuple[Any, Any]:
+  def reduce_scatter(
+    grads: Any,
+    state: Any,
+    axis_name: Any,
+    *,
+    scatter_dimension: int = 0,
+    tiled: bool = False,
+    chunks: int = 1,
+    min_bytes: int | None = None,
+    **kw: Any,
+  ) -> tuple[Any, Any]:
     """Compressed reduce_scatter of ``grads + state``; returns (shards, new_state)."""
     axes = C.canonical_axes(axis_name)
     n = C.group_size(axes)
@@ -132,20 +154,30 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
       return _roundtrip_rows(y, c, dim, n, chunks)
 
     ys, new_state = compensate(grads, state, roundtrip)
-    out = _rs.reduce_scatter(ys, axis_name, scatter_dimension=scatter_dimension, tiled=tiled,
-                             compressor=comp, chunks=chunks, min_bytes=min_bytes, **kw)
+    out = _rs.reduce_scatter(
+      ys,
+      axis_name,
+      scatter_dimension=scatter_dimension,
+      tiled=tiled,
+      compressor=comp,
+      chunks=chunks,
+      min_bytes=min_bytes,
+      **kw,
+    )
     return out, new_state
 
   return ErrorFeedback(init, all_reduce, reduce_scatter, compensate)
 
 
-def ef_all_reduce(grads: Any, state: Any, axis_name: Any, *, compressor: Any,
-                  **kw: Any) -> tuple[Any, Any]:
+def ef_all_reduce(
+  grads: Any, state: Any, axis_name: Any, *, compressor: Any, **kw: Any
+) -> tuple[Any, Any]:
   """``error_feedback(compressor).all_reduce(grads, state, axis_name, **kw)``."""
   return error_feedback(compressor).all_reduce(grads, state, axis_name, **kw)
 
 
-def ef_reduce_scatter(grads: Any, state: Any, axis_name: Any, *, compressor: Any,
-                      **kw: Any) -> tuple[Any, Any]:
+def ef_reduce_scatter(
+  grads: Any, state: Any, axis_name: Any, *, compressor: Any, **kw: Any
+) -> tuple[Any, Any]:
   """``error_feedback(compressor).reduce_scatter(grads, state, axis_name, **kw)``."""
   return error_feedback(compressor).reduce_scatter(grads, state, axis_name, **kw)

@@ -46,25 +46,23 @@ import dataclasses
 import hashlib
 import itertools
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from jcoccl._src import _backend
+from jcoccl._src import _backend, _compat, _ffi, fused_ops
 from jcoccl._src import _common as C
-from jcoccl._src import _compat
-from jcoccl._src import _ffi
 from jcoccl._src import fused_ffi as F
-from jcoccl._src import fused_ops
 
 
 @dataclasses.dataclass
 class _State:
   mesh: Any
-  key: tuple                           # _mesh_key(mesh): names, shape, device ids in order
-  platform: str                        # "cpu" or "cuda"
-  comms: dict[tuple[str, ...], int]    # axes tuple -> communicator id
+  key: tuple  # _mesh_key(mesh): names, shape, device ids in order
+  platform: str  # "cpu" or "cuda"
+  comms: dict[tuple[str, ...], int]  # axes tuple -> communicator id
 
 
 _lock = threading.Lock()
@@ -74,6 +72,7 @@ _generation = itertools.count(1)
 
 # ----------------------------------------------------------------------------------------
 # Lifecycle.
+
 
 def init(mesh: Any, *, axes: Sequence[Any] | None = None) -> None:
   """Creates jcoccl's communicators for ``mesh`` and enables backend="fused".
@@ -154,8 +153,9 @@ def is_initialized(axes: Sequence[str] | None = None) -> bool:
   return axes is None or tuple(axes) in st.comms
 
 
-def unsupported(op: str, axes: tuple[str, ...], *, compressor: Any, dtype: Any,
-                algorithm: str | None = None) -> str | None:
+def unsupported(
+  op: str, axes: tuple[str, ...], *, compressor: Any, dtype: Any, algorithm: str | None = None
+) -> str | None:
   """Why the fused engine cannot run this collective, or None when it can.
 
   The one predicate behind backend selection (called at trace time, inside shard_map):
@@ -181,31 +181,44 @@ def unsupported(op: str, axes: tuple[str, ...], *, compressor: Any, dtype: Any,
     >>> unsupported("all_gather", ("x",), compressor=jc.int8(), dtype=jnp.float32)  # doctest: +SKIP
   """
   del op
-  return (_mesh_reason(axes) or _comms_reason(axes, algorithm) or F.dtype_reason(dtype)
-          or F.compressor_reason(compressor))
+  return (
+    _mesh_reason(axes)
+    or _comms_reason(axes, algorithm)
+    or F.dtype_reason(dtype)
+    or F.compressor_reason(compressor)
+  )
 
 
 def _mesh_key(mesh: Any) -> tuple:
   """What identifies a mesh's communicators: axis names, shape, device ids in mesh order."""
-  return (tuple(mesh.axis_names), tuple(mesh.devices.shape),
-          tuple(int(d.id) for d in mesh.devices.flat))
+  return (
+    tuple(mesh.axis_names),
+    tuple(mesh.devices.shape),
+    tuple(int(d.id) for d in mesh.devices.flat),
+  )
 
 
 def _mesh_reason(axes: tuple[str, ...]) -> str | None:
   st = _state
   if st is None:
-    return ("backend='fused' needs jcoccl.init(mesh) with the mesh of this shard_map first "
-            "(or use backend='xla' / 'auto')")
+    return (
+      "backend='fused' needs jcoccl.init(mesh) with the mesh of this shard_map first "
+      "(or use backend='xla' / 'auto')"
+    )
   mesh = _compat.shard_map_mesh()
   if mesh is None:
-    return (f"backend='fused' cannot tell which devices the collective over {axes} runs on: "
-            "call it inside jax.shard_map with a concrete jax.sharding.Mesh (or one set with "
-            "jax.set_mesh), or use backend='xla' / 'auto'")
+    return (
+      f"backend='fused' cannot tell which devices the collective over {axes} runs on: "
+      "call it inside jax.shard_map with a concrete jax.sharding.Mesh (or one set with "
+      "jax.set_mesh), or use backend='xla' / 'auto'"
+    )
   if _mesh_key(mesh) != st.key:
-    return (f"backend='fused': this shard_map's mesh ({_describe(mesh)}) is not the mesh "
-            f"given to jcoccl.init ({_describe(st.mesh)}); communicators belong to the "
-            "devices in mesh order, so call jcoccl.init with this shard_map's mesh (or use "
-            "backend='xla' / 'auto')")
+    return (
+      f"backend='fused': this shard_map's mesh ({_describe(mesh)}) is not the mesh "
+      f"given to jcoccl.init ({_describe(st.mesh)}); communicators belong to the "
+      "devices in mesh order, so call jcoccl.init with this shard_map's mesh (or use "
+      "backend='xla' / 'auto')"
+    )
   return None
 
 
@@ -216,12 +229,14 @@ def _lowered_mesh_reason(mesh: Any, key: tuple) -> str | None:
     return None
   where = "no concrete mesh" if mesh is None else f"a mesh with {_describe(mesh)}"
   names, shape, ids = key
-  return (f"backend='fused': this program was traced for the mesh given to jcoccl.init "
-          f"(axes {dict(zip(names, shape))}, device ids {list(ids)}) but is compiled for "
-          f"{where}, whose ranks differ. This happens when a traced function (an inner "
-          "jax.jit, a scan body) is reused under a shard_map over other devices with the "
-          "same axis names and sizes: call jcoccl.init with that mesh, or use "
-          "backend='xla' for one of them")
+  return (
+    f"backend='fused': this program was traced for the mesh given to jcoccl.init "
+    f"(axes {dict(zip(names, shape))}, device ids {list(ids)}) but is compiled for "
+    f"{where}, whose ranks differ. This happens when a traced function (an inner "
+    "jax.jit, a scan body) is reused under a shard_map over other devices with the "
+    "same axis names and sizes: call jcoccl.init with that mesh, or use "
+    "backend='xla' for one of them"
+  )
 
 
 def _describe(mesh: Any) -> str:
@@ -236,8 +251,10 @@ def _comms_reason(axes: tuple[str, ...], algorithm: str | None) -> str | None:
   need = [axes[-1:], axes[:-1]] if algorithm == "hierarchical" and len(axes) > 1 else [axes]
   missing = [t for t in need if t not in st.comms]
   if missing:
-    return (f"backend='fused' has no communicator for axes {missing[0]}: jcoccl.init(mesh, "
-            "axes=...) did not create it (or use backend='xla' / 'auto')")
+    return (
+      f"backend='fused' has no communicator for axes {missing[0]}: jcoccl.init(mesh, "
+      "axes=...) did not create it (or use backend='xla' / 'auto')"
+    )
   return None
 
 
@@ -251,16 +268,19 @@ def _platform_of(mesh: Any) -> str:
     if others:
       # The CPU engine's host transport meets ranks inside one process's memory.
       raise ValueError(
-          f"the fused engine on CPU runs within one process, but mesh holds devices of "
-          f"processes {others} too; across CPU processes use backend='xla' (the default "
-          f"'auto' does) or a mesh of this process's devices")
+        f"the fused engine on CPU runs within one process, but mesh holds devices of "
+        f"processes {others} too; across CPU processes use backend='xla' (the default "
+        f"'auto' does) or a mesh of this process's devices"
+      )
     if _ffi.native_module("cpu") is None:
       raise RuntimeError(f"the fused engine needs jcoccl._cpu: {_ffi.native_import_error('cpu')}")
     return "cpu"
   if p in ("gpu", "cuda"):
     if _ffi.native_module("cuda") is None:
-      raise RuntimeError("the fused engine on GPU needs jcoccl._cuda (build with "
-                         f"JCOCCL_CUDA=ON): {_ffi.native_import_error('cuda')}")
+      raise RuntimeError(
+        "the fused engine on GPU needs jcoccl._cuda (build with "
+        f"JCOCCL_CUDA=ON): {_ffi.native_import_error('cuda')}"
+      )
     return "cuda"
   raise ValueError(f"mesh platform must be cpu or gpu for the fused engine, got {p!r}")
 
@@ -281,8 +301,15 @@ def _axis_tuples(names: tuple[str, ...], axes: Sequence[Any] | None) -> list[tup
 def _comm_id(platform: str, mesh: Any, axes: tuple[str, ...]) -> int:
   """A communicator id fixed by (platform, mesh devices, axes): programs compiled before a
   shutdown() + init() of the same mesh keep finding their communicators."""
-  ident = repr((platform, tuple(mesh.axis_names), mesh.devices.shape,
-                tuple(int(d.id) for d in mesh.devices.flat), axes))
+  ident = repr(
+    (
+      platform,
+      tuple(mesh.axis_names),
+      mesh.devices.shape,
+      tuple(int(d.id) for d in mesh.devices.flat),
+      axes,
+    )
+  )
   return int.from_bytes(hashlib.sha256(ident.encode()).digest()[:8], "little") >> 1
 
 
@@ -339,6 +366,7 @@ def _destroy(platform: str, cid: int) -> None:
 # ----------------------------------------------------------------------------------------
 # The call over a shard_map's communicator.
 
+
 def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
   """The state and communicator id for ``axes`` of the shard_map being traced."""
   # While a collective primitive is lowered, the mesh check is the mesh guard's (with the
@@ -350,9 +378,20 @@ def _comm(axes: tuple[str, ...]) -> tuple[_State, int]:
   return _state, _state.comms[axes]
 
 
-def collective_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], axes: tuple,
-                compressor: Any, k: int, m: int, *, reduces: bool, outer: Any = None,
-                perm: np.ndarray | None = None) -> jax.Array:
+def collective_call(
+  op: str,
+  algo: str,
+  x: jax.Array,
+  out_shape: tuple[int, ...],
+  axes: tuple,
+  compressor: Any,
+  k: int,
+  m: int,
+  *,
+  reduces: bool,
+  outer: Any = None,
+  perm: np.ndarray | None = None,
+) -> jax.Array:
   """:func:`jcoccl._src.fused_ffi.engine_call` over the communicator of mesh ``axes``
   inside shard_map (for "hierarchical", the inner and outer levels' communicators).
 
@@ -380,5 +419,6 @@ def collective_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...]
   if _compat.check_vma_enabled():
     vin = _compat.varying_axes(x)
     vma = (vin - set(axes)) if reduces else (vin | set(axes))
-  return F.engine_call(op, algo, x, out_shape, cid, n, compressor, k, m, platform=st.platform,
-                     perm=perm, vma=vma, **kw)
+  return F.engine_call(
+    op, algo, x, out_shape, cid, n, compressor, k, m, platform=st.platform, perm=perm, vma=vma, **kw
+  )

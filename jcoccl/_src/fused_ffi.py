@@ -38,31 +38,51 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src import _compat
-from jcoccl._src import _ffi
+from jcoccl._src import _compat, _ffi
 
 # algo -> engine::Op name (cuda/engine/engine.h; values from the native module).
-_OP = {"one_shot": "all_reduce_one_shot", "two_shot": "all_reduce_two_shot",
-       "hierarchical": "all_reduce_hierarchical", "reduce_scatter": "reduce_scatter",
-       "all_gather": "all_gather", "all_to_all": "all_to_all", "ppermute": "ppermute"}
+_OP = {
+  "one_shot": "all_reduce_one_shot",
+  "two_shot": "all_reduce_two_shot",
+  "hierarchical": "all_reduce_hierarchical",
+  "reduce_scatter": "reduce_scatter",
+  "all_gather": "all_gather",
+  "all_to_all": "all_to_all",
+  "ppermute": "ppermute",
+}
 # algo="plain": the transport's own uncompressed collective (on GPU ncclAllReduce /
 # ncclReduceScatter with ncclSum on float32, ncclAllGather), the baseline for benchmarks.
-_PLAIN_OP = {"all_reduce": "plain_all_reduce", "reduce_scatter": "plain_reduce_scatter",
-             "all_gather": "plain_all_gather"}
-_TARGET = {"all_reduce": "jcoccl_fused_all_reduce", "reduce_scatter": "jcoccl_fused_reduce_scatter",
-           "all_gather": "jcoccl_fused_all_gather", "all_to_all": "jcoccl_fused_all_to_all",
-           "ppermute": "jcoccl_fused_ppermute"}
+_PLAIN_OP = {
+  "all_reduce": "plain_all_reduce",
+  "reduce_scatter": "plain_reduce_scatter",
+  "all_gather": "plain_all_gather",
+}
+_TARGET = {
+  "all_reduce": "jcoccl_fused_all_reduce",
+  "reduce_scatter": "jcoccl_fused_reduce_scatter",
+  "all_gather": "jcoccl_fused_all_gather",
+  "all_to_all": "jcoccl_fused_all_to_all",
+  "ppermute": "jcoccl_fused_ppermute",
+}
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _ENV_TIMEOUT = "JCOCCL_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 1e8  # "no limit": larger values (inf too) are clamped, as in the engine
 # What the engine accepts (cuda/transport/transport.h, ParseTimeoutSeconds): a decimal
 # number, or inf / infinity; blanks around it allowed.
-_TIMEOUT_RE = re.compile(r"\s*\+?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)\s*",
-                         re.IGNORECASE | re.ASCII)
-NONE_ATTRS = {"kind": np.int32(0), "bits": np.int32(8), "block": np.int32(1),
-               "symmetric": np.int32(1), "fp8": np.int32(0), "cast_dtype": np.int32(1),
-               "hadamard": np.int32(0), "abs_error": np.float32(0.0)}
+_TIMEOUT_RE = re.compile(
+  r"\s*\+?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)\s*", re.IGNORECASE | re.ASCII
+)
+NONE_ATTRS = {
+  "kind": np.int32(0),
+  "bits": np.int32(8),
+  "block": np.int32(1),
+  "symmetric": np.int32(1),
+  "fp8": np.int32(0),
+  "cast_dtype": np.int32(1),
+  "hadamard": np.int32(0),
+  "abs_error": np.float32(0.0),
+}
 
 
 def timeout_seconds() -> float:
@@ -88,16 +108,20 @@ def timeout_seconds() -> float:
     return DEFAULT_TIMEOUT_S
   value = float(text) if _TIMEOUT_RE.fullmatch(text) else math.nan
   if not value > 0:
-    raise ValueError(f"{_ENV_TIMEOUT} must be a positive number of seconds, or inf for no "
-                     f"limit (clamped to {MAX_TIMEOUT_S:g} s); got {text!r}")
+    raise ValueError(
+      f"{_ENV_TIMEOUT} must be a positive number of seconds, or inf for no "
+      f"limit (clamped to {MAX_TIMEOUT_S:g} s); got {text!r}"
+    )
   return min(value, MAX_TIMEOUT_S)
 
 
 def dtype_reason(dtype: Any) -> str | None:
   """Why the engine cannot take elements of ``dtype``, or None."""
   if jnp.dtype(dtype) not in DTYPES:
-    return (f"backend='fused' accepts x of dtype float32, bfloat16 or float16, got "
-            f"{jnp.dtype(dtype).name} (use backend='xla' / 'auto')")
+    return (
+      f"backend='fused' accepts x of dtype float32, bfloat16 or float16, got "
+      f"{jnp.dtype(dtype).name} (use backend='xla' / 'auto')"
+    )
   return None
 
 
@@ -105,18 +129,25 @@ def compressor_reason(compressor: Any) -> str | None:
   """Why the engine cannot run ``compressor`` (a Compressor, None, or an (outer, inner)
   pair), or None."""
   from jcoccl._src.compressors import native
+
   for c in compressor if isinstance(compressor, tuple) else (compressor,):
     if c is None:
       continue
     parts = [c] + ([c.inner] if getattr(c, "kind", None) == "hadamard" else [])
-    if any(getattr(p, "stochastic", False) or getattr(p, "rounding", "nearest") != "nearest"
-           for p in parts):
-      return (f"compressor {c}: the fused backend implements round-to-nearest only; use "
-              "backend='xla' (or 'auto') for stochastic rounding")
+    if any(
+      getattr(p, "stochastic", False) or getattr(p, "rounding", "nearest") != "nearest"
+      for p in parts
+    ):
+      return (
+        f"compressor {c}: the fused backend implements round-to-nearest only; use "
+        "backend='xla' (or 'auto') for stochastic rounding"
+      )
     if not native._supported(c):
-      return (f"compressor {c} has no native kernel for the fused backend (native: none, "
-              "cast, int2/4/8 and fp8 and error_bounded with power-of-two blocks of 32 to "
-              "4096, and one hadamard around one of those); use backend='xla' (or 'auto')")
+      return (
+        f"compressor {c} has no native kernel for the fused backend (native: none, "
+        "cast, int2/4/8 and fp8 and error_bounded with power-of-two blocks of 32 to "
+        "4096, and one hadamard around one of those); use backend='xla' (or 'auto')"
+      )
   return None
 
 
@@ -127,6 +158,7 @@ def codec_attrs(c: Any, prefix: str = "") -> dict[str, Any]:
     ValueError: the engine cannot run ``c`` (see :func:`compressor_reason`).
   """
   from jcoccl._src.compressors import native
+
   attrs: dict[str, Any]
   if c is None:
     attrs = dict(NONE_ATTRS)
@@ -138,10 +170,24 @@ def codec_attrs(c: Any, prefix: str = "") -> dict[str, Any]:
   return {prefix + k: v for k, v in attrs.items()}
 
 
-def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], comm: int,
-                n: int, compressor: Any, k: int, m: int, *, platform: str, outer: Any = None,
-                outer_comm: int = -1, outer_size: int = 0, perm: np.ndarray | None = None,
-                vma: frozenset | None = None) -> jax.Array:
+def engine_call(
+  op: str,
+  algo: str,
+  x: jax.Array,
+  out_shape: tuple[int, ...],
+  comm: int,
+  n: int,
+  compressor: Any,
+  k: int,
+  m: int,
+  *,
+  platform: str,
+  outer: Any = None,
+  outer_comm: int = -1,
+  outer_size: int = 0,
+  perm: np.ndarray | None = None,
+  vma: frozenset | None = None,
+) -> jax.Array:
   """Binds one fused custom call over communicator id ``comm`` (``n`` ranks here).
 
   The low-level entry point under the backend implementations; the GPU scripts use it to
@@ -179,22 +225,32 @@ def engine_call(op: str, algo: str, x: jax.Array, out_shape: tuple[int, ...], co
   if dtype not in DTYPES:
     raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
   code = op_code(op, algo, compressor, dtype)
-  attrs: dict[str, Any] = dict(op=np.int32(code), k=np.int64(k), m=np.int64(m),
-                               comm=np.int64(comm), outer_comm=np.int64(outer_comm),
-                               perm=np.full((n,), -1, np.int32) if perm is None else perm)
+  attrs: dict[str, Any] = dict(
+    op=np.int32(code),
+    k=np.int64(k),
+    m=np.int64(m),
+    comm=np.int64(comm),
+    outer_comm=np.int64(outer_comm),
+    perm=np.full((n,), -1, np.int32) if perm is None else perm,
+  )
   attrs.update(codec_attrs(compressor))
   if algo == "hierarchical":
     attrs.update(codec_attrs(outer, "o_"))
   codec = {k_: v for k_, v in attrs.items() if k_ in NONE_ATTRS}
   ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
-  ws = int(_ffi.require_module("cpu").fused_workspace_bytes(
-      code, k, m, n, outer_size, codec, ocodec, _ffi.codes("DTYPES")[dtype.name]))
+  ws = int(
+    _ffi.require_module("cpu").fused_workspace_bytes(
+      code, k, m, n, outer_size, codec, ocodec, _ffi.codes("DTYPES")[dtype.name]
+    )
+  )
   _ffi.register(platform)
   if vma is None:
     types = (jax.ShapeDtypeStruct(out_shape, dtype), jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
   else:
-    types = (_compat.shape_dtype_with_vma(out_shape, dtype, vma),
-             _compat.shape_dtype_with_vma((max(ws, 1),), jnp.uint8, vma))
+    types = (
+      _compat.shape_dtype_with_vma(out_shape, dtype, vma),
+      _compat.shape_dtype_with_vma((max(ws, 1),), jnp.uint8, vma),
+    )
   # Under vmap each batch element is its own collective, issued in the same order everywhere.
   out, _ = jax.ffi.ffi_call(_TARGET[op], types, vmap_method="sequential")(x, **attrs)
   return out

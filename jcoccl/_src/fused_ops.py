@@ -15,7 +15,8 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -26,8 +27,9 @@ from jcoccl._src import layout as L
 Call = Callable[..., jax.Array]  # the engine call over a collective's communicator
 
 
-def _all_reduce(call: Call, x: jax.Array, *, axes: tuple, compressor: Any, algorithm: str,
-                chunks: int, key: Any) -> jax.Array:
+def _all_reduce(
+  call: Call, x: jax.Array, *, axes: tuple, compressor: Any, algorithm: str, chunks: int, key: Any
+) -> jax.Array:
   del key  # round-to-nearest only (checked in fused_ffi.codec_attrs)
   axes = tuple(axes)
   k = chunks
@@ -47,26 +49,30 @@ def _all_reduce(call: Call, x: jax.Array, *, axes: tuple, compressor: Any, algor
     n = C.group_size(axes[-1:])
     xs = L.rank_rows(xs, n)  # [k, n_inner, w / n_inner]
     m = xs.shape[-1]
-    out = call("all_reduce", "hierarchical", xs, (k, n, m), axes, inner, k, m, reduces=True,
-               outer=outer)
+    out = call(
+      "all_reduce", "hierarchical", xs, (k, n, m), axes, inner, k, m, reduces=True, outer=outer
+    )
   else:
     raise ValueError(f"algorithm must be one_shot, two_shot or hierarchical, got {algorithm!r}")
   return L.from_slice_major(out.reshape(k, -1))
 
 
-def _reduce_scatter(call: Call, x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                    key: Any) -> jax.Array:
+def _reduce_scatter(
+  call: Call, x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any
+) -> jax.Array:
   del key
   k = chunks
   xs = L.slice_major(x, k)  # [k, n, m]
   m = xs.shape[-1]
-  out = call("reduce_scatter", "reduce_scatter", xs, (k, m), tuple(axes), compressor, k, m,
-             reduces=False)
+  out = call(
+    "reduce_scatter", "reduce_scatter", xs, (k, m), tuple(axes), compressor, k, m, reduces=False
+  )
   return L.from_slice_major(out)
 
 
-def _all_gather(call: Call, x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                key: Any) -> jax.Array:
+def _all_gather(
+  call: Call, x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any
+) -> jax.Array:
   del key
   axes = tuple(axes)
   n = C.group_size(axes)
@@ -77,19 +83,29 @@ def _all_gather(call: Call, x: jax.Array, *, axes: tuple, compressor: Any, chunk
   return L.from_slice_major(out)  # [n, k * m]
 
 
-def _all_to_all(call: Call, x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                key: Any) -> jax.Array:
+def _all_to_all(
+  call: Call, x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any
+) -> jax.Array:
   del key
   k = chunks
   xs = L.slice_major(x, k)  # [k, n, m]
   n, m = xs.shape[1:]
-  out = call("all_to_all", "all_to_all", xs, (k, n, m), tuple(axes), compressor, k, m,
-             reduces=False)
+  out = call(
+    "all_to_all", "all_to_all", xs, (k, n, m), tuple(axes), compressor, k, m, reduces=False
+  )
   return L.from_slice_major(out)
 
 
-def _ppermute(call: Call, x: jax.Array, *, axes: tuple, perm: Sequence[tuple[int, int]],
-              compressor: Any, chunks: int, key: Any) -> jax.Array:
+def _ppermute(
+  call: Call,
+  x: jax.Array,
+  *,
+  axes: tuple,
+  perm: Sequence[tuple[int, int]],
+  compressor: Any,
+  chunks: int,
+  key: Any,
+) -> jax.Array:
   del key
   axes = tuple(axes)
   n = C.group_size(axes)
@@ -99,8 +115,7 @@ def _ppermute(call: Call, x: jax.Array, *, axes: tuple, perm: Sequence[tuple[int
   k = chunks
   xs = L.slice_major(x, k)  # [k, m]
   m = xs.shape[-1]
-  out = call("ppermute", "ppermute", xs, (k, m), axes, compressor, k, m, reduces=False,
-             perm=dst)
+  out = call("ppermute", "ppermute", xs, (k, m), axes, compressor, k, m, reduces=False, perm=dst)
   return L.from_slice_major(out)
 
 
@@ -114,6 +129,11 @@ def implementations(call: Call) -> dict[str, Call]:
   Returns:
     {op name: implementation} for every op of :data:`jcoccl._src._backend.OPS`.
   """
-  ops: dict[str, Callable[..., Any]] = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter,
-         "all_gather": _all_gather, "all_to_all": _all_to_all, "ppermute": _ppermute}
+  ops: dict[str, Callable[..., Any]] = {
+    "all_reduce": _all_reduce,
+    "reduce_scatter": _reduce_scatter,
+    "all_gather": _all_gather,
+    "all_to_all": _all_to_all,
+    "ppermute": _ppermute,
+  }
   return {name: functools.partial(fn, call) for name, fn in ops.items()}

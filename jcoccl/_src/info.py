@@ -38,7 +38,7 @@ def _nccl_version() -> str | None:
   if fn is not None:
     try:
       code = fn()
-    except Exception as e:  # noqa: BLE001 - report, never fail
+    except Exception as e:
       return f"unavailable ({e})"
     # NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch.
     return f"{code // 10000}.{code % 10000 // 100}.{code % 100}" if isinstance(code, int) else code
@@ -62,24 +62,28 @@ def info() -> dict[str, Any]:
     mod = _ffi.native_module(platform)
     targets = sorted(mod.registrations()) if mod is not None else []
     exts[platform] = {
-        "loaded": mod is not None,
-        "targets": targets,
-        "error": None if mod is not None else _ffi.native_import_error(platform),
+      "loaded": mod is not None,
+      "targets": targets,
+      "error": None if mod is not None else _ffi.native_import_error(platform),
     }
   return {
-      "jcoccl": version(),
-      "jax": jax.__version__,
-      "jaxlib": jaxlib.__version__,
-      "nccl": _nccl_version(),
-      "extensions": exts,
-      "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+    "jcoccl": version(),
+    "jax": jax.__version__,
+    "jaxlib": jaxlib.__version__,
+    "nccl": _nccl_version(),
+    "extensions": exts,
+    "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
   }
 
 
 def format_info(d: dict[str, Any]) -> str:
   """Renders :func:`info` as the text ``python -m jcoccl info`` prints."""
-  lines = [f"jcoccl   {d['jcoccl']}", f"jax      {d['jax']}", f"jaxlib   {d['jaxlib']}",
-           f"nccl     {d['nccl'] or 'not installed'}"]
+  lines = [
+    f"jcoccl   {d['jcoccl']}",
+    f"jax      {d['jax']}",
+    f"jaxlib   {d['jaxlib']}",
+    f"nccl     {d['nccl'] or 'not installed'}",
+  ]
   for platform, e in d["extensions"].items():
     state = f"loaded, {len(e['targets'])} FFI targets" if e["loaded"] else "not built"
     if not e["loaded"] and e["error"]:

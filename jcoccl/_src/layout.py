@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,7 @@ MAX_SLICES = 64
 
 # ----------------------------------------------------------------------------------------
 # Arithmetic.
+
 
 def padded_len(length: int, multiple: int) -> int:
   """``length`` rounded up to a positive multiple of ``multiple``.
@@ -103,9 +104,10 @@ def slices(chunks: int, length: int, unit: int) -> int:
   k = min(chunks, max(1, -(-length // unit)))
   if k > MAX_SLICES:
     raise ValueError(
-        f"chunks={chunks} would cut this message of {length} elements into {k} slices; at "
-        f"most {MAX_SLICES} are supported (each slice is unrolled into the compiled "
-        f"program): pass chunks <= {MAX_SLICES}")
+      f"chunks={chunks} would cut this message of {length} elements into {k} slices; at "
+      f"most {MAX_SLICES} are supported (each slice is unrolled into the compiled "
+      f"program): pass chunks <= {MAX_SLICES}"
+    )
   return k
 
 
@@ -118,12 +120,13 @@ class RowLayout:
     unit: elements of the smallest slice.
     slices: slices per row (``chunks`` clamped by :func:`slices`).
   """
+
   length: int
   unit: int
   slices: int
 
   @classmethod
-  def of(cls, length: int, unit: int, chunks: int) -> "RowLayout":
+  def of(cls, length: int, unit: int, chunks: int) -> RowLayout:
     """The layout for ``chunks`` requested slices (raises as :func:`slices` does).
 
     Example:
@@ -148,11 +151,12 @@ class RowLayout:
 
   def unpad(self, rows: jax.Array) -> jax.Array:
     """The first ``length`` elements of the last axis (drops the padding)."""
-    return rows[..., :self.length]
+    return rows[..., : self.length]
 
 
 # ----------------------------------------------------------------------------------------
 # Arrays.
+
 
 def pad_last(x: jax.Array, size: int) -> jax.Array:
   """Zero-pads the last axis of ``x`` to ``size``.
@@ -242,7 +246,7 @@ def chunked(fn: Callable[[jax.Array, int], jax.Array], x: jax.Array, chunks: int
   if chunks == 1:
     return fn(x, 0)
   width = x.shape[-1] // chunks
-  outs = [fn(x[..., i * width:(i + 1) * width], i) for i in range(chunks)]
+  outs = [fn(x[..., i * width : (i + 1) * width], i) for i in range(chunks)]
   return jnp.concatenate(outs, axis=-1)
 
 
@@ -269,6 +273,7 @@ def from_slice_major(y: jax.Array) -> jax.Array:
 
 # ----------------------------------------------------------------------------------------
 # A vmap batch: B padded messages -> the backend's rows.
+
 
 def interleave(rows: jax.Array, k: int) -> jax.Array:
   """``[B, *mid, L]`` -> ``[*mid, k * B * (L / k)]``: slice i of every message, then i+1.
@@ -311,8 +316,14 @@ def rows_out(post: Callable, y: jax.Array, lead: tuple) -> jax.Array:
   return out.reshape(tuple(lead) + out.shape[1:])
 
 
-def run_batched(lay: RowLayout, pre: Callable, x: jax.Array, nb: int,
-                impl: Callable[[jax.Array], jax.Array], post: Callable) -> jax.Array:
+def run_batched(
+  lay: RowLayout,
+  pre: Callable,
+  x: jax.Array,
+  nb: int,
+  impl: Callable[[jax.Array], jax.Array],
+  post: Callable,
+) -> jax.Array:
   """One message or an ``nb``-dim batch of them through a backend, laid out as rows.
 
   Args:
@@ -328,5 +339,6 @@ def run_batched(lay: RowLayout, pre: Callable, x: jax.Array, nb: int,
   """
   rows = rows_in(lambda v: lay.pad(pre(v)), x, nb)
   out = impl(interleave(rows, lay.slices))
-  return rows_out(lambda r: post(lay.unpad(r)), deinterleave(out, rows.shape[0], lay.slices),
-                  x.shape[:nb])
+  return rows_out(
+    lambda r: post(lay.unpad(r)), deinterleave(out, rows.shape[0], lay.slices), x.shape[:nb]
+  )

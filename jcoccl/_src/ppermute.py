@@ -15,9 +15,18 @@ from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 
 
-def ppermute(x: Any, axis_name: Any, perm: Any, *, compressor: Any = None,
-             backend: str = "auto", chunks: int = 1, min_bytes: int | None = None,
-             grad_compressor: Any = C.SAME, key: Any = None) -> Any:
+def ppermute(
+  x: Any,
+  axis_name: Any,
+  perm: Any,
+  *,
+  compressor: Any = None,
+  backend: str = "auto",
+  chunks: int = 1,
+  min_bytes: int | None = None,
+  grad_compressor: Any = C.SAME,
+  key: Any = None,
+) -> Any:
   """Sends ``x`` from rank ``src`` to rank ``dst`` for each pair of ``perm``, as
   ``jax.lax.ppermute``; ranks that receive nothing get zeros.
 
@@ -53,9 +62,20 @@ def ppermute(x: Any, axis_name: Any, perm: Any, *, compressor: Any = None,
   perm = check_perm(perm, n)
   strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: permute_leaf(leaf, key, axes=axes, perm=perm, compressor=comp,
-                                grad_compressor=gcomp, backend=backend, chunks=chunks,
-                                min_bytes=min_bytes, strict=strict), x)
+    lambda leaf: permute_leaf(
+      leaf,
+      key,
+      axes=axes,
+      perm=perm,
+      compressor=comp,
+      grad_compressor=gcomp,
+      backend=backend,
+      chunks=chunks,
+      min_bytes=min_bytes,
+      strict=strict,
+    ),
+    x,
+  )
 
 
 def check_perm(perm: Any, n: int) -> tuple:
@@ -63,12 +83,14 @@ def check_perm(perm: Any, n: int) -> tuple:
   try:
     pairs = tuple((int(s), int(d)) for s, d in perm)
   except (TypeError, ValueError):
-    raise ValueError(f"perm must be a sequence of (source, destination) int pairs, got "
-                     f"{perm!r}") from None
+    raise ValueError(
+      f"perm must be a sequence of (source, destination) int pairs, got {perm!r}"
+    ) from None
   for s, d in pairs:
     if not (0 <= s < n and 0 <= d < n):
-      raise ValueError(f"perm pair {(s, d)} is out of range: indices must be in [0, {n}) "
-                       f"for a group of size {n}")
+      raise ValueError(
+        f"perm pair {(s, d)} is out of range: indices must be in [0, {n}) for a group of size {n}"
+      )
   srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
   if len(set(srcs)) != len(srcs):
     raise ValueError(f"perm has a duplicate source: {perm!r}")
@@ -77,9 +99,19 @@ def check_perm(perm: Any, n: int) -> tuple:
   return pairs
 
 
-def permute_leaf(x: jax.Array, key: Any, *, axes: tuple, perm: tuple, compressor: Any,
-                 grad_compressor: Any, backend: str, chunks: int, min_bytes: Any,
-                 strict: bool = True) -> jax.Array:
+def permute_leaf(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  perm: tuple,
+  compressor: Any,
+  grad_compressor: Any,
+  backend: str,
+  chunks: int,
+  min_bytes: Any,
+  strict: bool = True,
+) -> jax.Array:
   """ppermute of one array (arguments already canonicalised): the exact lax.ppermute, or
   the ``jcoccl_ppermute`` primitive."""
   x = jnp.asarray(x)
@@ -90,18 +122,41 @@ def permute_leaf(x: jax.Array, key: Any, *, axes: tuple, perm: tuple, compressor
   _backend.validate("ppermute", backend)
   if c is None and gc is None:
     return lax.ppermute(x, axes, perm)
-  name = "xla" if c is None else _backend.resolve("ppermute", backend, axes, compressor=c,
-                                                  dtype=x.dtype)[0]
+  name = (
+    "xla"
+    if c is None
+    else _backend.resolve("ppermute", backend, axes, compressor=c, dtype=x.dtype)[0]
+  )
   if c is not None:  # fail at trace time, not at lowering
     L.slices(chunks, x.size, c.granule)
   x = C.ensure_varying(x, axes)
-  return P.bind("ppermute", x, key, axes=axes, perm=perm, compressor=P.spec_of(c),
-                grad_compressor=P.spec_of(gc), backend=name, backend_arg=backend,
-                chunks=chunks, min_bytes=min_bytes)
+  return P.bind(
+    "ppermute",
+    x,
+    key,
+    axes=axes,
+    perm=perm,
+    compressor=P.spec_of(c),
+    grad_compressor=P.spec_of(gc),
+    backend=name,
+    backend_arg=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+  )
 
 
-def _forward(x: jax.Array, key: Any, *, axes: tuple, perm: tuple, compressor: Any,
-             backend: str, chunks: int, batch: int, **_: Any) -> jax.Array:
+def _forward(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  perm: tuple,
+  compressor: Any,
+  backend: str,
+  chunks: int,
+  batch: int,
+  **_: Any,
+) -> jax.Array:
   comp = P.load(compressor)
   if comp is None:
     return lax.ppermute(x, axes, perm)
@@ -110,9 +165,13 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, perm: tuple, compressor: An
   lay = L.RowLayout.of(m, comp.granule, chunks)
   impl = _backend.implementation("ppermute", backend)
   return L.run_batched(
-      lay, L.flat_row, x, batch,
-      lambda r: impl(r, axes=axes, perm=perm, compressor=comp, chunks=lay.slices, key=key),
-      lambda r: r.reshape(shape))
+    lay,
+    L.flat_row,
+    x,
+    batch,
+    lambda r: impl(r, axes=axes, perm=perm, compressor=comp, chunks=lay.slices, key=key),
+    lambda r: r.reshape(shape),
+  )
 
 
 def _grad_args(params: dict, invert: bool) -> dict:
@@ -120,22 +179,37 @@ def _grad_args(params: dict, invert: bool) -> dict:
   perm = params["perm"]
   if invert:  # the dual: every pair sent back
     perm = tuple((d, s) for s, d in perm)
-  return dict(axes=params["axes"], perm=perm, compressor=gc, grad_compressor=gc,
-              backend=params["backend_arg"], chunks=params["chunks"],
-              min_bytes=params["min_bytes"])
+  return dict(
+    axes=params["axes"],
+    perm=perm,
+    compressor=gc,
+    grad_compressor=gc,
+    backend=params["backend_arg"],
+    chunks=params["chunks"],
+    min_bytes=params["min_bytes"],
+  )
 
 
-P.register(P.Op("ppermute", out_shape=lambda shape, params: shape, reduces=lambda params: False,
-                forward=_forward, leaf=permute_leaf,
-                tangent_args=lambda params: _grad_args(params, False),
-                dual_args=lambda params: _grad_args(params, True)))
+P.register(
+  P.Op(
+    "ppermute",
+    out_shape=lambda shape, params: shape,
+    reduces=lambda params: False,
+    forward=_forward,
+    leaf=permute_leaf,
+    tangent_args=lambda params: _grad_args(params, False),
+    dual_args=lambda params: _grad_args(params, True),
+  )
+)
 
 
 # ----------------------------------------------------------------------------------------
 # XLA backend.
 
-def _xla_ppermute(x: jax.Array, *, axes: tuple, perm: tuple, compressor: Any, chunks: int,
-                  key: Any) -> jax.Array:
+
+def _xla_ppermute(
+  x: jax.Array, *, axes: tuple, perm: tuple, compressor: Any, chunks: int, key: Any
+) -> jax.Array:
   receives = jnp.zeros((), bool)
   if perm:
     dsts = jnp.array([d for _, d in perm])
@@ -150,8 +224,9 @@ def _xla_ppermute(x: jax.Array, *, axes: tuple, perm: tuple, compressor: Any, ch
     # and a zero payload need not decode to zeros (e.g. scale fields), so mask it.
     # A scalar zero, not zeros_like(xs): that would carry xs's sharding, which under a
     # partial-auto shard_map names a mesh other than the context's.
-    return jnp.where(receives, C.decode_rows(compressor, got, xs.shape[-1], xs.dtype)[0],
-                     jnp.zeros((), xs.dtype))
+    return jnp.where(
+      receives, C.decode_rows(compressor, got, xs.shape[-1], xs.dtype)[0], jnp.zeros((), xs.dtype)
+    )
 
   return L.chunked(one, x, chunks)
 

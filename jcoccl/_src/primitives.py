@@ -34,7 +34,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,11 +45,11 @@ from jcoccl._src import _compat
 
 # The dual (transpose) of each collective: the op that carries cotangents back.
 DUALS = {
-    "all_reduce": "all_reduce",
-    "all_gather": "reduce_scatter",
-    "reduce_scatter": "all_gather",
-    "all_to_all": "all_to_all",
-    "ppermute": "ppermute",
+  "all_reduce": "all_reduce",
+  "all_gather": "reduce_scatter",
+  "reduce_scatter": "all_gather",
+  "all_to_all": "all_to_all",
+  "ppermute": "ppermute",
 }
 
 
@@ -71,6 +72,7 @@ class Op:
       ``axes`` under check_vma and so is the cotangent: no communication is needed (lax's
       psum: a broadcast; all_gather to="invarying": this rank's block).
   """
+
   name: str
   out_shape: Callable[..., tuple]
   reduces: Callable[[dict], bool]
@@ -101,6 +103,7 @@ def primitive(name: str) -> Any:
 # ----------------------------------------------------------------------------------------
 # Compressor parameters: spec strings (hashable, readable), "none" for the exact path.
 
+
 def spec_of(c: Any) -> Any:
   """A compressor (or None, or a per-level pair) as its spec string(s)."""
   if isinstance(c, tuple):
@@ -108,7 +111,7 @@ def spec_of(c: Any) -> Any:
   return "none" if c is None else str(c)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(spec: Any) -> Any:
   """Inverse of :func:`spec_of`."""
   if isinstance(spec, tuple):
@@ -118,6 +121,7 @@ def load(spec: Any) -> Any:
 
 # ----------------------------------------------------------------------------------------
 # PRNG keys travel as raw key data (primitive operands of a plain dtype).
+
 
 def key_operand(key: Any) -> tuple[tuple, Any]:
   """(operands, key_type param) for ``key``: None, a raw uint32 key or a typed key."""
@@ -140,6 +144,7 @@ def _unwrap_key(keys: tuple, key_type: Any) -> Any:
 # ----------------------------------------------------------------------------------------
 # Rules.
 
+
 def bind(name: str, x: jax.Array, key: Any, **params: Any) -> jax.Array:
   """Binds ``jcoccl_<name>`` on ``x`` (``params`` as the op module builds them)."""
   keys, key_type = key_operand(key)
@@ -160,8 +165,10 @@ def _make(o: Op) -> Any:
     shape = aval.shape[:nb] + tuple(o.out_shape(aval.shape[nb:], params))
     vin = _compat.aval_vma(aval)
     if o.reduces(params):
-      return (_compat.collective_aval(aval, shape, vin - set(params["axes"]),
-                                      params["axes"]), params["axes"])
+      return (
+        _compat.collective_aval(aval, shape, vin - set(params["axes"]), params["axes"]),
+        params["axes"],
+      )
     return _compat.collective_aval(aval, shape, vin), params["axes"]
 
   def lower(x, *keys, key_type, **params):
@@ -173,8 +180,7 @@ def _make(o: Op) -> Any:
     if _compat.is_zero_cotangent(t):
       return y, _compat.zero_tangent_of(y)
     args = o.tangent_args(params)
-    ty = _batched(lambda v: o.leaf(v, None, **args), _compat.instantiate_zero(t),
-                  params["batch"])
+    ty = _batched(lambda v: o.leaf(v, None, **args), _compat.instantiate_zero(t), params["batch"])
     return y, ty
 
   def transpose(ct, x, *keys, **params):
@@ -186,8 +192,9 @@ def _make(o: Op) -> Any:
     unreduced = set(params["axes"]) & _compat.aval_unreduced(aval)
     if unreduced:
       # lax.psum of an unreduced value transposes to the cotangent typed reduced.
-      out = _batched(lambda v: jax.lax.pcast(v, tuple(sorted(unreduced)), to="reduced"), ct,
-                     params["batch"])
+      out = _batched(
+        lambda v: jax.lax.pcast(v, tuple(sorted(unreduced)), to="reduced"), ct, params["batch"]
+      )
       return [out] + rest
     if o.reduces(params) and set(params["axes"]) <= vma:
       out = _batched(lambda v: o.invariant_transpose(v, params), ct, params["batch"])
@@ -205,14 +212,18 @@ def _make(o: Op) -> Any:
       # Per-call random streams: one call per batch element.
       def take(a, d, i):
         return a if d is None else jax.lax.index_in_dim(a, i, d, keepdims=False)
-      outs = [p.bind(take(x, xd, i), *(take(k, d, i) for k, d in zip(keys, kds)), **params)
-              for i in range(size)]
+
+      outs = [
+        p.bind(take(x, xd, i), *(take(k, d, i) for k, d in zip(keys, kds)), **params)
+        for i in range(size)
+      ]
       return jnp.stack(outs), 0
     x = jnp.moveaxis(x, xd, 0)
     return p.bind(x, **{**params, "batch": params["batch"] + 1}), 0
 
-  _compat.define_collective(p, abstract_eval=abstract_eval, lower=lower, jvp=jvp,
-                            transpose=transpose, batch=batch)
+  _compat.define_collective(
+    p, abstract_eval=abstract_eval, lower=lower, jvp=jvp, transpose=transpose, batch=batch
+  )
   return p
 
 

@@ -16,11 +16,21 @@ from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 
 
-def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0,
-                   tiled: bool = False, compressor: Any = None, algorithm: str = "auto",
-                   backend: str = "auto", chunks: int = 1, min_bytes: int | None = None,
-                   grad_compressor: Any = C.SAME, key: Any = None,
-                   axis_index_groups: Any = None) -> Any:
+def reduce_scatter(
+  x: Any,
+  axis_name: Any,
+  *,
+  scatter_dimension: int = 0,
+  tiled: bool = False,
+  compressor: Any = None,
+  algorithm: str = "auto",
+  backend: str = "auto",
+  chunks: int = 1,
+  min_bytes: int | None = None,
+  grad_compressor: Any = C.SAME,
+  key: Any = None,
+  axis_index_groups: Any = None,
+) -> Any:
   """Sums ``x`` over ``axis_name`` and scatters the result, as ``jax.lax.psum_scatter``.
 
   Algorithm "one_shot" (the only one; "auto" means it): each rank splits its input into
@@ -61,18 +71,31 @@ def reduce_scatter(x: Any, axis_name: Any, *, scatter_dimension: int = 0,
     >>> y = jcoccl.reduce_scatter(g, "data", tiled=True, compressor="int4")  # doctest: +SKIP
   """
   if algorithm not in ("auto", "one_shot"):
-    raise ValueError(f"algorithm must be 'auto' or 'one_shot' for reduce_scatter, "
-                     f"got {algorithm!r}")
+    raise ValueError(
+      f"algorithm must be 'auto' or 'one_shot' for reduce_scatter, got {algorithm!r}"
+    )
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
   if axis_index_groups is not None:
-    return lax.psum_scatter(x, axes, scatter_dimension=scatter_dimension,
-                            axis_index_groups=axis_index_groups, tiled=tiled)
+    return lax.psum_scatter(
+      x, axes, scatter_dimension=scatter_dimension, axis_index_groups=axis_index_groups, tiled=tiled
+    )
   strict = C.is_lone_array(x)
   return jax.tree_util.tree_map(
-      lambda leaf: scatter_leaf(leaf, key, axes=axes, scatter_dimension=scatter_dimension,
-                                tiled=tiled, compressor=comp, grad_compressor=gcomp,
-                                backend=backend, chunks=chunks, min_bytes=min_bytes,
-                                strict=strict), x)
+    lambda leaf: scatter_leaf(
+      leaf,
+      key,
+      axes=axes,
+      scatter_dimension=scatter_dimension,
+      tiled=tiled,
+      compressor=comp,
+      grad_compressor=gcomp,
+      backend=backend,
+      chunks=chunks,
+      min_bytes=min_bytes,
+      strict=strict,
+    ),
+    x,
+  )
 
 
 def check_scatter(shape: tuple, dim: Any, tiled: bool, n: int) -> int:
@@ -81,22 +104,36 @@ def check_scatter(shape: tuple, dim: Any, tiled: bool, n: int) -> int:
     raise ValueError("reduce_scatter needs an input of rank >= 1 (x is a scalar)")
   if not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
     raise ValueError(
-        f"scatter_dimension must be an int in [{-len(shape)}, {len(shape)}), got {dim!r}")
+      f"scatter_dimension must be an int in [{-len(shape)}, {len(shape)}), got {dim!r}"
+    )
   dim %= len(shape)
   if tiled and shape[dim] % n:
     raise ValueError(
-        f"scatter_dimension {dim} has size {shape[dim]}, which is not divisible by the "
-        f"group size {n} (tiled=True needs a multiple of it)")
+      f"scatter_dimension {dim} has size {shape[dim]}, which is not divisible by the "
+      f"group size {n} (tiled=True needs a multiple of it)"
+    )
   if not tiled and shape[dim] != n:
     raise ValueError(
-        f"scatter_dimension {dim} has size {shape[dim]}, but tiled=False needs it to equal "
-        f"the group size {n} (or pass tiled=True)")
+      f"scatter_dimension {dim} has size {shape[dim]}, but tiled=False needs it to equal "
+      f"the group size {n} (or pass tiled=True)"
+    )
   return dim
 
 
-def scatter_leaf(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: Any,
-                 tiled: bool, compressor: Any, grad_compressor: Any, backend: str,
-                 chunks: int, min_bytes: Any, strict: bool = True) -> jax.Array:
+def scatter_leaf(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  scatter_dimension: Any,
+  tiled: bool,
+  compressor: Any,
+  grad_compressor: Any,
+  backend: str,
+  chunks: int,
+  min_bytes: Any,
+  strict: bool = True,
+) -> jax.Array:
   """reduce_scatter of one array (arguments already canonicalised): the exact
   lax.psum_scatter, or the ``jcoccl_reduce_scatter`` primitive."""
   x = jnp.asarray(x)
@@ -109,14 +146,28 @@ def scatter_leaf(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: Any,
   _backend.validate("reduce_scatter", backend)
   if c is None and gc is None:
     return lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=tiled)
-  name = "xla" if c is None else _backend.resolve("reduce_scatter", backend, axes,
-                                                  compressor=c, dtype=x.dtype)[0]
+  name = (
+    "xla"
+    if c is None
+    else _backend.resolve("reduce_scatter", backend, axes, compressor=c, dtype=x.dtype)[0]
+  )
   if c is not None:  # fail at trace time, not at lowering
     L.slices(chunks, x.size // n, c.granule)
   x = C.ensure_varying(x, axes)
-  return P.bind("reduce_scatter", x, key, axes=axes, scatter_dimension=dim, tiled=tiled,
-                compressor=P.spec_of(c), grad_compressor=P.spec_of(gc), backend=name,
-                backend_arg=backend, chunks=chunks, min_bytes=min_bytes)
+  return P.bind(
+    "reduce_scatter",
+    x,
+    key,
+    axes=axes,
+    scatter_dimension=dim,
+    tiled=tiled,
+    compressor=P.spec_of(c),
+    grad_compressor=P.spec_of(gc),
+    backend=name,
+    backend_arg=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+  )
 
 
 def from_block(flat: jax.Array, block: tuple, dim: int, tiled: bool) -> jax.Array:
@@ -129,12 +180,23 @@ def from_block(flat: jax.Array, block: tuple, dim: int, tiled: bool) -> jax.Arra
 def _out_shape(shape: tuple, params: dict) -> tuple:
   n, dim = C.group_size(params["axes"]), params["scatter_dimension"]
   if params["tiled"]:
-    return shape[:dim] + (shape[dim] // n,) + shape[dim + 1:]
-  return shape[:dim] + shape[dim + 1:]
+    return shape[:dim] + (shape[dim] // n,) + shape[dim + 1 :]
+  return shape[:dim] + shape[dim + 1 :]
 
 
-def _forward(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: int, tiled: bool,
-             compressor: Any, backend: str, chunks: int, batch: int, **_: Any) -> jax.Array:
+def _forward(
+  x: jax.Array,
+  key: Any,
+  *,
+  axes: tuple,
+  scatter_dimension: int,
+  tiled: bool,
+  compressor: Any,
+  backend: str,
+  chunks: int,
+  batch: int,
+  **_: Any,
+) -> jax.Array:
   dim = scatter_dimension
   comp = P.load(compressor)
   if comp is None:
@@ -146,32 +208,49 @@ def _forward(x: jax.Array, key: Any, *, axes: tuple, scatter_dimension: int, til
   lay = L.RowLayout.of(c, comp.granule, chunks)
   impl = _backend.implementation("reduce_scatter", backend)
   return L.run_batched(
-      lay, lambda v: L.to_rows(v, dim, n)[0], x, batch,
-      lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key),
-      lambda r: from_block(r, block, dim, tiled))
+    lay,
+    lambda v: L.to_rows(v, dim, n)[0],
+    x,
+    batch,
+    lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key),
+    lambda r: from_block(r, block, dim, tiled),
+  )
 
 
 def _common_args(params: dict) -> dict:
   gc = P.load(params["grad_compressor"])
-  return dict(axes=params["axes"], tiled=params["tiled"], compressor=gc, grad_compressor=gc,
-              backend=params["backend_arg"], chunks=params["chunks"],
-              min_bytes=params["min_bytes"])
+  return dict(
+    axes=params["axes"],
+    tiled=params["tiled"],
+    compressor=gc,
+    grad_compressor=gc,
+    backend=params["backend_arg"],
+    chunks=params["chunks"],
+    min_bytes=params["min_bytes"],
+  )
 
 
-P.register(P.Op(
-    "reduce_scatter", out_shape=_out_shape, reduces=lambda params: False, forward=_forward,
+P.register(
+  P.Op(
+    "reduce_scatter",
+    out_shape=_out_shape,
+    reduces=lambda params: False,
+    forward=_forward,
     leaf=scatter_leaf,
-    tangent_args=lambda params: dict(_common_args(params),
-                                     scatter_dimension=params["scatter_dimension"]),
+    tangent_args=lambda params: dict(
+      _common_args(params), scatter_dimension=params["scatter_dimension"]
+    ),
     # The dual, all_gather, stacks or tiles along the scattered dimension.
-    dual_args=lambda params: dict(_common_args(params), axis=params["scatter_dimension"])))
+    dual_args=lambda params: dict(_common_args(params), axis=params["scatter_dimension"]),
+  )
+)
 
 
 # ----------------------------------------------------------------------------------------
 # XLA backend.
 
-def scatter_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int,
-                 key: Any) -> jax.Array:
+
+def scatter_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int, key: Any) -> jax.Array:
   """dtype[n, C] (row j for rank j) -> dtype[C], the sum over source ranks."""
 
   def one(xs: jax.Array, i: int) -> jax.Array:
@@ -184,8 +263,9 @@ def scatter_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int,
   return L.chunked(one, x, chunks)
 
 
-def _xla_reduce_scatter(x: jax.Array, *, axes: tuple, compressor: Any, chunks: int,
-                        key: Any) -> jax.Array:
+def _xla_reduce_scatter(
+  x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any
+) -> jax.Array:
   return scatter_rows(x, axes, compressor, chunks, key)
 
 

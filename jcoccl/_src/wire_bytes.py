@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -32,14 +33,30 @@ from jcoccl._src import _compat
 
 _OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {
-    "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1,
-    "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+  "pred": 1,
+  "s8": 1,
+  "u8": 1,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+  "f8e4m3": 1,
+  "s16": 2,
+  "u16": 2,
+  "f16": 2,
+  "bf16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+  "c64": 8,
+  "c128": 16,
 }
 _INSTR = re.compile(
-    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<type>.+?)\s+"
-    r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
-    r"(?P<suffix>-start|-done)?\((?P<rest>.*)$")
+  r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<type>.+?)\s+"
+  r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+  r"(?P<suffix>-start|-done)?\((?P<rest>.*)$"
+)
 _NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s*->\s*.*\{\s*$")
 _SHAPE = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
@@ -68,8 +85,7 @@ def _groups(rest: str, num_devices: int) -> list[tuple[int, ...]]:
   if m:
     sizes = re.findall(r"'([^']+)'\s*=\s*(\d+)", m.group(1))
     names = re.findall(r"'([^']+)'", m.group(2))
-    if not sizes or len(sizes) != m.group(1).count("=") or any(
-        n not in dict(sizes) for n in names):
+    if not sizes or len(sizes) != m.group(1).count("=") or any(n not in dict(sizes) for n in names):
       raise ValueError(f"wire_bytes: cannot parse replica groups in {rest[:200]!r}")
     order = [a for a, _ in sizes]
     ids = np.arange(int(np.prod([int(s) for _, s in sizes]))).reshape([int(s) for _, s in sizes])
@@ -80,12 +96,13 @@ def _groups(rest: str, num_devices: int) -> list[tuple[int, ...]]:
     ids = np.arange(int(np.prod(dims))).reshape(dims)
     if m.group(4):
       ids = ids.transpose([int(p) for p in m.group(4).split(",")])
-    return [tuple(int(v) for v in row)
-            for row in ids.reshape(int(m.group(1)), int(m.group(2)))]
+    return [tuple(int(v) for v in row) for row in ids.reshape(int(m.group(1)), int(m.group(2)))]
   m = _GROUPS_LIST.search(rest)
   if m:
-    groups = [tuple(int(v) for v in g.split(",") if v.strip())
-              for g in re.findall(r"\{([0-9,\s]*)\}", m.group(1))]
+    groups = [
+      tuple(int(v) for v in g.split(",") if v.strip())
+      for g in re.findall(r"\{([0-9,\s]*)\}", m.group(1))
+    ]
     groups = [g for g in groups if g]
     return groups or [tuple(range(num_devices))]
   if "replica_groups=" in rest:
@@ -196,8 +213,9 @@ def _executions(comps: dict[str, list[str]], entry: str | None) -> dict[str, tup
         continue
       if re.search(r"\basync-(?:update|done)\(", line):
         continue  # the same computation as its async-start: count it once
-      for callee in re.findall(r"\b(?:calls|true_computation|false_computation)=%?([\w.\-]+)",
-                               line):
+      for callee in re.findall(
+        r"\b(?:calls|true_computation|false_computation)=%?([\w.\-]+)", line
+      ):
         visit(callee, times, exact, depth + 1)
       branches = re.search(r"branch_computations=\{([^}]*)\}", line)
       if branches:
@@ -208,8 +226,13 @@ def _executions(comps: dict[str, list[str]], entry: str | None) -> dict[str, tup
   return out
 
 
-def parse_hlo(text: str, num_devices: int, *, mesh: jax.sharding.Mesh | None = None,
-              device_ids: list[int] | None = None) -> list[dict[str, Any]]:
+def parse_hlo(
+  text: str,
+  num_devices: int,
+  *,
+  mesh: jax.sharding.Mesh | None = None,
+  device_ids: list[int] | None = None,
+) -> list[dict[str, Any]]:
   """The collectives of an HLO module's text with their per-device bytes sent.
 
   Args:
@@ -230,14 +253,17 @@ def parse_hlo(text: str, num_devices: int, *, mesh: jax.sharding.Mesh | None = N
     num_devices = int(m.group(1))
   matcher = None
   if mesh is not None:
-    ids = device_ids if device_ids and len(device_ids) == num_devices else [
-        d.id for d in mesh.devices.flat]
+    ids = (
+      device_ids
+      if device_ids and len(device_ids) == num_devices
+      else [d.id for d in mesh.devices.flat]
+    )
     matcher = _AxisMatcher(mesh, ids)
   comps, entry = _computations(text)
   runs = _executions(comps, entry)
   lines = {mm.group(1): line for line in text.splitlines() if (mm := _NAME.match(line))}
   out = []
-  for comp, body in (comps.items() if comps else [(None, text.splitlines())]):
+  for comp, body in comps.items() if comps else [(None, text.splitlines())]:
     for line in body:
       c = _collective(line, lines, num_devices, matcher)
       if c is not None:
@@ -248,8 +274,9 @@ def parse_hlo(text: str, num_devices: int, *, mesh: jax.sharding.Mesh | None = N
   return out
 
 
-def _collective(line: str, lines: dict[str, str], num_devices: int,
-                matcher: _AxisMatcher | None) -> dict[str, Any] | None:
+def _collective(
+  line: str, lines: dict[str, str], num_devices: int, matcher: _AxisMatcher | None
+) -> dict[str, Any] | None:
   mm = _INSTR.match(line)
   if not mm or mm.group("suffix") == "-start":
     return None
@@ -263,8 +290,13 @@ def _collective(line: str, lines: dict[str, str], num_devices: int,
   else:
     pairs, groups = [], _groups(rest, num_devices)
     n = len(groups[0])
-  c = {"op": op, "bytes": s, "dtype": dtypes, "group_size": n,
-       "sent_bytes": _sent(op, s, n, pairs, num_devices)}
+  c = {
+    "op": op,
+    "bytes": s,
+    "dtype": dtypes,
+    "group_size": n,
+    "sent_bytes": _sent(op, s, n, pairs, num_devices),
+  }
   if matcher is not None:
     axes = matcher.pairs(pairs) if groups is None else matcher.groups(groups)
     c["axes"] = _UNKNOWN_AXES if axes is None else axes
@@ -277,8 +309,12 @@ def _compiled(fn: Callable[..., Any], args: tuple) -> tuple[str, int, list[int] 
   return compiled.as_text(), jax.device_count(), _compat.executable_device_ids(compiled)
 
 
-def wire_bytes(fn: Callable[..., Any], *args: Any, reference: Callable[..., Any] | None = None,
-               mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+def wire_bytes(
+  fn: Callable[..., Any],
+  *args: Any,
+  reference: Callable[..., Any] | None = None,
+  mesh: jax.sharding.Mesh | None = None,
+) -> dict[str, Any]:
   """Bytes each device sends per collective in ``fn``'s compiled program.
 
   Args:
@@ -308,12 +344,16 @@ def wire_bytes(fn: Callable[..., Any], *args: Any, reference: Callable[..., Any]
     {'data': 2437120.0, 'tensor': 65536.0}
   """
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
-    raise TypeError(f"wire_bytes: mesh must be a jax.sharding.Mesh or None, got "
-                    f"{type(mesh).__name__}")
+    raise TypeError(
+      f"wire_bytes: mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}"
+    )
   text, ndev, ids = _compiled(fn, args)
   colls = parse_hlo(text, ndev, mesh=mesh, device_ids=ids)
-  result: dict[str, Any] = {"collectives": colls, "by_op": _by_op(colls),
-                            "total": float(sum(c["sent_bytes"] for c in colls))}
+  result: dict[str, Any] = {
+    "collectives": colls,
+    "by_op": _by_op(colls),
+    "total": float(sum(c["sent_bytes"] for c in colls)),
+  }
   if mesh is not None:
     result["by_axis"] = by_axis(colls)
   if reference is not None:
@@ -321,8 +361,9 @@ def wire_bytes(fn: Callable[..., Any], *args: Any, reference: Callable[..., Any]
     rcolls = parse_hlo(rtext, ndev, mesh=mesh, device_ids=rids)
     result["reference_by_op"] = _by_op(rcolls)
     result["reference_total"] = float(sum(c["sent_bytes"] for c in rcolls))
-    result["ratio"] = (result["total"] / result["reference_total"]
-                       if result["reference_total"] else float("nan"))
+    result["ratio"] = (
+      result["total"] / result["reference_total"] if result["reference_total"] else float("nan")
+    )
     if mesh is not None:
       result["reference_by_axis"] = by_axis(rcolls)
   return result

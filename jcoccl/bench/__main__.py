@@ -8,8 +8,8 @@ import sys
 
 # Subcommand -> module; each module has add_parser(subparsers) and run(args) -> int.
 SUBCOMMANDS: dict[str, str] = {
-    "codecs": "jcoccl.bench.codecs",
-    "collectives": "jcoccl.bench.collectives",
+  "codecs": "jcoccl.bench.codecs",
+  "collectives": "jcoccl.bench.collectives",
 }
 
 

@@ -15,10 +15,21 @@ import jax
 
 # Size suffixes: binary (KiB = 2**10) and decimal (KB = 10**3), case-insensitive; no suffix or
 # "B" means bytes. Bare K/M/G are refused: they have meant both.
-UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-         "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-SIZE_HELP = ("bytes, with an optional unit: B, KiB, MiB, GiB (powers of 2) or KB, MB, GB "
-             "(powers of 10); a plain integer is bytes, e.g. 4MiB, 64KiB, 1GB, 512")
+UNITS = {
+  "b": 1,
+  "kib": 2**10,
+  "mib": 2**20,
+  "gib": 2**30,
+  "tib": 2**40,
+  "kb": 10**3,
+  "mb": 10**6,
+  "gb": 10**9,
+  "tb": 10**12,
+}
+SIZE_HELP = (
+  "bytes, with an optional unit: B, KiB, MiB, GiB (powers of 2) or KB, MB, GB "
+  "(powers of 10); a plain integer is bytes, e.g. 4MiB, 64KiB, 1GB, 512"
+)
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)")
 
 
@@ -50,8 +61,9 @@ def time_fn(fn: Callable[..., Any], *args: Any, warmup: int = 2, iters: int = 5)
   return statistics.median(times)
 
 
-def time_interleaved(fns: Sequence[Callable[..., Any]], *args: Any, warmup: int = 1,
-                     iters: int = 5) -> list[float]:
+def time_interleaved(
+  fns: Sequence[Callable[..., Any]], *args: Any, warmup: int = 1, iters: int = 5
+) -> list[float]:
   """Median wall time in seconds of each ``fn(*args)``, timed in interleaved rounds.
 
   Each round times every function once, in order, so that a slow spell of a shared machine
@@ -123,9 +135,11 @@ def parse_size(text: str) -> int:
     raise ValueError(f"{text!r} is not a size ({SIZE_HELP})")
   number, unit = m.groups()
   if unit in ("k", "m", "g", "t"):
-    raise ValueError(f"{text!r}: ambiguous unit {unit.upper()!r}; write "
-                     f"{number}{unit.upper()}iB (2**{10 * 'kmgt'.index(unit) + 10}) or "
-                     f"{number}{unit.upper()}B (10**{3 * 'kmgt'.index(unit) + 3})")
+    raise ValueError(
+      f"{text!r}: ambiguous unit {unit.upper()!r}; write "
+      f"{number}{unit.upper()}iB (2**{10 * 'kmgt'.index(unit) + 10}) or "
+      f"{number}{unit.upper()}B (10**{3 * 'kmgt'.index(unit) + 3})"
+    )
   if unit not in UNITS and unit != "":
     raise ValueError(f"{text!r}: unknown unit {unit!r} ({SIZE_HELP})")
   scale = UNITS.get(unit, 1)
@@ -175,9 +189,15 @@ def _fmt(v: Any, spec: str | None = None) -> str:
   return str(v)
 
 
-def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, title: str = "",
-                headers: Mapping[str, str] | None = None,
-                formats: Mapping[str, str] | None = None, out: TextIO | None = None) -> None:
+def print_table(
+  rows: Sequence[dict[str, Any]],
+  columns: Sequence[str],
+  *,
+  title: str = "",
+  headers: Mapping[str, str] | None = None,
+  formats: Mapping[str, str] | None = None,
+  out: TextIO | None = None,
+) -> None:
   """Prints ``rows`` as an aligned, right-justified table with a '#'-prefixed header.
 
   Args:
@@ -216,9 +236,15 @@ def device_line() -> str:
   return f"jax {jax.__version__}, backend {jax.default_backend()}, device {d.device_kind} x{jax.device_count()}"
 
 
-def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, as_json: bool, title: str,
-         headers: Mapping[str, str] | None = None,
-         formats: Mapping[str, str] | None = None) -> None:
+def emit(
+  rows: Sequence[dict[str, Any]],
+  columns: Sequence[str],
+  *,
+  as_json: bool,
+  title: str,
+  headers: Mapping[str, str] | None = None,
+  formats: Mapping[str, str] | None = None,
+) -> None:
   """Table (with a device header) or JSON, as the ``--json`` flag asks.
 
   ``headers`` and ``formats`` are passed to :func:`print_table`; JSON keeps the row keys.

@@ -24,20 +24,38 @@ from jcoccl._src.compressors import native, parse, spec
 from jcoccl.bench import _harness as H
 
 DEFAULT_COMPRESSORS = "bf16,int8,int4,int4:asym,fp8,hadamard(int4),eb:abs=1e-3"
-COLUMNS = ["compressor", "impl", "dtype", "bytes", "ratio", "enc_us", "enc_GB/s", "dec_us", "dec_GB/s",
-           "max_rel_err"]
+COLUMNS = [
+  "compressor",
+  "impl",
+  "dtype",
+  "bytes",
+  "ratio",
+  "enc_us",
+  "enc_GB/s",
+  "dec_us",
+  "dec_GB/s",
+  "max_rel_err",
+]
 
 
 def add_parser(subparsers: Any) -> None:
   """Registers the ``codecs`` subcommand."""
   p = subparsers.add_parser("codecs", help="encode/decode throughput per compressor")
-  p.add_argument("--sizes", type=H.size_list, default="1MiB,4MiB",
-                 help="input sizes per row, comma-separated; " + H.SIZE_HELP +
-                      " (default 1MiB,4MiB)")
+  p.add_argument(
+    "--sizes",
+    type=H.size_list,
+    default="1MiB,4MiB",
+    help="input sizes per row, comma-separated; " + H.SIZE_HELP + " (default 1MiB,4MiB)",
+  )
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-  p.add_argument("--compressors", default=DEFAULT_COMPRESSORS,
-                 help="compressor specs, comma-separated outside parentheses (see jcoccl.compressors.parse)")
-  p.add_argument("--impl", default="jnp,native", help="implementations: jnp, native (comma-separated)")
+  p.add_argument(
+    "--compressors",
+    default=DEFAULT_COMPRESSORS,
+    help="compressor specs, comma-separated outside parentheses (see jcoccl.compressors.parse)",
+  )
+  p.add_argument(
+    "--impl", default="jnp,native", help="implementations: jnp, native (comma-separated)"
+  )
   p.add_argument("--iters", type=H.positive_int, default=5, help="timed runs (median reported)")
   p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
 
@@ -45,7 +63,9 @@ def add_parser(subparsers: Any) -> None:
 def bench_one(c: Any, impl: str, dtype: Any, size: int, iters: int) -> dict[str, Any] | None:
   """One table row, or None where ``impl`` is not available for ``c``."""
   d = jnp.dtype(dtype)
-  if impl == "native" and not (native.available(c, "encode", d) and native.available(c, "decode", d)):
+  if impl == "native" and not (
+    native.available(c, "encode", d) and native.available(c, "decode", d)
+  ):
     return None
   n = layout.granule_rows(size, d.itemsize, c.granule)
   x = jax.random.normal(jax.random.key(0), (1, n), jnp.float32).astype(d)
@@ -59,9 +79,18 @@ def bench_one(c: Any, impl: str, dtype: Any, size: int, iters: int) -> dict[str,
   xf, yf = np.asarray(x, np.float32), np.asarray(y, np.float32)
   rel = float(np.max(np.abs(xf - yf)) / max(float(np.max(np.abs(xf))), 1e-30))
   nbytes = n * d.itemsize
-  return {"compressor": str(c), "impl": impl, "dtype": d.name, "bytes": nbytes,
-          "ratio": nbytes / buf.shape[1], "enc_us": t_enc * 1e6, "enc_GB/s": nbytes / t_enc / 1e9,
-          "dec_us": t_dec * 1e6, "dec_GB/s": nbytes / t_dec / 1e9, "max_rel_err": rel}
+  return {
+    "compressor": str(c),
+    "impl": impl,
+    "dtype": d.name,
+    "bytes": nbytes,
+    "ratio": nbytes / buf.shape[1],
+    "enc_us": t_enc * 1e6,
+    "enc_GB/s": nbytes / t_enc / 1e9,
+    "dec_us": t_dec * 1e6,
+    "dec_GB/s": nbytes / t_dec / 1e9,
+    "max_rel_err": rel,
+  }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,5 +108,7 @@ def run(args: argparse.Namespace) -> int:
         r = bench_one(c, impl, args.dtype, nbytes, args.iters)
         if r is not None:
           rows.append(r)
-  H.emit(rows, COLUMNS, as_json=args.json, title="codec throughput: GB/s = input bytes / median time")
+  H.emit(
+    rows, COLUMNS, as_json=args.json, title="codec throughput: GB/s = input bytes / median time"
+  )
   return 0

@@ -40,62 +40,113 @@ from typing import Any
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   # Only affects the host platform: harmless where an accelerator is the default backend.
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_force_host_platform_device_count=8").strip()
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  ).strip()
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
 
-from jcoccl.bench import _harness as H  # noqa: E402
+from jcoccl.bench import _harness as H
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 NAME = "collectives"
 HELP = "compressed vs lax collectives: time, algbw/busbw, wire bytes, error"
-COLUMNS = ["op", "bytes", "dtype", "compressor", "algorithm", "chunks", "time_us", "algbw_GBps",
-           "busbw_GBps", "speedup", "wire_ratio", "max_abs_err", "max_rel_err"]
-HEADERS = {"time_us": "time(us)", "algbw_GBps": "algbw", "busbw_GBps": "busbw",
-           "speedup": "speedup", "wire_ratio": "wire", "max_abs_err": "max_abs",
-           "max_rel_err": "max_rel"}
-FORMATS = {"bytes": "d", "chunks": "d", "time_us": ".1f", "algbw_GBps": ".3f",
-           "busbw_GBps": ".3f", "speedup": ".2f", "wire_ratio": ".3f", "max_abs_err": ".2e",
-           "max_rel_err": ".2e"}
+COLUMNS = [
+  "op",
+  "bytes",
+  "dtype",
+  "compressor",
+  "algorithm",
+  "chunks",
+  "time_us",
+  "algbw_GBps",
+  "busbw_GBps",
+  "speedup",
+  "wire_ratio",
+  "max_abs_err",
+  "max_rel_err",
+]
+HEADERS = {
+  "time_us": "time(us)",
+  "algbw_GBps": "algbw",
+  "busbw_GBps": "busbw",
+  "speedup": "speedup",
+  "wire_ratio": "wire",
+  "max_abs_err": "max_abs",
+  "max_rel_err": "max_rel",
+}
+FORMATS = {
+  "bytes": "d",
+  "chunks": "d",
+  "time_us": ".1f",
+  "algbw_GBps": ".3f",
+  "busbw_GBps": ".3f",
+  "speedup": ".2f",
+  "wire_ratio": ".3f",
+  "max_abs_err": ".2e",
+  "max_rel_err": ".2e",
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
   """Registers the ``collectives`` subcommand."""
-  p = subparsers.add_parser(NAME, help=HELP, description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = subparsers.add_parser(
+    NAME, help=HELP, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   add_arguments(p)
   return p
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--sizes", type=H.size_list, default="256KiB,1MiB",
-                 help="per-rank message sizes, comma-separated; " + H.SIZE_HELP +
-                      " (default 256KiB,1MiB)")
-  p.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter",
-                 help=f"comma separated among {','.join(OPS)}")
-  p.add_argument("--compressors", default="int8,int4",
-                 help="compressor specs (jcoccl.compressors.parse), comma separated; "
-                      "use ';' to separate specs that contain commas")
-  p.add_argument("--algorithms", default="auto",
-                 help="all_reduce algorithms: auto,one_shot,two_shot (comma separated)")
+  p.add_argument(
+    "--sizes",
+    type=H.size_list,
+    default="256KiB,1MiB",
+    help="per-rank message sizes, comma-separated; " + H.SIZE_HELP + " (default 256KiB,1MiB)",
+  )
+  p.add_argument(
+    "--ops",
+    default="all_reduce,all_gather,reduce_scatter",
+    help=f"comma separated among {','.join(OPS)}",
+  )
+  p.add_argument(
+    "--compressors",
+    default="int8,int4",
+    help="compressor specs (jcoccl.compressors.parse), comma separated; "
+    "use ';' to separate specs that contain commas",
+  )
+  p.add_argument(
+    "--algorithms",
+    default="auto",
+    help="all_reduce algorithms: auto,one_shot,two_shot (comma separated)",
+  )
   p.add_argument("--chunks", default="1", help="chunk counts to compare, e.g. 1,4")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
   p.add_argument("--iters", type=H.positive_int, default=5, help="timed runs (median reported)")
   p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-  p.add_argument("--processes", type=int, default=0,
-                 help="run across this many processes on this machine (python -m jcoccl.launch)")
-  p.add_argument("--link-rate", default=None,
-                 help="with --processes: the rate of the link they share, e.g. 1gbit, 10gbit")
-  p.add_argument("--fit-out", default=None,
-                 help="fit all_reduce(algorithm='auto')'s cost model to the one_shot/two_shot "
-                      "timings, print it with auto's choice per size, and write it to this "
-                      "JSON file (use it with JCOCCL_COST_MODEL=FILE)")
+  p.add_argument(
+    "--processes",
+    type=int,
+    default=0,
+    help="run across this many processes on this machine (python -m jcoccl.launch)",
+  )
+  p.add_argument(
+    "--link-rate",
+    default=None,
+    help="with --processes: the rate of the link they share, e.g. 1gbit, 10gbit",
+  )
+  p.add_argument(
+    "--fit-out",
+    default=None,
+    help="fit all_reduce(algorithm='auto')'s cost model to the one_shot/two_shot "
+    "timings, print it with auto's choice per size, and write it to this "
+    "JSON file (use it with JCOCCL_COST_MODEL=FILE)",
+  )
 
 
 def _specs(text: str) -> list[str]:
@@ -106,21 +157,35 @@ def _specs(text: str) -> list[str]:
 def _programs(op: str, mesh: Mesh, n: int, kw: dict) -> tuple[Any, Any, float]:
   """(jcoccl program, lax program, nccl-tests busbw factor); input [n, m], one row a rank."""
   import jcoccl
+
   spec: dict[str, Any] = dict(mesh=mesh, in_specs=jax.P("r"), out_specs=jax.P("r"))
   perm = [(i, (i + 1) % n) for i in range(n)]
   bodies = {
-      "all_reduce": (lambda v: jcoccl.all_reduce(v, "r", **kw), lambda v: lax.psum(v, "r"),
-                     2 * (n - 1) / n),
-      "all_gather": (lambda v: jcoccl.all_gather(v, "r", tiled=True, **_nokw(kw)),
-                     lambda v: lax.all_gather(v, "r", tiled=True), (n - 1) / n),
-      "reduce_scatter": (lambda v: jcoccl.reduce_scatter(v, "r", scatter_dimension=1,
-                                                         tiled=True, **_nokw(kw)),
-                         lambda v: lax.psum_scatter(v, "r", scatter_dimension=1, tiled=True),
-                         (n - 1) / n),
-      "all_to_all": (lambda v: jcoccl.all_to_all(v, "r", 1, 1, tiled=True, **_nokw(kw)),
-                     lambda v: lax.all_to_all(v, "r", 1, 1, tiled=True), (n - 1) / n),
-      "ppermute": (lambda v: jcoccl.ppermute(v, "r", perm, **_nokw(kw)),
-                   lambda v: lax.ppermute(v, "r", perm), 1.0),
+    "all_reduce": (
+      lambda v: jcoccl.all_reduce(v, "r", **kw),
+      lambda v: lax.psum(v, "r"),
+      2 * (n - 1) / n,
+    ),
+    "all_gather": (
+      lambda v: jcoccl.all_gather(v, "r", tiled=True, **_nokw(kw)),
+      lambda v: lax.all_gather(v, "r", tiled=True),
+      (n - 1) / n,
+    ),
+    "reduce_scatter": (
+      lambda v: jcoccl.reduce_scatter(v, "r", scatter_dimension=1, tiled=True, **_nokw(kw)),
+      lambda v: lax.psum_scatter(v, "r", scatter_dimension=1, tiled=True),
+      (n - 1) / n,
+    ),
+    "all_to_all": (
+      lambda v: jcoccl.all_to_all(v, "r", 1, 1, tiled=True, **_nokw(kw)),
+      lambda v: lax.all_to_all(v, "r", 1, 1, tiled=True),
+      (n - 1) / n,
+    ),
+    "ppermute": (
+      lambda v: jcoccl.ppermute(v, "r", perm, **_nokw(kw)),
+      lambda v: lax.ppermute(v, "r", perm),
+      1.0,
+    ),
   }
   j, l, factor = bodies[op]
   return jax.jit(jax.shard_map(j, **spec)), jax.jit(jax.shard_map(l, **spec)), factor
@@ -151,6 +216,7 @@ def _host(x: jax.Array) -> np.ndarray:
 def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
   """Runs the sweep; returns one dict per table row."""
   import jcoccl
+
   devices = jax.devices()
   n = len(devices)
   mesh = Mesh(np.array(devices), ("r",))
@@ -165,8 +231,10 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     raise ValueError(f"--chunks: counts must be >= 1, got {args.chunks!r}")
   for nbytes in args.sizes:
     if nbytes < n * dtype.itemsize:
-      raise ValueError(f"--sizes: {nbytes} B is under one {dtype.name} element per rank "
-                       f"({n} ranks x {dtype.itemsize} B = {n * dtype.itemsize} B)")
+      raise ValueError(
+        f"--sizes: {nbytes} B is under one {dtype.name} element per rank "
+        f"({n} ranks x {dtype.itemsize} B = {n * dtype.itemsize} B)"
+      )
   for op in ops:
     for nbytes in args.sizes:
       m = nbytes // dtype.itemsize // n * n  # divisible by n for scatter ops
@@ -187,17 +255,30 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
         wb = jcoccl.wire_bytes(fn, x, reference=lfn)
         s = _algbw_bytes(op, m * dtype.itemsize, n)
         algbw = s / t / 1e9
-        rows.append({
-            "op": op, "ranks": n, "bytes": m * dtype.itemsize, "dtype": dtype.name,
-            "compressor": spec, "algorithm": algo, "chunks": chunks, "time_us": t * 1e6,
-            "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "speedup": times[0] / t,
+        rows.append(
+          {
+            "op": op,
+            "ranks": n,
+            "bytes": m * dtype.itemsize,
+            "dtype": dtype.name,
+            "compressor": spec,
+            "algorithm": algo,
+            "chunks": chunks,
+            "time_us": t * 1e6,
+            "algbw_GBps": algbw,
+            "busbw_GBps": algbw * factor,
+            "speedup": times[0] / t,
             "wire_ratio": wb.get("ratio", float("nan")),
             "payload_ratio": _payload_ratio(spec, m, dtype),
             "max_abs_err": float(err.max()),
             "max_rel_err": float(err.max() / max(np.abs(ref).max(), 1e-30)),
-            "platform": devices[0].platform, "processes": jax.process_count(),
-            "link": os.environ.get("JCOCCL_LINK", "unshaped" if jax.process_count() > 1
-                                   else "in-process")})
+            "platform": devices[0].platform,
+            "processes": jax.process_count(),
+            "link": os.environ.get(
+              "JCOCCL_LINK", "unshaped" if jax.process_count() > 1 else "in-process"
+            ),
+          }
+        )
   return rows
 
 
@@ -207,12 +288,14 @@ def _payload_ratio(spec: str, m: int, dtype: Any) -> float:
     return 1.0
   from jcoccl import compressors as jc
   from jcoccl._src import _common
+
   return _common.compression_ratio(jc.parse(spec), m, dtype)
 
 
 def _relaunch(args: argparse.Namespace, argv: list[str]) -> int:
   """Runs this subcommand again as ``args.processes`` processes (jcoccl.launch)."""
   from jcoccl import launch
+
   drop = {"--processes", "--link-rate"}  # --fit-out stays: process 0 writes it
   rest, skip = [], False
   for a in argv:
@@ -236,6 +319,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
   processes running the same subcommand and returns their launcher's exit status.
   """
   from jcoccl import distributed, launch
+
   if args.link_rate is not None:
     if not args.processes:
       raise ValueError("--link-rate shapes the link between processes: give --processes too")
@@ -250,10 +334,16 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     return 0
   n, platform = (rows[0]["ranks"], rows[0]["platform"]) if rows else (0, "?")
   link = rows[0]["link"] if rows else ""
-  H.emit(rows, COLUMNS, as_json=args.json, headers=HEADERS, formats=FORMATS,
-         title=f"jcoccl collectives: {n} ranks on {platform}, {jax.process_count()} "
-               f"process(es), link {link} (algbw/busbw in GB/s; speedup = lax time / time; "
-               f"wire = bytes sent / lax's, from compiled HLO)")
+  H.emit(
+    rows,
+    COLUMNS,
+    as_json=args.json,
+    headers=HEADERS,
+    formats=FORMATS,
+    title=f"jcoccl collectives: {n} ranks on {platform}, {jax.process_count()} "
+    f"process(es), link {link} (algbw/busbw in GB/s; speedup = lax time / time; "
+    f"wire = bytes sent / lax's, from compiled HLO)",
+  )
   if args.fit_out:
     fit_and_report(rows, args.fit_out, out=sys.stderr if args.json else sys.stdout)
   return 0
@@ -267,25 +357,42 @@ def fit_and_report(rows: list[dict[str, Any]], path: str, out: Any = sys.stdout)
     The fitted :class:`jcoccl.CostModel`.
   """
   import json
+
   from jcoccl._src import cost_model
-  samples = [dict(r, ratio=r["payload_ratio"], seconds=r["time_us"] * 1e-6) for r in rows
-             if r["op"] == "all_reduce" and r["algorithm"] in ("one_shot", "two_shot")
-             and r["chunks"] == 1]
+
+  samples = [
+    dict(r, ratio=r["payload_ratio"], seconds=r["time_us"] * 1e-6)
+    for r in rows
+    if r["op"] == "all_reduce" and r["algorithm"] in ("one_shot", "two_shot") and r["chunks"] == 1
+  ]
   platform, link = (rows[0]["platform"], rows[0]["link"]) if rows else ("?", "?")
-  source = (f"fit: {rows[0]['processes'] if rows else '?'} {platform} processes, link {link}, "
-            f"{len(samples)} timings")
+  source = (
+    f"fit: {rows[0]['processes'] if rows else '?'} {platform} processes, link {link}, "
+    f"{len(samples)} timings"
+  )
   model = cost_model.fit(samples, source)
   with open(path, "w") as f:
-    json.dump(dict(dataclasses.asdict(model), platform=platform, link=link,
-                   ranks=sorted({s["ranks"] for s in samples})), f, indent=1)
-  print(f"# cost model ({source}): alpha {model.alpha_s * 1e6:.1f} us, beta "
-        f"{model.beta_Bps / 1e9:.3f} GB/s, gamma {model.gamma_Bps / 1e9:.3f} GB/s -> {path}",
-        file=out)
+    json.dump(
+      dict(
+        dataclasses.asdict(model),
+        platform=platform,
+        link=link,
+        ranks=sorted({s["ranks"] for s in samples}),
+      ),
+      f,
+      indent=1,
+    )
+  print(
+    f"# cost model ({source}): alpha {model.alpha_s * 1e6:.1f} us, beta "
+    f"{model.beta_Bps / 1e9:.3f} GB/s, gamma {model.gamma_Bps / 1e9:.3f} GB/s -> {path}",
+    file=out,
+  )
   print("#  compressor     bytes  fastest measured  auto (fitted)", file=out)
   by_case: dict[tuple, dict[str, float]] = {}
   for s in samples:
     by_case.setdefault((s["compressor"], s["bytes"], s["ranks"], s["ratio"]), {})[
-        s["algorithm"]] = s["seconds"]
+      s["algorithm"]
+    ] = s["seconds"]
   for (comp, nbytes, n, ratio), t in sorted(by_case.items(), key=lambda kv: kv[0][:2]):
     fastest = min(t, key=lambda algo: t[algo])
     chosen = model.choose(nbytes, n, ratio)
@@ -296,8 +403,11 @@ def fit_and_report(rows: list[dict[str, Any]], path: str, out: Any = sys.stdout)
 def main(argv: list[str] | None = None) -> int:
   """``python -m jcoccl.bench.collectives``: the subcommand on its own; exit status 2 on bad
   arguments."""
-  p = argparse.ArgumentParser(prog="python -m jcoccl.bench.collectives", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog="python -m jcoccl.bench.collectives",
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   add_arguments(p)
   argv = sys.argv[1:] if argv is None else argv
   try:

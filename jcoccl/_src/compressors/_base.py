@@ -51,10 +51,16 @@ def check_float_dtype(dtype: Any, who: str) -> jnp.dtype:
 
 def check_block_size(block_size: Any, lo: int = 32, hi: int = 4096) -> int:
   """ValueError unless ``block_size`` is a power of two in [lo, hi]."""
-  if (isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer))
-      or block_size < lo or block_size > hi or block_size & (block_size - 1)):
-    raise ValueError(f"block_size must be a power of two in {lo}..{hi} "
-                     f"(32, 64, ..., {hi}), got {block_size!r}")
+  if (
+    isinstance(block_size, bool)
+    or not isinstance(block_size, (int, np.integer))
+    or block_size < lo
+    or block_size > hi
+    or block_size & (block_size - 1)
+  ):
+    raise ValueError(
+      f"block_size must be a power of two in {lo}..{hi} (32, 64, ..., {hi}), got {block_size!r}"
+    )
   return int(block_size)
 
 
@@ -168,7 +174,7 @@ def cast_term(xhat_abs: jax.Array, dtype: jnp.dtype) -> jax.Array:
   if dtype == jnp.float32:
     return jnp.zeros_like(xhat_abs)
   fi = jnp.finfo(dtype)
-  u = 2.0**-(fi.nmant + 1)
+  u = 2.0 ** -(fi.nmant + 1)
   sub = max(float(fi.smallest_subnormal) / 2, TINY)
   over = xhat_abs > float(fi.max)
   return jnp.where(over, jnp.inf, xhat_abs * np.float32(u) + np.float32(sub))
@@ -178,11 +184,11 @@ def round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def _payload_flatten(p: "Payload"):
+def _payload_flatten(p: Payload):
   return (p.data,), (p.shape, p.dtype)
 
 
-def _payload_unflatten(aux, children) -> "Payload":
+def _payload_unflatten(aux, children) -> Payload:
   return Payload(children[0], *aux)
 
 
@@ -280,8 +286,10 @@ class Compressor:
 
   def _check_n(self, n: int, what: str) -> int:
     if not isinstance(n, (int, np.integer)) or n <= 0 or n % self.granule:
-      raise ValueError(f"{what} must be a positive multiple of the granule {self.granule} of "
-                       f"compressor {self}, got {n!r}; pad the row (encode() pads for you)")
+      raise ValueError(
+        f"{what} must be a positive multiple of the granule {self.granule} of "
+        f"compressor {self}, got {n!r}; pad the row (encode() pads for you)"
+      )
     return int(n)
 
   def _impl(self, impl: str, op: str, dtype: jnp.dtype) -> str:
@@ -290,19 +298,25 @@ class Compressor:
     if impl == "jnp" or (op in ("encode", "decode_sum_encode") and self.stochastic):
       return "jnp"
     from jcoccl._src.compressors import native
+
     ok = native.available(self, op, dtype)
     if impl == "native" and not ok:
-      raise ValueError(f"impl='native': no native kernel for compressor {self}, op {op!r}, dtype "
-                       f"{dtype} on backend {jax.default_backend()!r}; use impl='jnp' or 'auto'")
+      raise ValueError(
+        f"impl='native': no native kernel for compressor {self}, op {op!r}, dtype "
+        f"{dtype} on backend {jax.default_backend()!r}; use impl='jnp' or 'auto'"
+      )
     return "native" if ok else "jnp"
 
   def _check_key(self, key: jax.Array | None) -> None:
     if self.stochastic and key is None:
-      raise ValueError(f"key is required for compressor {self} (rounding='stochastic'); "
-                       "pass key=jax.random.key(...)")
+      raise ValueError(
+        f"key is required for compressor {self} (rounding='stochastic'); "
+        "pass key=jax.random.key(...)"
+      )
 
-  def encode_rows(self, x2d: jax.Array, *, key: jax.Array | None = None,
-                  impl: str = "auto") -> jax.Array:
+  def encode_rows(
+    self, x2d: jax.Array, *, key: jax.Array | None = None, impl: str = "auto"
+  ) -> jax.Array:
     """Encodes each row of ``x2d``.
 
     Args:
@@ -324,6 +338,7 @@ class Compressor:
     self._check_n(x2d.shape[1], "x2d.shape[1] (the row length n)")
     if self._impl(impl, "encode", d) == "native":
       from jcoccl._src.compressors import native
+
       return native.encode_rows(self, x2d)
     self._check_key(key)
     return self._encode_jnp(x2d, key)
@@ -333,8 +348,10 @@ class Compressor:
     self._check_n(n, "n")
     want = self._payload_bytes(n, d)
     if buf.ndim != ndim or buf.shape[-1] != want or buf.dtype != jnp.uint8:
-      raise ValueError(f"buf must be uint8{'[rows, ' if ndim == 2 else '['}{want}] for n={n}, "
-                       f"dtype={d} and compressor {self}; got {buf.dtype}{list(buf.shape)}")
+      raise ValueError(
+        f"buf must be uint8{'[rows, ' if ndim == 2 else '['}{want}] for n={n}, "
+        f"dtype={d} and compressor {self}; got {buf.dtype}{list(buf.shape)}"
+      )
     return d
 
   def decode_rows(self, buf: jax.Array, n: int, dtype: Any, *, impl: str = "auto") -> jax.Array:
@@ -348,6 +365,7 @@ class Compressor:
     d = self._check_buf(buf, n, dtype)
     if self._impl(impl, "decode", d) == "native":
       from jcoccl._src.compressors import native
+
       return native.decode_rows(self, buf, n, d)
     return self._decode_rows_jnp(buf, n, d)
 
@@ -365,6 +383,7 @@ class Compressor:
     d = self._check_buf(buf, n, dtype)
     if self._impl(impl, "decode_sum", d) == "native":
       from jcoccl._src.compressors import native
+
       return native.decode_sum(self, buf, n, d)
     return self._decode_sum_jnp(buf, n, d)
 
@@ -378,8 +397,9 @@ class Compressor:
       acc = canonical_nan(acc)  # which NaN a sum of NaNs gives is not fixed by IEEE 754
     return acc.astype(d)
 
-  def decode_sum_encode(self, buf: jax.Array, n: int, dtype: Any, *, key: jax.Array | None = None,
-                        impl: str = "auto") -> jax.Array:
+  def decode_sum_encode(
+    self, buf: jax.Array, n: int, dtype: Any, *, key: jax.Array | None = None, impl: str = "auto"
+  ) -> jax.Array:
     """``encode(decode_sum(buf))`` as one row: ``uint8[payload_nbytes(n, dtype)]``.
 
     Example:
@@ -390,6 +410,7 @@ class Compressor:
     d = self._check_buf(buf, n, dtype)
     if self._impl(impl, "decode_sum_encode", d) == "native":
       from jcoccl._src.compressors import native
+
       return native.decode_sum_encode(self, buf, n, d)
     self._check_key(key)
     return self._encode_jnp(self._decode_sum_jnp(buf, n, d)[None], key)[0]
@@ -413,7 +434,9 @@ class Compressor:
   def decode(self, payload: Payload, *, impl: str = "auto") -> jax.Array:
     """Decodes a :class:`Payload` to an array of the original shape and dtype."""
     if not isinstance(payload, Payload):
-      raise TypeError(f"payload must be a jcoccl Payload (from encode), got {type(payload).__name__}")
+      raise TypeError(
+        f"payload must be a jcoccl Payload (from encode), got {type(payload).__name__}"
+      )
     size = math.prod(payload.shape)
     npad = layout.padded_len(size, self.granule)
     out = self.decode_rows(payload.data[None], npad, payload.dtype, impl=impl)[0]

@@ -13,8 +13,8 @@ from jax import lax
 
 from jcoccl._src import layout
 from jcoccl._src.compressors import _base as B
-from jcoccl._src.compressors._base import Payload
 from jcoccl._src.compressors import registry
+from jcoccl._src.compressors._base import Payload
 
 RAW = 255
 MAX_WIDTH = 31  # width bytes 32..254 are invalid: the block decodes to NaN
@@ -36,8 +36,10 @@ class ErrorBoundedCompressor(B.Compressor):
     a = self.abs_error
     ok = isinstance(a, (int, float, np.floating)) and not isinstance(a, bool)
     if not ok or not math.isfinite(a) or not (B.TINY <= float(a) <= B.F32_MAX / 4):
-      raise ValueError(f"abs_error must be a finite float in [{B.TINY:.8g}, {B.F32_MAX / 4:.8g}] "
-                       f"(> 0; the step 2*abs_error must be a normal float32), got {a!r}")
+      raise ValueError(
+        f"abs_error must be a finite float in [{B.TINY:.8g}, {B.F32_MAX / 4:.8g}] "
+        f"(> 0; the step 2*abs_error must be a normal float32), got {a!r}"
+      )
     object.__setattr__(self, "abs_error", float(a))
     object.__setattr__(self, "block_size", B.check_block_size(self.block_size))
 
@@ -60,8 +62,11 @@ class ErrorBoundedCompressor(B.Compressor):
     q = jnp.round(B.div(xb, jnp.float32(step)))
     # Barrier: q*step is rounded before the subtraction (no fused multiply-subtract).
     xhat = B.barrier(q * step)
-    good = (jnp.all(jnp.isfinite(xb), axis=-1) & jnp.all(jnp.abs(q) < QMAX, axis=-1)
-            & jnp.all(jnp.abs(xb - xhat) <= np.float32(self.abs_error), axis=-1))
+    good = (
+      jnp.all(jnp.isfinite(xb), axis=-1)
+      & jnp.all(jnp.abs(q) < QMAX, axis=-1)
+      & jnp.all(jnp.abs(xb - xhat) <= np.float32(self.abs_error), axis=-1)
+    )
     qi = jnp.where(good[..., None], q, 0.0).astype(jnp.int32)
     z = jnp.where(qi >= 0, 2 * qi, -2 * qi - 1).astype(jnp.uint32)
     zmax = jnp.max(z, axis=-1)
@@ -147,10 +152,14 @@ def _eb_native(c: ErrorBoundedCompressor) -> dict | None:
   return {"block": c.block_size, "abs_error": c.abs_error}
 
 
-registry.register(registry.Family(
+registry.register(
+  registry.Family(
     kind="error_bounded",
     names={"eb": ErrorBoundedCompressor, "error_bounded": ErrorBoundedCompressor},
     to_string=_eb_string,
     keyed={"block": ("block_size", registry.int_value), "abs": ("abs_error", registry.float_value)},
-    required=("abs_error",), options="abs=FLOAT (required), block=INT",
-    native=_eb_native))
+    required=("abs_error",),
+    options="abs=FLOAT (required), block=INT",
+    native=_eb_native,
+  )
+)

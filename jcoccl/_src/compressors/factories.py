@@ -76,8 +76,9 @@ def int2(block_size: int = 256, symmetric: bool = True, rounding: str = "nearest
 
 
 for _f, _b in ((int8, 8), (int4, 4), (int2, 2)):
-  _f.__doc__ = _INT_DOC.format(bits=_b, qmax=2 ** (_b - 1) - 1, lmax=2**_b - 1,
-                               example=1024 * _b // 8 + 16)
+  _f.__doc__ = _INT_DOC.format(
+    bits=_b, qmax=2 ** (_b - 1) - 1, lmax=2**_b - 1, example=1024 * _b // 8 + 16
+  )
 
 
 def fp8(fmt: str = "e4m3", block_size: int = 128) -> Fp8Compressor:

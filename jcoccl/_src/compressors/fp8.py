@@ -15,8 +15,8 @@ from jcoccl._src.compressors import registry
 
 # fmt -> (jnp dtype, FMAX, unit roundoff 2**-(mantissa bits + 1), smallest subnormal)
 FORMATS = {
-    "e4m3": (jnp.float8_e4m3fn, 448.0, 2.0**-4, 2.0**-9),
-    "e5m2": (jnp.float8_e5m2, 57344.0, 2.0**-3, 2.0**-16),
+  "e4m3": (jnp.float8_e4m3fn, 448.0, 2.0**-4, 2.0**-9),
+  "e5m2": (jnp.float8_e5m2, 57344.0, 2.0**-3, 2.0**-16),
 }
 
 
@@ -68,8 +68,12 @@ class Fp8Compressor(B.Compressor):
     xb = B.blocks(x2d, self.block_size)
     amax = jnp.max(jnp.abs(xb), axis=-1, keepdims=True)
     s = amax * np.float32(1.0 / fmax)
-    b = (jnp.abs(xb) * np.float32(u8 * (1 + 4 * B.U32)) + s * np.float32(sub8 / 2)
-         + amax * np.float32(4 * B.U32) + np.float32((fmax + 2) * B.TINY))
+    b = (
+      jnp.abs(xb) * np.float32(u8 * (1 + 4 * B.U32))
+      + s * np.float32(sub8 / 2)
+      + amax * np.float32(4 * B.U32)
+      + np.float32((fmax + 2) * B.TINY)
+    )
     ok = B.block_finite(xb) & (amax < np.float32(B.F32_MAX * (1 - 2.0**-20)))
     return jnp.where(ok, b, jnp.inf).reshape(x2d.shape)
 
@@ -80,9 +84,14 @@ def _fp8_string(c: Fp8Compressor) -> str:
   return "fp8" + (":" + ",".join(opts) if opts else "")
 
 
-registry.register(registry.Family(
-    kind="fp8", names={"fp8": Fp8Compressor}, to_string=_fp8_string,
+registry.register(
+  registry.Family(
+    kind="fp8",
+    names={"fp8": Fp8Compressor},
+    to_string=_fp8_string,
     flags={f: ("fmt", f) for f in FORMATS},
     keyed={"block": ("block_size", registry.int_value)},
     options="e4m3, e5m2, block=INT",
-    native=lambda c: {"block": c.block_size, "fp8": c.fmt}))
+    native=lambda c: {"block": c.block_size, "fp8": c.fmt},
+  )
+)

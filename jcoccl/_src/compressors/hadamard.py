@@ -71,8 +71,13 @@ class HadamardCompressor(B.Compressor):
     if not isinstance(self.inner, B.Compressor):
       raise TypeError(f"inner must be a jcoccl Compressor, got {type(self.inner).__name__}")
     s = self.size
-    if (isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 2 or s > MAX_SIZE
-        or s & (s - 1)):
+    if (
+      isinstance(s, bool)
+      or not isinstance(s, (int, np.integer))
+      or s < 2
+      or s > MAX_SIZE
+      or s & (s - 1)
+    ):
       raise ValueError(f"size must be a power of two in 2..{MAX_SIZE}, got {s!r}")
     object.__setattr__(self, "size", int(s))
 
@@ -128,8 +133,9 @@ class HadamardCompressor(B.Compressor):
     y = B.barrier(self._rotate(x2d))
     e = self.inner._bound_f32(y).reshape(rows, n // h, h)
     sums_slack = np.float32(1 + 2 * h * B.U32)  # float32 summation of h positive terms
-    e_sum = (jnp.sum(e * np.float32(1 / math.sqrt(h)), axis=-1, keepdims=True)
-             * (sums_slack * np.float32(1 + 4 * B.U32)))
+    e_sum = jnp.sum(e * np.float32(1 / math.sqrt(h)), axis=-1, keepdims=True) * (
+      sums_slack * np.float32(1 + 4 * B.U32)
+    )
     m = jnp.max(jnp.abs(xb), axis=-1, keepdims=True)
     # In [0, 1]. B.div: XLA would multiply by 1 / m, which flushes to 0 for m > 2^126.
     rel = B.div(jnp.abs(xb), jnp.where(m > 0, m, np.float32(1)))
@@ -153,7 +159,14 @@ def _hadamard_string(c: HadamardCompressor) -> str:
   return f"hadamard({registry.family_of(c.inner).to_string(c.inner)}){tail}"
 
 
-registry.register(registry.Family(
-    kind="hadamard", names={"hadamard": _hadamard}, to_string=_hadamard_string,
-    keyed={"size": ("size", registry.int_value)}, options="size=INT", wraps=True,
-    native=lambda c: {"hadamard": c.size}))
+registry.register(
+  registry.Family(
+    kind="hadamard",
+    names={"hadamard": _hadamard},
+    to_string=_hadamard_string,
+    keyed={"size": ("size", registry.int_value)},
+    options="size=INT",
+    wraps=True,
+    native=lambda c: {"hadamard": c.size},
+  )
+)

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jcoccl._src.compressors._base import FLOAT_DTYPES, Compressor, cast_term
 from jcoccl._src.compressors import registry
+from jcoccl._src.compressors._base import FLOAT_DTYPES, Compressor, cast_term
 
 CAST_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -77,7 +77,7 @@ class NoneCompressor(Compressor):
 class CastCompressor(Compressor):
   """Conversion to ``dtype`` (bfloat16 or float16), round-to-nearest-even; granule 1."""
 
-  dtype: Any = jnp.dtype(jnp.bfloat16)
+  dtype: Any = jnp.dtype(jnp.bfloat16)  # noqa: RUF009 (a dtype is immutable)
   kind: ClassVar[str] = "cast"
 
   def __post_init__(self):
@@ -113,13 +113,25 @@ class CastCompressor(Compressor):
     return cast_term(jnp.abs(x2d), self.dtype)
 
 
-registry.register(registry.Family(
-    kind="none", names={"none": NoneCompressor}, to_string=lambda c: "none",
-    native=lambda c: {}))
-registry.register(registry.Family(
+registry.register(
+  registry.Family(
+    kind="none", names={"none": NoneCompressor}, to_string=lambda c: "none", native=lambda c: {}
+  )
+)
+registry.register(
+  registry.Family(
     kind="cast",
-    names={n: (lambda d=d: CastCompressor(d)) for n, d in
-           (("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp16", "float16"),
-            ("float16", "float16"), ("f16", "float16"))},
+    names={
+      n: (lambda d=d: CastCompressor(d))
+      for n, d in (
+        ("bf16", "bfloat16"),
+        ("bfloat16", "bfloat16"),
+        ("fp16", "float16"),
+        ("float16", "float16"),
+        ("f16", "float16"),
+      )
+    },
     to_string=lambda c: "bf16" if c.dtype.name == "bfloat16" else "fp16",
-    native=lambda c: {"cast_dtype": c.dtype.name}))
+    native=lambda c: {"cast_dtype": c.dtype.name},
+  )
+)

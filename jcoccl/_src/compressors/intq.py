@@ -96,12 +96,12 @@ class IntCompressor(B.Compressor):
     nb = n // self.block_size
     c = n * self.bits // 8
     codes = B.unpack_bits(buf[:, :c], self.bits, n)
-    s = B.bytes_to_f32(buf[:, c:c + 4 * nb])[..., None]
+    s = B.bytes_to_f32(buf[:, c : c + 4 * nb])[..., None]
     if self.symmetric:
       q = codes.astype(jnp.int32) - 2 ** (self.bits - 1)
       out = B.blocks(q.astype(jnp.float32), self.block_size) * s
     else:
-      lo = B.bytes_to_f32(buf[:, c + 4 * nb:c + 8 * nb])[..., None]
+      lo = B.bytes_to_f32(buf[:, c + 4 * nb : c + 8 * nb])[..., None]
       # The product is rounded before the add (no FMA): see B.barrier.
       prod = B.barrier(B.blocks(codes.astype(jnp.float32), self.block_size) * s)
       out = lo + prod
@@ -146,12 +146,19 @@ def _int_native(c: IntCompressor) -> dict | None:
   return {"bits": c.bits, "block": c.block_size, "symmetric": c.symmetric}
 
 
-registry.register(registry.Family(
+registry.register(
+  registry.Family(
     kind="int",
     names={f"int{b}": (lambda b=b, **kw: IntCompressor(bits=b, **kw)) for b in BITS},
     to_string=_int_string,
-    flags={"sym": ("symmetric", True), "asym": ("symmetric", False),
-           "nearest": ("rounding", "nearest"), "stochastic": ("rounding", "stochastic")},
+    flags={
+      "sym": ("symmetric", True),
+      "asym": ("symmetric", False),
+      "nearest": ("rounding", "nearest"),
+      "stochastic": ("rounding", "stochastic"),
+    },
     keyed={"block": ("block_size", registry.int_value)},
     options="block=INT, sym, asym, nearest, stochastic",
-    native=_int_native))
+    native=_int_native,
+  )
+)

@@ -30,10 +30,10 @@ from jcoccl._src.compressors import registry
 _NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OPS = ("encode", "decode", "decode_sum", "decode_sum_encode")
 _TARGETS = {
-    "encode": "jcoccl_encode_rows",
-    "decode": "jcoccl_decode_rows",
-    "decode_sum": "jcoccl_decode_sum",
-    "decode_sum_encode": "jcoccl_decode_sum_encode",
+  "encode": "jcoccl_encode_rows",
+  "decode": "jcoccl_decode_rows",
+  "decode_sum": "jcoccl_decode_sum",
+  "decode_sum_encode": "jcoccl_decode_sum_encode",
 }
 
 
@@ -103,17 +103,19 @@ def codec_attrs(c: Any) -> dict[str, np.generic]:
   """
   f = _fields(c)
   if f is None:
-    raise ValueError(f"compressor {c} has no native kernel; native kinds: {sorted(_kinds())} "
-                     "(round to nearest) and hadamard around them")
+    raise ValueError(
+      f"compressor {c} has no native kernel; native kinds: {sorted(_kinds())} "
+      "(round to nearest) and hadamard around them"
+    )
   return {
-      "kind": np.int32(_kinds()[f["kind"]]),
-      "bits": np.int32(f.get("bits", 8)),
-      "block": np.int32(f.get("block", 1)),
-      "symmetric": np.int32(bool(f.get("symmetric", True))),
-      "fp8": np.int32(_fp8_code(f.get("fp8", "e4m3"))),
-      "cast_dtype": np.int32(dtype_code(f.get("cast_dtype", "bfloat16"))),
-      "hadamard": np.int32(f.get("hadamard", 0)),
-      "abs_error": np.float32(f.get("abs_error", 0.0)),
+    "kind": np.int32(_kinds()[f["kind"]]),
+    "bits": np.int32(f.get("bits", 8)),
+    "block": np.int32(f.get("block", 1)),
+    "symmetric": np.int32(bool(f.get("symmetric", True))),
+    "fp8": np.int32(_fp8_code(f.get("fp8", "e4m3"))),
+    "cast_dtype": np.int32(dtype_code(f.get("cast_dtype", "bfloat16"))),
+    "hadamard": np.int32(f.get("hadamard", 0)),
+    "abs_error": np.float32(f.get("abs_error", 0.0)),
   }
 
 
@@ -168,8 +170,15 @@ def _vary_like(out: jax.Array, x: jax.Array, invariant_over: tuple = ()) -> jax.
   return jax.lax.pcast(out, missing, to="varying")
 
 
-def _call(op: str, c: Any, arg: jax.Array, shape: tuple[int, ...], out_dtype: Any,
-          invariant_over: tuple = (), **extra: np.generic) -> jax.Array:
+def _call(
+  op: str,
+  c: Any,
+  arg: jax.Array,
+  shape: tuple[int, ...],
+  out_dtype: Any,
+  invariant_over: tuple = (),
+  **extra: np.generic,
+) -> jax.Array:
   platform = _platform()
   if platform is None or not _ffi.has_target(_TARGETS[op], platform):
     raise ValueError(f"no native kernel for op {op!r} on backend {jax.default_backend()!r}")
@@ -189,8 +198,9 @@ def encode_rows(c: Any, x2d: jax.Array) -> jax.Array:
   return _call("encode", c, x2d, (rows, p), jnp.uint8)
 
 
-def decode_rows(c: Any, buf: jax.Array, n: int, dtype: Any,
-                invariant_over: tuple = ()) -> jax.Array:
+def decode_rows(
+  c: Any, buf: jax.Array, n: int, dtype: Any, invariant_over: tuple = ()
+) -> jax.Array:
   """Native ``c.decode_rows``: ``uint8[rows, P]`` -> ``dtype[rows, n]``.
 
   ``invariant_over``: mesh axes over which every rank decodes the same bytes (so the result
@@ -203,8 +213,7 @@ def decode_rows(c: Any, buf: jax.Array, n: int, dtype: Any,
   return _call("decode", c, buf, (buf.shape[0], int(n)), jnp.dtype(dtype), invariant_over)
 
 
-def decode_sum(c: Any, buf: jax.Array, n: int, dtype: Any,
-               invariant_over: tuple = ()) -> jax.Array:
+def decode_sum(c: Any, buf: jax.Array, n: int, dtype: Any, invariant_over: tuple = ()) -> jax.Array:
   """Native ``c.decode_sum``: float32 left fold of the decoded rows, cast once to ``dtype[n]``
   (``invariant_over`` as for :func:`decode_rows`).
 
@@ -224,5 +233,6 @@ def decode_sum_encode(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
   """
   d = jnp.dtype(dtype)
   p = c.payload_nbytes(n, d)
-  return _call("decode_sum_encode", c, buf, (p,), jnp.uint8, dtype=np.int32(dtype_code(d)),
-               n=np.int64(n))
+  return _call(
+    "decode_sum_encode", c, buf, (p,), jnp.uint8, dtype=np.int32(dtype_code(d)), n=np.int64(n)
+  )

@@ -68,8 +68,8 @@ def float_value(text: str) -> float:
   return float(text)
 
 
-_FAMILIES: dict[str, Family] = {}   # kind -> family
-_NAMES: dict[str, Family] = {}      # spec name -> family
+_FAMILIES: dict[str, Family] = {}  # kind -> family
+_NAMES: dict[str, Family] = {}  # spec name -> family
 
 
 def register(family: Family) -> Family:
@@ -87,8 +87,9 @@ def register(family: Family) -> Family:
   for name in family.names:
     other = _NAMES.get(name)
     if other is not None and other.kind != family.kind:
-      raise ValueError(f"spec name {name!r} of kind {family.kind!r} already belongs to kind "
-                       f"{other.kind!r}")
+      raise ValueError(
+        f"spec name {name!r} of kind {family.kind!r} already belongs to kind {other.kind!r}"
+      )
   old = _FAMILIES.pop(family.kind, None)
   if old is not None:
     for name in old.names:

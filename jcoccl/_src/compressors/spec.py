@@ -44,8 +44,9 @@ def to_string(c: Any) -> str:
 
 
 def _bad(spec: str, token: str, accepted: str) -> ValueError:
-  return ValueError(f"bad compressor spec {spec!r}: unknown or malformed token {token!r}; "
-                    f"accepted: {accepted}")
+  return ValueError(
+    f"bad compressor spec {spec!r}: unknown or malformed token {token!r}; accepted: {accepted}"
+  )
 
 
 def _options(spec: str, rest: str, fam: registry.Family) -> dict[str, Any]:
@@ -66,8 +67,10 @@ def _options(spec: str, rest: str, fam: registry.Family) -> dict[str, Any]:
     else:
       raise _bad(spec, o, fam.options)
     if arg in kw:
-      raise ValueError(f"bad compressor spec {spec!r}: {o!r} after {given[arg]!r} (both set "
-                       f"{arg}); give each option at most once")
+      raise ValueError(
+        f"bad compressor spec {spec!r}: {o!r} after {given[arg]!r} (both set "
+        f"{arg}); give each option at most once"
+      )
     kw[arg], given[arg] = value, o
   return kw
 
@@ -78,7 +81,7 @@ def _inner(spec: str, s: str) -> tuple[str, str]:
   for i, ch in enumerate(s):
     depth += (ch == "(") - (ch == ")")
     if depth == 0:
-      return s[1:i], s[i + 1:]
+      return s[1:i], s[i + 1 :]
   raise _bad(spec, s, "name(<spec>) with balanced parentheses")
 
 
@@ -106,7 +109,7 @@ def parse(spec: str) -> Any:
   fam = registry.family_of_name(m.group()) if m else None
   if m is None or fam is None:
     raise _bad(spec, s.split(":")[0].split("(")[0], ", ".join(registry.spec_names()))
-  name, rest = m.group(), s[m.end():]
+  name, rest = m.group(), s[m.end() :]
   inner = None
   if fam.wraps:
     if not rest.startswith("("):
@@ -116,7 +119,7 @@ def parse(spec: str) -> Any:
   if rest and not rest.startswith(":"):
     raise _bad(spec, rest, f"':' and options after {name} ({fam.options})")
   if rest == ":":
-    raise _bad(spec, s, f"options after ':' (e.g. 'int8:block=128'), or no ':'")
+    raise _bad(spec, s, "options after ':' (e.g. 'int8:block=128'), or no ':'")
   kw = _options(spec, rest[1:], fam) if rest else {}
   missing = [k for k in fam.required if k not in kw]
   if missing:
