@@ -14,6 +14,8 @@ Example:
 """
 
 from jcoccl._src._ffi import codes as codes
+from jcoccl._src._ffi import native_import_error as import_error
+from jcoccl._src._ffi import native_module as module
 from jcoccl._src._ffi import register as register
 from jcoccl._src.compressors.native import available as available
 from jcoccl._src.compressors.native import codec_attrs as codec_attrs
