@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from mp_util import kill_when_ready
 
 from jcoccl import launch
 
@@ -82,26 +83,10 @@ def test_killed_process_stops_the_others():
     WORKER,
     "loop",
   ]
-  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  pids, lines, started = {}, [], set()
-  try:
-    for line in p.stdout:
-      lines.append(line)
-      if m := re.match(r"\[(\d)\] process \d/3 pid (\d+)", line):
-        pids[int(m.group(1))] = int(m.group(2))
-      if m := re.match(r"\[(\d)\] step 4$", line.strip()):
-        started.add(int(m.group(1)))
-      if len(started) == 3:
-        break
-    os.kill(pids[1], signal.SIGKILL)
-    killed = time.monotonic()
-    rest, _ = p.communicate(timeout=90)
-  finally:
-    if p.poll() is None:
-      p.kill()
-  took = time.monotonic() - killed
-  out = "".join(lines) + rest
-  assert p.returncode != 0
+  took, out, rc = kill_when_ready(
+    cmd, ROOT, r"\[(\d)\] process \d/3 pid (\d+)", r"\[(\d)\] step 4$", {0, 1, 2}, 1
+  )
+  assert rc != 0
   assert took < 60, f"others took {took:.0f} s to stop"
   for rank in (0, 2):  # each survivor says why it stopped
     assert re.search(rf"^\[{rank}\] .*(Gloo|heartbeat|another task died)", out, re.M), out[-3000:]

@@ -13,22 +13,12 @@ import pytest
 from flax import nnx
 
 from models import data, parallel, sample, train
+from models.configs.models import TINY_RUN
 
 TINY = [
-  "--size",
-  "tiny",
-  "--batch",
-  "8",
-  "--seq-len",
-  "32",
-  "--micro",
-  "2",
-  "--lr",
-  "1e-2",
+  *TINY_RUN,
   "--warmup",
   "2",
-  "--max-chars",
-  "200000",
   "--eval-batches",
   "1",
   "--eval-every",

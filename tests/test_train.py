@@ -16,22 +16,12 @@ import numpy as np
 import pytest
 
 from models import train
+from models.configs.models import TINY_RUN
 
 TINY = [
-  "--size",
-  "tiny",
-  "--batch",
-  "8",
-  "--seq-len",
-  "32",
-  "--micro",
-  "2",
-  "--lr",
-  "1e-2",
+  *TINY_RUN,
   "--warmup",
   "5",
-  "--max-chars",
-  "200000",
   "--eval-batches",
   "2",
   "--no-progress",

@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
+from mp_util import kill_when_ready
 
 from models import train
 
@@ -114,27 +113,11 @@ def _kill_at_step_3(out) -> tuple[float, str]:
   saved the step-2 checkpoint and started step 3. Returns (seconds from the kill until
   every process stopped, the launcher's output); the launcher must have failed."""
   cmd = _launch_cmd(WORKER, "3", "2", *ARGS, "--no-hlo-wire", "--out", str(out))
-  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  pids, lines, at_step_3 = {}, [], set()
-  try:
-    for line in p.stdout:
-      lines.append(line)
-      if m := re.match(r"\[(\d)\] pid (\d+)$", line.strip()):
-        pids[int(m.group(1))] = int(m.group(2))
-      if m := re.match(r"\[(\d)\] batch 3$", line.strip()):
-        at_step_3.add(int(m.group(1)))
-      if at_step_3 == {0, 1}:
-        break
-    assert at_step_3 == {0, 1}, "".join(lines)[-4000:]
-    os.kill(pids[1], signal.SIGKILL)
-    killed = time.monotonic()
-    rest, _ = p.communicate(timeout=120)
-  finally:
-    if p.poll() is None:
-      p.kill()
-  text = "".join(lines) + rest
-  assert p.returncode != 0, text[-3000:]
-  return time.monotonic() - killed, text
+  took, text, rc = kill_when_ready(
+    cmd, ROOT, r"\[(\d)\] pid (\d+)$", r"\[(\d)\] batch 3$", {0, 1}, 1
+  )
+  assert rc != 0, text[-3000:]
+  return took, text
 
 
 def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path):

@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:  # run as a script: make models/ importable
   sys.path.insert(0, str(ROOT))
 
 from models import train  # noqa: E402  (before jax: asks for 8 host CPU devices)
+from models.configs.models import TINY_RUN  # noqa: E402
 
 PROG = "python -m benchmarks.accuracy.run"
 MODELS = ("gpt", "qwen")
@@ -45,20 +46,9 @@ DEFAULT_POLICIES = "exact,int8,coccl,zeropp,lean"
 STUDY = ["--eval-batches", "16", "--sample-tokens", "64"]
 # --tiny: seconds of compute per run, for tests and trying the command.
 TINY = [
-  "--size",
-  "tiny",
-  "--batch",
-  "8",
-  "--seq-len",
-  "32",
-  "--micro",
-  "2",
-  "--lr",
-  "1e-2",
+  *TINY_RUN,
   "--warmup",
   "2",
-  "--max-chars",
-  "200000",
   "--eval-batches",
   "2",
   "--sample-tokens",

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jcoccl._src import _compat, cost_model, layout
+from jcoccl._src import _compat, _env, cost_model, layout
 
 # ----------------------------------------------------------------------------------------
 # Threshold: messages (per pytree leaf, local bytes) under it go uncompressed.
@@ -49,16 +49,7 @@ def default_min_bytes() -> int:
   """The current default ``min_bytes`` (see :func:`set_default_min_bytes`)."""
   if _default_min_bytes is not None:
     return _default_min_bytes
-  env = os.environ.get(_ENV_MIN_BYTES, "")
-  if env:
-    try:
-      value = int(env)
-    except ValueError:
-      raise ValueError(f"{_ENV_MIN_BYTES} must be a non-negative integer, got {env!r}") from None
-    if value < 0:
-      raise ValueError(f"{_ENV_MIN_BYTES} must be a non-negative integer, got {env!r}")
-    return value
-  return _BUILTIN_MIN_BYTES
+  return _env.integer(_ENV_MIN_BYTES, _BUILTIN_MIN_BYTES, 0)
 
 
 # ----------------------------------------------------------------------------------------

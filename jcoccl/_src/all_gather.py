@@ -212,19 +212,6 @@ def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
   return moved.reshape(shape[:axis] + (n * shape[axis],) + shape[axis + 1 :])
 
 
-def _common_args(params: dict) -> dict:
-  gc = P.load(params["grad_compressor"])
-  return dict(
-    axes=params["axes"],
-    tiled=params["tiled"],
-    compressor=gc,
-    grad_compressor=gc,
-    backend=params["backend_arg"],
-    chunks=params["chunks"],
-    min_bytes=params["min_bytes"],
-  )
-
-
 def _own_block(ct: jax.Array, params: dict) -> jax.Array:
   """This rank's block of an invariant cotangent (all_gather to="invarying")."""
   axes, axis = params["axes"], params["axis"]
@@ -241,9 +228,13 @@ P.register(
     forward=_forward,
     leaf=gather_leaf,
     invariant_transpose=_own_block,
-    tangent_args=lambda params: dict(_common_args(params), axis=params["axis"], to=params["to"]),
+    tangent_args=lambda params: P.grad_args(
+      params, tiled=params["tiled"], axis=params["axis"], to=params["to"]
+    ),
     # The dual, reduce_scatter, scatters the dimension the gather stacked or tiled.
-    dual_args=lambda params: dict(_common_args(params), scatter_dimension=params["axis"]),
+    dual_args=lambda params: P.grad_args(
+      params, tiled=params["tiled"], scatter_dimension=params["axis"]
+    ),
   )
 )
 

@@ -291,18 +291,10 @@ def _forward(
 
 def _grad_args(params: dict) -> dict:
   """Arguments of reduce_leaf for the tangent and for the cotangent (its own dual)."""
-  gc = P.load(params["grad_compressor"])
   algo = params["algorithm"]
-  algo = algo if algo != "hierarchical" or gc else "auto"
-  return dict(
-    axes=params["axes"],
-    compressor=gc,
-    grad_compressor=gc,
-    algorithm=algo,
-    backend=params["backend_arg"],
-    chunks=params["chunks"],
-    min_bytes=params["min_bytes"],
-  )
+  # A hierarchical call without a gradient compressor has no per-level pair to use.
+  algo = algo if algo != "hierarchical" or P.load(params["grad_compressor"]) else "auto"
+  return P.grad_args(params, algorithm=algo)
 
 
 P.register(

@@ -228,21 +228,10 @@ def _forward(
 
 
 def _grad_args(params: dict, swap: bool) -> dict:
-  gc = P.load(params["grad_compressor"])
   sa, ca = params["split_axis"], params["concat_axis"]
   if swap:  # the dual: the inverse exchange
     sa, ca = ca, sa
-  return dict(
-    axes=params["axes"],
-    split_axis=sa,
-    concat_axis=ca,
-    tiled=params["tiled"],
-    compressor=gc,
-    grad_compressor=gc,
-    backend=params["backend_arg"],
-    chunks=params["chunks"],
-    min_bytes=params["min_bytes"],
-  )
+  return P.grad_args(params, split_axis=sa, concat_axis=ca, tiled=params["tiled"])
 
 
 P.register(

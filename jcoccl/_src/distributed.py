@@ -22,6 +22,8 @@ from typing import Any
 
 import jax
 
+from jcoccl._src import _env
+
 ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 ENV_COUNT = "JAX_NUM_PROCESSES"
 ENV_ID = "JAX_PROCESS_ID"
@@ -29,29 +31,8 @@ _CLUSTER_MARKERS = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE")
 _initialized = False
 
 
-def _env_int(name: str, lo: int, hi: int | None = None) -> int:
-  text = os.environ.get(name, "")
-  try:
-    value = int(text)
-  except ValueError:
-    raise ValueError(f"{name} must be an integer, got {text!r}") from None
-  if value < lo or (hi is not None and value > hi):
-    upper = "" if hi is None else f" and <= {hi}"
-    raise ValueError(f"{name} must be >= {lo}{upper}, got {value}")
-  return value
-
-
 def _heartbeat_s() -> int:
-  text = os.environ.get("JCOCCL_HEARTBEAT_S", "20")
-  try:
-    value = int(text)
-  except ValueError:
-    raise ValueError(
-      f"JCOCCL_HEARTBEAT_S must be a whole number of seconds, got {text!r}"
-    ) from None
-  if value < 1:
-    raise ValueError(f"JCOCCL_HEARTBEAT_S must be >= 1, got {value}")
-  return value
+  return _env.integer("JCOCCL_HEARTBEAT_S", 20, 1)
 
 
 def environment() -> dict[str, int | str] | None:
@@ -64,12 +45,12 @@ def environment() -> dict[str, int | str] | None:
   Raises:
     ValueError: a variable is missing or malformed (the message names it).
   """
-  if ENV_COUNT not in os.environ:
+  count = _env.integer(ENV_COUNT, None, 1)
+  if count is None:
     return None
-  count = _env_int(ENV_COUNT, 1)
-  if ENV_ID not in os.environ:
+  pid = _env.integer(ENV_ID, None, 0, count - 1)
+  if pid is None:
     raise ValueError(f"{ENV_COUNT} is set but {ENV_ID} is not: set both (and {ENV_ADDRESS})")
-  pid = _env_int(ENV_ID, 0, count - 1)
   address = os.environ.get(ENV_ADDRESS, "")
   if count > 1 and ":" not in address:
     raise ValueError(f"{ENV_ADDRESS} must be host:port of process 0, got {address!r}")

@@ -175,19 +175,10 @@ def _forward(
 
 
 def _grad_args(params: dict, invert: bool) -> dict:
-  gc = P.load(params["grad_compressor"])
   perm = params["perm"]
   if invert:  # the dual: every pair sent back
     perm = tuple((d, s) for s, d in perm)
-  return dict(
-    axes=params["axes"],
-    perm=perm,
-    compressor=gc,
-    grad_compressor=gc,
-    backend=params["backend_arg"],
-    chunks=params["chunks"],
-    min_bytes=params["min_bytes"],
-  )
+  return P.grad_args(params, perm=perm)
 
 
 P.register(

@@ -119,6 +119,38 @@ def load(spec: Any) -> Any:
   return C.resolve_compressor(spec)
 
 
+def grad_args(params: dict, **op_args: Any) -> dict:
+  """Leaf arguments of the collective a tangent or cotangent goes through.
+
+  Both run with the call's ``grad_compressor`` (for the compressed path too) and the
+  backend, chunks and threshold the call was given; ``op_args`` are what the op itself
+  needs (its axis arguments, possibly swapped for the dual).
+
+  Args:
+    params: the primitive's parameters.
+    **op_args: op-specific leaf arguments, added as they are.
+
+  Returns:
+    Keyword arguments for the dual's or the op's own ``leaf`` function.
+
+  Example:
+    >>> p = dict(axes=("d",), grad_compressor="none", backend_arg="auto", chunks=1,
+    ...          min_bytes=None)
+    >>> grad_args(p, tiled=True)["compressor"] is None
+    True
+  """
+  gc = load(params["grad_compressor"])
+  return dict(
+    axes=params["axes"],
+    compressor=gc,
+    grad_compressor=gc,
+    backend=params["backend_arg"],
+    chunks=params["chunks"],
+    min_bytes=params["min_bytes"],
+    **op_args,
+  )
+
+
 # ----------------------------------------------------------------------------------------
 # PRNG keys travel as raw key data (primitive operands of a plain dtype).
 

@@ -217,19 +217,6 @@ def _forward(
   )
 
 
-def _common_args(params: dict) -> dict:
-  gc = P.load(params["grad_compressor"])
-  return dict(
-    axes=params["axes"],
-    tiled=params["tiled"],
-    compressor=gc,
-    grad_compressor=gc,
-    backend=params["backend_arg"],
-    chunks=params["chunks"],
-    min_bytes=params["min_bytes"],
-  )
-
-
 P.register(
   P.Op(
     "reduce_scatter",
@@ -237,11 +224,13 @@ P.register(
     reduces=lambda params: False,
     forward=_forward,
     leaf=scatter_leaf,
-    tangent_args=lambda params: dict(
-      _common_args(params), scatter_dimension=params["scatter_dimension"]
+    tangent_args=lambda params: P.grad_args(
+      params, tiled=params["tiled"], scatter_dimension=params["scatter_dimension"]
     ),
     # The dual, all_gather, stacks or tiles along the scattered dimension.
-    dual_args=lambda params: dict(_common_args(params), axis=params["scatter_dimension"]),
+    dual_args=lambda params: P.grad_args(
+      params, tiled=params["tiled"], axis=params["scatter_dimension"]
+    ),
   )
 )
 

@@ -46,3 +46,21 @@ QWEN = {
     rope_theta=10000.0,
   ),
 }
+
+# Training arguments of a run that takes seconds: the tiny model on short sequences, for
+# tests and smoke runs (``python -m models.train *TINY_RUN``; callers add their own
+# warmup, evaluation and output flags).
+TINY_RUN = [
+  "--size",
+  "tiny",
+  "--batch",
+  "8",
+  "--seq-len",
+  "32",
+  "--micro",
+  "2",
+  "--lr",
+  "1e-2",
+  "--max-chars",
+  "200000",
+]

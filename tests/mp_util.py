@@ -1,0 +1,53 @@
+"""Helpers of the multi-process tests: kill one process of a running launch."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+
+def kill_when_ready(
+  cmd: list[str], cwd: str, pid_line: str, ready_line: str, ranks: set[int], victim: int
+) -> tuple[float, str, int]:
+  """Starts ``cmd`` (a ``jcoccl.launch`` command line), waits until every rank in ``ranks``
+  printed ``ready_line``, kills rank ``victim`` with SIGKILL and waits for the launch to end.
+
+  Args:
+    cmd: the launcher command.
+    cwd: its working directory.
+    pid_line: regex of the rank-prefixed line that gives a rank's pid (groups: rank, pid).
+    ready_line: regex of the rank-prefixed line that says a rank is ready (group: rank).
+    ranks: the ranks to wait for.
+    victim: the rank to kill.
+
+  Returns:
+    (seconds from the kill until the launcher exited, its whole output, its exit status).
+
+  Example:
+    >>> took, out, rc = kill_when_ready(cmd, ROOT, r"\\[(\\d)\\] pid (\\d+)$",
+    ...                                 r"\\[(\\d)\\] step 4$", {0, 1}, 1)
+  """
+  p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  pids, lines, ready = {}, [], set()
+  try:
+    assert p.stdout is not None
+    for line in p.stdout:
+      lines.append(line)
+      if m := re.match(pid_line, line.strip()):
+        pids[int(m.group(1))] = int(m.group(2))
+      if m := re.match(ready_line, line.strip()):
+        ready.add(int(m.group(1)))
+      if ready >= ranks:
+        break
+    assert ready >= ranks and victim in pids, "".join(lines)[-4000:]
+    os.kill(pids[victim], signal.SIGKILL)
+    killed = time.monotonic()
+    rest, _ = p.communicate(timeout=120)
+  finally:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+  return time.monotonic() - killed, "".join(lines) + rest, p.returncode
