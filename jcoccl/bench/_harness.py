@@ -76,7 +76,8 @@ def time_interleaved(
     iters: timed rounds; the median of each function's times is returned.
 
   Returns:
-    Seconds, one per function.
+    Seconds, one per function; across processes, each sample runs from a barrier before
+    the call to one after it (:func:`barrier`).
 
   Example:
     >>> f = jax.jit(lambda x: x + 1)
@@ -91,10 +92,29 @@ def time_interleaved(
   times: list[list[float]] = [[] for _ in fns]
   for _ in range(iters):
     for fn, ts in zip(fns, times):
+      barrier()
       t0 = time.perf_counter()
       jax.block_until_ready(fn(*args))
+      barrier()
       ts.append(time.perf_counter() - t0)
   return [statistics.median(ts) for ts in times]
+
+
+def barrier() -> None:
+  """Waits for every process (no-op in one process).
+
+  Across processes, a rank's call returns once its own results are in, while its peers may
+  still be sending: timing from one barrier to the next makes a sample cover the whole
+  collective on every rank and start with no earlier traffic still on the link, as
+  nccl-tests' do.
+
+  Example:
+    >>> barrier()  # one process: returns at once
+  """
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("jcoccl.bench")
 
 
 def parse_list(text: str, conv: Callable[[str], Any] = str, what: str = "list") -> list[Any]:
