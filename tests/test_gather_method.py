@@ -1,5 +1,5 @@
 """Payload all-gathers by all_to_all (used across CPU processes) give the same bits, types
-and gradients as by XLA's all-gather (JCOCCL_GATHER selects; auto decides per platform)."""
+and gradients as by XLA's all-gather (JCOCCL_GATHER selects; auto is XLA's all-gather)."""
 
 import jax
 import jax.numpy as jnp
@@ -81,7 +81,7 @@ def test_gradient_through_all_to_all_gather(monkeypatch):
 
 def test_gather_method_choice(monkeypatch):
   monkeypatch.delenv("JCOCCL_GATHER", raising=False)
-  assert _common.gather_method() == "all_gather"  # one process: XLA's all-gather
+  assert _common.gather_method() == "all_gather"
   monkeypatch.setenv("JCOCCL_GATHER", "ring")
   with pytest.raises(ValueError, match="JCOCCL_GATHER must be one of"):
     _common.gather_method()

@@ -18,6 +18,10 @@
 #include "registry.h"
 #include "xla/ffi/api/ffi.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define JCOCCL_CPU_AVX2 1
 #include <immintrin.h>
@@ -89,6 +93,23 @@ using jc::SumShapeOf;
 
 namespace {
 
+// XLA:CPU allocates large results with malloc, which maps fresh pages for every call above
+// 32 MiB: filling a 64 MiB decode output spent ~80% of its time in 4 KiB page faults here.
+// Asking for transparent huge pages on the result's aligned interior cuts that to a few
+// 2 MiB faults (Linux, THP "madvise" or "always"); elsewhere, or if refused, nothing changes.
+void AdviseHugePages(ffi::Result<ffi::AnyBuffer>& out) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const auto begin = reinterpret_cast<uintptr_t>(out->untyped_data());
+  const uintptr_t end = begin + out->size_bytes();
+  const uintptr_t lo = (begin + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = end & ~(kHuge - 1);
+  if (hi >= lo + 2 * kHuge) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#else
+  (void)out;
+#endif
+}
+
 // x: [..., n] -> out: uint8[..., P].
 ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                           ffi::Dictionary attrs) {
@@ -106,6 +127,7 @@ ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
     return BadArg("output must be uint8[rows, " + std::to_string(p) + "]");
   }
   const auto* xp = static_cast<const uint8_t*>(x.untyped_data());
+  AdviseHugePages(out);
   auto* op = static_cast<uint8_t*>(out->untyped_data());
   for (int64_t r = 0; r < rows; ++r) {
     jc::EncodeRowCpu(*spec, d, xp + r * n * jc::DTypeBytes(d), n, op + r * p);
@@ -130,6 +152,7 @@ ffi::Error DecodeRowsImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
     return BadArg("payload must be uint8[rows, " + std::to_string(p) + "]");
   }
   const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
+  AdviseHugePages(out);
   auto* op = static_cast<uint8_t*>(out->untyped_data());
   for (int64_t r = 0; r < rows; ++r) {
     jc::DecodeRowCpu(*spec, d, bp + r * p, n, op + r * n * jc::DTypeBytes(d));
@@ -150,6 +173,7 @@ ffi::Error DecodeSumImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
   if (static_cast<int64_t>(out->element_count()) != sh.batch * n)
     return BadArg("output must be dtype[..., n]");
   const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
+  AdviseHugePages(out);
   auto* op = static_cast<uint8_t*>(out->untyped_data());
   std::vector<const uint8_t*> rows(sh.nrows);
   for (int64_t b = 0; b < sh.batch; ++b) {
@@ -169,6 +193,7 @@ ffi::Error DecodeSumEncodeImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> o
   SumShape sh;
   if (auto e = jc::SumEncodeArgs(attrs, *spec, buf, *out, &d, &n, &sh); e.failure()) return e;
   const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
+  AdviseHugePages(out);
   auto* op = static_cast<uint8_t*>(out->untyped_data());
   std::vector<const uint8_t*> rows(sh.nrows);
   for (int64_t b = 0; b < sh.batch; ++b) {
