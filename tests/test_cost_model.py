@@ -37,12 +37,14 @@ def _samples(m, ranks=(4, 8), ratio=0.254):
     cost_model.CostModel(2e-4, 1.25e8, 3e9),
     cost_model.CostModel(5e-6, 25e9, 2e11),
     cost_model.CostModel(1e-3, 1e9, 5e8),
+    cost_model.CostModel(8e-4, 3e8, 2e9, overhead_s=7e-3),
   ],
 )
 def test_fit_recovers_the_constants_of_exact_timings(truth):
   got = cost_model.fit(_samples(truth))
   for name in ("alpha_s", "beta_Bps", "gamma_Bps"):
     assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+  assert got.overhead_s == pytest.approx(truth.overhead_s, rel=1e-6, abs=1e-9)
 
 
 def test_fit_chooses_the_measured_fastest():
@@ -61,7 +63,8 @@ def test_fit_needs_enough_timings():
 
 
 @pytest.mark.parametrize(
-  "field,value", [("alpha_s", 0.0), ("beta_Bps", -1.0), ("gamma_Bps", float("inf"))]
+  "field,value",
+  [("alpha_s", 0.0), ("beta_Bps", -1.0), ("gamma_Bps", float("inf")), ("overhead_s", -1e-3)],
 )
 def test_cost_model_rejects_non_positive_constants(field, value):
   kw = dict(alpha_s=1e-4, beta_Bps=1e8, gamma_Bps=1e9)

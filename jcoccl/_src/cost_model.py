@@ -1,11 +1,13 @@
 """The alpha-beta-gamma cost model behind all_reduce(algorithm="auto"), and its fit.
 
-    T_one = alpha (n-1)  + (n-1) r S / beta     + (1 + n) S / gamma
-    T_two = 2 alpha (n-1) + 2 (n-1)/n r S / beta + (3 + 1/n) S / gamma
+    T_one = delta + alpha (n-1)  + (n-1) r S / beta     + (1 + n) S / gamma
+    T_two = delta + 2 alpha (n-1) + 2 (n-1)/n r S / beta + (3 + 1/n) S / gamma
 
 S = message bytes, r = payload/raw size ratio of the compressor, n = group size; alpha is
 the latency of one collective step, beta the bandwidth one rank gets on the link, gamma the
-codec throughput (input bytes per second). one_shot moves (n-1) r S bytes and quantizes
+codec throughput (input bytes per second), delta the fixed cost of a call whichever the
+algorithm (it decides nothing, but without it the fit pushes that cost into alpha: across
+CPU processes that made a 1 ms call overhead look like 2 ms per step). one_shot moves (n-1) r S bytes and quantizes
 once; two_shot moves 2(n-1)/n r S and quantizes twice.
 
 The constants depend on the link and the backend, so they are measured, not assumed:
@@ -37,23 +39,28 @@ class CostModel:
     beta_Bps: link bytes per second available to one rank.
     gamma_Bps: codec input bytes per second.
     source: where the numbers come from (measurement, link, commit).
+    overhead_s: seconds every call costs whatever the algorithm (delta; >= 0).
   """
 
   alpha_s: float
   beta_Bps: float
   gamma_Bps: float
   source: str = ""
+  overhead_s: float = 0.0
 
   def __post_init__(self):
     for name in ("alpha_s", "beta_Bps", "gamma_Bps"):
       v = getattr(self, name)
       if not (isinstance(v, (int, float)) and v > 0 and np.isfinite(v)):
         raise ValueError(f"CostModel.{name} must be a positive finite number, got {v!r}")
+    v = self.overhead_s
+    if not (isinstance(v, (int, float)) and v >= 0 and np.isfinite(v)):
+      raise ValueError(f"CostModel.overhead_s must be a finite number >= 0, got {v!r}")
 
   def cost(self, algorithm: str, nbytes: int, n: int, ratio: float) -> float:
     """Modelled seconds of a compressed all_reduce (see the module docstring)."""
     a, b, c = _terms(algorithm, float(nbytes), n, float(ratio))
-    return a * self.alpha_s + b / self.beta_Bps + c / self.gamma_Bps
+    return self.overhead_s + a * self.alpha_s + b / self.beta_Bps + c / self.gamma_Bps
 
   def choose(self, nbytes: int, n: int, ratio: float) -> str:
     """The cheaper of one_shot and two_shot; ties (and n <= 2) go to one_shot."""
@@ -73,13 +80,18 @@ def _terms(algorithm: str, s: float, n: int, r: float) -> tuple[float, float, fl
   raise ValueError(f"algorithm must be 'one_shot' or 'two_shot', got {algorithm!r}")
 
 
-# Defaults by JAX platform. "cpu": `bench collectives --processes 4 --link-rate 10gbit
-# --ops all_reduce --compressors int8 --algorithms one_shot,two_shot --sizes
-# 256KiB,1MiB,4MiB,16MiB --fit-out` on a 2-core machine shared with other work
-# (benchmarks/results/cost_model_cpu_4proc_10gbit.json); "gpu": a placeholder of the order of
+# Defaults by JAX platform. "cpu": two runs of `bench collectives --processes 4 --link-rate
+# 10gbit --ops all_reduce --compressors int8 --algorithms one_shot,two_shot --sizes
+# 256KiB,1MiB,2MiB,4MiB,8MiB,16MiB --iters 9 --fit-out` on an idle 2-core machine, fitted
+# together (benchmarks/results/cost_model_cpu_4proc_10gbit.json). There the two algorithms'
+# byte-proportional costs (link and codec) cannot be told apart, so the fit puts them all in
+# gamma and leaves beta unbounded; it picks the faster algorithm at every measured size but
+# 2 MiB, where the two are within the runs' spread. "gpu": a placeholder of the order of
 # NVLink-class links until a GPU fit is recorded.
 DEFAULTS: dict[str, CostModel] = {
-  "cpu": CostModel(1.19e-4, 1.289e9, 2.199e9, "fit: 4 CPU processes, 10gbit loopback"),
+  "cpu": CostModel(
+    4.534e-4, 1e18, 2.681e9, "fit: 4 CPU processes, 10gbit loopback", overhead_s=9.112e-3
+  ),
   "gpu": CostModel(5e-6, 25e9, 200e9, "placeholder (no GPU measurement yet)"),
 }
 _active: CostModel | None = None
@@ -119,6 +131,7 @@ def load(path: str) -> CostModel:
     float(data["beta_Bps"]),
     float(data["gamma_Bps"]),
     str(data.get("source", path)),
+    float(data.get("overhead_s", 0.0)),
   )
   set_model(model)
   return model
@@ -140,8 +153,8 @@ def active(platform: str | None = None) -> CostModel:
 def fit(samples: Iterable[Mapping[str, Any]], source: str = "") -> CostModel:
   """Least-squares constants from measured all_reduce times.
 
-  Minimises the relative error sum_i ((T_model_i - t_i) / t_i)^2 over alpha, 1/beta,
-  1/gamma >= 0 (small and large messages count alike).
+  Minimises the relative error sum_i ((T_model_i - t_i) / t_i)^2 over delta, alpha,
+  1/beta, 1/gamma >= 0 (small and large messages count alike).
 
   Args:
     samples: dicts with ``algorithm`` ("one_shot"/"two_shot"), ``bytes`` (S), ``ranks``
@@ -165,7 +178,8 @@ def fit(samples: Iterable[Mapping[str, Any]], source: str = "") -> CostModel:
   for s in samples:
     if int(s["ranks"]) < 2:
       continue
-    rows.append(_terms(s["algorithm"], float(s["bytes"]), int(s["ranks"]), float(s["ratio"])))
+    terms = _terms(s["algorithm"], float(s["bytes"]), int(s["ranks"]), float(s["ratio"]))
+    rows.append((1.0, *terms))
     times.append(float(s["seconds"]))
   if len(rows) < 3:
     raise ValueError(
@@ -174,22 +188,24 @@ def fit(samples: Iterable[Mapping[str, Any]], source: str = "") -> CostModel:
     )
   a = np.asarray(rows) / np.asarray(times)[:, None]
   y = np.ones(len(times))
-  # Non-negative least squares over 3 unknowns: the best unconstrained solution on each
+  # Non-negative least squares over 4 unknowns: the best unconstrained solution on each
   # subset of the columns that is feasible.
-  best, best_res = np.zeros(3), np.inf
-  for k in (1, 2, 3):
-    for cols in itertools.combinations(range(3), k):
+  best, best_res = np.zeros(4), np.inf
+  for k in (1, 2, 3, 4):
+    for cols in itertools.combinations(range(4), k):
       sub = a[:, cols] / a[:, cols].max(axis=0)
       coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
       if np.any(coef < 0):
         continue
-      x = np.zeros(3)
+      x = np.zeros(4)
       x[list(cols)] = coef / a[:, cols].max(axis=0)
       res = float(np.sum((a @ x - y) ** 2))
       if res < best_res:
         best, best_res = x, res
   tiny = 1e-30
-  alpha = max(best[0], 1e-9)
-  beta = 1.0 / max(best[1], tiny)
-  gamma = 1.0 / max(best[2], tiny)
-  return CostModel(float(alpha), float(min(beta, 1e18)), float(min(gamma, 1e18)), source)
+  alpha = max(best[1], 1e-9)
+  beta = 1.0 / max(best[2], tiny)
+  gamma = 1.0 / max(best[3], tiny)
+  return CostModel(
+    float(alpha), float(min(beta, 1e18)), float(min(gamma, 1e18)), source, float(best[0])
+  )

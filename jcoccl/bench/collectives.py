@@ -383,7 +383,8 @@ def fit_and_report(rows: list[dict[str, Any]], path: str, out: Any = sys.stdout)
       indent=1,
     )
   print(
-    f"# cost model ({source}): alpha {model.alpha_s * 1e6:.1f} us, beta "
+    f"# cost model ({source}): overhead {model.overhead_s * 1e6:.1f} us, "
+    f"alpha {model.alpha_s * 1e6:.1f} us, beta "
     f"{model.beta_Bps / 1e9:.3f} GB/s, gamma {model.gamma_Bps / 1e9:.3f} GB/s -> {path}",
     file=out,
   )
