@@ -39,6 +39,18 @@ def test_ops_across_processes_match_lax(procs, devices):
     assert f"[{rank}] done" in r.stdout
 
 
+def test_process_env(monkeypatch):
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_foo=1")
+  env = launch.process_env(2, 4, 1234, 3, "rate=1gbit")
+  assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:1234"
+  assert (env["JAX_NUM_PROCESSES"], env["JAX_PROCESS_ID"]) == ("4", "2")
+  assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=3"
+  assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # the user's wins
+  assert launch.process_env(0, 4, 1234, 3, "")["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+
+
 def test_launcher_exit_status_is_the_failed_process():
   code = (
     "import os, sys, time; rank = int(os.environ['JAX_PROCESS_ID']); "
