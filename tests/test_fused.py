@@ -6,6 +6,8 @@ collective; lifecycle, errors and timeouts must fail cleanly."""
 from __future__ import annotations
 
 import functools
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -252,6 +254,39 @@ def test_rendezvous_timeout_fails_instead_of_hanging(monkeypatch):
   assert mod.fused_timeout_s() == pytest.approx(0.3)
 
 
+def test_destroying_a_communicator_fails_a_waiting_collective_at_once(monkeypatch):
+  """Rank 0 of a 2-rank group waits for a rank that never comes; destroying the
+  communicator (as jcoccl.shutdown does) must end that wait with an error, not the timeout."""
+  mod = _ffi.native_module("cpu")
+  _ffi.register("cpu")
+  cid = 10**12 + 11
+  devs = jax.devices()[:2]
+  mod.fused_host_comm_create(cid, [d.id for d in devs])
+  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "120")
+  f = jax.jit(
+    lambda v: fused_ffi.engine_call(
+      "all_reduce", "one_shot", v, v.shape, cid, 2, jc.int8(block_size=32), 1, 32, platform="cpu"
+    )
+  )
+  x = jax.device_put(jnp.ones((1, 32), jnp.float32), devs[0])
+  f.lower(x).compile()  # compiled first, so the wait below is the collective's
+  # A one-device CPU program may run on the calling thread: destroy from another one.
+  destroyed = []
+  timer = threading.Timer(1.0, lambda: destroyed.append(mod.fused_comm_destroy(cid)))
+  start = time.monotonic()
+  timer.start()
+  try:
+    # Destroyed while waiting: "was destroyed"; if the call had not yet looked up its
+    # communicator: "no communicator". Either way, no 120 s timeout.
+    with pytest.raises(Exception, match="was destroyed|has no communicator"):
+      jax.block_until_ready(f(x))
+  finally:
+    timer.join()
+    mod.fused_comm_destroy(cid)
+  assert destroyed == [2]
+  assert time.monotonic() - start < 30
+
+
 def test_init_shutdown_registry():
   mesh = _mesh((2, 4), ("a", "b"))
   mod = _ffi.native_module("cpu")
@@ -299,7 +334,8 @@ def test_programs_survive_shutdown_and_reinit_of_the_same_mesh():
   jcoccl.init(mesh)
   x = _data(mesh, jnp.float32)
   f = _program(mesh, "x", jc.int8(block_size=32), "fused", 1, ("one_shot",))
-  first = f(x)
+  # Finished before shutdown: a program still in flight then fails (see the next test).
+  first = jax.block_until_ready(f(x))
   jcoccl.shutdown()
   # Compiled program, communicators gone: a clean error on every device. Each device's
   # shard is waited for, so that no device is still running the failed program when the

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,19 +29,27 @@ class CommRegistry {
     auto it = map_.find({comm, device});
     return it == map_.end() ? nullptr : it->second;
   }
-  // Drops every member of `comm`; returns how many there were.
+  // Drops every member of `comm` and aborts what is still waiting on it (a program that was
+  // in flight at jcoccl.shutdown() fails at once instead of after the timeout); returns how
+  // many members there were.
   int Remove(int64_t comm) {
-    std::lock_guard<std::mutex> lk(mu_);
-    int n = 0;
-    for (auto it = map_.begin(); it != map_.end();) {
-      if (it->first.first == comm) {
-        it = map_.erase(it);
-        ++n;
-      } else {
-        ++it;
+    std::vector<std::shared_ptr<transport::Transport>> gone;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto it = map_.begin(); it != map_.end();) {
+        if (it->first.first == comm) {
+          gone.push_back(std::move(it->second));
+          it = map_.erase(it);
+        } else {
+          ++it;
+        }
       }
     }
-    return n;
+    for (auto& t : gone)
+      t->Abort("jcoccl: communicator " + std::to_string(comm) +
+               " was destroyed (jcoccl.shutdown or jcoccl.init) while a collective waited on "
+               "it; call jcoccl.init(mesh) and run the program again");
+    return static_cast<int>(gone.size());
   }
   std::vector<Key> Keys() {
     std::lock_guard<std::mutex> lk(mu_);

@@ -20,9 +20,15 @@ Status HostGroup::WaitLocked(std::unique_lock<std::mutex>& lk, const std::shared
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(timeout));
-  auto done = [&] { return !broken_.empty() || (leaving ? slot->left : slot->arrived) == size_; };
+  // Once every rank has arrived, each one only copies and leaves, so the leaving wait ends
+  // without help; it must not end early on a break, or a rank would release its buffer
+  // while a peer still copies from it.
+  auto done = [&] {
+    return (!leaving && !broken_.empty()) || (leaving ? slot->left : slot->arrived) == size_;
+  };
   if (!cv_.wait_until(lk, deadline, done)) {
     int have = leaving ? slot->left : slot->arrived;
+    if (!broken_.empty()) return Status::Error(broken_);
     broken_ = "jcoccl host transport: timed out after " + std::to_string(timeout) +
               " s (JCOCCL_TIMEOUT_S) waiting for peers in collective #" + std::to_string(seq) +
               " of run " + std::to_string(ctx.run_id) + ": " + std::to_string(have) + " of " +
@@ -39,6 +45,8 @@ Status HostGroup::WaitLocked(std::unique_lock<std::mutex>& lk, const std::shared
 
 HostTransport::HostTransport(std::shared_ptr<HostGroup> group, int rank)
     : group_(std::move(group)), rank_(rank) {}
+
+void HostTransport::Abort(const std::string& why) { group_->Break(why); }
 
 int HostTransport::size() const { return group_->size(); }
 

@@ -27,6 +27,7 @@ class HostTransport final : public Transport {
   Status AllReduceSum(const CallCtx& ctx, const float* send, int64_t count, float* recv) override;
   Status ReduceScatterSum(const CallCtx& ctx, const float* send, int64_t count_per_rank,
                           float* recv) override;
+  void Abort(const std::string& why) override;
 
  private:
   int64_t NextSeq(int64_t run_id);
@@ -50,7 +51,8 @@ class HostGroup {
   template <class F>
   Status Exchange(int rank, const CallCtx& ctx, int64_t seq, const void* send, int64_t tag,
                   F&& consume);
-  // Fails every current and future op of the group (a peer was lost).
+  // Fails every current and future op of the group (a peer was lost). Ranks of an op that
+  // every rank has already joined still finish it (they are reading each other's buffers).
   void Break(const std::string& why);
 
  private:

@@ -64,6 +64,9 @@ class Transport {
   // send[rank() * count_per_rank, (rank() + 1) * count_per_rank).
   virtual Status ReduceScatterSum(const CallCtx& ctx, const float* send, int64_t count_per_rank,
                                   float* recv) = 0;
+  // The communicator is being destroyed: collectives still waiting for peers on it fail with
+  // `why` instead of waiting out the timeout. Default: nothing (the transport decides).
+  virtual void Abort(const std::string& why) { (void)why; }
 };
 
 // Parses a JCOCCL_TIMEOUT_S value: a positive decimal number of seconds ("300", "0.5",
