@@ -132,7 +132,8 @@ def shutdown() -> None:
   """Destroys every communicator made by :func:`init`; backend="auto" goes back to "xla".
 
   Safe to call when not initialised. Programs compiled while initialised fail (with an
-  error, never a hang) if run after shutdown.
+  error, never a hang) if run after shutdown; one still running when it is called fails at
+  once if a rank is waiting for its peers (wait for results you need before shutting down).
   """
   global _state
   with _lock:
