@@ -229,20 +229,29 @@ def test_grad_through_fused_matches_xla():
   np.testing.assert_array_equal(_bits(g_fused), _bits(g_ref))
 
 
-def test_rendezvous_timeout_fails_instead_of_hanging(monkeypatch):
-  """A 2-rank group whose second rank never arrives: the call must raise after the timeout."""
+def _lonely_rank(cid: int):
+  """A 2-rank host communicator ``cid`` over devices 0 and 1, and a jitted one-shot
+  all_reduce that only device 0 runs: its rank 0 waits for a rank 1 that never comes.
+
+  Returns:
+    (native module, cid, jitted function, its input on device 0).
+  """
   mod = _ffi.native_module("cpu")
   _ffi.register("cpu")
-  cid = 10**12 + 7
   devs = jax.devices()[:2]
   mod.fused_host_comm_create(cid, [d.id for d in devs])
-  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "0.3")
   f = jax.jit(
     lambda v: fused_ffi.engine_call(
       "all_reduce", "one_shot", v, v.shape, cid, 2, jc.int8(block_size=32), 1, 32, platform="cpu"
     )
   )
-  x = jax.device_put(jnp.ones((1, 32), jnp.float32), devs[0])
+  return mod, cid, f, jax.device_put(jnp.ones((1, 32), jnp.float32), devs[0])
+
+
+def test_rendezvous_timeout_fails_instead_of_hanging(monkeypatch):
+  """A 2-rank group whose second rank never arrives: the call must raise after the timeout."""
+  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "0.3")
+  mod, cid, f, x = _lonely_rank(10**12 + 7)
   try:
     with pytest.raises(Exception, match="timed out"):
       jax.block_until_ready(f(x))
@@ -257,19 +266,8 @@ def test_rendezvous_timeout_fails_instead_of_hanging(monkeypatch):
 def test_destroying_a_communicator_fails_a_waiting_collective_at_once(monkeypatch):
   """Rank 0 of a 2-rank group waits for a rank that never comes; destroying the
   communicator (as jcoccl.shutdown does) must end that wait with an error, not the timeout."""
-  mod = _ffi.native_module("cpu")
-  _ffi.register("cpu")
-  cid = 10**12 + 11
-  devs = jax.devices()[:2]
-  mod.fused_host_comm_create(cid, [d.id for d in devs])
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", "120")
-  f = jax.jit(
-    lambda v: fused_ffi.engine_call(
-      "all_reduce", "one_shot", v, v.shape, cid, 2, jc.int8(block_size=32), 1, 32, platform="cpu"
-    )
-  )
-  x = jax.device_put(jnp.ones((1, 32), jnp.float32), devs[0])
-  f.lower(x).compile()  # compiled first, so the wait below is the collective's
+  mod, cid, f, x = _lonely_rank(10**12 + 11)
   # A one-device CPU program may run on the calling thread: destroy from another one.
   destroyed = []
   timer = threading.Timer(1.0, lambda: destroyed.append(mod.fused_comm_destroy(cid)))

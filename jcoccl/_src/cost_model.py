@@ -7,8 +7,8 @@ S = message bytes, r = payload/raw size ratio of the compressor, n = group size;
 the latency of one collective step, beta the bandwidth one rank gets on the link, gamma the
 codec throughput (input bytes per second), delta the fixed cost of a call whichever the
 algorithm (it decides nothing, but without it the fit pushes that cost into alpha: across
-CPU processes that made a 1 ms call overhead look like 2 ms per step). one_shot moves (n-1) r S bytes and quantizes
-once; two_shot moves 2(n-1)/n r S and quantizes twice.
+4 CPU processes a ~9 ms call overhead read as 2.2 ms per step). one_shot moves (n-1) r S
+bytes and quantizes once; two_shot moves 2(n-1)/n r S and quantizes twice.
 
 The constants depend on the link and the backend, so they are measured, not assumed:
 ``python -m jcoccl.bench collectives --ops all_reduce --algorithms one_shot,two_shot
