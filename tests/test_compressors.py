@@ -235,9 +235,9 @@ def test_parse_errors(spec, match):
 
 
 def test_registered_family_is_parsed_printed_and_kept_off_native_kernels(monkeypatch):
-  """A family is one class plus one registry entry: the grammar and the native glue follow."""
-  monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))
-  monkeypatch.setattr(registry, "_NAMES", dict(registry._NAMES))
+  """A family is one class plus one register call: the grammar and the native glue follow."""
+  for table in ("_FAMILIES", "_NAMES", "_CLASSES"):
+    monkeypatch.setattr(registry, table, dict(getattr(registry, table)))
 
   @dataclasses.dataclass(frozen=True)
   class Int8Wide(jc.IntCompressor):
@@ -246,15 +246,12 @@ def test_registered_family_is_parsed_printed_and_kept_off_native_kernels(monkeyp
   def build(**kw):
     return Int8Wide(bits=8, **{"block_size": 1024, **kw})
 
-  registry.register(
-    registry.Family(
-      kind="int8_wide",
-      names={"i8w": build},
-      to_string=lambda c: "i8w" + ("" if c.block_size == 1024 else f":block={c.block_size}"),
-      keyed={"block": ("block_size", registry.int_value)},
-      options="block=INT",
-      native=lambda c: {"bits": 8, "block": c.block_size},
-    )
+  jc.register(
+    {"i8w": build},
+    Int8Wide,
+    keys={"block": "block_size"},
+    printer=lambda c: "i8w" + ("" if c.block_size == 1024 else f":block={c.block_size}"),
+    native=lambda c: {"bits": 8, "block": c.block_size},
   )
   c = jc.parse(" I8W : block=64 ")
   assert c == build(block_size=64) and str(c) == "i8w:block=64" and jc.parse(str(c)) == c
@@ -267,8 +264,10 @@ def test_registered_family_is_parsed_printed_and_kept_off_native_kernels(monkeyp
     jc.parse("i8w:blk=3")
   with pytest.raises(ValueError, match="'int7'.*i8w"):
     jc.parse("int7")
-  with pytest.raises(ValueError, match="already belongs to kind 'int'"):
-    registry.register(registry.Family(kind="other", names={"int8": build}, to_string=str))
+  # Taking over a built-in name warns, and the name then builds the new class.
+  with pytest.warns(UserWarning, match="'int8' built IntCompressor; it now builds .*Int8Wide"):
+    jc.register({"int8": build}, Int8Wide, keys={"block": "block_size"})
+  assert isinstance(jc.parse("int8"), Int8Wide)
 
 
 def test_hashable_static_jit_arg():

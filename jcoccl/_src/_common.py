@@ -218,6 +218,12 @@ def resolve_compressor(compressor: Any, argname: str = "compressor") -> Any:
       f"{argname} must be a jcoccl Compressor, a spec string (e.g. 'int8') or None, "
       f"got {compressor!r}"
     )
+  from jcoccl._src.compressors import registry
+
+  try:
+    registry.family_of(compressor)  # the ops carry it as its spec string
+  except TypeError as e:
+    raise TypeError(f"{argname}: {e}") from None
   if getattr(compressor, "kind", None) == "none":
     return None
   return compressor

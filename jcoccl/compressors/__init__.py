@@ -27,3 +27,8 @@ from jcoccl._src.compressors import int4 as int4
 from jcoccl._src.compressors import int8 as int8
 from jcoccl._src.compressors import none as none
 from jcoccl._src.compressors import parse as parse
+
+# Codecs of your own (docs/custom_compressors.md).
+from jcoccl._src.compressors import register as register
+from jcoccl._src.compressors import registered as registered
+from jcoccl._src.compressors import unregister as unregister

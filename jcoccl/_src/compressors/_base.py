@@ -4,10 +4,10 @@ Every codec is a frozen (hashable) dataclass: its fields are the codec's paramet
 methods are pure jnp functions of arrays, so a compressor can be a static ``jax.jit``
 argument or a primitive parameter. Subclasses implement four hooks on 2-D float32 rows:
 
-  _encode_f32(x2d, key)    float32[rows, n] -> uint8[rows, payload_nbytes]
-  _decode_f32(buf, n)      uint8[rows, P] -> float32[rows, n]
-  _payload_bytes(n, dtype) exact bytes of one row
-  _bound_f32(x2d)          per-element error bound of a float32 round trip
+  encode_f32(x2d, key)    float32[rows, n] -> uint8[rows, payload_nbytes]
+  decode_f32(buf, n)      uint8[rows, P] -> float32[rows, n]
+  row_nbytes(n, dtype) exact bytes of one row
+  bound_f32(x2d)          per-element error bound of a float32 round trip
 
 and the base class adds input checks, padding, output casts, reductions and the choice of
 implementation ("jnp" or "native").
@@ -184,6 +184,14 @@ def round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
+def _left_fold(rows: jax.Array) -> jax.Array:
+  """``rows[0] + rows[1] + ...`` in row order (the order every native kernel uses)."""
+  acc = rows[0]
+  for i in range(1, rows.shape[0]):
+    acc = acc + rows[i]
+  return acc
+
+
 def _payload_flatten(p: Payload):
   return (p.data,), (p.shape, p.dtype)
 
@@ -220,44 +228,95 @@ jax.tree_util.register_pytree_node(Payload, _payload_flatten, _payload_unflatten
 
 @dataclasses.dataclass(frozen=True)
 class Compressor:
-  """Base class of every codec. Build instances with the factories in ``jcoccl.compressors``.
+  """Base class of every codec, built-in or a user's.
 
-  Public fields of the subclasses (the native glue maps them to kernel attributes):
-  ``kind`` (class constant), ``bits``, ``block_size``, ``symmetric``, ``rounding``, ``fmt``,
-  ``dtype``, ``inner``, ``size``, ``abs_error``; see the package docstring.
+  A codec is a frozen dataclass (its fields are its options) that implements the hooks
+  below on 2-D float32 rows, in jnp: ``granule``, ``row_nbytes``, ``encode_f32``,
+  ``decode_f32``, ``bound_f32`` (unless ``lossless``), and optionally ``decode_sum_f32``.
+  Registered with :func:`jcoccl.compressors.register`, it runs in every collective, policy
+  and tool; the base class adds input checks, padding, dtype casts, reductions and the
+  choice of implementation ("jnp" or "native").
+
+  Class constants: ``kind`` (the family; set by ``register``), ``lossless`` (exact codecs:
+  the error bound is 0 and any dtype may pass through unchanged).
+
+  Example:
+    >>> @jc.register("trunc16")
+    ... class Trunc16(jc.Compressor):  # bfloat16 by truncation: the top 16 bits
+    ...   granule = 1
+    ...   def row_nbytes(self, n, dtype): return 2 * n
+    ...   def encode_f32(self, x, key):
+    ...     hi = (lax.bitcast_convert_type(x, jnp.uint32) >> 16).astype(jnp.uint16)
+    ...     return lax.bitcast_convert_type(hi, jnp.uint8).reshape(x.shape[0], -1)
+    ...   def decode_f32(self, buf, n):
+    ...     hi = lax.bitcast_convert_type(buf.reshape(-1, n, 2), jnp.uint16)
+    ...     return lax.bitcast_convert_type(hi.astype(jnp.uint32) << 16, jnp.float32)
+    ...   def bound_f32(self, x): return jnp.abs(x) * 2.0**-7
+    >>> str(jc.parse("trunc16"))
+    'trunc16'
   """
 
   kind: ClassVar[str] = "abstract"
   lossless: ClassVar[bool] = False
 
-  # ---- hooks -------------------------------------------------------------------------------
+  # ---- hooks: what a codec implements (public contract, docs/custom_compressors.md) -------
   @property
   def granule(self) -> int:
-    """Elements a row length must be a multiple of."""
+    """Row lengths are multiples of this many elements (a block size; 1 for elementwise).
+
+    A subclass may also set it as a plain class attribute (``granule = 1``).
+    """
     raise NotImplementedError
 
-  def _payload_bytes(self, n: int, dtype: jnp.dtype) -> int:
+  def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
+    """Exact payload bytes of one row of ``n`` elements (``n`` a multiple of ``granule``)
+    of ``dtype`` (float32, bfloat16 or float16). ``payload_nbytes`` is the checked,
+    rounding-up public form."""
     raise NotImplementedError
 
-  def _encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+  def encode_f32(self, x: jax.Array, key: jax.Array | None) -> jax.Array:
+    """Encodes each row: ``float32[rows, n]`` -> ``uint8[rows, row_nbytes(n, dtype)]``.
+
+    jnp code only: this is the codec's executable specification. ``key`` is a PRNG key for
+    codecs with ``rounding="stochastic"``, else None. Rows of bfloat16/float16 calls arrive
+    converted to float32 (exactly), so the payload is the same for every input dtype.
+    """
     raise NotImplementedError
 
-  def _decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+  def decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+    """Decodes each row: ``uint8[rows, P]`` -> ``float32[rows, n]``.
+
+    Must be total: any bytes decode to some float32 row without error (payloads come off
+    the network). The base class casts the result to the call's dtype.
+    """
     raise NotImplementedError
 
-  def _bound_f32(self, x2d: jax.Array) -> jax.Array:
+  def bound_f32(self, x: jax.Array) -> jax.Array:
+    """Per-element error bound of a float32 round trip: ``float32[rows, n]`` -> ``float32
+    [rows, n]`` with ``|x - decode(encode(x))| <= bound``; ``inf`` where nothing is
+    promised (e.g. blocks with NaN/Inf, which must decode to NaN/Inf). Not needed when
+    ``lossless`` is True (the bound is 0)."""
     raise NotImplementedError
+
+  def decode_sum_f32(self, buf: jax.Array, n: int) -> jax.Array:
+    """Optional: ``uint8[rows, P]`` -> ``float32[n]``, the sum of the decoded rows.
+
+    The default is the documented order every native kernel follows: decode each row, then
+    a float32 left fold in row order. Override it only with a faster computation of the
+    same bits (``jcoccl.compressors.check`` compares the two).
+    """
+    return _left_fold(barrier(self.decode_f32(buf, n)))
 
   # Overridden by `none` (any dtype, native-dtype arithmetic).
   def _check_dtype(self, dtype: Any) -> jnp.dtype:
     return check_float_dtype(dtype, f"compressor {self}")
 
   def _encode_jnp(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
-    return self._encode_f32(x2d.astype(jnp.float32), key)
+    return self.encode_f32(x2d.astype(jnp.float32), key)
 
   def _decode_wide(self, buf: jax.Array, n: int, dtype: jnp.dtype) -> jax.Array:
     """Decoded rows in the accumulation dtype (float32 for float inputs)."""
-    return self._decode_f32(buf, n)
+    return self.decode_f32(buf, n)
 
   @property
   def stochastic(self) -> bool:
@@ -270,7 +329,10 @@ class Compressor:
     return str(self)
 
   def __str__(self) -> str:
-    return spec.to_string(self)
+    try:
+      return spec.to_string(self)
+    except TypeError:  # an unregistered class: it prints, but no spec names it yet
+      return repr(self)
 
   def payload_nbytes(self, num_elements: int, dtype: Any) -> int:
     """Exact bytes on the wire for a row of ``num_elements`` (rounded up to the granule).
@@ -282,7 +344,7 @@ class Compressor:
     d = self._check_dtype(dtype)
     if num_elements < 0:
       raise ValueError(f"num_elements must be >= 0, got {num_elements}")
-    return self._payload_bytes(round_up(int(num_elements), self.granule), d)
+    return self.row_nbytes(round_up(int(num_elements), self.granule), d)
 
   def _check_n(self, n: int, what: str) -> int:
     if not isinstance(n, (int, np.integer)) or n <= 0 or n % self.granule:
@@ -346,7 +408,7 @@ class Compressor:
   def _check_buf(self, buf: jax.Array, n: int, dtype: Any, ndim: int = 2) -> jnp.dtype:
     d = self._check_dtype(dtype)
     self._check_n(n, "n")
-    want = self._payload_bytes(n, d)
+    want = self.row_nbytes(n, d)
     if buf.ndim != ndim or buf.shape[-1] != want or buf.dtype != jnp.uint8:
       raise ValueError(
         f"buf must be uint8{'[rows, ' if ndim == 2 else '['}{want}] for n={n}, "
@@ -388,12 +450,12 @@ class Compressor:
     return self._decode_sum_jnp(buf, n, d)
 
   def _decode_sum_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
-    # The barrier keeps each decoded row's products rounded before the fold adds them.
-    rows = barrier(self._decode_wide(buf, n, d))
-    acc = rows[0]
-    for i in range(1, rows.shape[0]):
-      acc = acc + rows[i]
-    if rows.shape[0] > 1 and jnp.issubdtype(acc.dtype, jnp.floating):
+    if d in FLOAT_DTYPES and type(self).decode_sum_f32 is not Compressor.decode_sum_f32:
+      acc = self.decode_sum_f32(buf, n)
+    else:
+      # The barrier keeps each decoded row's products rounded before the fold adds them.
+      acc = _left_fold(barrier(self._decode_wide(buf, n, d)))
+    if buf.shape[0] > 1 and jnp.issubdtype(acc.dtype, jnp.floating):
       acc = canonical_nan(acc)  # which NaN a sum of NaNs gives is not fixed by IEEE 754
     return acc.astype(d)
 
@@ -459,7 +521,7 @@ class Compressor:
     if self.lossless:
       return jnp.zeros(x2d.shape, jnp.float32)
     xf = x2d.astype(jnp.float32)
-    b = self._bound_f32(xf)
+    b = self.bound_f32(xf)
     b = b + cast_term(jnp.abs(xf) + b, d)
     b = jnp.where(jnp.isnan(b), jnp.inf, b)
     return b * np.float32(1 + 2.0**-16)

@@ -50,10 +50,10 @@ class ErrorBoundedCompressor(B.Compressor):
   def _nwidth(self, n: int) -> int:
     return B.round_up(n // self.block_size, 4)
 
-  def _payload_bytes(self, n: int, dtype: jnp.dtype) -> int:
+  def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
     return self._nwidth(n) + 4 * n
 
-  def _encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+  def encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
     rows, n = x2d.shape
     bs = self.block_size
     nb = n // bs
@@ -89,7 +89,7 @@ class ErrorBoundedCompressor(B.Compressor):
     widths = jnp.pad(widths, ((0, 0), (0, self._nwidth(n) - nb)))
     return jnp.concatenate([widths, B.u32_to_bytes(words)], axis=-1)
 
-  def _decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+  def decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
     rows = buf.shape[0]
     bs = self.block_size
     nb = n // bs
@@ -116,7 +116,7 @@ class ErrorBoundedCompressor(B.Compressor):
     out = jnp.where(invalid[..., None], jnp.float32(np.nan), out)
     return out.reshape(rows, n)
 
-  def _bound_f32(self, x2d: jax.Array) -> jax.Array:
+  def bound_f32(self, x2d: jax.Array) -> jax.Array:
     # Quantized blocks are checked element by element (the float32 difference is exact by
     # Sterbenz whenever it is <= abs_error); raw blocks are exact. Non-finite elements pass
     # through bit-exactly and get bound inf (|NaN - NaN| is not a number).
@@ -153,13 +153,10 @@ def _eb_native(c: ErrorBoundedCompressor) -> dict | None:
 
 
 registry.register(
-  registry.Family(
-    kind="error_bounded",
-    names={"eb": ErrorBoundedCompressor, "error_bounded": ErrorBoundedCompressor},
-    to_string=_eb_string,
-    keyed={"block": ("block_size", registry.int_value), "abs": ("abs_error", registry.float_value)},
-    required=("abs_error",),
-    options="abs=FLOAT (required), block=INT",
-    native=_eb_native,
-  )
+  ["eb", "error_bounded"],
+  ErrorBoundedCompressor,
+  keys={"abs": "abs_error", "block": "block_size"},
+  required=("abs_error",),
+  printer=_eb_string,
+  native=_eb_native,
 )

@@ -40,10 +40,10 @@ class Fp8Compressor(B.Compressor):
   def granule(self) -> int:
     return self.block_size
 
-  def _payload_bytes(self, n: int, dtype: jnp.dtype) -> int:
+  def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
     return n + 4 * (n // self.block_size)
 
-  def _encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+  def encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
     f8, fmax, _, _ = FORMATS[self.fmt]
     xb = B.blocks(x2d, self.block_size)
     fin = B.block_finite(xb)
@@ -53,14 +53,14 @@ class Fp8Compressor(B.Compressor):
     codes = lax.bitcast_convert_type(y.astype(f8), jnp.uint8).reshape(x2d.shape)
     return jnp.concatenate([codes, B.f32_to_bytes(jnp.where(fin, s, jnp.nan)[..., 0])], axis=-1)
 
-  def _decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+  def decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
     f8 = FORMATS[self.fmt][0]
     y = lax.bitcast_convert_type(buf[:, :n], f8).astype(jnp.float32)
     s = B.bytes_to_f32(buf[:, n:])[..., None]
     # NaN codes, NaN scales and inf * 0 all decode to the canonical NaN.
     return B.canonical_nan(B.blocks(y, self.block_size) * s).reshape(buf.shape[0], n)
 
-  def _bound_f32(self, x2d: jax.Array) -> jax.Array:
+  def bound_f32(self, x2d: jax.Array) -> jax.Array:
     # |x - x_hat| <= u8*|x| (fp8 relative rounding) + s*sub8/2 (fp8 subnormal spacing, in x
     # units) + 4u*amax (float32 division, clamp and product roundings)
     # + (FMAX + 2)*TINY (scales/products flushed to zero by FTZ).
@@ -85,13 +85,10 @@ def _fp8_string(c: Fp8Compressor) -> str:
 
 
 registry.register(
-  registry.Family(
-    kind="fp8",
-    names={"fp8": Fp8Compressor},
-    to_string=_fp8_string,
-    flags={f: ("fmt", f) for f in FORMATS},
-    keyed={"block": ("block_size", registry.int_value)},
-    options="e4m3, e5m2, block=INT",
-    native=lambda c: {"block": c.block_size, "fp8": c.fmt},
-  )
+  "fp8",
+  Fp8Compressor,
+  keys={"block": "block_size"},
+  flags={f: ("fmt", f) for f in FORMATS},
+  printer=_fp8_string,
+  native=lambda c: {"block": c.block_size, "fp8": c.fmt},
 )

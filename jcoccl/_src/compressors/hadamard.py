@@ -98,8 +98,8 @@ class HadamardCompressor(B.Compressor):
   def _post(self) -> np.float32:
     return np.float32(math.sqrt(self.size))
 
-  def _payload_bytes(self, n: int, dtype: jnp.dtype) -> int:
-    return self.inner._payload_bytes(n, jnp.dtype(jnp.float32))
+  def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
+    return self.inner.row_nbytes(n, jnp.dtype(jnp.float32))
 
   def _rotate(self, x2d: jax.Array) -> jax.Array:
     # x * 2^-k, butterflies, * sqrt(H): intermediates never exceed max |x|, so only the last
@@ -108,15 +108,15 @@ class HadamardCompressor(B.Compressor):
     y = fwht(B.barrier(x2d * self._pre), self.size) * self._post
     return B.canonical_nan(y)
 
-  def _encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+  def encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
     # Barrier: the scaled row must be rounded before an inner codec subtracts from it (FMA).
-    return self.inner._encode_f32(B.barrier(self._rotate(x2d)), key)
+    return self.inner.encode_f32(B.barrier(self._rotate(x2d)), key)
 
-  def _decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+  def decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
     # Barrier: inner decode's products are rounded before the transform adds them (FMA).
-    return self._rotate(B.barrier(self.inner._decode_f32(buf, n)))
+    return self._rotate(B.barrier(self.inner.decode_f32(buf, n)))
 
-  def _bound_f32(self, x2d: jax.Array) -> jax.Array:
+  def bound_f32(self, x2d: jax.Array) -> jax.Array:
     # With y the computed rotation, e_q the inner error (|e_q| <= inner bound b), the output
     # is x + Hn e_q + (forward and inverse rounding). |(Hn e)_i| <= sum|e_j| / sqrt(H) and a
     # k = log2(H) stage transform errs by at most (k+3)u * sum|x_j| (per output, scaled; the
@@ -131,7 +131,7 @@ class HadamardCompressor(B.Compressor):
     rows, n = x2d.shape
     xb = x2d.reshape(rows, n // h, h)
     y = B.barrier(self._rotate(x2d))
-    e = self.inner._bound_f32(y).reshape(rows, n // h, h)
+    e = self.inner.bound_f32(y).reshape(rows, n // h, h)
     sums_slack = np.float32(1 + 2 * h * B.U32)  # float32 summation of h positive terms
     e_sum = jnp.sum(e * np.float32(1 / math.sqrt(h)), axis=-1, keepdims=True) * (
       sums_slack * np.float32(1 + 4 * B.U32)
@@ -156,17 +156,14 @@ def _hadamard(inner: B.Compressor, size: int | None = None) -> HadamardCompresso
 
 def _hadamard_string(c: HadamardCompressor) -> str:
   tail = "" if c.size == default_size(c.inner) else f":size={c.size}"
-  return f"hadamard({registry.family_of(c.inner).to_string(c.inner)}){tail}"
+  return f"hadamard({str(c.inner)}){tail}"
 
 
 registry.register(
-  registry.Family(
-    kind="hadamard",
-    names={"hadamard": _hadamard},
-    to_string=_hadamard_string,
-    keyed={"size": ("size", registry.int_value)},
-    options="size=INT",
-    wraps=True,
-    native=lambda c: {"hadamard": c.size},
-  )
+  {"hadamard": _hadamard},
+  HadamardCompressor,
+  keys={"size": "size"},
+  printer=_hadamard_string,
+  native=lambda c: {"hadamard": c.size},
+  wraps=True,
 )

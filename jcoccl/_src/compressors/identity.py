@@ -53,23 +53,23 @@ class NoneCompressor(Compressor):
     except TypeError as e:
       raise TypeError(f"compressor none: dtype must be a numpy/jax dtype, got {dtype!r}") from e
 
-  def _payload_bytes(self, n: int, dtype: jnp.dtype) -> int:
+  def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
     return n * dtype.itemsize
 
   def _encode_jnp(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
     return _to_bytes(x2d)
 
-  def _encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+  def encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
     return _to_bytes(x2d.astype(jnp.float32))
 
-  def _decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+  def decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
     return _from_bytes(buf, n, jnp.dtype(jnp.float32))
 
   def _decode_wide(self, buf: jax.Array, n: int, dtype: jnp.dtype) -> jax.Array:
     x = _from_bytes(buf, n, dtype)
     return x.astype(jnp.float32) if dtype in FLOAT_DTYPES else x
 
-  def _bound_f32(self, x2d: jax.Array) -> jax.Array:
+  def bound_f32(self, x2d: jax.Array) -> jax.Array:
     return jnp.zeros(x2d.shape, jnp.float32)
 
 
@@ -93,13 +93,13 @@ class CastCompressor(Compressor):
   def granule(self) -> int:
     return 1
 
-  def _payload_bytes(self, n: int, dtype: jnp.dtype) -> int:
+  def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
     return n * self.dtype.itemsize
 
-  def _encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+  def encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
     return _to_bytes(x2d.astype(self.dtype))
 
-  def _decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+  def decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
     return _from_bytes(buf, n, self.dtype).astype(jnp.float32)
 
   def _decode_rows_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
@@ -109,29 +109,24 @@ class CastCompressor(Compressor):
       return _from_bytes(buf, n, d)
     return super()._decode_rows_jnp(buf, n, d)
 
-  def _bound_f32(self, x2d: jax.Array) -> jax.Array:
+  def bound_f32(self, x2d: jax.Array) -> jax.Array:
     return cast_term(jnp.abs(x2d), self.dtype)
 
 
+registry.register("none", NoneCompressor, keys={}, native=lambda c: {})
 registry.register(
-  registry.Family(
-    kind="none", names={"none": NoneCompressor}, to_string=lambda c: "none", native=lambda c: {}
-  )
-)
-registry.register(
-  registry.Family(
-    kind="cast",
-    names={
-      n: (lambda d=d: CastCompressor(d))
-      for n, d in (
-        ("bf16", "bfloat16"),
-        ("bfloat16", "bfloat16"),
-        ("fp16", "float16"),
-        ("float16", "float16"),
-        ("f16", "float16"),
-      )
-    },
-    to_string=lambda c: "bf16" if c.dtype.name == "bfloat16" else "fp16",
-    native=lambda c: {"cast_dtype": c.dtype.name},
-  )
+  {
+    n: (lambda d=d: CastCompressor(d))
+    for n, d in (
+      ("bf16", "bfloat16"),
+      ("bfloat16", "bfloat16"),
+      ("fp16", "float16"),
+      ("float16", "float16"),
+      ("f16", "float16"),
+    )
+  },
+  CastCompressor,
+  keys={},
+  printer=lambda c: "bf16" if c.dtype.name == "bfloat16" else "fp16",
+  native=lambda c: {"cast_dtype": c.dtype.name},
 )

@@ -62,11 +62,11 @@ class IntCompressor(B.Compressor):
     """qmax (symmetric) or L (asymmetric)."""
     return 2 ** (self.bits - 1) - 1 if self.symmetric else 2**self.bits - 1
 
-  def _payload_bytes(self, n: int, dtype: jnp.dtype) -> int:
+  def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
     nb = n // self.block_size
     return n * self.bits // 8 + 4 * nb * (1 if self.symmetric else 2)
 
-  def _encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
+  def encode_f32(self, x2d: jax.Array, key: jax.Array | None) -> jax.Array:
     xb = B.blocks(x2d, self.block_size)
     fin = B.block_finite(xb)
     lev = self._levels
@@ -92,7 +92,7 @@ class IntCompressor(B.Compressor):
       parts.append(B.f32_to_bytes(jnp.where(fin, lo, jnp.nan)[..., 0]))
     return jnp.concatenate(parts, axis=-1)
 
-  def _decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
+  def decode_f32(self, buf: jax.Array, n: int) -> jax.Array:
     nb = n // self.block_size
     c = n * self.bits // 8
     codes = B.unpack_bits(buf[:, :c], self.bits, n)
@@ -108,7 +108,7 @@ class IntCompressor(B.Compressor):
     # Any scale/min bits decode to something defined (untrusted payloads): NaN is canonical.
     return B.canonical_nan(out).reshape(buf.shape[0], n)
 
-  def _bound_f32(self, x2d: jax.Array) -> jax.Array:
+  def bound_f32(self, x2d: jax.Array) -> jax.Array:
     # Nearest: |q - x/s| <= 1/2 + (division rounding) and the decode rounds |q*s| once (and
     # the asymmetric add once): s/2 + 4u*amax (symmetric) or s/2 + 8u*(|lo|+|hi|) bound all
     # float32 rounding terms. Stochastic rounding moves up to 1 step: s instead of s/2.
@@ -147,18 +147,15 @@ def _int_native(c: IntCompressor) -> dict | None:
 
 
 registry.register(
-  registry.Family(
-    kind="int",
-    names={f"int{b}": (lambda b=b, **kw: IntCompressor(bits=b, **kw)) for b in BITS},
-    to_string=_int_string,
-    flags={
-      "sym": ("symmetric", True),
-      "asym": ("symmetric", False),
-      "nearest": ("rounding", "nearest"),
-      "stochastic": ("rounding", "stochastic"),
-    },
-    keyed={"block": ("block_size", registry.int_value)},
-    options="block=INT, sym, asym, nearest, stochastic",
-    native=_int_native,
-  )
+  {f"int{b}": (lambda b=b, **kw: IntCompressor(bits=b, **kw)) for b in BITS},
+  IntCompressor,
+  keys={"block": "block_size"},
+  flags={
+    "sym": ("symmetric", True),
+    "asym": ("symmetric", False),
+    "nearest": ("rounding", "nearest"),
+    "stochastic": ("rounding", "stochastic"),
+  },
+  printer=_int_string,
+  native=_int_native,
 )

@@ -108,7 +108,13 @@ def parse(spec: str) -> Any:
   m = _NAME.match(s)
   fam = registry.family_of_name(m.group()) if m else None
   if m is None or fam is None:
-    raise _bad(spec, s.split(":")[0].split("(")[0], ", ".join(registry.spec_names()))
+    raise ValueError(
+      f"bad compressor spec {spec!r}: unknown compressor "
+      f"{s.split(':')[0].split('(')[0]!r}; registered: {', '.join(registry.spec_names())}. "
+      "A codec of your own is named here once its module has run "
+      "@jcoccl.compressors.register('name') (a policy file can import it: [codecs] "
+      "modules = [...]), and a native plugin once jcoccl.compressors.load_plugin(path) ran"
+    )
   name, rest = m.group(), s[m.end() :]
   inner = None
   if fam.wraps:
