@@ -10,6 +10,16 @@ not named) to a table of op -> compressor spec, plus per-axis options:
   ``algorithm``: the all_reduce algorithm on one axis: ``"auto"``, ``"one_shot"`` or
       ``"two_shot"`` (``"hierarchical"`` needs two axes, which a per-axis entry cannot name).
 
+Codecs of your own: a top-level ``[codecs]`` table names what to bring in before the
+specs are read, ``modules`` (imported: they call ``jcoccl.compressors.register``) and
+``plugins`` (native plugin libraries for ``jcoccl.compressors.load_plugin``; relative paths
+are taken from the TOML file's directory)::
+
+  [codecs]
+  modules = ["examples.custom_codecs.topk"]
+  [data]
+  all_reduce = "topk:k=8"
+
 Training-recipe switches (``error_feedback``, ``zero``, ``nodes``) are not part of a jcoccl
 policy: they belong to the training loop in ``models/`` (``models.recipe.Recipe`` reads them
 from the same TOML files next to the compressor keys), and a Policy refuses them with an
@@ -36,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -45,6 +56,7 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 OPTIONS = ("min_bytes", "algorithm")
 ALGORITHMS = ("auto", "one_shot", "two_shot")
 WILDCARD = "*"
+CODECS = "codecs"  # the top-level table that names codec modules and plugins
 # Keys of the TOML files that models/ reads which are training-loop switches, not collective
 # settings: refused here with a pointer to where they belong.
 TRAINING_OPTIONS = ("error_feedback", "zero", "nodes")
@@ -162,7 +174,7 @@ class Policy:
     """
     if table is None:
       table = load_toml(path)
-    return cls._build(table, _Origin("toml", str(path)), axes)
+    return cls._build(table, _Origin("toml", str(path)), axes, os.path.dirname(str(path)))
 
   @classmethod
   def from_specs(cls, specs: Sequence[str], *, axes: Sequence[str] | None = None) -> Policy:
@@ -194,14 +206,21 @@ class Policy:
     return cls._build(table, _Origin("spec"), axes)
 
   @classmethod
-  def _build(cls, table: Any, origin: _Origin, axes: Sequence[str] | None) -> Policy:
+  def _build(
+    cls, table: Any, origin: _Origin, axes: Sequence[str] | None, base_dir: str | None = None
+  ) -> Policy:
     if not isinstance(table, Mapping):
       raise origin.type_error(
         f"{origin.name}: a policy must be a mapping axis -> {{op: spec}}, "
         f"got {type(table).__name__}"
       )
+    table = dict(table)
+    if CODECS in table:
+      table[CODECS] = _codecs(table[CODECS], origin, base_dir)
     built = {}
     for axis, entry in table.items():
+      if axis == CODECS:
+        continue
       _check_axis(axis, entry, origin, axes)
       built[axis] = _axis_policy(axis, entry, origin)
     return cls(axes=built, source={a: dict(e) for a, e in table.items()})
@@ -243,6 +262,27 @@ def load_toml(path: str) -> dict[str, Any]:
       return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
       raise ValueError(f"{path}: not valid TOML: {e}") from None
+
+
+def _codecs(entry: Any, origin: _Origin, base_dir: str | None) -> dict[str, list[str]]:
+  """Imports the ``[codecs]`` table's modules and loads its plugins; returns the table with
+  plugin paths made absolute (a policy rebuilt from ``source`` finds them anywhere)."""
+  from jcoccl._src.compressors.sources import import_codecs
+
+  where = origin.at(CODECS)
+  if not isinstance(entry, Mapping):
+    raise origin.type_error(f"{where} must be a table with modules = [...] and plugins = [...]")
+  out = {}
+  for key, value in entry.items():
+    if key not in ("modules", "plugins"):
+      raise ValueError(f"{where} has unknown key {key!r}; accepted: modules, plugins")
+    if isinstance(value, str) or not isinstance(value, Sequence):
+      raise origin.type_error(f"{origin.at(CODECS, key)} must be a list of strings, got {value!r}")
+    try:
+      out[key] = import_codecs(list(value), base_dir=base_dir)
+    except ValueError as e:
+      raise ValueError(f"{origin.at(CODECS, key)}: {e}") from None
+  return out
 
 
 def _option_value(where: str, op: str, value: str) -> Any:

@@ -34,7 +34,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jcoccl.policy import OPS, OPTIONS, TRAINING_OPTIONS, Policy, load_toml
+from jcoccl.policy import CODECS, OPS, OPTIONS, TRAINING_OPTIONS, Policy, load_toml
 
 DATA_AXIS = "data"
 KEYS = TRAINING_OPTIONS  # ("error_feedback", "zero", "nodes"), on the data axis only
@@ -134,7 +134,11 @@ class Recipe:
     """
     table = load_toml(str(path))
     rest, kw = _split(table, _Where("toml", str(path)))
-    return cls(Policy.from_toml(str(path), axes=axes, table=rest), source=_copy(table), **kw)
+    policy = Policy.from_toml(str(path), axes=axes, table=rest)
+    source = _copy(table)
+    if CODECS in policy.source:  # plugin paths made absolute: rebuilt anywhere, they load
+      source[CODECS] = policy.source[CODECS]
+    return cls(policy, source=source, **kw)
 
   @classmethod
   def from_specs(cls, specs: Sequence[str], *, axes: Sequence[str] | None = None) -> Recipe:
@@ -231,7 +235,7 @@ def _split(table: Any, where: _Where) -> tuple[Any, dict[str, Any]]:
     return table, {}
   rest, kw = {}, {}
   for axis, entry in table.items():
-    if not isinstance(entry, Mapping):
+    if not isinstance(entry, Mapping) or axis == CODECS:  # [codecs] is the Policy's to read
       rest[axis] = entry
       continue
     rest[axis] = {}

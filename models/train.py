@@ -54,6 +54,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jcoccl  # noqa: E402
+from jcoccl.compressors import import_codecs  # noqa: E402
 from jcoccl.policy import WILDCARD  # noqa: E402
 from models import data, gpt, parallel, qwen  # noqa: E402
 from models.configs import models as presets  # noqa: E402
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     metavar="AXIS.OP=SPEC",
     help="override one entry of --policy, e.g. data.all_reduce=int4 or "
     "data.error_feedback=false (repeatable)",
+  )
+  p.add_argument(
+    "--codec",
+    action="append",
+    default=[],
+    metavar="MODULE|PLUGIN",
+    help="bring in a codec of your own before the policy is read: a module that calls "
+    "jcoccl.compressors.register, or a native plugin library (.so) (repeatable; "
+    "docs/custom_compressors.md)",
   )
   p.add_argument(
     "--zero",
@@ -204,6 +214,10 @@ def check_args(args: argparse.Namespace, n_devices: int) -> None:
   _check_mesh_fits(args)
   _check_output(args)
   args.policy_path = policy_path(args.policy)
+  try:
+    args.codec = import_codecs(args.codec)
+  except ValueError as e:
+    raise ValueError(f"--codec: {e}") from None
   for spec in args.compress:
     try:
       Recipe.from_specs([spec], axes=parallel.POLICY_AXES)
@@ -684,6 +698,7 @@ CONFIG_FLAGS = (
   "mesh",
   "policy",
   "compress",
+  "codec",
   "zero",
   "steps",
   "batch",

@@ -146,7 +146,9 @@ def compressor_reason(compressor: Any) -> str | None:
       return (
         f"compressor {c} has no native kernel for the fused backend (native: none, "
         "cast, int2/4/8 and fp8 and error_bounded with power-of-two blocks of 32 to "
-        "4096, and one hadamard around one of those); use backend='xla' (or 'auto')"
+        "4096, one hadamard around one of those, and codecs whose native plugin is "
+        "loaded with jcoccl.compressors.load_plugin); use backend='xla' (or 'auto'), "
+        "which runs its jnp definition"
       )
   return None
 

@@ -32,3 +32,4 @@ from jcoccl._src.compressors import parse as parse
 from jcoccl._src.compressors import register as register
 from jcoccl._src.compressors import registered as registered
 from jcoccl._src.compressors import unregister as unregister
+from jcoccl._src.compressors.sources import import_codecs as import_codecs
