@@ -44,9 +44,11 @@ def _x(seed: int, n: int = N_DEV * 512) -> jax.Array:
   return x.astype(jnp.float32)
 
 
-def _run(mesh, body, x, out_spec=P("d")):
+def _run(mesh, body, x, out_spec=None):
   f = jax.jit(
-    jax.shard_map(lambda v: body(v[0])[None], mesh=mesh, in_specs=P("d"), out_specs=out_spec)
+    jax.shard_map(
+      lambda v: body(v[0])[None], mesh=mesh, in_specs=P("d"), out_specs=out_spec or P("d")
+    )
   )
   return np.asarray(f(x))
 
