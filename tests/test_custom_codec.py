@@ -394,3 +394,29 @@ def test_custom_codec_decoder_is_total_and_keeps_nonfinite():
       buf = jnp.asarray(rng.integers(0, 256, (3, c.payload_nbytes(64, jnp.float32)), np.uint8))
       out = c.decode_rows(buf, 64, jnp.float32)
       assert out.shape == (3, 64) and out.dtype == jnp.float32
+
+
+def _doc_blocks(lang: str) -> list[str]:
+  text = (ROOT / "docs" / "custom_compressors.md").read_text()
+  return [b.split("\n", 1)[1] for b in text.split("```")[1::2] if b.startswith(lang + "\n")]
+
+
+def test_custom_codec_doc_quickstart_runs(tmp_path, monkeypatch, mesh):
+  """docs/custom_compressors.md's codec and policy file, as a user copies them."""
+  code, toml = _doc_blocks("python")[0], _doc_blocks("toml")[0]
+  assert len(code.splitlines()) < 50
+  (tmp_path / "mycodecs.py").write_text(code)
+  (tmp_path / "trunc16.toml").write_text(toml)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  try:
+    pol = jcoccl.Policy.from_toml(str(tmp_path / "trunc16.toml"), axes=("data", "tensor", "pipe"))
+    c = pol.compressor("data", "all_reduce")
+    assert str(c) == "trunc16" and type(c).__name__ == "Trunc16"
+    x = jnp.concatenate([_x(8).reshape(-1)[:1000], jnp.float32([np.nan, np.inf, -np.inf, 0.0])])
+    y = c.decode(c.encode(x))
+    assert bool(jnp.all((jnp.abs(y - x) <= c.error_bound(x)) | ~jnp.isfinite(x)))
+    assert bool(jnp.isnan(y[-4])) and float(y[-3]) == np.inf and float(y[-2]) == -np.inf
+    got = _run(mesh, lambda v: jcoccl.all_reduce(v, "d", compressor="trunc16", min_bytes=0), _x(9))
+    np.testing.assert_array_equal(got[0], np.asarray(_fold(c, _x(9))))
+  finally:
+    jc.unregister("trunc16")
