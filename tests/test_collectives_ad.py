@@ -169,3 +169,39 @@ def test_error_feedback_tracks_exact_sum(which):
   # With feedback the accumulated error stays within one step's bound (the residuals).
   one_step = sum(eb(c, xs[-1, r]).mean() for r in range(4))
   assert err_fed <= 2 * one_step
+
+
+@pytest.mark.parametrize("which", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_error_feedback_recovers_after_a_nonfinite_step(which, bad):
+  """One rank's NaN/Inf gradient makes that step's output non-finite (as the exact op's is)
+  but leaves no non-finite residual: the next finite steps give finite results, and a
+  residual restored non-finite (a poisoned checkpoint) is dropped as well."""
+  c = LOSSY["int8"]
+  m = mesh((4,), ("x",))
+  ef = jcoccl.error_feedback(c)
+  xs = rand((3, 4, 512), jnp.float32, seed=6)
+  xs = xs.at[0, 2, 77].set(bad)
+
+  def body(seq, state):
+    outs = []
+    s = state[0]
+    for t in range(seq.shape[0]):
+      g = seq[t, 0]
+      if which == "all_reduce":
+        out, s = ef.all_reduce(g, s, "x", algorithm="two_shot", min_bytes=0)
+      else:
+        out, s = ef.reduce_scatter(g, s, "x", tiled=True, min_bytes=0)
+      outs.append(out)
+    return jnp.stack(outs)[None], s[None]
+
+  f = jax.jit(
+    jax.shard_map(body, mesh=m, in_specs=(P(None, "x"), P("x")), out_specs=(P("x"), P("x")))
+  )
+  outs, state = f(xs, jnp.zeros((4, 512), jnp.float32))
+  outs = np.asarray(outs)
+  assert not np.isfinite(outs[:, 0]).all()  # the bad step is visible, as with lax
+  assert np.isfinite(outs[:, 1:]).all() and np.isfinite(np.asarray(state)).all()
+  poisoned = jnp.zeros((4, 512), jnp.float32).at[1, 5].set(np.nan)
+  outs, state = f(xs[1:], poisoned)
+  assert np.isfinite(np.asarray(outs)).all() and np.isfinite(np.asarray(state)).all()

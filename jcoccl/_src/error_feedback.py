@@ -85,16 +85,24 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
     )
 
   def compensate(grads: Any, state: Any, roundtrip: Any) -> tuple[Any, Any]:
-    """y = g + e (cast to g's dtype); new e = y - roundtrip(y) in float32."""
+    """y = g + e (cast to g's dtype); new e = y - roundtrip(y) in float32.
+
+    A non-finite residual element is reset to 0, both the one read and the one kept: a
+    NaN/Inf gradient (a step that loss scaling skips) makes that step's output non-finite,
+    as the exact op's would be, but leaves nothing behind, so later finite steps are finite
+    again (a residual restored from a poisoned checkpoint recovers too).
+    """
 
     def leaf(g, e):
+      e = jnp.where(jnp.isfinite(e), e, jnp.zeros_like(e))
       y = (g.astype(jnp.float32) + e).astype(g.dtype)
       sent = roundtrip(y)
       if sent is None:
         return y, jnp.zeros_like(e)
-      return y, (y.astype(jnp.float32) - sent.astype(jnp.float32)) + (
+      new = (y.astype(jnp.float32) - sent.astype(jnp.float32)) + (
         (g.astype(jnp.float32) + e) - y.astype(jnp.float32)
       )
+      return y, jnp.where(jnp.isfinite(new), new, jnp.zeros_like(new))
 
     pairs = jax.tree_util.tree_map(leaf, grads, state)
     ys = jax.tree_util.tree_map(lambda g, p: p[0], grads, pairs)
