@@ -28,6 +28,12 @@ ALL = [
   jc.int4(block_size=128, symmetric=False),
   jc.int2(),
   jc.int2(block_size=4096, symmetric=False),
+  jc.int7(),
+  jc.int6(block_size=64, symmetric=False),
+  jc.int5(),
+  jc.int3(block_size=32),
+  jc.int3(block_size=512, symmetric=False),
+  jc.int3(rounding="stochastic"),
   jc.int8(rounding="stochastic"),
   jc.int4(symmetric=False, rounding="stochastic"),
   jc.fp8(),
@@ -143,6 +149,11 @@ def test_payload_ratios():
   assert jc.int8().payload_nbytes(n, jnp.float32) <= 0.254 * 4 * n
   assert jc.int4().payload_nbytes(n, jnp.float32) == n * (0.5 + 4 / 256)
   assert jc.int2().payload_nbytes(n, jnp.float32) == n * (0.25 + 4 / 256)
+  # Every width packs without waste: b bits per value plus the block scales (and mins).
+  for b, f in ((3, jc.int3), (5, jc.int5), (6, jc.int6), (7, jc.int7)):
+    assert f().payload_nbytes(n, jnp.float32) == n * b // 8 + 4 * (n // 256)
+    assert f(symmetric=False).payload_nbytes(n, jnp.bfloat16) == n * b // 8 + 8 * (n // 256)
+    assert str(f()) == f"int{b}" and jc.parse(f"int{b}:asym") == f(symmetric=False)
   assert jc.int4(symmetric=False).payload_nbytes(n, jnp.float32) == n * (0.5 + 8 / 256)
   assert jc.fp8().payload_nbytes(n, jnp.bfloat16) == n * (1 + 4 / 128)
   assert jc.cast(jnp.bfloat16).payload_nbytes(n, jnp.float32) == 2 * n
@@ -262,8 +273,8 @@ def test_registered_family_is_parsed_printed_and_kept_off_native_kernels(monkeyp
   assert bool(jnp.all(jnp.abs(c.decode(c.encode(x)) - x) <= c.error_bound(x)))
   with pytest.raises(ValueError, match="'i8w:blk=3'.*block=INT"):
     jc.parse("i8w:blk=3")
-  with pytest.raises(ValueError, match="'int7'.*i8w"):
-    jc.parse("int7")
+  with pytest.raises(ValueError, match="'int9'.*i8w"):
+    jc.parse("int9")
   # Taking over a built-in name warns, and the name then builds the new class.
   with pytest.warns(UserWarning, match="'int8' built IntCompressor; it now builds .*Int8Wide"):
     jc.register({"int8": build}, Int8Wide, keys={"block": "block_size"})
@@ -451,7 +462,7 @@ def test_bad_inputs():
   with pytest.raises(ValueError, match="dtype.*bfloat16, float16"):
     jc.cast(jnp.int8)
   with pytest.raises(ValueError, match="bits"):
-    jc.IntCompressor(bits=3)
+    jc.IntCompressor(bits=9)
   with pytest.raises(ValueError, match="granule 256"):
     jc.int8().encode_rows(jnp.zeros((2, 300)))
   with pytest.raises(ValueError, match="granule"):

@@ -66,6 +66,11 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "word |= c << (bits * t);",
     "word |= c << (bits * (t ^ 1));",
   ),
+  "odd_width_code_order": (
+    "cuda/gpu/codecs.cu",
+    "word |= static_cast<uint64_t>(c) << (bits * t);",
+    "word |= static_cast<uint64_t>(c) << (bits * (t ^ 1));",
+  ),
   "round_half_away": ("cuda/codecs/format.h", "return rintf(x);", "return roundf(x);"),
   "eb_last_word": (
     "cuda/gpu/codecs.cu",
@@ -342,6 +347,7 @@ class CodecLib:
 # ---- cases ---------------------------------------------------------------------------------
 
 BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+ODD_WIDTH_BLOCKS = (32, 256, 4096)
 
 
 def specs() -> list[Spec]:
@@ -355,6 +361,10 @@ def specs() -> list[Spec]:
     for bits in (8, 4, 2):
       out.append(Spec(f"int{bits}_B{b}", gc.INT, bits=bits, block=b))
       out.append(Spec(f"int{bits}_asym_B{b}", gc.INT, bits=bits, block=b, symmetric=0))
+    if b in ODD_WIDTH_BLOCKS:  # the byte-straddling widths: packing is what differs
+      for bits in (7, 6, 5, 3):
+        out.append(Spec(f"int{bits}_B{b}", gc.INT, bits=bits, block=b))
+        out.append(Spec(f"int{bits}_asym_B{b}", gc.INT, bits=bits, block=b, symmetric=0))
     out.append(Spec(f"fp8_e4m3_B{b}", gc.FP8, block=b, fp8=0))
     out.append(Spec(f"fp8_e5m2_B{b}", gc.FP8, block=b, fp8=1))
     out.append(Spec(f"eb_1e-2_B{b}", gc.ERROR_BOUNDED, block=b, abs_error=1e-2))
@@ -365,6 +375,7 @@ def specs() -> list[Spec]:
     Spec("had256_int4_B128", gc.INT, bits=4, block=128, hadamard=256),
     Spec("had32_int2_asym_B256", gc.INT, bits=2, block=256, symmetric=0, hadamard=32),
     Spec("had4096_int8_B64", gc.INT, bits=8, block=64, hadamard=4096),
+    Spec("had128_int3_B128", gc.INT, bits=3, block=128, hadamard=128),
     Spec("had64_fp8_e4m3_B128", gc.FP8, block=128, hadamard=64),
     Spec("had128_eb_B32", gc.ERROR_BOUNDED, block=32, abs_error=1e-2, hadamard=128),
   ]

@@ -37,7 +37,7 @@ enum class Fp8Format : int32_t { kE4M3 = 0, kE5M2 = 1 };
 // {kind=kInt, bits=4, block=128, symmetric=true, hadamard=256}.
 struct CodecSpec {
   Kind kind = Kind::kNone;
-  int32_t bits = 8;                  // kInt: 8, 4 or 2
+  int32_t bits = 8;                  // kInt: 2 to 8
   int32_t block = 1;                 // kInt, kFp8, kErrorBounded: B (power of two, 32..4096)
   bool symmetric = true;             // kInt
   Fp8Format fp8 = Fp8Format::kE4M3;  // kFp8
@@ -95,7 +95,7 @@ inline const char* Validate(const CodecSpec& s) {
         return "cast_dtype must be bfloat16 (1) or float16 (2)";
       break;
     case Kind::kInt:
-      if (s.bits != 8 && s.bits != 4 && s.bits != 2) return "bits must be 8, 4 or 2";
+      if (s.bits < 2 || s.bits > 8) return "bits must be 2 to 8";
       [[fallthrough]];
     case Kind::kFp8:
       if (s.kind == Kind::kFp8 && s.fp8 != Fp8Format::kE4M3 && s.fp8 != Fp8Format::kE5M2)

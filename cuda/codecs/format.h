@@ -206,8 +206,8 @@ JCOCCL_HD int IntQmax(int bits) { return (1 << (bits - 1)) - 1; }
 
 // float32(1 / qmax) (symmetric) or float32(1 / (2^b - 1)) (asymmetric).
 JCOCCL_HD float IntR(int bits, bool symmetric) {
-  if (symmetric) return bits == 8 ? 1.0f / 127.0f : (bits == 4 ? 1.0f / 7.0f : 1.0f);
-  return bits == 8 ? 1.0f / 255.0f : (bits == 4 ? 1.0f / 15.0f : 1.0f / 3.0f);
+  const int levels = symmetric ? (1 << (bits - 1)) - 1 : (1 << bits) - 1;
+  return 1.0f / static_cast<float>(levels);
 }
 
 JCOCCL_HD uint32_t IntCodeSym(float x, float s, int bits) {
@@ -231,10 +231,15 @@ JCOCCL_HD float IntDecodeAsym(uint32_t u, float lo, float s) {
   return lo + p;
 }
 
-// b-bit code of element i from the packed codes (LSB first).
+// b-bit code of element i from the packed codes (a little-endian bit stream). A code that
+// straddles two bytes ends inside its group of 8 codes (b whole bytes), so the second byte
+// read is always part of the payload.
 JCOCCL_HD uint32_t UnpackCode(const uint8_t* codes, int64_t i, int bits) {
   const int64_t bit = i * bits;
-  return (codes[bit >> 3] >> (bit & 7)) & ((1u << bits) - 1u);
+  const int off = static_cast<int>(bit & 7);
+  uint32_t w = codes[bit >> 3];
+  if (off + bits > 8) w |= static_cast<uint32_t>(codes[(bit >> 3) + 1]) << 8;
+  return (w >> off) & ((1u << bits) - 1u);
 }
 
 // ---- error_bounded -------------------------------------------------------------------------

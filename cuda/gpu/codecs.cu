@@ -181,7 +181,22 @@ __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& 
   const float sc = finite ? (s.symmetric ? amax * R : (hi - lo) * R) : qnan;
   const float mn = finite ? lo : qnan;
   uint8_t* codes = out + base * bits / 8;
-  for (int64_t q = lane; q < quads; q += 32) {
+  if (8 % bits != 0) {
+    // 3, 5, 6, 7 bits: each lane packs a group of 8 codes into `bits` whole bytes.
+    for (int64_t g = lane; g < B / 8; g += 32) {
+      float v[8];
+      src.get4(base + 8 * g, v);
+      src.get4(base + 8 * g + 4, v + 4);
+      uint64_t word = 0;
+      for (int t = 0; t < 8; ++t) {
+        const uint32_t c =
+            s.symmetric ? IntCodeSym(v[t], sc, bits) : IntCodeAsym(v[t], mn, sc, bits);
+        word |= static_cast<uint64_t>(c) << (bits * t);
+      }
+      for (int j = 0; j < bits; ++j) codes[bits * g + j] = static_cast<uint8_t>(word >> (8 * j));
+    }
+  }
+  for (int64_t q = lane; q < quads && 8 % bits == 0; q += 32) {
     float v[4];
     src.get4(base + 4 * q, v);
     uint32_t word = 0;

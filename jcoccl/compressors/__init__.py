@@ -23,7 +23,11 @@ from jcoccl._src.compressors import error_bounded as error_bounded
 from jcoccl._src.compressors import fp8 as fp8
 from jcoccl._src.compressors import hadamard as hadamard
 from jcoccl._src.compressors import int2 as int2
+from jcoccl._src.compressors import int3 as int3
 from jcoccl._src.compressors import int4 as int4
+from jcoccl._src.compressors import int5 as int5
+from jcoccl._src.compressors import int6 as int6
+from jcoccl._src.compressors import int7 as int7
 from jcoccl._src.compressors import int8 as int8
 from jcoccl._src.compressors import none as none
 from jcoccl._src.compressors import parse as parse

@@ -1,7 +1,7 @@
 """Compressors: the wire formats of cuda/WIRE_FORMAT.md as jnp code (the specification).
 
 A compressor is a frozen, hashable dataclass (usable as a static jit argument and as a
-primitive parameter) built by a factory: ``none``, ``cast``, ``int8``/``int4``/``int2``,
+primitive parameter) built by a factory: ``none``, ``cast``, ``int2`` ... ``int8``,
 ``fp8``, ``hadamard``, ``error_bounded``, or ``parse(spec)``.
 
 Public fields, read by the native glue to map a compressor to kernel attributes:
@@ -11,7 +11,7 @@ Public fields, read by the native glue to map a compressor to kernel attributes:
   ============================  ==================================================================
   NoneCompressor ("none")       (none)
   CastCompressor ("cast")       ``dtype``: numpy dtype bfloat16 or float16
-  IntCompressor ("int")         ``bits`` (8, 4, 2), ``block_size``, ``symmetric`` (bool),
+  IntCompressor ("int")         ``bits`` (2 to 8), ``block_size``, ``symmetric`` (bool),
                                 ``rounding`` ("nearest" | "stochastic")
   Fp8Compressor ("fp8")         ``fmt`` ("e4m3" | "e5m2"), ``block_size``
   HadamardCompressor            ``inner`` (a Compressor), ``size`` (H); ``rounding`` mirrors inner
@@ -46,7 +46,11 @@ from jcoccl._src.compressors.factories import error_bounded as error_bounded
 from jcoccl._src.compressors.factories import fp8 as fp8
 from jcoccl._src.compressors.factories import hadamard as hadamard
 from jcoccl._src.compressors.factories import int2 as int2
+from jcoccl._src.compressors.factories import int3 as int3
 from jcoccl._src.compressors.factories import int4 as int4
+from jcoccl._src.compressors.factories import int5 as int5
+from jcoccl._src.compressors.factories import int6 as int6
+from jcoccl._src.compressors.factories import int7 as int7
 from jcoccl._src.compressors.factories import int8 as int8
 from jcoccl._src.compressors.factories import none as none
 from jcoccl._src.compressors.fp8 import Fp8Compressor as Fp8Compressor

@@ -2,12 +2,15 @@
 
 Every codec is a frozen (hashable) dataclass: its fields are the codec's parameters and its
 methods are pure jnp functions of arrays, so a compressor can be a static ``jax.jit``
-argument or a primitive parameter. Subclasses implement four hooks on 2-D float32 rows:
+argument or a primitive parameter. Subclasses implement hooks on 2-D float32 rows (the
+public contract, docs/custom_compressors.md):
 
-  encode_f32(x2d, key)    float32[rows, n] -> uint8[rows, payload_nbytes]
+  granule                 row lengths are multiples of it
+  row_nbytes(n, dtype)    exact bytes of one row
+  encode_f32(x2d, key)    float32[rows, n] -> uint8[rows, row_nbytes]
   decode_f32(buf, n)      uint8[rows, P] -> float32[rows, n]
-  row_nbytes(n, dtype) exact bytes of one row
   bound_f32(x2d)          per-element error bound of a float32 round trip
+  decode_sum_f32(buf, n)  optional: the decoded rows' float32 left fold
 
 and the base class adds input checks, padding, output casts, reductions and the choice of
 implementation ("jnp" or "native").
@@ -139,24 +142,41 @@ def bytes_to_u32(b: jax.Array) -> jax.Array:
 
 
 def pack_bits(codes: jax.Array, bits: int) -> jax.Array:
-  """uint8 codes < 2**bits, [..., n] -> uint8[..., n*bits/8], LSB first."""
+  """uint8 codes < 2**bits, [..., n] (n a multiple of 8) -> uint8[..., n*bits/8].
+
+  A little-endian bit stream: code i occupies bits [i*bits, (i+1)*bits) of the row, so every
+  8 codes fill ``bits`` whole bytes (cuda/WIRE_FORMAT.md "int"). For 2, 4 and 8 bits that is
+  also 8/bits codes per byte, LSB first.
+  """
   if bits == 8:
     return codes.astype(jnp.uint8)
-  per = 8 // bits
-  c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // per, per)
-  shifts = (jnp.arange(per, dtype=jnp.uint8) * bits).astype(jnp.uint8)
-  # Fields do not overlap, so the sum is the bitwise or.
-  return jnp.sum(c << shifts, axis=-1, dtype=jnp.uint8)
+  c = codes.astype(jnp.uint32).reshape(*codes.shape[:-1], codes.shape[-1] // 8, 8)
+  out = []
+  for j in range(bits):  # output byte j of each group of 8 codes: stream bits [8j, 8j+8)
+    byte = jnp.zeros(c.shape[:-1], jnp.uint32)
+    for t in range(8):
+      shift = bits * t - 8 * j
+      if -bits < shift < 8:  # code t has bits in this byte
+        part = c[..., t] << shift if shift >= 0 else c[..., t] >> -shift
+        byte = byte | part
+    out.append((byte & 0xFF).astype(jnp.uint8))
+  return jnp.stack(out, axis=-1).reshape(*codes.shape[:-1], codes.shape[-1] * bits // 8)
 
 
 def unpack_bits(packed: jax.Array, bits: int, n: int) -> jax.Array:
   """Inverse of :func:`pack_bits`: uint8[..., n*bits/8] -> uint8[..., n]."""
   if bits == 8:
     return packed
-  per = 8 // bits
-  shifts = (jnp.arange(per, dtype=jnp.uint8) * bits).astype(jnp.uint8)
-  c = (packed[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
-  return c.reshape(*packed.shape[:-1], n)
+  p = packed.astype(jnp.uint32).reshape(*packed.shape[:-1], n // 8, bits)
+  mask = jnp.uint32((1 << bits) - 1)
+  out = []
+  for t in range(8):
+    j, off = divmod(bits * t, 8)
+    v = p[..., j] >> off
+    if off + bits > 8:  # the code runs into the next byte of the group
+      v = v | (p[..., j + 1] << (8 - off))
+    out.append((v & mask).astype(jnp.uint8))
+  return jnp.stack(out, axis=-1).reshape(*packed.shape[:-1], n)
 
 
 def blocks(x: jax.Array, block: int) -> jax.Array:
@@ -251,7 +271,7 @@ class Compressor:
     ...   def decode_f32(self, buf, n):
     ...     hi = lax.bitcast_convert_type(buf.reshape(-1, n, 2), jnp.uint16)
     ...     return lax.bitcast_convert_type(hi.astype(jnp.uint32) << 16, jnp.float32)
-    ...   def bound_f32(self, x): return jnp.abs(x) * 2.0**-7
+    ...   def bound_f32(self, x): return jnp.abs(x) * 2.0**-7 + 2.0**-126
     >>> str(jc.parse("trunc16"))
     'trunc16'
   """

@@ -40,7 +40,7 @@ def _int(bits: int, block_size: int, symmetric: bool, rounding: str) -> IntCompr
   return IntCompressor(bits=bits, block_size=block_size, symmetric=symmetric, rounding=rounding)
 
 
-_INT_DOC = """{bits}-bit blockwise quantization (wire format: cuda/WIRE_FORMAT.md "int{{8,4,2}}").
+_INT_DOC = """{bits}-bit blockwise quantization (wire format: cuda/WIRE_FORMAT.md "int").
 
   Args:
     block_size: elements per float32 scale; a power of two in 32..4096.
@@ -63,22 +63,26 @@ _INT_DOC = """{bits}-bit blockwise quantization (wire format: cuda/WIRE_FORMAT.m
   """
 
 
-def int8(block_size: int = 256, symmetric: bool = True, rounding: str = "nearest") -> IntCompressor:
-  return _int(8, block_size, symmetric, rounding)
+def _int_factory(bits: int):
+  def factory(
+    block_size: int = 256, symmetric: bool = True, rounding: str = "nearest"
+  ) -> IntCompressor:
+    return _int(bits, block_size, symmetric, rounding)
 
-
-def int4(block_size: int = 256, symmetric: bool = True, rounding: str = "nearest") -> IntCompressor:
-  return _int(4, block_size, symmetric, rounding)
-
-
-def int2(block_size: int = 256, symmetric: bool = True, rounding: str = "nearest") -> IntCompressor:
-  return _int(2, block_size, symmetric, rounding)
-
-
-for _f, _b in ((int8, 8), (int4, 4), (int2, 2)):
-  _f.__doc__ = _INT_DOC.format(
-    bits=_b, qmax=2 ** (_b - 1) - 1, lmax=2**_b - 1, example=1024 * _b // 8 + 16
+  factory.__name__ = factory.__qualname__ = f"int{bits}"
+  factory.__doc__ = _INT_DOC.format(
+    bits=bits, qmax=2 ** (bits - 1) - 1, lmax=2**bits - 1, example=1024 * bits // 8 + 16
   )
+  return factory
+
+
+int8 = _int_factory(8)
+int7 = _int_factory(7)
+int6 = _int_factory(6)
+int5 = _int_factory(5)
+int4 = _int_factory(4)
+int3 = _int_factory(3)
+int2 = _int_factory(2)
 
 
 def fp8(fmt: str = "e4m3", block_size: int = 128) -> Fp8Compressor:

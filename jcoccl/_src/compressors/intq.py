@@ -1,4 +1,4 @@
-"""Blockwise integer quantization: int8, int4, int2 (symmetric or asymmetric)."""
+"""Blockwise integer quantization: int2 ... int8 (symmetric or asymmetric)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jcoccl._src.compressors import _base as B
 from jcoccl._src.compressors import registry
 
 ROUNDINGS = ("nearest", "stochastic")
-BITS = (8, 4, 2)
+BITS = (8, 7, 6, 5, 4, 3, 2)
 
 
 def check_rounding(rounding: str) -> str:

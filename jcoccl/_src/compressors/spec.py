@@ -10,7 +10,7 @@ A wrapping family (hadamard) takes the parenthesised inner spec; the others must
 family names its NAMEs, flags and keys:
 
   none | bf16 (bfloat16) | fp16 (float16, f16)   no options
-  int8 | int4 | int2     block=INT | sym | asym | nearest | stochastic
+  int2 ... int8          block=INT | sym | asym | nearest | stochastic
   fp8                    e4m3 | e5m2 | block=INT
   eb (error_bounded)     abs=FLOAT (required) | block=INT
   hadamard(<spec>)       size=INT
@@ -20,7 +20,8 @@ colon is followed by at least one option ("int8:" is an error), INT is decimal d
 
 ``str(c)`` writes only options that differ from the defaults, e.g. "int8",
 "int4:block=128,asym", "int8:stochastic", "fp8:e5m2,block=64", "hadamard(int4:block=128)",
-"hadamard(int4):size=64", "eb:abs=0.001", "eb:abs=0.01,block=64".
+"hadamard(int4):size=64", "eb:abs=0.001", "eb:abs=0.01,block=64". Codecs registered with
+``jcoccl.compressors.register`` declare their own names and options.
 """
 
 from __future__ import annotations
