@@ -31,4 +31,8 @@ from jcoccl._src.compressors import parse as parse
 # Codecs of your own (docs/custom_compressors.md).
 from jcoccl._src.compressors import register as register
 from jcoccl._src.compressors import registered as registered
+
+# The conformance check every codec must pass (python -m jcoccl check-codec SPEC).
+from jcoccl._src.compressors import CheckResult as CheckResult
+from jcoccl._src.compressors import check as check
 from jcoccl._src.compressors import unregister as unregister
