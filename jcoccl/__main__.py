@@ -1,8 +1,8 @@
 """Command line (also as the ``jcoccl`` script)::
 
-  python -m jcoccl info [--json]
-  python -m jcoccl check-codec SPEC_OR_FACTORY [...] [--all-builtins] [--dtypes ...]
-  python -m jcoccl --version
+python -m jcoccl info [--json]
+python -m jcoccl check-codec SPEC_OR_FACTORY [...] [--all-builtins] [--dtypes ...]
+python -m jcoccl --version
 """
 
 from __future__ import annotations

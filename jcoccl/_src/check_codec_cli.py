@@ -137,7 +137,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     with open(args.out, "w") as f:
       f.write("\n\n".join(r.table() for r in results) + "\n")
   bad = [r.codec for r in results if not r]
-  print(f"{len(results) - len(bad)}/{len(results)} codecs pass" + (f"; failing: {', '.join(bad)}" if bad else ""))
+  print(
+    f"{len(results) - len(bad)}/{len(results)} codecs pass"
+    + (f"; failing: {', '.join(bad)}" if bad else "")
+  )
   return 1 if bad else 0
 
 

@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -88,12 +89,14 @@ class Row:
     dtype: the input dtype's name, or "-" for checks without one.
     status: "PASS", "FAIL" or "SKIP".
     detail: a short measurement or reason (e.g. "max err/bound 0.502").
+    n: the row length the property ran at.
   """
 
   prop: str
   dtype: str
   status: str
   detail: str
+  n: int = 0
 
 
 @dataclasses.dataclass
@@ -136,8 +139,10 @@ class CheckResult:
     verdict = "PASS" if self else f"FAIL ({len(self.failures)} failing rows)"
     head = f"check {self.codec}: {verdict} in {self.seconds:.1f} s"
     w = max([len(p) for p in PROPERTIES] + [len(r.prop) for r in self.rows])
-    lines = [head, f"  {'property':<{w}}  {'dtype':<8}  status  detail"]
-    lines += [f"  {r.prop:<{w}}  {r.dtype:<8}  {r.status:<6}  {r.detail}" for r in self.rows]
+    lines = [head, f"  {'property':<{w}}  {'dtype':<8}  {'n':>5}  status  detail"]
+    lines += [
+      f"  {r.prop:<{w}}  {r.dtype:<8}  {r.n:>5}  {r.status:<6}  {r.detail}" for r in self.rows
+    ]
     return "\n".join(lines)
 
   def __str__(self) -> str:
@@ -160,16 +165,15 @@ def _scenarios(n: int, block: int, dtype: jnp.dtype, rng: np.random.Generator) -
   sub = float(fi.smallest_subnormal)
   top = np.log2(fmax) - 8  # the largest scale that leaves room for outliers
 
-  def normal(exp: float) -> np.ndarray:
-    return rng.standard_normal(n) * 2.0 ** min(exp, top)
+  def normal(exp: int) -> np.ndarray:
+    return rng.standard_normal(n) * 2.0 ** min(exp, int(top))
 
   spike = normal(0)
-  spike[np.arange(0, n, block) + rng.integers(0, block, n // block)] = 2.0 ** min(14, top)
+  starts = np.arange(0, n - block + 1, block)
+  spike[starts + rng.integers(0, block, len(starts))] = 2.0 ** min(14, top)
   rows = {
     "normal": normal(0),
-    "normal*2^-20": normal(-20),
-    "normal*2^20": normal(20),
-    "normal*2^100": normal(100),
+    **{f"normal*2^{min(e, int(top))}": normal(e) for e in (-20, 20, 100)},
     "spike": spike,
     "cauchy": rng.standard_cauchy(n),
     "student_t2": rng.standard_t(2, n) * 2.0**10,
@@ -193,7 +197,7 @@ def _nonfinite_rows(n: int, block: int) -> dict:
     out[f"{name}_in_block"] = r
   r = base.copy()
   r[:block] = np.nan
-  r[block] = np.inf
+  r[min(block, n - 1)] = np.inf
   out["nan_block"] = r
   return out
 
@@ -228,7 +232,7 @@ class _Inputs:
 
 def _inputs(c: Compressor, n: int, dtype: jnp.dtype, seed: int) -> _Inputs:
   rng = np.random.default_rng(seed)
-  block = min(c.granule, n) if c.granule > 1 else 32
+  block = min(c.granule if c.granule > 1 else 32, n)
   fin = _scenarios(n, block, dtype, rng)
   bad = _nonfinite_rows(n, block)
   names = list(fin) + list(bad)
@@ -278,7 +282,9 @@ def _decode_ops(c: Compressor, n: int, dtype: jnp.dtype, impl: str) -> Callable:
 
   def run(buf, key):
     s = c.decode_sum(buf, n, dtype, impl=impl) if has("decode_sum") else None
-    se = c.decode_sum_encode(buf, n, dtype, key=key, impl=impl) if has("decode_sum_encode") else None
+    se = (
+      c.decode_sum_encode(buf, n, dtype, key=key, impl=impl) if has("decode_sum_encode") else None
+    )
     return {
       "decode": c.decode_rows(buf, n, dtype, impl=impl) if has("decode") else None,
       "decode_sum": s,
@@ -395,7 +401,10 @@ class _Ctx:
     x, k = self.inp.x, self.inp.finite_rows
     out = list(zip(self.inp.garbage_names, self.inp.garbage))
     try:
-      valid = [("valid", self.encode(x)[0]), ("valid finite", self.encode(x[np.arange(len(x)) % k])[0])]
+      valid = [
+        ("valid", self.encode(x)[0]),
+        ("valid finite", self.encode(x[np.arange(len(x)) % k])[0]),
+      ]
     except _SizeMismatch:
       return out
     return valid + out
@@ -418,7 +427,9 @@ class _Ctx:
       self.dec[impl] = jax.jit(run)
     return _host(self.dec[impl](*args)), None
 
-  def decode_or_skip(self, buf: np.ndarray, name: str, impl: str = "jnp") -> tuple[dict, str | None]:
+  def decode_or_skip(
+    self, buf: np.ndarray, name: str, impl: str = "jnp"
+  ) -> tuple[dict, str | None]:
     """:meth:`decode`, with a failure turned into a skip (decode_total reports it)."""
     try:
       return self.decode(buf, impl)
@@ -433,9 +444,10 @@ def _host(out: dict) -> dict:
 def _check_bound(ctx: _Ctx) -> tuple[Row, Row]:
   """Rows for 'bound' and 'nonfinite' from one encode/decode/bound of every input row."""
   x = ctx.inp.x
-  buf, bound = ctx.encode(x)
+  buf, b = ctx.encode(x)
+  assert b is not None  # the jnp encoder computes the bound too
   xh64 = ctx.decode_or_skip(buf, "valid")[0]["decode"].astype(np.float64)
-  x64, bound = x.astype(np.float64), bound.astype(np.float64)
+  x64, bound = x.astype(np.float64), b.astype(np.float64)
   finite = np.isfinite(x64)
   with np.errstate(invalid="ignore"):
     err = np.abs(x64 - xh64)
@@ -489,13 +501,14 @@ def _nonfinite_row(ctx: _Ctx, finite: np.ndarray, xh64: np.ndarray) -> Row:
   return Row("nonfinite", d, "PASS", f"{int((~finite).sum())} NaN/Inf inputs stay non-finite")
 
 
-def check_payload_size(c: Compressor, dtype: jnp.dtype, key: jax.Array) -> Row:
+def check_payload_size(c: Compressor, dtype: jnp.dtype, key: jax.Array, n: int = 0) -> Row:
   """``encode_rows`` / ``encode`` output sizes against ``payload_nbytes`` (traced only).
 
   Args:
     c: the codec.
     dtype: the input dtype.
     key: PRNG key (stochastic codecs).
+    n: a row length to check besides 1, 2, 3 and 5 times the base length.
 
   Returns:
     The table row of property "payload_size".
@@ -505,25 +518,38 @@ def check_payload_size(c: Compressor, dtype: jnp.dtype, key: jax.Array) -> Row:
     'PASS'
   """
   g = int(c.granule)
-  bad = []
-  for k in (1, 2, 3, 5):
-    n = g * k * (-(-64 // g))
-    want = c.payload_nbytes(n, dtype)
-    x = jax.ShapeDtypeStruct((3, n), dtype)
-    got = jax.eval_shape(lambda x: c.encode_rows(x, key=key, impl="jnp"), x)
-    if got.shape != (3, want) or got.dtype != jnp.uint8:
-      bad.append(f"encode_rows n={n}: {got.dtype}{list(got.shape)} != uint8[3, {want}]")
-    buf = jax.ShapeDtypeStruct((3, want), jnp.uint8)
-    got = jax.eval_shape(lambda b: c.decode_sum_encode(b, n, dtype, key=key, impl="jnp"), buf)
-    if got.shape != (want,) or got.dtype != jnp.uint8:
-      bad.append(f"decode_sum_encode n={n}: {got.dtype}{list(got.shape)} != uint8[{want}]")
-    m = n - 1
-    p = jax.eval_shape(lambda x: c.encode(x, key=key, impl="jnp"), jax.ShapeDtypeStruct((m,), dtype))
-    if p.data.shape != (c.payload_nbytes(m, dtype),):
-      bad.append(f"encode size {m}: {list(p.data.shape)} != [{c.payload_nbytes(m, dtype)}]")
+  lengths = sorted({g * k * -(-64 // g) for k in (1, 2, 3, 5)} | ({n} if n else set()))
+  bad = [e for m in lengths for e in _size_errors(c, m, dtype, key)]
   if bad:
     return Row("payload_size", dtype.name, "FAIL", "; ".join(bad[:2]))
-  return Row("payload_size", dtype.name, "PASS", f"4 row lengths (granule {g}) and encode()")
+  detail = f"row lengths {','.join(map(str, lengths))}: encode_rows, encode, decode_sum_encode"
+  return Row("payload_size", dtype.name, "PASS", detail)
+
+
+def _size_errors(c: Compressor, n: int, dtype: jnp.dtype, key: jax.Array) -> list[str]:
+  """What disagrees with ``payload_nbytes`` at row length ``n`` (shapes traced, not run)."""
+  want, u8 = c.payload_nbytes(n, dtype), jnp.dtype(jnp.uint8)
+  rows = jax.ShapeDtypeStruct((3, n), dtype)
+  bufs = jax.ShapeDtypeStruct((3, want), u8)
+  m = max(n - 1, 1)  # encode() pads it to the granule
+  flat = jax.ShapeDtypeStruct((m,), dtype)
+  got = {
+    "encode_rows": jax.eval_shape(lambda x: c.encode_rows(x, key=key, impl="jnp"), rows),
+    "decode_sum_encode": jax.eval_shape(
+      lambda b: c.decode_sum_encode(b, n, dtype, key=key, impl="jnp"), bufs
+    ),
+    "encode": jax.eval_shape(lambda x: c.encode(x, key=key, impl="jnp").data, flat),
+  }
+  shapes = {
+    "encode_rows": (3, want),
+    "decode_sum_encode": (want,),
+    "encode": (c.payload_nbytes(m, dtype),),
+  }
+  return [
+    f"{op} n={n}: {a.dtype}{list(a.shape)} != uint8{list(shapes[op])}"
+    for op, a in got.items()
+    if a.shape != shapes[op] or a.dtype != u8
+  ]
 
 
 def _check_total(ctx: _Ctx) -> Row:
@@ -546,8 +572,10 @@ def _check_total(ctx: _Ctx) -> Row:
             "decode_total", d.name, "FAIL",
             f"{impl} {op} of {name} bytes: {o.dtype}{list(o.shape)}, want {dt}{list(shape)}",
           )  # fmt: skip
-  dt = time.perf_counter() - t0
-  return Row("decode_total", d.name, "PASS", f"{len(bufs)} payloads, {'+'.join(ctx.impls)}, {dt:.1f} s")
+  secs = time.perf_counter() - t0
+  return Row(
+    "decode_total", d.name, "PASS", f"{len(bufs)} payloads, {'+'.join(ctx.impls)}, {secs:.1f} s"
+  )
 
 
 def _check_in_bounds(ctx: _Ctx) -> Row:
@@ -580,7 +608,9 @@ def _check_native(ctx: _Ctx) -> Row:
       got = ctx.decode_or_skip(buf, name, "native")[0]
       for op in OPS[1:]:
         if got[op] is not None and not _same_bits(got[op], want[op]):
-          return Row("native_match", d, "FAIL", f"{op} of {name} bytes: {_ndiff(got[op], want[op])} differ")
+          return Row(
+            "native_match", d, "FAIL", f"{op} of {name} bytes: {_ndiff(got[op], want[op])} differ"
+          )
   except Exception as e:
     return Row("native_match", d, "FAIL", f"native raised {_short(e)}")
   return Row("native_match", d, "PASS", f"{'+'.join(ops)} bit-exact")
@@ -597,9 +627,9 @@ def _check_deterministic(ctx: _Ctx) -> Row:
   d = ctx.dtype.name
   x, bufs = ctx.inp.x, ctx.payloads()
   for impl in ctx.impls:
-    if bufs[0][0] == "valid" and (impl == "jnp" or ctx.has_native("encode")):
-      if not _same_bits(ctx.encode(x, impl)[0], ctx.encode(x, impl)[0]):
-        return Row("deterministic", d, "FAIL", f"{impl} encode: two runs give different bytes")
+    encodes = bufs[0][0] == "valid" and (impl == "jnp" or ctx.has_native("encode"))
+    if encodes and not _same_bits(ctx.encode(x, impl)[0], ctx.encode(x, impl)[0]):
+      return Row("deterministic", d, "FAIL", f"{impl} encode: two runs give different bytes")
     for name, buf in bufs[:3]:
       one, two = ctx.decode_or_skip(buf, name, impl)[0], ctx.decode_or_skip(buf, name, impl)[0]
       for op in OPS[1:]:
@@ -636,7 +666,7 @@ def check(
   *,
   dtypes: Sequence[Any] = ("float32", "bfloat16", "float16"),
   seed: int = 0,
-  n: int | None = None,
+  sizes: Sequence[int] | None = None,
   time_limit_s: float = 60.0,
   verbose: bool = True,
 ) -> CheckResult:
@@ -646,7 +676,8 @@ def check(
     codec: a Compressor (built-in, registered user codec or native plugin).
     dtypes: input dtypes to check (float32, bfloat16, float16).
     seed: seeds the random inputs and, for stochastic codecs, the rounding key.
-    n: row length (a multiple of the granule); default two granules, at least 64.
+    sizes: row lengths to run at (multiples of the granule); default one, two granules
+      and at least 64 elements. Each size reruns every property (and compiles again).
     time_limit_s: the longest one decode of garbage bytes may take (compilation included).
     verbose: print the table.
 
@@ -666,12 +697,14 @@ def check(
     )
   t0 = time.perf_counter()
   result = CheckResult(str(codec))
-  length = row_length(codec) if n is None else codec._check_n(n, "n")
+  lengths = [row_length(codec)] if sizes is None else [codec._check_n(n, "sizes") for n in sizes]
   key = jax.random.key(seed)
   for dt in dtypes:
-    d = jnp.dtype(dt)
-    codec._check_dtype(d)
-    result.rows += _check_dtype(codec, d, length, key, seed, time_limit_s)
+    d = codec._check_dtype(dt)
+    for n in lengths:
+      result.rows += [
+        dataclasses.replace(r, n=n) for r in _check_dtype(codec, d, n, key, seed, time_limit_s)
+      ]
   result.rows.sort(key=lambda r: PROPERTIES.index(r.prop))
   result.seconds = time.perf_counter() - t0
   if verbose:
@@ -681,18 +714,17 @@ def check(
 
 def _check_dtype(c, d, n, key, seed, limit_s) -> list[Row]:
   ctx = _Ctx(c, n, d, key, _inputs(c, n, d, seed), limit_s)
-  rows = [_guard("payload_size", d, lambda: check_payload_size(c, d, key))]
-  total = _guard("decode_total", d, lambda: _check_total(ctx))
-  rows.append(total)
-  b = _guard_pair(("bound", "nonfinite"), d, lambda: _check_bound(ctx))
-  rows += list(b)
-  for prop, fn in (
-    ("decode_in_bounds", _check_in_bounds),
-    ("native_match", _check_native),
-    ("deterministic", _check_deterministic),
-    ("decode_sum_order", _check_sum_order),
-  ):
-    rows.append(_guard(prop, d, lambda fn=fn: fn(ctx)))
+  rows = [_guard("payload_size", d, lambda: check_payload_size(c, d, key, n))]
+  rows.append(_guard("decode_total", d, lambda: _check_total(ctx)))
+  rows += _guard_pair(("bound", "nonfinite"), d, lambda: _check_bound(ctx))
+  checks: dict[str, Callable[[_Ctx], Row]] = {
+    "decode_in_bounds": _check_in_bounds,
+    "native_match": _check_native,
+    "deterministic": _check_deterministic,
+    "decode_sum_order": _check_sum_order,
+  }
+  for prop, fn in checks.items():
+    rows.append(_guard(prop, d, functools.partial(fn, ctx)))
   return rows
 
 
