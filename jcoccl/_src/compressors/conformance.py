@@ -5,7 +5,7 @@
 ``encode``/``decode``), with ``impl="jnp"`` and, where a kernel exists, ``impl="native"``;
 built-in codecs, registered user codecs and native plugins are checked alike.
 
-Properties (one table row per property and dtype):
+Properties (one table row per property, dtype and row length):
 
   =================  ==========================================================================
   bound              ``|x - decode(encode(x))| <= error_bound(x)`` on adversarial finite data
@@ -13,9 +13,11 @@ Properties (one table row per property and dtype):
                      several scales) and on the finite blocks of rows with NaN/Inf; lossless
                      codecs round-trip bit for bit (NaN payloads included)
   nonfinite          NaN/Inf inputs decode to NaN/Inf (never to a finite value)
-  payload_size       ``encode_rows`` and ``encode`` produce ``payload_nbytes`` bytes per row
-  decode_total       any bytes (random, 0x00, 0xff, NaN patterns) decode without error, to the
-                     right shape and dtype, within ``time_limit_s`` (jnp and native)
+  payload_size       ``encode_rows``, ``encode`` and ``decode_sum_encode`` produce
+                     ``payload_nbytes`` bytes per row, at several row lengths
+  decode_total       valid payloads and any bytes (random, 0x00, 0xff, NaN patterns) decode
+                     without error, to the right shape and dtype, within ``time_limit_s``
+                     (jnp and native)
   decode_in_bounds   the jnp decoders never index outside their buffer (``checkify``'s index
                      checks: jnp would otherwise clamp such reads silently)
   native_match       native == jnp bit for bit for every op with a kernel (SKIP without one)
@@ -24,6 +26,12 @@ Properties (one table row per property and dtype):
                      cast once (NaN compared as NaN); ``decode_sum_encode`` is
                      ``encode(decode_sum)`` bit for bit
   =================  ==========================================================================
+
+A property that cannot run because another failed (no round trip when the encoder writes the
+wrong size; nothing to compare when a decoder raises) is SKIP, naming the failing one. Native
+decoders run on the same garbage in decode_total; a read outside a buffer in native code
+shows only under a sanitizer (``tools/asan_fuzz.sh``). Stochastic codecs run with
+``jax.random.key(seed)``: the bound is their stochastic bound, determinism is for that key.
 
 Example:
   >>> import jcoccl.compressors as jc
