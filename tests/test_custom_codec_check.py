@@ -271,6 +271,7 @@ def test_custom_codec_cli_broken_factory_fails(tmp_path):
     (["json:dumps"], "json:dumps() raised TypeError"),
     ([], "name at least one codec"),
     (["int8", "--dtypes", "float64"], "invalid choice"),
+    (["int8", "--sizes", "100"], "multiple of the granule 256"),
   ],
 )
 def test_custom_codec_cli_bad_arguments_exit_2(args, match, capsys):

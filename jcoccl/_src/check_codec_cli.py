@@ -45,6 +45,13 @@ def add_parser(sub: Any) -> None:
   )
   c.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
   c.add_argument(
+    "--sizes",
+    nargs="+",
+    type=int,
+    metavar="N",
+    help="row lengths to run at, multiples of each codec's granule (default: two granules)",
+  )
+  c.add_argument(
     "--import",
     dest="imports",
     action="append",
@@ -131,7 +138,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 2
   results = []
   for c in codecs:
-    results.append(conformance.check(c, dtypes=args.dtypes, seed=args.seed, verbose=True))
+    try:
+      r = conformance.check(c, dtypes=args.dtypes, seed=args.seed, sizes=args.sizes)
+    except ValueError as e:  # a size that is not a multiple of the granule
+      print(f"jcoccl check-codec: error: --sizes: {e}", file=sys.stderr)
+      return 2
+    results.append(r)
     print(flush=True)
   if args.out:
     with open(args.out, "w") as f:
