@@ -1,5 +1,9 @@
-"""Command line: ``python -m jcoccl info [--json]``, ``python -m jcoccl --version``
-(also as the ``jcoccl`` script)."""
+"""Command line (also as the ``jcoccl`` script)::
+
+python -m jcoccl info [--json]
+python -m jcoccl check-codec SPEC_OR_FACTORY [...] [--all-builtins] [--dtypes ...]
+python -m jcoccl --version
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,12 @@ def main(argv: list[str] | None = None) -> int:
   sub = p.add_subparsers(dest="cmd", required=True)
   i = sub.add_parser("info", help="versions, native extensions, devices")
   i.add_argument("--json", action="store_true", help="print JSON instead of text")
+  from jcoccl._src import check_codec_cli
+
+  check_codec_cli.add_parser(sub)
   args = p.parse_args(argv)
+  if args.cmd == "check-codec":
+    return check_codec_cli.run(args, p)
   from jcoccl._src.info import format_info, info
 
   d = info()

@@ -11,6 +11,7 @@ Example:
 """
 
 from jcoccl._src.compressors import CastCompressor as CastCompressor
+from jcoccl._src.compressors import CheckResult as CheckResult
 from jcoccl._src.compressors import Compressor as Compressor
 from jcoccl._src.compressors import ErrorBoundedCompressor as ErrorBoundedCompressor
 from jcoccl._src.compressors import Fp8Compressor as Fp8Compressor
@@ -19,6 +20,7 @@ from jcoccl._src.compressors import IntCompressor as IntCompressor
 from jcoccl._src.compressors import NoneCompressor as NoneCompressor
 from jcoccl._src.compressors import Payload as Payload
 from jcoccl._src.compressors import cast as cast
+from jcoccl._src.compressors import check as check
 from jcoccl._src.compressors import error_bounded as error_bounded
 from jcoccl._src.compressors import fp8 as fp8
 from jcoccl._src.compressors import hadamard as hadamard

@@ -40,6 +40,8 @@ from jcoccl._src.compressors import identity as _identity_family  # noqa: F401
 from jcoccl._src.compressors import intq as _intq_family  # noqa: F401
 from jcoccl._src.compressors._base import Compressor as Compressor
 from jcoccl._src.compressors._base import Payload as Payload
+from jcoccl._src.compressors.conformance import CheckResult as CheckResult
+from jcoccl._src.compressors.conformance import check as check
 from jcoccl._src.compressors.error_bounded import ErrorBoundedCompressor as ErrorBoundedCompressor
 from jcoccl._src.compressors.factories import cast as cast
 from jcoccl._src.compressors.factories import error_bounded as error_bounded

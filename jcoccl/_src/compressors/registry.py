@@ -152,7 +152,7 @@ def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
   except Exception:  # unresolvable annotations: fall back to the defaults' types
     hints = {}
-  out = {}
+  out: dict[str, Any] = {}
   for f in dataclasses.fields(cls):
     if not f.init:
       continue
