@@ -382,6 +382,12 @@ def test_custom_codec_across_processes():
   assert r.stdout.count("ok one_shot") == 2 and r.stdout.count("ok two_shot") == 2
 
 
+def test_custom_codec_topk_passes_the_conformance_check():
+  r = jc.check(TopK(k=4, block_size=64), dtypes=("float32", "bfloat16"), verbose=False)
+  assert r, r.table()
+  assert r.status("native_match") == {"SKIP"} and r.status("bound") == {"PASS"}
+
+
 def test_custom_codec_decoder_is_total_and_keeps_nonfinite():
   c = TopK(k=4, block_size=32)
   x = jnp.zeros((1, 64)).at[0, 3].set(jnp.nan).at[0, 40].set(5.0)

@@ -11,8 +11,9 @@ non-finite: it decodes to NaN (the encoder writes 0xFFFF when a block holds NaN 
 NaN/Inf survive; any other bytes decode to something, never an error).
 
 Error bound: a kept value is exact; a dropped value decodes to 0, so its error is |x| exactly.
-The bound is therefore |x_i| for the values the encoder drops and 0 for the ones it keeps
-(ties between equal magnitudes go to the lower index), inf in blocks with NaN/Inf.
+The bound is therefore |x_i| for the values the encoder drops and 0 for the ones it keeps,
+plus 2**-126 everywhere (XLA:CPU flushes subnormals), inf in blocks with NaN/Inf; ties
+between equal magnitudes go to the lower index.
 
 Run the demo (8 CPU devices, data-parallel all_reduce with error feedback):
   python -m examples.custom_codecs.topk
@@ -90,7 +91,9 @@ class TopK(jc.Compressor):
     r = jnp.arange(xb.shape[0])[:, None, None]
     c = jnp.arange(xb.shape[1])[None, :, None]
     kept = kept.at[r, c, idx].set(True, unique_indices=True)
-    b = jnp.where(kept, 0.0, jnp.abs(xb))
+    # XLA:CPU flushes float32 subnormals in arithmetic (|x| of one reads 0 and a kept one
+    # may decode to 0): an absolute 2**-126 covers them, as in the built-ins' bounds.
+    b = jnp.where(kept, 0.0, jnp.abs(xb)) + np.float32(2.0**-126)
     return jnp.where(finite, b, jnp.inf).reshape(x.shape)
 
 
