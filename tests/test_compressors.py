@@ -40,6 +40,8 @@ ALL = [
   jc.fp8("e5m2", block_size=64),
   jc.hadamard(jc.int4(block_size=128)),
   jc.hadamard(jc.int8(block_size=64), size=256),
+  jc.spike(jc.int4(), k=4),
+  jc.spike(jc.int3(block_size=64, symmetric=False), k=8),
   jc.hadamard(jc.fp8(), size=32),
   jc.hadamard(jc.none()),
   jc.hadamard(jc.cast(jnp.bfloat16), size=64),
@@ -125,6 +127,8 @@ def _expected_nbytes(c, n, dtype):
     return _expected_nbytes(c.inner, n, jnp.float32)
   if c.kind == "error_bounded":
     return -(-(n // c.block_size) // 4) * 4 + 4 * n
+  if c.kind == "spike":  # inner's bytes, then a float32 value and a uint16 index per slot
+    return _expected_nbytes(c.inner, n, jnp.float32) + 6 * c.k * (n // c.granule)
   raise AssertionError(c)
 
 

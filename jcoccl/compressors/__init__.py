@@ -19,6 +19,7 @@ from jcoccl._src.compressors import HadamardCompressor as HadamardCompressor
 from jcoccl._src.compressors import IntCompressor as IntCompressor
 from jcoccl._src.compressors import NoneCompressor as NoneCompressor
 from jcoccl._src.compressors import Payload as Payload
+from jcoccl._src.compressors import SpikeCompressor as SpikeCompressor
 from jcoccl._src.compressors import cast as cast
 from jcoccl._src.compressors import check as check
 from jcoccl._src.compressors import error_bounded as error_bounded
@@ -37,5 +38,6 @@ from jcoccl._src.compressors import parse as parse
 # Codecs of your own (docs/custom_compressors.md).
 from jcoccl._src.compressors import register as register
 from jcoccl._src.compressors import registered as registered
+from jcoccl._src.compressors import spike as spike
 from jcoccl._src.compressors import unregister as unregister
 from jcoccl._src.compressors.sources import import_codecs as import_codecs

@@ -38,6 +38,7 @@ from jcoccl._src.compressors import fp8 as _fp8_family  # noqa: F401
 from jcoccl._src.compressors import hadamard as _hadamard_family  # noqa: F401
 from jcoccl._src.compressors import identity as _identity_family  # noqa: F401
 from jcoccl._src.compressors import intq as _intq_family  # noqa: F401
+from jcoccl._src.compressors import spike as _spike_family  # noqa: F401
 from jcoccl._src.compressors._base import Compressor as Compressor
 from jcoccl._src.compressors._base import Payload as Payload
 from jcoccl._src.compressors.conformance import CheckResult as CheckResult
@@ -55,6 +56,7 @@ from jcoccl._src.compressors.factories import int6 as int6
 from jcoccl._src.compressors.factories import int7 as int7
 from jcoccl._src.compressors.factories import int8 as int8
 from jcoccl._src.compressors.factories import none as none
+from jcoccl._src.compressors.factories import spike as spike
 from jcoccl._src.compressors.fp8 import Fp8Compressor as Fp8Compressor
 from jcoccl._src.compressors.hadamard import HadamardCompressor as HadamardCompressor
 from jcoccl._src.compressors.identity import CastCompressor as CastCompressor
@@ -64,3 +66,4 @@ from jcoccl._src.compressors.registry import register as register
 from jcoccl._src.compressors.registry import registered as registered
 from jcoccl._src.compressors.registry import unregister as unregister
 from jcoccl._src.compressors.spec import parse as parse
+from jcoccl._src.compressors.spike import SpikeCompressor as SpikeCompressor

@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 
 from jcoccl._src import layout
-from jcoccl._src.compressors import spec
+from jcoccl._src.compressors import registry, spec
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 IMPLS = ("auto", "jnp", "native")
@@ -545,3 +545,6 @@ class Compressor:
     b = b + cast_term(jnp.abs(xf) + b, d)
     b = jnp.where(jnp.isnan(b), jnp.inf, b)
     return b * np.float32(1 + 2.0**-16)
+
+
+registry.set_base(Compressor)

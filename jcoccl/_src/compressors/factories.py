@@ -10,6 +10,7 @@ from jcoccl._src.compressors.fp8 import Fp8Compressor
 from jcoccl._src.compressors.hadamard import HadamardCompressor, default_size
 from jcoccl._src.compressors.identity import CastCompressor, NoneCompressor
 from jcoccl._src.compressors.intq import IntCompressor
+from jcoccl._src.compressors.spike import SpikeCompressor
 
 
 def none() -> NoneCompressor:
@@ -124,6 +125,27 @@ def hadamard(inner: Compressor, size: int | None = None) -> HadamardCompressor:
   if not isinstance(inner, Compressor):
     raise TypeError(f"inner must be a jcoccl Compressor, got {type(inner).__name__}")
   return HadamardCompressor(inner=inner, size=default_size(inner) if size is None else size)
+
+
+def spike(inner: Compressor, k: int = 4) -> SpikeCompressor:
+  """Spike reserving: the ``k`` largest magnitudes of each block of ``inner``'s granule are
+  sent exactly (float32 + uint16 index), the rest by ``inner`` over the narrowed range.
+
+  Args:
+    inner: a lossy blockwise codec (int2 ... int8, fp8, eb; hadamard(...) too).
+    k: reserved values per block, 1 .. granule - 1.
+
+  Guarantee: reserved values exact; the others within ``inner``'s bound on the block with
+  the reserved values replaced; plus the output dtype's rounding. Payload: inner's bytes
+  plus ``6 k`` per block. jnp only (backend "xla"/"auto").
+
+  Example:
+    >>> spike(int4(), k=2).payload_nbytes(256, jnp.float32)
+    144
+  """
+  if not isinstance(inner, Compressor):
+    raise TypeError(f"inner must be a jcoccl Compressor, got {type(inner).__name__}")
+  return SpikeCompressor(inner=inner, k=k)
 
 
 def error_bounded(abs_error: float, block_size: int = 256) -> ErrorBoundedCompressor:

@@ -112,6 +112,7 @@ def _format(value: Any) -> str:
 
 # ---- the table -------------------------------------------------------------------------------
 
+_BASE: list[type] = []  # the Compressor class (set by _base, which imports this module)
 _FAMILIES: dict[str, Family] = {}  # kind -> family
 _NAMES: dict[str, Family] = {}  # spec name -> family
 _CLASSES: dict[type, Family] = {}  # class -> family
@@ -238,9 +239,14 @@ def _printer(
   return to_string
 
 
-def _check_class(cls: Any) -> type:
-  from jcoccl._src.compressors._base import Compressor
+def set_base(cls: type) -> None:
+  """Records the Compressor base class (called once by :mod:`._base`; importing it here
+  would be an import cycle)."""
+  _BASE[:] = [cls]
 
+
+def _check_class(cls: Any) -> type:
+  Compressor = _BASE[0]
   if not (isinstance(cls, type) and issubclass(cls, Compressor)):
     raise TypeError(
       f"register: {cls!r} is not a subclass of jcoccl.compressors.Compressor; a codec "
@@ -381,9 +387,7 @@ def family_of(c: Any) -> Family:
   """The family of compressor ``c`` (by its exact class); TypeError if it has none."""
   fam = _CLASSES.get(type(c))
   if fam is None:
-    from jcoccl._src.compressors._base import Compressor
-
-    if isinstance(c, Compressor):
+    if isinstance(c, _BASE[0]):
       raise TypeError(
         f"compressor class {type(c).__qualname__} is not registered: decorate it with "
         f"@jcoccl.compressors.register({type(c).__name__.lower()!r}) (or call "
