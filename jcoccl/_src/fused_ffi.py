@@ -82,6 +82,8 @@ NONE_ATTRS = {
   "cast_dtype": np.int32(1),
   "hadamard": np.int32(0),
   "abs_error": np.float32(0.0),
+  "plugin": np.int32(-1),
+  "params": np.zeros((8,), np.float64),
 }
 
 
@@ -146,7 +148,8 @@ def compressor_reason(compressor: Any) -> str | None:
       return (
         f"compressor {c} has no native kernel for the fused backend (native: none, "
         "cast, int2/4/8 and fp8 and error_bounded with power-of-two blocks of 32 to "
-        "4096, and one hadamard around one of those); use backend='xla' (or 'auto')"
+        "4096, one hadamard around one of those, and codecs of loaded plugins, see "
+        "jcoccl.compressors.load_plugin); use backend='xla' (or 'auto')"
       )
   return None
 

@@ -32,3 +32,7 @@ from jcoccl._src.compressors import parse as parse
 from jcoccl._src.compressors import register as register
 from jcoccl._src.compressors import registered as registered
 from jcoccl._src.compressors import unregister as unregister
+
+# Native kernels of your own codecs (jcoccl/include/jcoccl/codec_plugin.h).
+from jcoccl._src.compressors import Plugin as Plugin
+from jcoccl._src.compressors import load_plugin as load_plugin
