@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import functools
-import os
 import shutil
 import subprocess
 import sys
@@ -106,7 +105,7 @@ def test_plugin_header_is_plain_c():
   cc = shutil.which("gcc") or shutil.which("cc")
   if cc is None:
     pytest.skip("no C compiler")
-  src = '#include <jcoccl/codec_plugin.h>\nint main(void) { return (int)sizeof(jcoccl_codec_plugin) == 0; }\n'
+  src = "#include <jcoccl/codec_plugin.h>\nint main(void) { return (int)sizeof(jcoccl_codec_plugin) == 0; }\n"
   r = subprocess.run(
     [cc, "-std=c99", "-Wall", "-Werror", "-pedantic", f"-I{jcoccl.get_include()}", "-x", "c",
      "-fsyntax-only", "-"],
@@ -270,7 +269,9 @@ class FailingSign(sign_codec.SignCompressor):
 
 def test_plugin_missing_entry_symbol(tmp_path):
   lib = _bad_plugin(tmp_path, "nosym", ENTRY="some_other_name")
-  with pytest.raises(ImportError, match="does not export the entry symbol 'jcoccl_codec_plugin_v1'"):
+  with pytest.raises(
+    ImportError, match="does not export the entry symbol 'jcoccl_codec_plugin_v1'"
+  ):
     jc.load_plugin(lib)
 
 
@@ -355,7 +356,7 @@ def _build_shim(out_dir: Path) -> Path:
     return lib
   kernels = out_dir / f"sign_cuda_shim-{key}.cc"
   kernels.write_text(
-    "#define __CUDACC__ 1\n#include \"cuda_runtime.h\"\n"
+    '#define __CUDACC__ 1\n#include "cuda_runtime.h"\n'
     + gpu_shim.translate((EXAMPLE / "sign_cuda.cu").read_text())
   )
   cmd = [
@@ -396,23 +397,61 @@ def test_plugin_cuda_kernels_under_host_shim_match_cpu_kernels():
       x = np.asarray(jnp.asarray(_data(rows, n, seed=block), dtype))
       pb = n // 8 + 4 * (n // block)
       enc = [np.zeros((rows, pb), np.uint8) for _ in range(2)]
-      assert _fn(p.cpu_encode, _P, _I32, _P, _I64, _I64, _P)(params, code, ptr(x), rows, n, ptr(enc[0])) == 0
-      assert _fn(p.cuda_encode, _P, _I32, _P, _I64, _I64, _P, _P)(params, code, ptr(x), rows, n, ptr(enc[1]), None) == 0
+      assert (
+        _fn(p.cpu_encode, _P, _I32, _P, _I64, _I64, _P)(params, code, ptr(x), rows, n, ptr(enc[0]))
+        == 0
+      )
+      assert (
+        _fn(p.cuda_encode, _P, _I32, _P, _I64, _I64, _P, _P)(
+          params, code, ptr(x), rows, n, ptr(enc[1]), None
+        )
+        == 0
+      )
       np.testing.assert_array_equal(enc[0], enc[1])
       noisy = enc[0].copy()
       noisy[1, rng.integers(0, pb, 40)] = rng.integers(0, 256, 40, dtype=np.uint8)  # any bytes
       dec = [np.zeros((rows, n), x.dtype) for _ in range(2)]
-      assert _fn(p.cpu_decode, _P, _I32, _P, _I64, _I64, _P)(params, code, ptr(noisy), rows, n, ptr(dec[0])) == 0
-      assert _fn(p.cuda_decode, _P, _I32, _P, _I64, _I64, _P, _P)(params, code, ptr(noisy), rows, n, ptr(dec[1]), None) == 0
+      assert (
+        _fn(p.cpu_decode, _P, _I32, _P, _I64, _I64, _P)(
+          params, code, ptr(noisy), rows, n, ptr(dec[0])
+        )
+        == 0
+      )
+      assert (
+        _fn(p.cuda_decode, _P, _I32, _P, _I64, _I64, _P, _P)(
+          params, code, ptr(noisy), rows, n, ptr(dec[1]), None
+        )
+        == 0
+      )
       np.testing.assert_array_equal(dec[0].view(np.uint8), dec[1].view(np.uint8))
       row_ptrs = (_P * rows)(*[noisy[r].ctypes.data for r in range(rows)])
       s = [np.zeros((n,), x.dtype) for _ in range(2)]
-      assert _fn(p.cpu_decode_sum, _P, _I32, _P, _I32, _I64, _P)(params, code, row_ptrs, rows, n, ptr(s[0])) == 0
-      assert _fn(p.cuda_decode_sum, _P, _I32, _P, _I32, _I64, _I64, _I64, _P, _P)(params, code, ptr(noisy), rows, pb, 1, n, ptr(s[1]), None) == 0
+      assert (
+        _fn(p.cpu_decode_sum, _P, _I32, _P, _I32, _I64, _P)(
+          params, code, row_ptrs, rows, n, ptr(s[0])
+        )
+        == 0
+      )
+      assert (
+        _fn(p.cuda_decode_sum, _P, _I32, _P, _I32, _I64, _I64, _I64, _P, _P)(
+          params, code, ptr(noisy), rows, pb, 1, n, ptr(s[1]), None
+        )
+        == 0
+      )
       np.testing.assert_array_equal(s[0].view(np.uint8), s[1].view(np.uint8))
       e = [np.zeros((pb,), np.uint8) for _ in range(2)]
-      assert _fn(p.cpu_decode_sum_encode, _P, _I32, _P, _I32, _I64, _P)(params, code, row_ptrs, rows, n, ptr(e[0])) == 0
-      assert _fn(p.cuda_decode_sum_encode, _P, _I32, _P, _I32, _I64, _I64, _I64, _P, _P)(params, code, ptr(noisy), rows, pb, 1, n, ptr(e[1]), None) == 0
+      assert (
+        _fn(p.cpu_decode_sum_encode, _P, _I32, _P, _I32, _I64, _P)(
+          params, code, row_ptrs, rows, n, ptr(e[0])
+        )
+        == 0
+      )
+      assert (
+        _fn(p.cuda_decode_sum_encode, _P, _I32, _P, _I32, _I64, _I64, _I64, _P, _P)(
+          params, code, ptr(noisy), rows, pb, 1, n, ptr(e[1]), None
+        )
+        == 0
+      )
       np.testing.assert_array_equal(e[0], e[1])  # fmt: skip
 
 

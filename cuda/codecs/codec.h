@@ -51,14 +51,14 @@ enum class Fp8Format : int32_t { kE4M3 = 0, kE5M2 = 1 };
 // {kind=kInt, bits=4, block=128, symmetric=true, hadamard=256}.
 struct CodecSpec {
   Kind kind = Kind::kNone;
-  int32_t bits = 8;                  // kInt: 8, 4 or 2
-  int32_t block = 1;                 // kInt, kFp8, kErrorBounded: B (power of two, 32..4096)
-  bool symmetric = true;             // kInt
-  Fp8Format fp8 = Fp8Format::kE4M3;  // kFp8
-  DType cast_dtype = DType::kBF16;   // kCast: kBF16 or kF16
-  float abs_error = 0.0f;            // kErrorBounded
-  int32_t hadamard = 0;              // 0, or H (power of two, 2..4096)
-  int32_t plugin = -1;               // kPlugin: the id load_plugin gave the library
+  int32_t bits = 8;                      // kInt: 8, 4 or 2
+  int32_t block = 1;                     // kInt, kFp8, kErrorBounded: B (power of two, 32..4096)
+  bool symmetric = true;                 // kInt
+  Fp8Format fp8 = Fp8Format::kE4M3;      // kFp8
+  DType cast_dtype = DType::kBF16;       // kCast: kBF16 or kF16
+  float abs_error = 0.0f;                // kErrorBounded
+  int32_t hadamard = 0;                  // 0, or H (power of two, 2..4096)
+  int32_t plugin = -1;                   // kPlugin: the id load_plugin gave the library
   double params[kMaxPluginParams] = {};  // kPlugin: the codec's parameters, in its order
 
   static CodecSpec None() { return CodecSpec{}; }

@@ -31,13 +31,13 @@ inline std::string Find(const CodecSpec& s, bool cuda, const jcoccl_codec_plugin
 
 }  // namespace plugin_detail
 
-#define JCOCCL_PLUGIN_CALL(cuda, fn, op, ...)                                           \
-  do {                                                                                  \
-    const jcoccl_codec_plugin* p = nullptr;                                             \
-    if (std::string e = plugin_detail::Find(s, cuda, &p); !e.empty()) return e;         \
-    if (p->fn(s.params, static_cast<int32_t>(d), __VA_ARGS__) != 0)                     \
-      return plugin_detail::Failed(p, op);                                              \
-    return {};                                                                          \
+#define JCOCCL_PLUGIN_CALL(cuda, fn, op, ...)                                   \
+  do {                                                                          \
+    const jcoccl_codec_plugin* p = nullptr;                                     \
+    if (std::string e = plugin_detail::Find(s, cuda, &p); !e.empty()) return e; \
+    if (p->fn(s.params, static_cast<int32_t>(d), __VA_ARGS__) != 0)             \
+      return plugin_detail::Failed(p, op);                                      \
+    return {};                                                                  \
   } while (0)
 
 // ---- CPU: synchronous, host memory -----------------------------------------------------
@@ -53,9 +53,8 @@ inline std::string PluginDecodeSumCpu(const CodecSpec& s, DType d, const uint8_t
                                       int nrows, int64_t n, void* out) {
   JCOCCL_PLUGIN_CALL(false, cpu_decode_sum, "decode_sum", rows, nrows, n, out);
 }
-inline std::string PluginDecodeSumEncodeCpu(const CodecSpec& s, DType d,
-                                            const uint8_t* const* rows, int nrows, int64_t n,
-                                            uint8_t* out) {
+inline std::string PluginDecodeSumEncodeCpu(const CodecSpec& s, DType d, const uint8_t* const* rows,
+                                            int nrows, int64_t n, uint8_t* out) {
   JCOCCL_PLUGIN_CALL(false, cpu_decode_sum_encode, "decode_sum_encode", rows, nrows, n, out);
 }
 
@@ -75,10 +74,10 @@ inline std::string PluginDecodeSumCuda(const CodecSpec& s, DType d, const uint8_
                      stream);
 }
 inline std::string PluginDecodeSumEncodeCuda(const CodecSpec& s, DType d, const uint8_t* in,
-                                             int nrows, int64_t row_stride, int64_t outs,
-                                             int64_t n, uint8_t* out, void* stream) {
-  JCOCCL_PLUGIN_CALL(true, cuda_decode_sum_encode, "decode_sum_encode", in, nrows, row_stride,
-                     outs, n, out, stream);
+                                             int nrows, int64_t row_stride, int64_t outs, int64_t n,
+                                             uint8_t* out, void* stream) {
+  JCOCCL_PLUGIN_CALL(true, cuda_decode_sum_encode, "decode_sum_encode", in, nrows, row_stride, outs,
+                     n, out, stream);
 }
 
 #undef JCOCCL_PLUGIN_CALL

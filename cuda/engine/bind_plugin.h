@@ -88,8 +88,7 @@ inline void BindPlugins(nb::module_& m) {
                                       std::to_string(codecs::kMaxPlugins) + ")");
         const jcoccl_codec_plugin* p = nullptr;
         nb::dict d = DescribePlugin(path, &p);
-        if (install && p != nullptr)
-          codecs::PluginTable()[id].store(p, std::memory_order_release);
+        if (install && p != nullptr) codecs::PluginTable()[id].store(p, std::memory_order_release);
         return d;
       },
       nb::arg("path"), nb::arg("id"), nb::arg("install"),

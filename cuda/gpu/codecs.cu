@@ -515,8 +515,8 @@ ffi::Error DecodeSumImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<ff
   if (sh.nrows > (1 << 30)) return BadArg("too many rows");
   if (spec->kind == jc::Kind::kPlugin)
     return PluginStatus(jc::PluginDecodeSumCuda(
-        *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows),
-        sh.p, sh.batch, n, out->untyped_data(), stream));
+        *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows), sh.p,
+        sh.batch, n, out->untyped_data(), stream));
   return CudaStatus(jc::DecodeSumBatch(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
                                        static_cast<int>(sh.nrows), sh.p, sh.batch, n,
                                        out->untyped_data(), stream));
@@ -533,8 +533,8 @@ ffi::Error DecodeSumEncodeImpl(cudaStream_t stream, ffi::AnyBuffer buf,
   if (sh.nrows > (1 << 30)) return BadArg("too many rows");
   if (spec->kind == jc::Kind::kPlugin)
     return PluginStatus(jc::PluginDecodeSumEncodeCuda(
-        *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows),
-        sh.p, sh.batch, n, static_cast<uint8_t*>(out->untyped_data()), stream));
+        *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows), sh.p,
+        sh.batch, n, static_cast<uint8_t*>(out->untyped_data()), stream));
   return CudaStatus(jc::DecodeSumEncodeBatch(
       *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows), sh.p,
       sh.batch, n, static_cast<uint8_t*>(out->untyped_data()), stream));

@@ -82,8 +82,7 @@ int sign1_cuda_decode_sum(const double* params, int32_t d, const uint8_t* in, in
   int64_t B;
   if (sign1::CheckArgs(params, d, n, &B) != 0) return 1;
   if (nrows < 1 || outs < 1) return sign1_fail("sign1: decode_sum needs nrows, outs >= 1");
-  SumKernel<<<Grid(outs * n), kThreads, 0, Stream(stream)>>>(d, in, nrows, stride, outs, n, B,
-                                                             out);
+  SumKernel<<<Grid(outs * n), kThreads, 0, Stream(stream)>>>(d, in, nrows, stride, outs, n, B, out);
   return Launched();
 }
 
@@ -93,7 +92,7 @@ int sign1_cuda_decode_sum_encode(const double* params, int32_t d, const uint8_t*
   int64_t B;
   if (sign1::CheckArgs(params, d, n, &B) != 0) return 1;
   if (nrows < 1 || outs < 1) return sign1_fail("sign1: decode_sum_encode needs nrows, outs >= 1");
-  SumEncodeKernel<<<Grid(outs * (n / B)), kThreads, 0, Stream(stream)>>>(d, in, nrows, stride,
-                                                                         outs, n, B, out);
+  SumEncodeKernel<<<Grid(outs * (n / B)), kThreads, 0, Stream(stream)>>>(d, in, nrows, stride, outs,
+                                                                         n, B, out);
   return Launched();
 }

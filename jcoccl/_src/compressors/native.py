@@ -89,7 +89,7 @@ def _fields(c: Any) -> dict[str, Any] | None:
   return {**inner, **own}
 
 
-def codec_attrs(c: Any) -> dict[str, np.generic]:
+def codec_attrs(c: Any) -> dict[str, np.generic | np.ndarray]:
   """The FFI attributes describing compressor ``c``.
 
   Args:
@@ -97,7 +97,7 @@ def codec_attrs(c: Any) -> dict[str, np.generic]:
       error_bounded, or hadamard around one of those).
 
   Returns:
-    A dict of numpy scalars for ``jax.ffi.ffi_call``.
+    A dict of numpy scalars (and the float64[8] ``params`` array) for ``jax.ffi.ffi_call``.
 
   Raises:
     ValueError: if ``c`` has no native kernel.

@@ -30,7 +30,7 @@ ENTRY_SYMBOL = "jcoccl_codec_plugin_v1"  # JCOCCL_PLUGIN_ENTRY_SYMBOL
 ABI_VERSION = 1  # JCOCCL_PLUGIN_ABI_VERSION
 _BUILD_HINT = (
   "rebuild the plugin against this installation: cmake -S <plugin dir> -B <build dir> "
-  '-Djcoccl_DIR="$(python -c \'import jcoccl; print(jcoccl.get_cmake_dir())\')"'
+  "-Djcoccl_DIR=\"$(python -c 'import jcoccl; print(jcoccl.get_cmake_dir())')\""
 )
 
 
@@ -87,7 +87,7 @@ def _describe_error(info: dict[str, Any], path: str) -> str | None:
   if status == "open":
     return f"load_plugin: cannot open {path!r}: {detail}; check the file is a shared library built for this machine (and that its own dependencies are found)"
   if status == "symbol":
-    return f"load_plugin: {path!r} does not export the entry symbol {ENTRY_SYMBOL!r} ({detail}); define it with JCOCCL_PLUGIN_EXPORT and extern \"C\" (see jcoccl/codec_plugin.h)"
+    return f'load_plugin: {path!r} does not export the entry symbol {ENTRY_SYMBOL!r} ({detail}); define it with JCOCCL_PLUGIN_EXPORT and extern "C" (see jcoccl/codec_plugin.h)'
   if status == "null":
     return f"load_plugin: {path!r}: {ENTRY_SYMBOL}() returned NULL; return a pointer to a static jcoccl_codec_plugin"
   if status == "abi":

@@ -147,7 +147,7 @@ def _drop_name(fam: Family, name: str) -> None:
       del _CLASSES[fam.cls]
 
 
-def _field_types(cls: type) -> dict[str, type]:
+def _field_types(cls: type) -> dict[str, Any]:
   try:
     hints = typing.get_type_hints(cls)
   except Exception:  # unresolvable annotations: fall back to the defaults' types

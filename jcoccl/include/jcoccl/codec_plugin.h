@@ -107,8 +107,8 @@ typedef int (*jcoccl_cpu_decode_sum_fn)(const double* params, int32_t dtype,
                                         void* out);
 /* As decode_sum, then encode the dtype-rounded sum: out is one payload. */
 typedef int (*jcoccl_cpu_decode_sum_encode_fn)(const double* params, int32_t dtype,
-                                               const uint8_t* const* rows, int32_t nrows,
-                                               int64_t n, uint8_t* out);
+                                               const uint8_t* const* rows, int32_t nrows, int64_t n,
+                                               uint8_t* out);
 
 /* ---- CUDA kernels (host functions that enqueue work on `stream`, a cudaStream_t) --------
  * Pointers are device memory. Return 0 once the work is enqueued (a launch error is a
@@ -121,8 +121,8 @@ typedef int (*jcoccl_cuda_encode_fn)(const double* params, int32_t dtype, const 
 typedef int (*jcoccl_cuda_decode_fn)(const double* params, int32_t dtype, const uint8_t* in,
                                      int64_t rows, int64_t n, void* out, void* stream);
 typedef int (*jcoccl_cuda_decode_sum_fn)(const double* params, int32_t dtype, const uint8_t* in,
-                                         int32_t nrows, int64_t row_stride, int64_t outs,
-                                         int64_t n, void* out, void* stream);
+                                         int32_t nrows, int64_t row_stride, int64_t outs, int64_t n,
+                                         void* out, void* stream);
 typedef int (*jcoccl_cuda_decode_sum_encode_fn)(const double* params, int32_t dtype,
                                                 const uint8_t* in, int32_t nrows,
                                                 int64_t row_stride, int64_t outs, int64_t n,
