@@ -236,7 +236,7 @@ static int Sum(const double* p, int32_t d, const uint8_t* const* i, int32_t r, i
 static int SumEnc(const double* p, int32_t d, const uint8_t* const* i, int32_t r, int64_t n,
                   uint8_t* o) { (void)p; (void)d; (void)i; (void)r; (void)n; (void)o; return Fail(); }
 static const jcoccl_codec_plugin kP = {ABI, sizeof(jcoccl_codec_plugin), VERSION, NAME, 1, {PARAM},
-  Ok, Gran, Bytes, Enc, Dec, Sum, SumEnc, 0, 0, 0, 0, Err};
+  VALIDATE, Gran, Bytes, Enc, Dec, Sum, SumEnc, 0, 0, 0, 0, Err};
 JCOCCL_PLUGIN_EXPORT const jcoccl_codec_plugin* ENTRY(void) { return &kP; }
 """
 
@@ -249,6 +249,7 @@ def _bad_plugin(tmp_path: Path, tag: str, **defines: str) -> Path:
     "NAME": '"sign1_failing"',
     "PARAM": '"block"',
     "ENTRY": "jcoccl_codec_plugin_v1",
+    "VALIDATE": "Ok",
     **defines,
   }
   src = tmp_path / f"{tag}.c"
@@ -297,6 +298,27 @@ def test_plugin_unregistered_codec_needs_a_spec(tmp_path):
   lib = _bad_plugin(tmp_path, "noname", NAME='"nobody_codec"')
   with pytest.raises(ValueError, match="'nobody_codec', which is not a registered.*spec="):
     jc.load_plugin(lib)
+
+
+def test_plugin_with_a_null_required_function(tmp_path):
+  lib = _bad_plugin(tmp_path, "nullfn", VALIDATE="0")
+  with pytest.raises(ImportError, match="required entries are missing .NULL: validate"):
+    jc.load_plugin(lib)
+
+
+def test_plugin_without_cuda_kernels_on_a_gpu_backend(tmp_path, monkeypatch):
+  monkeypatch.setattr(plugins, "_on_gpu", lambda: True)
+  monkeypatch.setattr(plugins, "_cuda_module", lambda: object())
+  lib = _bad_plugin(tmp_path, "nocuda")
+  with pytest.raises(ValueError, match="has no CUDA kernels.*default backend is a GPU"):
+    jc.load_plugin(lib)
+
+
+def test_plugin_codec_under_hadamard_stays_jnp(sign_plugin):
+  from jcoccl._src.compressors import native
+
+  assert native.available(sign_codec.SignCompressor(block=32), "encode", jnp.float32)
+  assert not native.available(jc.hadamard(sign_codec.SignCompressor(block=32)), "encode", jnp.float32)
 
 
 def test_plugin_kernel_error_becomes_a_python_exception(tmp_path):
