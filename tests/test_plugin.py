@@ -318,7 +318,9 @@ def test_plugin_codec_under_hadamard_stays_jnp(sign_plugin):
   from jcoccl._src.compressors import native
 
   assert native.available(sign_codec.SignCompressor(block=32), "encode", jnp.float32)
-  assert not native.available(jc.hadamard(sign_codec.SignCompressor(block=32)), "encode", jnp.float32)
+  assert not native.available(
+    jc.hadamard(sign_codec.SignCompressor(block=32)), "encode", jnp.float32
+  )
 
 
 def test_plugin_kernel_error_becomes_a_python_exception(tmp_path):
