@@ -197,6 +197,36 @@ def test_plugin_collectives_xla_and_fused_match_jnp(sign_plugin, dtype):
     fused_comms.shutdown()
 
 
+@pytest.mark.parametrize("plugin_level", ["outer", "inner"])
+def test_plugin_hierarchical_all_reduce_matches_jnp(sign_plugin, plugin_level):
+  # The outer codec travels as "o_"-prefixed attributes (o_plugin, o_params).
+  mesh = jax.make_mesh((2, 4), ("node", "gpu"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  axes = ("node", "gpu")
+  x = jax.device_put(jnp.asarray(_data(64, 128)), jax.NamedSharding(mesh, jax.P(axes)))
+  int8 = jc.int8(block_size=32)
+
+  def prog(sign, backend):
+    levels = (sign, int8) if plugin_level == "outer" else (int8, sign)
+
+    def body(v):
+      return jcoccl.all_reduce(
+        v, axes, compressor=levels, algorithm="hierarchical", backend=backend, min_bytes=0
+      )
+
+    spec = jax.P(axes)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+  ref = prog(SignSpec(block=32), "xla")(x)
+  fused_comms.shutdown()
+  jcoccl.init(mesh)
+  try:
+    for backend in ("xla", "fused"):
+      got = prog(sign_codec.SignCompressor(block=32), backend)(x)
+      np.testing.assert_array_equal(_bits(got), _bits(ref), err_msg=backend)
+  finally:
+    fused_comms.shutdown()
+
+
 # ---- loading: idempotence and errors ----------------------------------------------------------
 
 
