@@ -192,9 +192,10 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
       cxx,
       [str(cuda / "cpu" / "codecs.cc"), str(SHIM_DIR / "ref_api.cc")],
       [str(cuda), str(PUBLIC_INCLUDE), xla_include()],
-      ref.with_suffix(".tmp"),
+      ref.with_suffix(f".{os.getpid()}.tmp"),
     )
-    ref.with_suffix(".tmp").replace(ref)
+    # A per-process temporary: test workers may build the same library at once.
+    ref.with_suffix(f".{os.getpid()}.tmp").replace(ref)
   inputs = sorted(
     [
       *cuda.glob("codecs/*.h"),
@@ -222,10 +223,10 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
       cxx,
       [str(SHIM_DIR / "shim_api.cc")],
       [str(SHIM_DIR), str(cuda), str(PUBLIC_INCLUDE), xla_include()],
-      shim.with_suffix(".tmp"),
+      shim.with_suffix(f".{os.getpid()}.tmp"),
       [f'JCOCCL_SHIM_KERNELS="{kernels}"'],
     )
-    shim.with_suffix(".tmp").replace(shim)
+    shim.with_suffix(f".{os.getpid()}.tmp").replace(shim)
   return shim, ref
 
 
