@@ -4,6 +4,7 @@
 #include "engine/bind_enums.h"
 #include "engine/bind_fused.h"
 #include "engine/bind_host.h"
+#include "engine/bind_plugin.h"
 #include "registry.h"
 
 namespace nb = nanobind;
@@ -20,5 +21,6 @@ NB_MODULE(_cpu, m) {
       "Dict of FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
   jcoccl::engine::BindEnums(m);
   jcoccl::engine::BindFusedCommon(m);
+  jcoccl::engine::BindPlugins(m);
   jcoccl::engine::BindHostComms(m);
 }

@@ -5,6 +5,7 @@
 #include "engine/bind_enums.h"
 #include "engine/bind_fused.h"
 #include "engine/bind_nccl.h"
+#include "engine/bind_plugin.h"
 #include "registry.h"
 
 namespace nb = nanobind;
@@ -26,5 +27,6 @@ NB_MODULE(_cuda, m) {
   });
   jcoccl::engine::BindEnums(m);
   jcoccl::engine::BindFusedCommon(m);
+  jcoccl::engine::BindPlugins(m);
   jcoccl::engine::BindNcclComms(m);
 }

@@ -8,6 +8,10 @@ plus a ``compressor``.
 from jcoccl._src.info import __version__ as __version__
 from jcoccl._src.info import info as info
 
+# Building codec plugins: the C header and the CMake package shipped with jcoccl.
+from jcoccl._src.info import get_include as get_include
+from jcoccl._src.info import get_cmake_dir as get_cmake_dir
+
 # Collectives (used inside jax.shard_map; same arguments as their jax.lax counterparts).
 from jcoccl._src.all_reduce import all_reduce as all_reduce
 from jcoccl._src.all_gather import all_gather as all_gather

@@ -47,7 +47,7 @@ def test_native_module_exports_the_ffi_enums():
   from jcoccl._src.compressors import native
 
   kinds = _ffi.codes("CODEC_KINDS")
-  assert set(kinds) == {"none", "cast", "int", "fp8", "error_bounded"}
+  assert set(kinds) == {"none", "cast", "int", "fp8", "error_bounded", "plugin"}
   assert len(set(kinds.values())) == len(kinds)
   assert set(_ffi.codes("DTYPES")) == {"float32", "bfloat16", "float16"}
   assert native.codec_attrs(jcoccl.compressors.int8())["kind"] == kinds["int"]

@@ -45,6 +45,7 @@ def test_gpu_scripts_parse_their_arguments():
     "tools/gpu_build.py",
     "tools/gpu_shim.py",
     "tools/gpu_ptx.py",
+    "tools/gpu_plugin.py",
   ):
     r = _run(script, "--help")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -71,7 +72,9 @@ def test_gpu_check_dry_run_on_cpu_runs_every_step(tmp_path):
   )
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
   assert sorted(os.listdir(out)) == ["logs.tgz", "summary.json", "summary.txt"]
-  for name in ("build", "import", "codecs", "single", "world1", "codec_bench", "bench1", "report"):
+  for name in (
+    "build", "import", "codecs", "plugin", "single", "world1", "codec_bench", "bench1", "report",
+  ):  # fmt: skip
     assert f"=== VERDICT [{name}] PASS" in r.stdout, name
   summary = json.loads((out / "summary.json").read_text())
   single = summary["single.json"]
@@ -79,6 +82,7 @@ def test_gpu_check_dry_run_on_cpu_runs_every_step(tmp_path):
   assert all(row["bit_identical"] for row in single["results"])
   assert any(row.get("fused_calls") for row in single["results"])  # the fused path ran
   assert summary["codecs.json"]["mismatches"] == [] and summary["codecs.json"]["cases"]
+  assert summary["plugin.json"]["mismatches"] == [] and summary["plugin.json"]["cases"]
   world1 = summary["world1.json"]
   assert world1["complete"] and world1["mismatches"] == 0 and world1["checks"] > 0
   assert summary["bench1.json"]["bench"] and summary["codec_bench.json"]["bench"]

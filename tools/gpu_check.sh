@@ -3,6 +3,8 @@
 #   build        tools/gpu_build.py: finds nvcc, pip install -e (offline), else plain CMake
 #   import       jcoccl._cuda loads, NCCL version, jax sees the GPU
 #   codecs       CUDA codecs vs the jnp spec run on the CPU, bit for bit (tools/gpu_codecs.py)
+#   plugin       the example codec plugin built with CUDA against this install, its kernels
+#                on the GPU vs its jnp spec on the CPU (tools/gpu_plugin.py)
 #   single       every fused op at world size 1, fused vs xla backend, bit for bit
 #   world2       2 processes on the one GPU over NCCL's socket transport: engine ops vs the
 #                jnp spec, NCCL's plain ops vs numpy (tools/gpu_collectives.py launch)
@@ -85,6 +87,7 @@ if [ "$MODE" = gpu ]; then
 print('jcoccl._cuda', m, native.import_error('cuda')); print('nccl', m.nccl_version()); \
 import jax; print(jax.devices())"
   step codecs 90 "$PY" tools/gpu_codecs.py --skip-bench --out "$OUT/codecs.json"
+  step plugin 60 "$PY" tools/gpu_plugin.py --out "$OUT/plugin.json"
   step single 50 "$PY" "$GC" single --out "$OUT/single.json"
   # `launch` exits 3 and prints "NCCL REFUSED" if NCCL will not run ranks on one GPU; its
   # deadline comes before the step limit so that its summary is always written.
@@ -111,6 +114,7 @@ else
 print('jcoccl._cpu', m); import jax; print(jax.devices())"
   step codecs 300 "$PY" tools/gpu_codecs.py --platform cpu --skip-bench "${ONLY[@]}" \
     --out "$OUT/codecs.json"
+  step plugin 60 "$PY" tools/gpu_plugin.py --platform cpu --out "$OUT/plugin.json"
   step single 120 "$PY" "$GC" single --platform cpu "${COMPS[@]}" --out "$OUT/single.json"
   step world1 120 "$PY" "$GC" launch --world 1 --platform cpu --timeout 60 --deadline 110 \
     --dir "$OUT/world1" --out "$OUT/world1.json"

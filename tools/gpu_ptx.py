@@ -56,7 +56,7 @@ def project_flags(cmake: str) -> tuple[list[str], str]:
 
 
 def _include_dirs() -> list[str]:
-  dirs = [str(ROOT / "cuda")]
+  dirs = [str(ROOT / "cuda"), str(ROOT / "jcoccl" / "include")]
   for mod, sub in (("jaxlib", "include"), ("nvidia.nccl", "include")):
     try:
       spec = importlib.util.find_spec(mod)

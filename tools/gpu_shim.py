@@ -42,6 +42,7 @@ import gpu_compare as gc
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM_DIR = ROOT / "cuda" / "hostshim"
+PUBLIC_INCLUDE = ROOT / "jcoccl" / "include"  # codec_plugin.h, which codecs/codec.h includes
 FLAGS = [
   "-std=c++17",
   "-O2",
@@ -183,6 +184,7 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
     [
       *cuda.glob("codecs/*.h"),
       cuda / "registry.h",
+      PUBLIC_INCLUDE / "jcoccl" / "codec_plugin.h",
       cuda / "cpu" / "codecs.cc",
       cuda / "cpu" / "codec_kernels.inc",
       SHIM_DIR / "ref_api.cc",
@@ -194,12 +196,19 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
     _compile(
       cxx,
       [str(cuda / "cpu" / "codecs.cc"), str(SHIM_DIR / "ref_api.cc")],
-      [str(cuda), xla_include()],
-      ref.with_suffix(".tmp"),
+      [str(cuda), str(PUBLIC_INCLUDE), xla_include()],
+      ref.with_suffix(f".{os.getpid()}.tmp"),
     )
-    ref.with_suffix(".tmp").replace(ref)
+    # A per-process temporary: test workers may build the same library at once.
+    ref.with_suffix(f".{os.getpid()}.tmp").replace(ref)
   inputs = sorted(
-    [*cuda.glob("codecs/*.h"), *SHIM_DIR.glob("*"), cuda / "registry.h", cuda / "gpu" / "codecs.cu"]
+    [
+      *cuda.glob("codecs/*.h"),
+      *SHIM_DIR.glob("*"),
+      cuda / "registry.h",
+      cuda / "gpu" / "codecs.cu",
+      PUBLIC_INCLUDE / "jcoccl" / "codec_plugin.h",
+    ]
   )
   tag = "mutants" if mutants else "orig"
   key = _digest(inputs, f"{cxx} {FLAGS} {tag} {sorted(MUTATIONS.items())}")
@@ -218,11 +227,11 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
     _compile(
       cxx,
       [str(SHIM_DIR / "shim_api.cc")],
-      [str(SHIM_DIR), str(cuda), xla_include()],
-      shim.with_suffix(".tmp"),
+      [str(SHIM_DIR), str(cuda), str(PUBLIC_INCLUDE), xla_include()],
+      shim.with_suffix(f".{os.getpid()}.tmp"),
       [f'JCOCCL_SHIM_KERNELS="{kernels}"'],
     )
-    shim.with_suffix(".tmp").replace(shim)
+    shim.with_suffix(f".{os.getpid()}.tmp").replace(shim)
   return shim, ref
 
 

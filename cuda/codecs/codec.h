@@ -12,7 +12,10 @@
 //   DecodeRowCpu(spec, DType::kF32, buf.data(), n, y);
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+
+#include "jcoccl/codec_plugin.h"
 
 #if defined(__CUDACC__)
 #define JCOCCL_HD __host__ __device__ __forceinline__
@@ -26,8 +29,19 @@ namespace jcoccl::codecs {
 enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 // Codec families. Values are the FFI attribute "kind" encoding. A Hadamard rotation is not
-// a kind: it is CodecSpec::hadamard > 0 around any of these (the "inner" codec).
-enum class Kind : int32_t { kNone = 0, kCast = 1, kInt = 2, kFp8 = 3, kErrorBounded = 5 };
+// a kind: it is CodecSpec::hadamard > 0 around any of these (the "inner" codec) except
+// kPlugin, a codec whose kernels come from a loaded plugin library
+// (jcoccl/include/jcoccl/codec_plugin.h).
+enum class Kind : int32_t {
+  kNone = 0,
+  kCast = 1,
+  kInt = 2,
+  kFp8 = 3,
+  kErrorBounded = 5,
+  kPlugin = 6
+};
+
+constexpr int kMaxPluginParams = JCOCCL_PLUGIN_MAX_PARAMS;
 
 // fp8 formats. Values are the FFI attribute "fp8" encoding.
 enum class Fp8Format : int32_t { kE4M3 = 0, kE5M2 = 1 };
@@ -37,13 +51,15 @@ enum class Fp8Format : int32_t { kE4M3 = 0, kE5M2 = 1 };
 // {kind=kInt, bits=4, block=128, symmetric=true, hadamard=256}.
 struct CodecSpec {
   Kind kind = Kind::kNone;
-  int32_t bits = 8;                  // kInt: 2 to 8
-  int32_t block = 1;                 // kInt, kFp8, kErrorBounded: B (power of two, 32..4096)
-  bool symmetric = true;             // kInt
-  Fp8Format fp8 = Fp8Format::kE4M3;  // kFp8
-  DType cast_dtype = DType::kBF16;   // kCast: kBF16 or kF16
-  float abs_error = 0.0f;            // kErrorBounded
-  int32_t hadamard = 0;              // 0, or H (power of two, 2..4096)
+  int32_t bits = 8;                      // kInt: 2 to 8
+  int32_t block = 1;                     // kInt, kFp8, kErrorBounded: B (power of two, 32..4096)
+  bool symmetric = true;                 // kInt
+  Fp8Format fp8 = Fp8Format::kE4M3;      // kFp8
+  DType cast_dtype = DType::kBF16;       // kCast: kBF16 or kF16
+  float abs_error = 0.0f;                // kErrorBounded
+  int32_t hadamard = 0;                  // 0, or H (power of two, 2..4096)
+  int32_t plugin = -1;                   // kPlugin: the id load_plugin gave the library
+  double params[kMaxPluginParams] = {};  // kPlugin: the codec's parameters, in its order
 
   static CodecSpec None() { return CodecSpec{}; }
   static CodecSpec Cast(DType to) {
@@ -85,6 +101,43 @@ namespace detail {
 JCOCCL_HD bool IsPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 }  // namespace detail
 
+// ---- plugins (host only) ----------------------------------------------------------------
+// The plugin libraries loaded into this native module, by the id Python assigned them
+// (jcoccl._cpu and jcoccl._cuda are separate shared objects: each has its own table).
+// Written by the loader while XLA threads may read: atomics.
+constexpr int kMaxPlugins = 64;
+
+inline std::atomic<const jcoccl_codec_plugin*>* PluginTable() {
+  static std::atomic<const jcoccl_codec_plugin*> table[kMaxPlugins];
+  return table;
+}
+
+// The plugin of a kPlugin spec, or nullptr when its id is not loaded here.
+inline const jcoccl_codec_plugin* PluginOf(const CodecSpec& s) {
+  if (s.kind != Kind::kPlugin || s.plugin < 0 || s.plugin >= kMaxPlugins) return nullptr;
+  return PluginTable()[s.plugin].load(std::memory_order_acquire);
+}
+
+// The plugin's message for its last failure on this thread (never null).
+inline const char* PluginError(const jcoccl_codec_plugin* p) {
+  const char* m = p != nullptr && p->last_error != nullptr ? p->last_error() : nullptr;
+  return m != nullptr && m[0] != '\0' ? m : "plugin kernel failed (it gave no message)";
+}
+
+// Validity of a kPlugin spec: loaded, parameters accepted, a granule >= 1.
+inline const char* ValidatePlugin(const CodecSpec& s) {
+  if (s.hadamard != 0) return "a plugin codec takes no hadamard rotation";
+  const jcoccl_codec_plugin* p = PluginOf(s);
+  if (p == nullptr)
+    return "plugin id is not loaded in this native module; call "
+           "jcoccl.compressors.load_plugin(path) first";
+  if (p->validate(s.params) != 0) return PluginError(p);
+  int64_t g = 0;
+  if (p->granule(s.params, &g) != 0) return PluginError(p);
+  if (g < 1) return "the plugin's granule must be >= 1";
+  return nullptr;
+}
+
 // Returns nullptr if `spec` is valid, else a static message naming the bad field.
 inline const char* Validate(const CodecSpec& s) {
   switch (s.kind) {
@@ -107,8 +160,10 @@ inline const char* Validate(const CodecSpec& s) {
       if (s.kind == Kind::kErrorBounded && !(s.abs_error > 0.0f && s.abs_error < 3.0e38f))
         return "abs_error must be a positive finite float32";
       break;
+    case Kind::kPlugin:
+      return ValidatePlugin(s);
     default:
-      return "kind must be none (0), cast (1), int (2), fp8 (3) or error_bounded (5)";
+      return "kind must be none (0), cast (1), int (2), fp8 (3), error_bounded (5) or plugin (6)";
   }
   if (s.hadamard != 0 && (!detail::IsPow2(s.hadamard) || s.hadamard < 2 || s.hadamard > 4096))
     return "hadamard must be 0 or a power of two in [2, 4096]";
@@ -117,8 +172,16 @@ inline const char* Validate(const CodecSpec& s) {
 
 JCOCCL_HD int64_t DTypeBytes(DType d) { return d == DType::kF32 ? 4 : 2; }
 
-// Granule of the inner codec alone (1 for none/cast, else the block size).
+// Granule of the inner codec alone (1 for none/cast, the plugin's, else the block size).
 JCOCCL_HD int64_t InnerGranule(const CodecSpec& s) {
+  if (s.kind == Kind::kPlugin) {
+    int64_t g = 1;
+#if !defined(__CUDA_ARCH__)  // plugins are host code; no device kernel sees a plugin spec
+    const jcoccl_codec_plugin* p = PluginOf(s);
+    if (p == nullptr || p->granule(s.params, &g) != 0 || g < 1) g = 1;
+#endif
+    return g;
+  }
   return (s.kind == Kind::kNone || s.kind == Kind::kCast) ? 1 : s.block;
 }
 
@@ -161,6 +224,17 @@ JCOCCL_HD Layout RowLayout(const CodecSpec& s, int64_t n, DType d) {
       l.scales = (nb + 3) / 4 * 4;
       l.total = l.scales + 4 * n;
       break;
+    case Kind::kPlugin: {
+      // -1 where the plugin refuses: every size check then fails with a message.
+      int64_t bytes = -1;
+#if !defined(__CUDA_ARCH__)
+      const jcoccl_codec_plugin* p = PluginOf(s);
+      if (p == nullptr || p->payload_bytes(s.params, n, static_cast<int32_t>(d), &bytes) != 0)
+        bytes = -1;
+#endif
+      l.total = bytes;
+      break;
+    }
   }
   return l;
 }

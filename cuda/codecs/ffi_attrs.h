@@ -4,7 +4,8 @@
 // Attributes (all scalars; Python: jcoccl/_src/compressors/native.py):
 //   kind: int32 (Kind), bits: int32, block: int32, symmetric: int32 (0/1),
 //   fp8: int32 (Fp8Format), cast_dtype: int32 (DType), hadamard: int32 (0 = none),
-//   abs_error: float32.
+//   abs_error: float32; plugin codecs (kind 6) also plugin: int32 (the library's id) and
+//   params: float64[<= 8] (both optional for the other kinds).
 // Bind them with `.Attrs()` (an ffi::Dictionary) and call SpecFromAttrs.
 #pragma once
 
@@ -15,17 +16,41 @@
 
 namespace jcoccl::codecs {
 
-inline xla::ffi::ErrorOr<CodecSpec> SpecFromAttrs(const xla::ffi::Dictionary& attrs) {
+// The plugin fields of a kPlugin spec: "plugin" (int32 id) and "params" (float64 array of
+// at most kMaxPluginParams values); both optional, for codecs that are not plugins.
+inline xla::ffi::Error PluginFromAttrs(const xla::ffi::Dictionary& attrs, const std::string& prefix,
+                                       CodecSpec* s) {
+  namespace ffi = xla::ffi;
+  if (attrs.contains(prefix + "plugin")) {
+    auto id = attrs.get<int32_t>(prefix + "plugin");
+    if (id.has_error()) return id.error();
+    s->plugin = *id;
+  }
+  if (attrs.contains(prefix + "params")) {
+    auto params = attrs.get<ffi::Span<const double>>(prefix + "params");
+    if (params.has_error()) return params.error();
+    if (params->size() > static_cast<size_t>(kMaxPluginParams))
+      return ffi::Error::InvalidArgument("jcoccl codec: at most 8 plugin params");
+    for (size_t i = 0; i < params->size(); ++i) s->params[i] = (*params)[i];
+  }
+  return ffi::Error::Success();
+}
+
+// The codec described by the attributes named `prefix` + the names above ("o_" for the
+// outer codec of a hierarchical all-reduce); `who` starts error messages.
+inline xla::ffi::ErrorOr<CodecSpec> SpecFromAttrs(const xla::ffi::Dictionary& attrs,
+                                                  const std::string& prefix = "",
+                                                  const char* who = "jcoccl codec: ") {
   namespace ffi = xla::ffi;
   CodecSpec s;
-  auto kind = attrs.get<int32_t>("kind");
-  auto bits = attrs.get<int32_t>("bits");
-  auto block = attrs.get<int32_t>("block");
-  auto sym = attrs.get<int32_t>("symmetric");
-  auto fp8 = attrs.get<int32_t>("fp8");
-  auto cast = attrs.get<int32_t>("cast_dtype");
-  auto had = attrs.get<int32_t>("hadamard");
-  auto eps = attrs.get<float>("abs_error");
+  auto kind = attrs.get<int32_t>(prefix + "kind");
+  auto bits = attrs.get<int32_t>(prefix + "bits");
+  auto block = attrs.get<int32_t>(prefix + "block");
+  auto sym = attrs.get<int32_t>(prefix + "symmetric");
+  auto fp8 = attrs.get<int32_t>(prefix + "fp8");
+  auto cast = attrs.get<int32_t>(prefix + "cast_dtype");
+  auto had = attrs.get<int32_t>(prefix + "hadamard");
+  auto eps = attrs.get<float>(prefix + "abs_error");
   for (const auto* e : {&kind, &bits, &block, &sym, &fp8, &cast, &had}) {
     if (e->has_error()) return ffi::Unexpected(e->error());
   }
@@ -38,8 +63,9 @@ inline xla::ffi::ErrorOr<CodecSpec> SpecFromAttrs(const xla::ffi::Dictionary& at
   s.cast_dtype = static_cast<DType>(*cast);
   s.hadamard = *had;
   s.abs_error = *eps;
+  if (ffi::Error e = PluginFromAttrs(attrs, prefix, &s); e.failure()) return ffi::Unexpected(e);
   if (const char* msg = Validate(s)) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("jcoccl codec: ") + msg));
+    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(who) + msg));
   }
   return s;
 }

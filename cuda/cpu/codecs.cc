@@ -16,6 +16,7 @@
 #include "codecs/codec.h"
 #include "codecs/ffi_attrs.h"
 #include "codecs/format.h"
+#include "codecs/plugin.h"
 #include "registry.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -111,6 +112,11 @@ void AdviseHugePages(ffi::Result<ffi::AnyBuffer>& out) {
 #endif
 }
 
+// A plugin kernel's failure as the handler's error ("" is success).
+ffi::Error PluginStatus(const std::string& e) {
+  return e.empty() ? ffi::Error::Success() : ffi::Error::Internal(e);
+}
+
 // x: [..., n] -> out: uint8[..., P].
 ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                           ffi::Dictionary attrs) {
@@ -130,6 +136,8 @@ ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
   const auto* xp = static_cast<const uint8_t*>(x.untyped_data());
   AdviseHugePages(out);
   auto* op = static_cast<uint8_t*>(out->untyped_data());
+  if (spec->kind == jc::Kind::kPlugin)
+    return PluginStatus(jc::PluginEncodeCpu(*spec, d, xp, rows, n, op));
   for (int64_t r = 0; r < rows; ++r) {
     jc::EncodeRowCpu(*spec, d, xp + r * n * jc::DTypeBytes(d), n, op + r * p);
   }
@@ -155,6 +163,8 @@ ffi::Error DecodeRowsImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
   const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
   AdviseHugePages(out);
   auto* op = static_cast<uint8_t*>(out->untyped_data());
+  if (spec->kind == jc::Kind::kPlugin)
+    return PluginStatus(jc::PluginDecodeCpu(*spec, d, bp, rows, n, op));
   for (int64_t r = 0; r < rows; ++r) {
     jc::DecodeRowCpu(*spec, d, bp + r * p, n, op + r * n * jc::DTypeBytes(d));
   }
@@ -179,8 +189,13 @@ ffi::Error DecodeSumImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
   std::vector<const uint8_t*> rows(sh.nrows);
   for (int64_t b = 0; b < sh.batch; ++b) {
     for (int64_t r = 0; r < sh.nrows; ++r) rows[r] = bp + (b * sh.nrows + r) * sh.p;
-    jc::DecodeSumCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n,
-                     op + b * n * jc::DTypeBytes(d));
+    void* dst = op + b * n * jc::DTypeBytes(d);
+    if (spec->kind == jc::Kind::kPlugin) {
+      auto e = jc::PluginDecodeSumCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n, dst);
+      if (!e.empty()) return PluginStatus(e);
+      continue;
+    }
+    jc::DecodeSumCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n, dst);
   }
   return ffi::Error::Success();
 }
@@ -199,6 +214,12 @@ ffi::Error DecodeSumEncodeImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> o
   std::vector<const uint8_t*> rows(sh.nrows);
   for (int64_t b = 0; b < sh.batch; ++b) {
     for (int64_t r = 0; r < sh.nrows; ++r) rows[r] = bp + (b * sh.nrows + r) * sh.p;
+    if (spec->kind == jc::Kind::kPlugin) {
+      auto e = jc::PluginDecodeSumEncodeCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n,
+                                            op + b * sh.p);
+      if (!e.empty()) return PluginStatus(e);
+      continue;
+    }
     jc::DecodeSumEncodeCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n, op + b * sh.p);
   }
   return ffi::Error::Success();

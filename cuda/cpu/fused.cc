@@ -3,9 +3,11 @@
 // thread, so the ranks of a group meet inside the host transport's rendezvous.
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "codecs/codec.h"
+#include "codecs/plugin.h"
 #include "engine/ffi_call.h"
 #include "registry.h"
 #include "xla/ffi/api/ffi.h"
@@ -29,12 +31,16 @@ class CpuCodec final : public Codec {
  public:
   using Codec::Codec;
   Status EncodeRows(void*, const void* x, int64_t rows, int64_t n, uint8_t* out) override {
+    if (spec_.kind == codecs::Kind::kPlugin)
+      return Of(codecs::PluginEncodeCpu(spec_, dtype_, x, rows, n, out));
     const int64_t P = Payload(n), rb = n * ElemBytes();
     for (int64_t r = 0; r < rows; ++r)
       codecs::EncodeRowCpu(spec_, dtype_, static_cast<const uint8_t*>(x) + r * rb, n, out + r * P);
     return Status::Ok();
   }
   Status DecodeRows(void*, const uint8_t* in, int64_t rows, int64_t n, void* out) override {
+    if (spec_.kind == codecs::Kind::kPlugin)
+      return Of(codecs::PluginDecodeCpu(spec_, dtype_, in, rows, n, out));
     const int64_t P = Payload(n), rb = n * ElemBytes();
     for (int64_t r = 0; r < rows; ++r)
       codecs::DecodeRowCpu(spec_, dtype_, in + r * P, n, static_cast<uint8_t*>(out) + r * rb);
@@ -42,16 +48,21 @@ class CpuCodec final : public Codec {
   }
   Status DecodeSum(void*, const uint8_t* in, int nrows, int64_t n, void* out) override {
     std::vector<const uint8_t*> rows = Rows(in, nrows, n);
+    if (spec_.kind == codecs::Kind::kPlugin)
+      return Of(codecs::PluginDecodeSumCpu(spec_, dtype_, rows.data(), nrows, n, out));
     codecs::DecodeSumCpu(spec_, dtype_, rows.data(), nrows, n, out);
     return Status::Ok();
   }
   Status DecodeSumEncode(void*, const uint8_t* in, int nrows, int64_t n, uint8_t* out) override {
     std::vector<const uint8_t*> rows = Rows(in, nrows, n);
+    if (spec_.kind == codecs::Kind::kPlugin)
+      return Of(codecs::PluginDecodeSumEncodeCpu(spec_, dtype_, rows.data(), nrows, n, out));
     codecs::DecodeSumEncodeCpu(spec_, dtype_, rows.data(), nrows, n, out);
     return Status::Ok();
   }
 
  private:
+  static Status Of(const std::string& e) { return e.empty() ? Status::Ok() : Status::Error(e); }
   std::vector<const uint8_t*> Rows(const uint8_t* in, int nrows, int64_t n) const {
     std::vector<const uint8_t*> rows(nrows);
     for (int r = 0; r < nrows; ++r) rows[r] = in + r * Payload(n);

@@ -30,7 +30,8 @@ inline void BindEnums(nb::module_& m) {
                                           {"cast", Kind::kCast},
                                           {"int", Kind::kInt},
                                           {"fp8", Kind::kFp8},
-                                          {"error_bounded", Kind::kErrorBounded}});
+                                          {"error_bounded", Kind::kErrorBounded},
+                                          {"plugin", Kind::kPlugin}});
   m.attr("DTYPES") = EnumDict<DType>(
       {{"float32", DType::kF32}, {"bfloat16", DType::kBF16}, {"float16", DType::kF16}});
   m.attr("FP8_FORMATS") =

@@ -33,6 +33,14 @@ inline CodecSpec SpecFromPyDict(const nb::dict& d, const char* prefix) {
   s.hadamard = geti("hadamard");
   std::string eps = std::string(prefix) + "abs_error";
   s.abs_error = d.contains(eps.c_str()) ? nb::cast<float>(d[eps.c_str()]) : 0.0f;
+  std::string plugin = std::string(prefix) + "plugin", params = std::string(prefix) + "params";
+  if (d.contains(plugin.c_str())) s.plugin = nb::cast<int32_t>(d[plugin.c_str()]);
+  if (d.contains(params.c_str())) {
+    auto v = nb::cast<std::vector<double>>(d[params.c_str()]);
+    if (v.size() > static_cast<size_t>(codecs::kMaxPluginParams))
+      throw std::invalid_argument("at most 8 plugin params");
+    for (size_t i = 0; i < v.size(); ++i) s.params[i] = v[i];
+  }
   if (const char* msg = codecs::Validate(s)) throw std::invalid_argument(msg);
   return s;
 }

@@ -27,30 +27,7 @@ inline ffi::ErrorOr<T> Attr(const ffi::Dictionary& a, const std::string& name) {
 
 // The outer codec of a hierarchical all-reduce, from the "o_"-prefixed attributes.
 inline ffi::ErrorOr<CodecSpec> OuterSpec(const ffi::Dictionary& a) {
-  CodecSpec s;
-  auto kind = Attr<int32_t>(a, "o_kind");
-  auto bits = Attr<int32_t>(a, "o_bits");
-  auto block = Attr<int32_t>(a, "o_block");
-  auto sym = Attr<int32_t>(a, "o_symmetric");
-  auto fp8 = Attr<int32_t>(a, "o_fp8");
-  auto cast = Attr<int32_t>(a, "o_cast_dtype");
-  auto had = Attr<int32_t>(a, "o_hadamard");
-  auto eps = Attr<float>(a, "o_abs_error");
-  for (const auto* e : {&kind, &bits, &block, &sym, &fp8, &cast, &had}) {
-    if (e->has_error()) return ffi::Unexpected(e->error());
-  }
-  if (eps.has_error()) return ffi::Unexpected(eps.error());
-  s.kind = static_cast<codecs::Kind>(*kind);
-  s.bits = *bits;
-  s.block = *block;
-  s.symmetric = *sym != 0;
-  s.fp8 = static_cast<codecs::Fp8Format>(*fp8);
-  s.cast_dtype = static_cast<DType>(*cast);
-  s.hadamard = *had;
-  s.abs_error = *eps;
-  if (const char* msg = codecs::Validate(s))
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("jcoccl outer codec: ") + msg));
-  return s;
+  return codecs::SpecFromAttrs(a, "o_", "jcoccl outer codec: ");
 }
 
 inline ffi::Error Fail(const std::string& msg) { return ffi::Error::Internal(msg); }

@@ -13,6 +13,7 @@
 #include "codecs/codec_cuda.h"
 #include "codecs/ffi_attrs.h"
 #include "codecs/format.h"
+#include "codecs/plugin.h"
 #include "registry.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -353,6 +354,8 @@ __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, co
 }
 
 cudaError_t CheckArgs(const CodecSpec& s, int64_t n) {
+  // Plugin codecs run the plugin's own launches (codecs/plugin.h), never these kernels.
+  if (s.kind == Kind::kPlugin) return cudaErrorInvalidValue;
   if (Validate(s) != nullptr || n <= 0 || n % Granule(s) != 0) return cudaErrorInvalidValue;
   return cudaSuccess;
 }
@@ -463,6 +466,10 @@ ffi::Error CudaStatus(cudaError_t e) {
   return ffi::Error::Internal(std::string("jcoccl codec: CUDA error ") + cudaGetErrorString(e));
 }
 
+ffi::Error PluginStatus(const std::string& e) {
+  return e.empty() ? ffi::Error::Success() : ffi::Error::Internal(e);
+}
+
 ffi::Error EncodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                           ffi::Dictionary attrs) {
   auto spec = jc::SpecFromAttrs(attrs);
@@ -478,6 +485,9 @@ ffi::Error EncodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi
       static_cast<int64_t>(out->element_count()) != rows * p) {
     return BadArg("output must be uint8[rows, " + std::to_string(p) + "]");
   }
+  if (spec->kind == jc::Kind::kPlugin)
+    return PluginStatus(jc::PluginEncodeCuda(*spec, d, x.untyped_data(), rows, n,
+                                             static_cast<uint8_t*>(out->untyped_data()), stream));
   return CudaStatus(jc::EncodeRowsCuda(*spec, d, x.untyped_data(), rows, n,
                                        static_cast<uint8_t*>(out->untyped_data()), stream));
 }
@@ -497,6 +507,10 @@ ffi::Error DecodeRowsImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<f
       static_cast<int64_t>(buf.element_count()) != rows * p) {
     return BadArg("payload must be uint8[rows, " + std::to_string(p) + "]");
   }
+  if (spec->kind == jc::Kind::kPlugin)
+    return PluginStatus(jc::PluginDecodeCuda(*spec, d,
+                                             static_cast<const uint8_t*>(buf.untyped_data()), rows,
+                                             n, out->untyped_data(), stream));
   return CudaStatus(jc::DecodeRowsCuda(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
                                        rows, n, out->untyped_data(), stream));
 }
@@ -514,6 +528,10 @@ ffi::Error DecodeSumImpl(cudaStream_t stream, ffi::AnyBuffer buf, ffi::Result<ff
   if (static_cast<int64_t>(out->element_count()) != sh.batch * n)
     return BadArg("output must be dtype[..., n]");
   if (sh.nrows > (1 << 30)) return BadArg("too many rows");
+  if (spec->kind == jc::Kind::kPlugin)
+    return PluginStatus(jc::PluginDecodeSumCuda(
+        *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows), sh.p,
+        sh.batch, n, out->untyped_data(), stream));
   return CudaStatus(jc::DecodeSumBatch(*spec, d, static_cast<const uint8_t*>(buf.untyped_data()),
                                        static_cast<int>(sh.nrows), sh.p, sh.batch, n,
                                        out->untyped_data(), stream));
@@ -528,6 +546,10 @@ ffi::Error DecodeSumEncodeImpl(cudaStream_t stream, ffi::AnyBuffer buf,
   SumShape sh;
   if (auto e = jc::SumEncodeArgs(attrs, *spec, buf, *out, &d, &n, &sh); e.failure()) return e;
   if (sh.nrows > (1 << 30)) return BadArg("too many rows");
+  if (spec->kind == jc::Kind::kPlugin)
+    return PluginStatus(jc::PluginDecodeSumEncodeCuda(
+        *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows), sh.p,
+        sh.batch, n, static_cast<uint8_t*>(out->untyped_data()), stream));
   return CudaStatus(jc::DecodeSumEncodeBatch(
       *spec, d, static_cast<const uint8_t*>(buf.untyped_data()), static_cast<int>(sh.nrows), sh.p,
       sh.batch, n, static_cast<uint8_t*>(out->untyped_data()), stream));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "codecs/codec_cuda.h"
+#include "codecs/plugin.h"
 #include "engine/ffi_call.h"
 #include "registry.h"
 #include "transport/nccl.h"
@@ -95,21 +96,30 @@ class GpuCodec final : public Codec {
  public:
   using Codec::Codec;
   Status EncodeRows(void* s, const void* x, int64_t rows, int64_t n, uint8_t* out) override {
+    if (Plugin()) return Of(codecs::PluginEncodeCuda(spec_, dtype_, x, rows, n, out, s));
     return Cuda(codecs::EncodeRowsCuda(spec_, dtype_, x, rows, n, out, St(s)), "encode");
   }
   Status DecodeRows(void* s, const uint8_t* in, int64_t rows, int64_t n, void* out) override {
+    if (Plugin()) return Of(codecs::PluginDecodeCuda(spec_, dtype_, in, rows, n, out, s));
     return Cuda(codecs::DecodeRowsCuda(spec_, dtype_, in, rows, n, out, St(s)), "decode");
   }
   Status DecodeSum(void* s, const uint8_t* in, int nrows, int64_t n, void* out) override {
+    if (Plugin())
+      return Of(codecs::PluginDecodeSumCuda(spec_, dtype_, in, nrows, Payload(n), 1, n, out, s));
     return Cuda(codecs::DecodeSumCuda(spec_, dtype_, in, nrows, Payload(n), n, out, St(s)),
                 "decode_sum");
   }
   Status DecodeSumEncode(void* s, const uint8_t* in, int nrows, int64_t n, uint8_t* out) override {
+    if (Plugin())
+      return Of(
+          codecs::PluginDecodeSumEncodeCuda(spec_, dtype_, in, nrows, Payload(n), 1, n, out, s));
     return Cuda(codecs::DecodeSumEncodeCuda(spec_, dtype_, in, nrows, Payload(n), n, out, St(s)),
                 "decode_sum_encode");
   }
 
  private:
+  bool Plugin() const { return spec_.kind == codecs::Kind::kPlugin; }
+  static Status Of(const std::string& e) { return e.empty() ? Status::Ok() : Status::Error(e); }
   static cudaStream_t St(void* s) { return static_cast<cudaStream_t>(s); }
 };
 

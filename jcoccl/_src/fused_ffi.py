@@ -82,6 +82,8 @@ NONE_ATTRS = {
   "cast_dtype": np.int32(1),
   "hadamard": np.int32(0),
   "abs_error": np.float32(0.0),
+  "plugin": np.int32(-1),
+  "params": np.zeros((8,), np.float64),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 from typing import Any
 
 import jax
@@ -12,6 +13,31 @@ from jcoccl._src import _ffi
 
 # The source tree's version (pyproject.toml's); an installed distribution reports its own.
 __version__ = "0.1.0"
+# jcoccl/ (this file is jcoccl/_src/info.py): include/ and share/ ship inside the package.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def get_include() -> str:
+  """The directory to add to a compiler's include path for ``<jcoccl/codec_plugin.h>``.
+
+  Example:
+    >>> import os, jcoccl
+    >>> os.path.isfile(os.path.join(jcoccl.get_include(), "jcoccl", "codec_plugin.h"))
+    True
+  """
+  return os.path.join(_PACKAGE_DIR, "include")
+
+
+def get_cmake_dir() -> str:
+  """The directory holding ``jcocclConfig.cmake``: pass it as ``-Djcoccl_DIR=...`` so that
+  ``find_package(jcoccl CONFIG)`` finds the ``jcoccl::codec_plugin`` target.
+
+  Example:
+    >>> import os, jcoccl
+    >>> os.path.isfile(os.path.join(jcoccl.get_cmake_dir(), "jcocclConfig.cmake"))
+    True
+  """
+  return os.path.join(_PACKAGE_DIR, "share", "cmake", "jcoccl")
 
 
 def _version(dist: str) -> str | None:

@@ -19,6 +19,7 @@ from jcoccl._src.compressors import HadamardCompressor as HadamardCompressor
 from jcoccl._src.compressors import IntCompressor as IntCompressor
 from jcoccl._src.compressors import NoneCompressor as NoneCompressor
 from jcoccl._src.compressors import Payload as Payload
+from jcoccl._src.compressors import Plugin as Plugin
 from jcoccl._src.compressors import SpikeCompressor as SpikeCompressor
 from jcoccl._src.compressors import cast as cast
 from jcoccl._src.compressors import check as check
@@ -32,10 +33,12 @@ from jcoccl._src.compressors import int5 as int5
 from jcoccl._src.compressors import int6 as int6
 from jcoccl._src.compressors import int7 as int7
 from jcoccl._src.compressors import int8 as int8
+from jcoccl._src.compressors import load_plugin as load_plugin
 from jcoccl._src.compressors import none as none
 from jcoccl._src.compressors import parse as parse
 
-# Codecs of your own (docs/custom_compressors.md).
+# Codecs of your own (docs/custom_compressors.md); their native kernels come from plugin
+# libraries: load_plugin, Plugin (jcoccl/include/jcoccl/codec_plugin.h).
 from jcoccl._src.compressors import register as register
 from jcoccl._src.compressors import registered as registered
 from jcoccl._src.compressors import spike as spike

@@ -62,6 +62,8 @@ from jcoccl._src.compressors.hadamard import HadamardCompressor as HadamardCompr
 from jcoccl._src.compressors.identity import CastCompressor as CastCompressor
 from jcoccl._src.compressors.identity import NoneCompressor as NoneCompressor
 from jcoccl._src.compressors.intq import IntCompressor as IntCompressor
+from jcoccl._src.compressors.plugins import Plugin as Plugin
+from jcoccl._src.compressors.plugins import load_plugin as load_plugin
 from jcoccl._src.compressors.registry import register as register
 from jcoccl._src.compressors.registry import registered as registered
 from jcoccl._src.compressors.registry import unregister as unregister

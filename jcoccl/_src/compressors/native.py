@@ -11,7 +11,8 @@ Interface (used by ``Compressor`` when ``impl`` is "native" or "auto"):
   decode_sum_encode(c, buf, n, dtype) -> uint8[c.payload_nbytes(n, dtype)]
 
 The codec reaches C++ as scalar FFI attributes (see cuda/codecs/ffi_attrs.h): kind, bits,
-block, symmetric, fp8, cast_dtype, hadamard (0 or the rotation size), abs_error. Every
+block, symmetric, fp8, cast_dtype, hadamard (0 or the rotation size), abs_error, and for
+plugin codecs (:mod:`.plugins`) plugin (the library's id) and params (float64[8]). Every
 call works under jit, vmap (leading batch dimensions are folded into rows) and
 ``jax.shard_map(..., check_vma=True)`` (outputs carry the inputs' varying axes).
 """
@@ -27,6 +28,7 @@ import numpy as np
 from jcoccl._src import _ffi
 from jcoccl._src.compressors import registry
 
+PLUGIN_MAX_PARAMS = 8  # JCOCCL_PLUGIN_MAX_PARAMS (jcoccl/include/jcoccl/codec_plugin.h)
 _NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _OPS = ("encode", "decode", "decode_sum", "decode_sum_encode")
 _TARGETS = {
@@ -76,15 +78,18 @@ def _fields(c: Any) -> dict[str, Any] | None:
   if own is None:
     return None
   if not fam.wraps:
-    return {"kind": fam.kind, **own} if fam.kind in _kinds() else None
+    # A plugin family's hook names its kind ("plugin") itself.
+    kind = own.get("kind", fam.kind)
+    return {**own, "kind": kind} if kind in _kinds() else None
   inner = _fields(c.inner)
-  # The kernels rotate once around a plain codec: no wrapper inside a wrapper.
-  if inner is None or set(own) & set(inner):
+  # The kernels rotate once around a plain codec: no wrapper inside a wrapper, and none
+  # around a plugin (its kernels know nothing of the rotation).
+  if inner is None or set(own) & set(inner) or inner["kind"] == "plugin":
     return None
   return {**inner, **own}
 
 
-def codec_attrs(c: Any) -> dict[str, np.generic]:
+def codec_attrs(c: Any) -> dict[str, np.generic | np.ndarray]:
   """The FFI attributes describing compressor ``c``.
 
   Args:
@@ -92,7 +97,7 @@ def codec_attrs(c: Any) -> dict[str, np.generic]:
       error_bounded, or hadamard around one of those).
 
   Returns:
-    A dict of numpy scalars for ``jax.ffi.ffi_call``.
+    A dict of numpy scalars (and the float64[8] ``params`` array) for ``jax.ffi.ffi_call``.
 
   Raises:
     ValueError: if ``c`` has no native kernel.
@@ -116,7 +121,24 @@ def codec_attrs(c: Any) -> dict[str, np.generic]:
     "cast_dtype": np.int32(dtype_code(f.get("cast_dtype", "bfloat16"))),
     "hadamard": np.int32(f.get("hadamard", 0)),
     "abs_error": np.float32(f.get("abs_error", 0.0)),
+    "plugin": np.int32(f.get("plugin", -1)),
+    "params": plugin_params(f.get("params", ())),
   }
+
+
+def plugin_params(values: Any) -> np.ndarray:
+  """A plugin codec's parameters as the FFI ``params`` attribute: float64[8], zero-padded.
+
+  Example:
+    >>> plugin_params((256,))[:2]
+    array([256.,   0.])
+  """
+  out = np.zeros((PLUGIN_MAX_PARAMS,), np.float64)
+  vals = [float(v) for v in values]
+  if len(vals) > PLUGIN_MAX_PARAMS:
+    raise ValueError(f"a plugin codec has at most {PLUGIN_MAX_PARAMS} params, got {len(vals)}")
+  out[: len(vals)] = vals
+  return out
 
 
 def _supported(c: Any) -> bool:

@@ -371,6 +371,27 @@ def register(
   return cls
 
 
+def set_native(name: str, native: Callable[[Any], dict[str, Any] | None] | None) -> Family:
+  """Gives the family of spec ``name`` a new ``native`` hook (load_plugin's way in).
+
+  Returns:
+    The updated family record.
+
+  Example:
+    >>> set_native("sign1", lambda c: None)  # doctest: +SKIP
+  """
+  fam = _NAMES.get(name)
+  if fam is None:
+    raise KeyError(f"no compressor is registered as {name!r}; registered: {registered()}")
+  new = dataclasses.replace(fam, native=native)
+  for n, f in list(_NAMES.items()):
+    if f is fam:
+      _NAMES[n] = new
+  _FAMILIES[fam.kind] = new
+  _CLASSES[fam.cls] = new
+  return new
+
+
 def unregister(name: str) -> None:
   """Removes spec ``name`` (its family goes when its last name does).
 
