@@ -112,7 +112,7 @@ def _format(value: Any) -> str:
 
 # ---- the table -------------------------------------------------------------------------------
 
-_BASE: list[type] = []  # the Compressor class (set by _base, which imports this module)
+_BASE: list[Any] = []  # the Compressor class (set by _base, which imports this module)
 _FAMILIES: dict[str, Family] = {}  # kind -> family
 _NAMES: dict[str, Family] = {}  # spec name -> family
 _CLASSES: dict[type, Family] = {}  # class -> family
@@ -245,7 +245,7 @@ def set_base(cls: type) -> None:
   _BASE[:] = [cls]
 
 
-def _check_class(cls: Any) -> type:
+def _check_class(cls: Any) -> Any:
   Compressor = _BASE[0]
   if not (isinstance(cls, type) and issubclass(cls, Compressor)):
     raise TypeError(
@@ -253,8 +253,9 @@ def _check_class(cls: Any) -> type:
       "subclasses it and implements its hooks (granule, row_nbytes, encode_f32, "
       "decode_f32, bound_f32)"
     )
+  hooks: Any = cls  # a Compressor subclass (the isinstance check narrows it to `type`)
   missing = [h for h in HOOKS if getattr(cls, h) is getattr(Compressor, h)]
-  if not cls.lossless and cls.bound_f32 is Compressor.bound_f32:
+  if not hooks.lossless and hooks.bound_f32 is Compressor.bound_f32:
     missing.append("bound_f32 (or lossless = True)")
   if missing:
     raise TypeError(
