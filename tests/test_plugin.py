@@ -230,6 +230,12 @@ def test_plugin_hierarchical_all_reduce_matches_jnp(sign_plugin, plugin_level):
 # ---- loading: idempotence and errors ----------------------------------------------------------
 
 
+def test_plugin_codec_passes_the_conformance_check_natively(sign_plugin):
+  r = jc.check(jc.parse("sign1:block=64"), dtypes=("float32", "float16"), verbose=False)
+  assert r, r.table()
+  assert r.status("native_match") == {"PASS"}
+
+
 def test_plugin_load_is_idempotent(sign_plugin):
   again = jc.load_plugin(_sign_library())
   assert again is sign_plugin

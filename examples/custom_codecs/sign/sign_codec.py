@@ -17,7 +17,8 @@ to +inf, the largest float32; otherwise NaN. Decoding gives -s where the bit is 
 elsewhere (NaN for a non-finite block: the canonical NaN 0x7fc00000).
 
 Bound: for a finite block the decoded value has the sign of x (or is +s at x = 0), so
-|x - x_hat| = ||x| - s| <= max(|x|, s); non-finite blocks have no bound (inf).
+|x - x_hat| = ||x| - s| <= max(|x|, s), plus 2**-126 for the subnormals XLA:CPU flushes;
+non-finite blocks have no bound (inf).
 
 Subnormals: XLA:CPU runs with flush-to-zero/denormals-are-zero, and the CPU kernels run on
 XLA's threads, so both treat float32 subnormals alike there (as zero in sums and compares).
@@ -113,4 +114,7 @@ class SignCompressor(jc.Compressor):
 
   def bound_f32(self, x: jax.Array) -> jax.Array:
     s = jnp.repeat(block_scales(x, self.block), self.block, axis=-1)
-    return jnp.where(jnp.isnan(s), np.float32(np.inf), jnp.maximum(jnp.abs(x), s))
+    # + 2**-126: XLA:CPU flushes float32 subnormals (|x| of one reads 0 there, while the
+    # error of the value it stands for is not 0), as the built-ins' bounds allow for.
+    b = jnp.maximum(jnp.abs(x), s) + np.float32(2.0**-126)
+    return jnp.where(jnp.isnan(s), np.float32(np.inf), b)
