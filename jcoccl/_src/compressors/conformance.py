@@ -77,13 +77,19 @@ BUILTINS = (
   "int8",
   "int4",
   "int2",
+  "int7",
+  "int6",
+  "int5",
+  "int3",
   "int8:asym",
+  "int5:asym",
   "int2:asym",
   "int8:stochastic",
   "fp8",
   "fp8:e5m2",
   "eb:abs=0.001",
   "hadamard(int4)",
+  "spike(int4)",
 )
 _NAN_PATTERNS = (0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800000, 0x7F800000)
 
