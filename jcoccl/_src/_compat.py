@@ -327,7 +327,8 @@ def zero_like_aval(aval):
 def zero_tangent_of(value):
   from jax.interpreters import ad
 
-  return ad.Zero.from_primal_value(value)
+  # ad.Zero has no from_primal_value in 0.11.2 or 0.12; this is what JAX's own p2tz does.
+  return ad.Zero(_jax.typeof(value).to_tangent_aval())
 
 
 def undefined_aval(x):
