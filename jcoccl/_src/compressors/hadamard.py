@@ -156,7 +156,7 @@ def _hadamard(inner: B.Compressor, size: int | None = None) -> HadamardCompresso
 
 def _hadamard_string(c: HadamardCompressor) -> str:
   tail = "" if c.size == default_size(c.inner) else f":size={c.size}"
-  return f"hadamard({str(c.inner)}){tail}"
+  return f"hadamard({c.inner!s}){tail}"
 
 
 registry.register(
