@@ -11,9 +11,9 @@ VENV=${VENV:-.venv}
 JCOCCL_JAX=${JCOCCL_JAX:-pinned}
 EXTRAS=${EXTRAS:-test train lint}
 case "$JCOCCL_JAX" in
-  pinned) jax_pins=(-c constraints-ci.txt "jax==0.11.2" "jaxlib==0.11.2") ;;
+  pinned) jax_args=(-c constraints-ci.txt "jax==0.11.2" "jaxlib==0.11.2") ;;
   # No constraints file: pip resolves jax and jaxlib from pyproject's range alone.
-  newest) jax_pins=(--upgrade) ;;
+  newest) jax_args=(--upgrade) ;;
   *) echo "error: JCOCCL_JAX must be 'pinned' or 'newest', not '$JCOCCL_JAX'" >&2; exit 1 ;;
 esac
 # One build directory per venv: CMake configures against the venv's jaxlib headers, and
@@ -63,6 +63,6 @@ for dep in deps:
     print(dep)
 PYEOF
 )
-"$PY" -m pip install -q "${jax_pins[@]}" "${build_deps[@]}" "${deps[@]}"
+"$PY" -m pip install -q "${jax_args[@]}" "${build_deps[@]}" "${deps[@]}"
 "$PY" -m pip install -q --no-build-isolation --no-deps -C "build-dir=$build_dir" -e .
 "$PY" -m jcoccl info
