@@ -323,7 +323,7 @@ def test_policy_lookup_and_errors(tmp_path):
   with pytest.raises(ValueError, match="unknown key 'allreduce'"):
     Policy.from_dict({"data": {"allreduce": "int8"}})
   with pytest.raises(ValueError, match="cannot parse"):
-    Policy.from_dict({"data": {"all_reduce": "int7"}})
+    Policy.from_dict({"data": {"all_reduce": "int9"}})
   with pytest.raises(ValueError, match="axis.op=spec"):
     Policy.from_specs(["data=int8"])
   with pytest.raises(ValueError, match="op must be one of"):

@@ -37,7 +37,7 @@ BAD_ENTRIES = (
   + [
     (axis, op, spec, "cannot parse compressor spec")
     for axis, op, spec in zip(
-      itertools.cycle(AXES), OPS, ["int8:", "int8:sym,asym", "int7", "fp8:e4m3,e5m2", "eb"]
+      itertools.cycle(AXES), OPS, ["int8:", "int8:sym,asym", "int9", "fp8:e4m3,e5m2", "eb"]
     )
   ]
   + [

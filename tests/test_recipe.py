@@ -25,7 +25,7 @@ BAD_ENTRIES = [
   ("data", "zeroo", True, "unknown key 'zeroo'.*error_feedback, zero, nodes.*did you mean 'zero'"),
   ("data", "allreduce", "int8", "unknown key 'allreduce'.*did you mean 'all_reduce'"),
   ("data", "algorithm", "ring", "must be one of .*'two_shot'.*got 'ring'"),
-  ("data", "all_reduce", "int7", "cannot parse compressor spec"),
+  ("data", "all_reduce", "int9", "cannot parse compressor spec"),
   ("model", "all_reduce", "int8", "unknown axis 'model'"),
 ]
 
