@@ -197,7 +197,9 @@ __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& 
       for (int j = 0; j < bits; ++j) codes[bits * g + j] = static_cast<uint8_t>(word >> (8 * j));
     }
   }
-  for (int64_t q = lane; q < quads && 8 % bits == 0; q += 32) {
+  // 2, 4, 8 bits: each lane packs a quad of codes into 4 * bits whole bits (bytes).
+  const int64_t byte_quads = 8 % bits == 0 ? quads : 0;
+  for (int64_t q = lane; q < byte_quads; q += 32) {
     float v[4];
     src.get4(base + 4 * q, v);
     uint32_t word = 0;

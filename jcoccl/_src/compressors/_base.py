@@ -547,4 +547,11 @@ class Compressor:
     return b * np.float32(1 + 2.0**-16)
 
 
+def check_inner(inner: Any) -> Compressor:
+  """``inner`` of a wrapping codec (hadamard, spike); TypeError unless it is a Compressor."""
+  if not isinstance(inner, Compressor):
+    raise TypeError(f"inner must be a jcoccl Compressor, got {type(inner).__name__}")
+  return inner
+
+
 registry.set_base(Compressor)

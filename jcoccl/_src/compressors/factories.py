@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jcoccl._src.compressors._base import Compressor
+from jcoccl._src.compressors._base import Compressor, check_inner
 from jcoccl._src.compressors.error_bounded import ErrorBoundedCompressor
 from jcoccl._src.compressors.fp8 import Fp8Compressor
 from jcoccl._src.compressors.hadamard import HadamardCompressor, default_size
@@ -122,8 +122,7 @@ def hadamard(inner: Compressor, size: int | None = None) -> HadamardCompressor:
     >>> hadamard(int4(block_size=128)).granule
     128
   """
-  if not isinstance(inner, Compressor):
-    raise TypeError(f"inner must be a jcoccl Compressor, got {type(inner).__name__}")
+  check_inner(inner)  # before default_size reads its granule
   return HadamardCompressor(inner=inner, size=default_size(inner) if size is None else size)
 
 
@@ -143,8 +142,6 @@ def spike(inner: Compressor, k: int = 4) -> SpikeCompressor:
     >>> spike(int4(), k=2).payload_nbytes(256, jnp.float32)
     144
   """
-  if not isinstance(inner, Compressor):
-    raise TypeError(f"inner must be a jcoccl Compressor, got {type(inner).__name__}")
   return SpikeCompressor(inner=inner, k=k)
 
 

@@ -68,8 +68,7 @@ class HadamardCompressor(B.Compressor):
   kind: ClassVar[str] = "hadamard"
 
   def __post_init__(self):
-    if not isinstance(self.inner, B.Compressor):
-      raise TypeError(f"inner must be a jcoccl Compressor, got {type(self.inner).__name__}")
+    B.check_inner(self.inner)
     s = self.size
     if (
       isinstance(s, bool)

@@ -52,8 +52,7 @@ class SpikeCompressor(B.Compressor):
   kind: ClassVar[str] = "spike"
 
   def __post_init__(self):
-    if not isinstance(self.inner, B.Compressor):
-      raise TypeError(f"inner must be a jcoccl Compressor, got {type(self.inner).__name__}")
+    B.check_inner(self.inner)
     g = self.inner.granule
     if g < 2 or g > MAX_BLOCK or self.inner.lossless:
       raise ValueError(
