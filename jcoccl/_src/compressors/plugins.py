@@ -222,8 +222,8 @@ def _load(shown: str, real: str, spec: Any) -> Plugin:
   if not info["has_cuda"] and cuda is not None and _on_gpu():
     raise ValueError(
       f"load_plugin: {shown!r} has no CUDA kernels (cuda_* entries are NULL) but the default "
-      "backend is a GPU; build the plugin with CUDA (nvcc found by CMake, "
-      "-DJCOCCL_PLUGIN_CUDA=ON), or run on CPU"
+      "backend is a GPU; build the plugin with its CUDA kernels (jcoccl_add_codec_plugin "
+      "with CUDA_SOURCES, where CMake finds nvcc), or run on CPU"
     )
   cpu.plugin_load(real, plugin_id, True)
   if cuda is not None and info["has_cuda"]:
