@@ -17,6 +17,10 @@
 // as the kernels are compiled without .ftz). Conversions model the PTX instructions:
 // cvt.rn.{bf16,f16}.f32 round to nearest even and give the canonical NaN 0x7fff.
 //
+// Streams (streams.h): a launch or cudaMemcpyAsync on the null stream runs at once on the
+// calling thread; on a stream made by cudaStreamCreate* it is queued, and the stream's own
+// worker thread runs its queue in order. Events record and wait across streams as on the GPU.
+//
 // Only the subset of CUDA that jcoccl's codec kernels use is provided. The source is
 // compiled unchanged except for two syntax forms C++ lacks, rewritten by tools/gpu_shim.py:
 // `K<<<cfg>>>(args)` -> `::jcoccl_shim::LaunchCfg(cfg).Run(K, args)` and
@@ -34,6 +38,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -54,10 +59,13 @@ struct alignas(8) uint2 {
 };
 
 typedef struct CUstream_st* cudaStream_t;
+typedef struct CUevent_st* cudaEvent_t;
 enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyDeviceToDevice = 3 };
@@ -168,6 +176,11 @@ inline void SetError(cudaError_t e, const std::string& why) {
   }
 }
 
+// Work kinds of a stream's queue (streams.h), for the delay mode.
+enum WorkKind : unsigned { kKernelWork = 1, kCopyWork = 2, kCollectiveWork = 4, kXlaWork = 8 };
+// Queues fn on stream s (streams.h); fn runs on the stream's worker thread.
+inline void Enqueue(cudaStream_t s, unsigned kind, std::function<void()> fn);
+
 inline void Yield(Wait w) {
   g_fiber->wait = w;
   Switch(g_fiber->ctx, g_block->sched);
@@ -274,8 +287,9 @@ inline void RunGrid(dim3 grid, dim3 block, size_t smem, const std::function<void
 struct LaunchCfg {
   dim3 grid, block;
   size_t smem;
-  LaunchCfg(dim3 g, dim3 b, size_t shared = 0, cudaStream_t = nullptr)
-      : grid(g), block(b), smem(shared) {}
+  cudaStream_t stream;
+  LaunchCfg(dim3 g, dim3 b, size_t shared = 0, cudaStream_t s = nullptr)
+      : grid(g), block(b), smem(shared), stream(s) {}
 
   template <class... P, class... A>
   void Run(void (*kernel)(P...), A&&... args) const {
@@ -287,11 +301,18 @@ struct LaunchCfg {
       return;
     }
     // Kernel parameters are copied by value, as a launch does.
-    std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
-    const std::function<void()> body = [&] { std::apply(kernel, params); };
+    auto params = std::make_shared<std::tuple<std::decay_t<P>...>>(std::forward<A>(args)...);
     dim3 g = grid;
     if (g_max_grid > 0 && g.x > g_max_grid) g.x = g_max_grid;  // kernels are grid-stride
-    RunGrid(g, block, smem, body);
+    auto run = [kernel, params, g, b = block, sm = smem] {
+      const std::function<void()> body = [&] { std::apply(kernel, *params); };
+      RunGrid(g, b, sm, body);
+    };
+    if (stream == nullptr) {
+      run();
+    } else {
+      Enqueue(stream, kKernelWork, run);
+    }
   }
 };
 
@@ -399,13 +420,35 @@ inline const char* cudaGetErrorString(cudaError_t e) {
       return "invalid argument";
     case cudaErrorInvalidConfiguration:
       return "invalid configuration argument";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
     default:
       return "unspecified launch failure";
   }
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
-                                   cudaStream_t = nullptr) {
+                                   cudaStream_t stream = nullptr) {
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return cudaErrorInvalidValue;
-  std::memmove(dst, src, bytes);
+  if (stream == nullptr) {
+    std::memmove(dst, src, bytes);
+  } else {
+    ::jcoccl_shim::Enqueue(stream, ::jcoccl_shim::kCopyWork,
+                           [=] { std::memmove(dst, src, bytes); });
+  }
   return cudaSuccess;
 }
+inline cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes,
+                                   cudaStream_t stream = nullptr) {
+  if (bytes > 0 && dst == nullptr) return cudaErrorInvalidValue;
+  if (stream == nullptr) {
+    std::memset(dst, value, bytes);
+  } else {
+    ::jcoccl_shim::Enqueue(stream, ::jcoccl_shim::kCopyWork,
+                           [=] { std::memset(dst, value, bytes); });
+  }
+  return cudaSuccess;
+}
+
+#include "streams.h"

@@ -1,0 +1,254 @@
+// Host shim of CUDA streams and events (included by cuda_runtime.h).
+//
+// Each cudaStream_t is a queue with its own worker thread, which runs the queued work in
+// order: kernel launches, cudaMemcpyAsync / cudaMemsetAsync, stream-event waits, and
+// whatever else a library queues with jcoccl_shim::Enqueue (the NCCL emulation queues its
+// collectives so). cudaEventRecord captures "everything queued on the stream so far";
+// cudaStreamWaitEvent queues a wait for the record captured when it is called, as on the
+// GPU; synchronize calls block. Worker threads run with IEEE subnormals (MXCSR 0x1f80), as
+// the kernels do on the GPU, whatever the creating thread's floating-point state.
+//
+// Checks, for tests (a finding is kept in a log that Findings() drains):
+//   - an event recorded again while nobody has waited on, queried or synchronised with its
+//     previous record (the previous record is then lost to whoever meant to wait for it);
+//   - a kernel that fails on a worker (warp divergence, ...) makes the stream's error sticky.
+// Delay mode (SetDelay): queued work of the chosen kinds sleeps a fixed time before it runs,
+// so a missing wait turns into a wrong result every time instead of once in a while.
+#pragma once
+
+#include <xmmintrin.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+struct CUstream_st {
+  int device = 0;
+  int id = 0;
+  int priority = 0;
+  std::condition_variable work;  // the queue is non-empty
+  std::deque<std::pair<unsigned, std::function<void()>>> queue;
+  uint64_t enqueued = 0;   // items ever queued
+  uint64_t completed = 0;  // items finished (in order)
+  cudaError_t error = cudaSuccess;
+};
+
+struct CUevent_st {
+  CUstream_st* stream = nullptr;  // stream of the last record (null: none, or the null stream)
+  uint64_t target = 0;            // its `completed` count once the recorded work is done
+  bool observed = true;           // the last record was waited on, queried or synchronised
+};
+
+enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
+
+namespace jcoccl_shim {
+
+// One lock for every stream's queue and counters; `progress` wakes whoever waits for work
+// of any stream to finish. Both live forever (workers may still wait at exit).
+struct Runtime {
+  std::mutex mu;
+  std::condition_variable progress;
+  std::vector<CUstream_st*> streams;
+  std::vector<std::string> findings;
+};
+inline Runtime& Rt() {
+  static Runtime* rt = new Runtime();
+  return *rt;
+}
+
+inline thread_local int g_device = 0;
+inline std::atomic<unsigned> g_delay_kinds{0};
+inline std::atomic<int> g_delay_us{0};
+
+inline void SetDelay(unsigned kinds, int microseconds) {
+  g_delay_kinds = kinds;
+  g_delay_us = microseconds;
+}
+
+inline void Report(const std::string& what) {
+  std::lock_guard<std::mutex> lk(Rt().mu);
+  Rt().findings.push_back(what);
+}
+
+inline std::vector<std::string> Findings() {
+  std::lock_guard<std::mutex> lk(Rt().mu);
+  std::vector<std::string> out;
+  out.swap(Rt().findings);
+  return out;
+}
+
+inline void Worker(CUstream_st* s) {
+  _mm_setcsr(0x1f80);  // IEEE: no DAZ/FTZ, all exceptions masked
+  Runtime& rt = Rt();
+  for (;;) {
+    std::pair<unsigned, std::function<void()>> item;
+    {
+      std::unique_lock<std::mutex> lk(rt.mu);
+      s->work.wait(lk, [&] { return !s->queue.empty(); });
+      item = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    if ((g_delay_kinds.load() & item.first) != 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(g_delay_us.load()));
+    g_last_error = cudaSuccess;
+    g_last_message.clear();
+    item.second();
+    const cudaError_t e = g_last_error;
+    std::string why = g_last_message;
+    std::unique_lock<std::mutex> lk(rt.mu);
+    if (e != cudaSuccess && s->error == cudaSuccess) {
+      s->error = e;
+      rt.findings.push_back("stream " + std::to_string(s->id) + ": queued kernel failed: " + why);
+    }
+    ++s->completed;
+    rt.progress.notify_all();
+  }
+}
+
+inline void Enqueue(cudaStream_t s, unsigned kind, std::function<void()> fn) {
+  std::lock_guard<std::mutex> lk(Rt().mu);
+  s->queue.emplace_back(kind, std::move(fn));
+  ++s->enqueued;
+  s->work.notify_one();
+}
+
+// Blocks until stream s has finished its first `target` items.
+inline void WaitFor(CUstream_st* s, uint64_t target) {
+  std::unique_lock<std::mutex> lk(Rt().mu);
+  Rt().progress.wait(lk, [&] { return s->completed >= target; });
+}
+
+inline CUstream_st* NewStream(int priority) {
+  auto* s = new CUstream_st();
+  s->device = g_device;
+  s->priority = priority;
+  {
+    std::lock_guard<std::mutex> lk(Rt().mu);
+    s->id = static_cast<int>(Rt().streams.size());
+    Rt().streams.push_back(s);
+  }
+  std::thread(Worker, s).detach();
+  return s;
+}
+
+// (stream, items queued so far) for every stream of `device`.
+inline std::vector<std::pair<CUstream_st*, uint64_t>> Snapshot(int device) {
+  std::lock_guard<std::mutex> lk(Rt().mu);
+  std::vector<std::pair<CUstream_st*, uint64_t>> out;
+  for (CUstream_st* s : Rt().streams)
+    if (s->device == device) out.emplace_back(s, s->enqueued);
+  return out;
+}
+
+inline uint64_t Completed(CUstream_st* s) {
+  std::lock_guard<std::mutex> lk(Rt().mu);
+  return s->completed;
+}
+
+}  // namespace jcoccl_shim
+
+inline cudaError_t cudaSetDevice(int d) {
+  if (d < 0) return cudaErrorInvalidValue;
+  ::jcoccl_shim::g_device = d;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = ::jcoccl_shim::g_device;
+  return cudaSuccess;
+}
+inline cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = 13000;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int priority) {
+  *s = ::jcoccl_shim::NewStream(priority);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithPriority(s, 0, 0); }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (s == nullptr) return cudaSuccess;
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+    target = s->enqueued;
+  }
+  ::jcoccl_shim::WaitFor(s, target);
+  std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+  return s->error;
+}
+inline cudaError_t cudaDeviceSynchronize() {
+  cudaError_t e = cudaSuccess;
+  for (auto& [s, n] : ::jcoccl_shim::Snapshot(::jcoccl_shim::g_device)) {
+    ::jcoccl_shim::WaitFor(s, n);
+    std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+    if (e == cudaSuccess) e = s->error;
+  }
+  return e;
+}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  *e = new CUevent_st();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+  if (e == nullptr) return cudaErrorInvalidResourceHandle;
+  ::jcoccl_shim::Runtime& rt = ::jcoccl_shim::Rt();
+  std::lock_guard<std::mutex> lk(rt.mu);
+  if (!e->observed)
+    rt.findings.push_back(
+        "event recorded again before anything waited on its previous record (stream " +
+        std::to_string(e->stream ? e->stream->id : -1) + " -> " +
+        std::to_string(s ? s->id : -1) + ")");
+  e->stream = s;
+  e->target = s == nullptr ? 0 : s->enqueued;
+  e->observed = false;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
+  if (e == nullptr || s == nullptr) return cudaErrorInvalidResourceHandle;
+  CUstream_st* src;
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+    e->observed = true;
+    src = e->stream;
+    target = e->target;
+  }
+  if (src == nullptr || src == s) return cudaSuccess;  // already ordered
+  ::jcoccl_shim::Enqueue(s, 0, [src, target] { ::jcoccl_shim::WaitFor(src, target); });
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e == nullptr) return cudaErrorInvalidResourceHandle;
+  std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+  e->observed = true;
+  if (e->stream == nullptr) return cudaSuccess;
+  if (e->stream->error != cudaSuccess) return e->stream->error;
+  return e->stream->completed >= e->target ? cudaSuccess : cudaErrorNotReady;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e == nullptr) return cudaErrorInvalidResourceHandle;
+  CUstream_st* src;
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+    e->observed = true;
+    src = e->stream;
+    target = e->target;
+  }
+  if (src != nullptr) ::jcoccl_shim::WaitFor(src, target);
+  return cudaSuccess;
+}
