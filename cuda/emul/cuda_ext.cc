@@ -1,0 +1,152 @@
+// The test-only build of jcoccl's CUDA extension (tools/cuda_ext.py): cuda/gpu/*.cu,
+// cuda/transport/nccl.cc and the engine, compiled unchanged as one C++ translation unit
+// against the host shim (cuda/hostshim/) and the NCCL emulation (nccl_emul.h). It exports a
+// C interface for ctypes: the handlers behind the XLA:CPU adaptor (xla_adaptor.h), what
+// jcoccl._cuda's bindings do for communicators and workspace sizes, and the test controls.
+//
+// JCOCCL_EXT_CODECS, JCOCCL_EXT_FUSED and JCOCCL_EXT_NCCL name the sources to include (the
+// codec kernels after tools/gpu_shim.py's launch rewrite; mutant copies in a mutant build).
+#ifndef __CUDACC__
+#define __CUDACC__ 1
+#endif
+#ifndef __CUDA_ARCH__
+#define __CUDA_ARCH__ 900
+#endif
+#include "cuda_runtime.h"
+
+#include JCOCCL_EXT_CODECS
+#include JCOCCL_EXT_FUSED
+#include JCOCCL_EXT_NCCL
+
+#include "nccl_emul.h"
+#include "xla_adaptor.h"
+
+#define JCE_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+thread_local std::string g_text;
+
+const char* Text(std::string s) {
+  g_text = std::move(s);
+  return g_text.c_str();
+}
+
+jcoccl::codecs::CodecSpec SpecOf(const int32_t* f, float abs_error) {
+  jcoccl::codecs::CodecSpec s;
+  s.kind = static_cast<jcoccl::codecs::Kind>(f[0]);
+  s.bits = f[1];
+  s.block = f[2];
+  s.symmetric = f[3] != 0;
+  s.fp8 = static_cast<jcoccl::codecs::Fp8Format>(f[4]);
+  s.cast_dtype = static_cast<jcoccl::codecs::DType>(f[5]);
+  s.hadamard = f[6];
+  s.abs_error = abs_error;
+  return s;
+}
+
+// Codec stand-in for sizing (as bind_fused.h's, which needs nanobind).
+class SizeCodec final : public jcoccl::engine::Codec {
+ public:
+  using Codec::Codec;
+  using Status = jcoccl::transport::Status;
+  Status EncodeRows(void*, const void*, int64_t, int64_t, uint8_t*) override { return Err(); }
+  Status DecodeRows(void*, const uint8_t*, int64_t, int64_t, void*) override { return Err(); }
+  Status DecodeSum(void*, const uint8_t*, int, int64_t, void*) override { return Err(); }
+  Status DecodeSumEncode(void*, const uint8_t*, int, int64_t, uint8_t*) override { return Err(); }
+
+ private:
+  static Status Err() { return Status::Error("sizing codec cannot run"); }
+};
+}  // namespace
+
+// The registered CUDA handlers, each behind its own adaptor entry point: fills up to `cap`
+// names and function pointers; returns how many there are.
+JCE_API int jce_handlers(const char** names, void** fns, int cap) {
+  static const auto slots =
+      jcoccl_emul::SlotTable(std::make_integer_sequence<int, jcoccl_emul::kSlots>());
+  int i = 0;
+  for (const auto& [name, fn] : jcoccl::Handlers()) {
+    if (i >= jcoccl_emul::kSlots) return -1;
+    jcoccl_emul::g_inner[i] = reinterpret_cast<XLA_FFI_Handler*>(fn);
+    if (i < cap) {
+      names[i] = name.c_str();
+      fns[i] = reinterpret_cast<void*>(slots[i]);
+    }
+    ++i;
+  }
+  return i;
+}
+
+// Queued work of the kinds in `kinds` (jcoccl_shim::WorkKind bits) sleeps `us` first.
+JCE_API void jce_set_delay(unsigned kinds, int us) { jcoccl_shim::SetDelay(kinds, us); }
+
+// Selects one of tools/cuda_ext.py's deliberate defects in a mutant build (0: none).
+JCE_API void jce_set_mutation(int id) { jcoccl_shim::g_mutation = id; }
+
+// The next `count` calls of NCCL entry point `op` fail; 0 if `op` is unknown.
+JCE_API int jce_nccl_inject(const char* op, int count) {
+  return jcoccl_emul::InjectFailure(op, count) ? 1 : 0;
+}
+
+// The version of the NCCL that jcoccl's transport loaded (the emulation's: 99999), or -1.
+JCE_API int jce_nccl_version() {
+  std::string err;
+  const jcoccl::transport::NcclApi* api = jcoccl::transport::Nccl(&err);
+  if (api == nullptr) return -1;
+  int v = 0;
+  api->GetVersion(&v);
+  return v;
+}
+
+// As jcoccl._cuda.nccl_unique_id: 128 bytes into `out`; null, or the error text.
+JCE_API const char* jce_nccl_unique_id(char* out) {
+  std::string id;
+  jcoccl::transport::Status s = jcoccl::transport::NcclUniqueId(&id);
+  if (!s.ok()) return Text(s.msg);
+  std::memcpy(out, id.data(), id.size());
+  return nullptr;
+}
+
+// As jcoccl._cuda.nccl_comm_init: members (devices[i], ranks[i]); null, or the error text.
+JCE_API const char* jce_nccl_comm_init(int64_t comm, const char* uid, int nranks, int nmembers,
+                                       const int* devices, const int* ranks) {
+  std::vector<std::pair<int, int>> members;
+  for (int i = 0; i < nmembers; ++i) members.emplace_back(devices[i], ranks[i]);
+  std::vector<ncclComm_t> comms;
+  jcoccl::transport::Status s =
+      jcoccl::transport::NcclInit(std::string(uid, NCCL_UNIQUE_ID_BYTES), nranks, members, &comms);
+  if (!s.ok()) return Text(s.msg);
+  for (size_t i = 0; i < members.size(); ++i)
+    jcoccl::engine::Comms().Add(comm, members[i].first,
+                                std::make_shared<jcoccl::transport::NcclTransport>(
+                                    comms[i], members[i].second, nranks, members[i].first));
+  return nullptr;
+}
+
+JCE_API int jce_comm_destroy(int64_t comm) { return jcoccl::engine::Comms().Remove(comm); }
+
+// As fused_workspace_bytes; `spec` / `ospec` are codec_api.h's seven integer fields.
+JCE_API int64_t jce_workspace_bytes(int op, int64_t k, int64_t m, int size, int outer_size,
+                                    const int32_t* spec, float eps, const int32_t* ospec,
+                                    float oeps, int dtype) {
+  namespace je = jcoccl::engine;
+  SizeCodec c(SpecOf(spec, eps), static_cast<je::DType>(dtype));
+  SizeCodec oc(SpecOf(ospec, oeps), static_cast<je::DType>(dtype));
+  je::SizeOnlyTransport t(size), ot(outer_size > 0 ? outer_size : 1);
+  je::Call call;
+  call.op = static_cast<je::Op>(op);
+  call.k = k;
+  call.m = m;
+  call.codec = &c;
+  call.comm = &t;
+  call.outer_codec = &oc;
+  call.outer_comm = &ot;
+  return je::WorkspaceBytes(call);
+}
+
+// What the shim found since the last call (one finding per line), and forgets it.
+JCE_API const char* jce_findings() {
+  std::string out;
+  for (const std::string& f : jcoccl_shim::Findings()) out += f + "\n";
+  return Text(out);
+}
