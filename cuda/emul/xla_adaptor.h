@@ -197,7 +197,7 @@ inline XLA_FFI_Error* Adapt(XLA_FFI_Handler* inner, XLA_FFI_CallFrame* frame) {
   };
   check(args, "argument", false);
   check(rets, "result", true);
-  for (std::string& f : jcoccl_shim::Findings()) found.push_back(std::move(f));
+  for (std::string& f : jcoccl_shim::Findings(device)) found.push_back(std::move(f));
   if (!drained) {
     found.push_back("queued work of device " + std::to_string(device) +
                     " did not finish within 60 s after the call");

@@ -53,7 +53,7 @@ struct Runtime {
   std::mutex mu;
   std::condition_variable progress;
   std::vector<CUstream_st*> streams;
-  std::vector<std::string> findings;
+  std::vector<std::pair<int, std::string>> findings;  // (device, what)
 };
 inline Runtime& Rt() {
   static Runtime* rt = new Runtime();
@@ -69,20 +69,32 @@ inline void SetDelay(unsigned kinds, int microseconds) {
   g_delay_us = microseconds;
 }
 
+// Findings are kept per device (the current device of the thread that makes them), so
+// each device's caller sees its own.
 inline void Report(const std::string& what) {
   std::lock_guard<std::mutex> lk(Rt().mu);
-  Rt().findings.push_back(what);
+  Rt().findings.emplace_back(g_device, what);
 }
 
-inline std::vector<std::string> Findings() {
+// Drains the findings of `device` (-1: of every device).
+inline std::vector<std::string> Findings(int device = -1) {
   std::lock_guard<std::mutex> lk(Rt().mu);
   std::vector<std::string> out;
-  out.swap(Rt().findings);
+  auto& all = Rt().findings;
+  for (auto it = all.begin(); it != all.end();) {
+    if (device < 0 || it->first == device) {
+      out.push_back(std::move(it->second));
+      it = all.erase(it);
+    } else {
+      ++it;
+    }
+  }
   return out;
 }
 
 inline void Worker(CUstream_st* s) {
   _mm_setcsr(0x1f80);  // IEEE: no DAZ/FTZ, all exceptions masked
+  g_device = s->device;
   Runtime& rt = Rt();
   for (;;) {
     std::pair<unsigned, std::function<void()>> item;
@@ -102,7 +114,8 @@ inline void Worker(CUstream_st* s) {
     std::unique_lock<std::mutex> lk(rt.mu);
     if (e != cudaSuccess && s->error == cudaSuccess) {
       s->error = e;
-      rt.findings.push_back("stream " + std::to_string(s->id) + ": queued kernel failed: " + why);
+      rt.findings.emplace_back(s->device,
+                               "stream " + std::to_string(s->id) + ": queued kernel failed: " + why);
     }
     ++s->completed;
     rt.progress.notify_all();
@@ -208,7 +221,8 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
   ::jcoccl_shim::Runtime& rt = ::jcoccl_shim::Rt();
   std::lock_guard<std::mutex> lk(rt.mu);
   if (!e->observed)
-    rt.findings.push_back(
+    rt.findings.emplace_back(
+        ::jcoccl_shim::g_device,
         "event recorded again before anything waited on its previous record (stream " +
         std::to_string(e->stream ? e->stream->id : -1) + " -> " +
         std::to_string(s ? s->id : -1) + ")");

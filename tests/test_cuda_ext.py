@@ -1,0 +1,206 @@
+"""The CUDA extension's host side on the CPU (tools/cuda_ext.py): cuda/gpu/*.cu, the NCCL
+transport and the fused engine compiled unchanged against the host shim (streams with
+worker threads, events) and an NCCL emulation over threads; the CUDA FFI handlers run as
+XLA:CPU targets behind an adaptor that models XLA's stream and device memory.
+
+Every op x algorithm x codec family runs through the CUDA codec handlers (backend "xla")
+and through the CUDA fused engine over emulated NCCL (backend "fused"), bit-identical to
+jcoccl's CPU paths; seeded host-side bugs (mutant builds) must each be caught."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jcoccl
+from jcoccl import compressors as jc
+from jcoccl._src import _ffi, fused_comms, fused_ffi
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import cuda_ext  # noqa: E402
+import gpu_shim  # noqa: E402
+from test_fused import ALL_OPS, _bits, _data, _mesh, _program  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+  gpu_shim.compiler() is None or _ffi.native_module("cpu") is None,
+  reason="needs a C++ compiler and jcoccl._cpu",
+)
+
+_mutants: dict[str, object] = {}
+
+
+def _build_mutants() -> None:
+  try:
+    _mutants["lib"] = cuda_ext.build(mutants=True)
+  except Exception as e:  # reported by the test that needs it
+    _mutants["error"] = e
+
+
+@pytest.fixture(scope="module")
+def ext():
+  # The mutant library builds alongside the clean one (one compile per core).
+  t = threading.Thread(target=_build_mutants)
+  t.start()
+  _mutants["thread"] = t
+  lib = cuda_ext.CudaExt(cuda_ext.build())
+  yield lib
+  t.join()
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+  fused_comms.shutdown()
+  yield
+  fused_comms.shutdown()
+
+
+def _cpu_path(mesh, backend, run):
+  """run() through jcoccl's CPU paths, then through the CUDA extension; both results."""
+  if backend == "fused":
+    jcoccl.init(mesh)
+  want = jax.block_until_ready(run())
+  fused_comms.shutdown()
+  return want
+
+
+def _compare(ext, mesh, backend, make):
+  """make() builds a fresh program (jit caches must not mix the two target sets)."""
+  want = _cpu_path(mesh, backend, lambda: make())
+  with cuda_ext.use(ext):
+    if backend == "fused":
+      jcoccl.init(mesh)
+    got = jax.block_until_ready(make())
+  for i, (g, w) in enumerate(zip(got, want)):
+    assert g.shape == w.shape and g.dtype == w.dtype, i
+    np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=f"output {i}: CUDA path != CPU path")
+
+
+_CODECS = {
+  "int8": (jc.int8(block_size=32), jnp.float32, 2),
+  "int4": (jc.int4(block_size=32, symmetric=False), jnp.bfloat16, 2),
+  "fp8": (jc.fp8("e4m3", block_size=32), jnp.float16, 1),
+  "hadamard": (jc.hadamard(jc.int4(block_size=32)), jnp.float32, 1),
+  "error_bounded": (jc.error_bounded(1e-2, block_size=32), jnp.float32, 2),
+}
+
+
+def test_cuda_ext_loads_the_nccl_emulation_and_every_cuda_handler(ext):
+  assert ext.nccl_version() == 99999  # nccl.cc's dlopen found the emulation, not a real NCCL
+  names = set(ext.handlers())
+  assert {"jcoccl_encode_rows", "jcoccl_decode_rows", "jcoccl_decode_sum",
+          "jcoccl_decode_sum_encode", "jcoccl_fused_all_reduce", "jcoccl_fused_reduce_scatter",
+          "jcoccl_fused_all_gather", "jcoccl_fused_all_to_all",
+          "jcoccl_fused_ppermute"} <= names
+
+
+@pytest.mark.parametrize("backend", ["xla", "fused"])
+@pytest.mark.parametrize("codec", sorted(_CODECS))
+def test_cuda_ext_op_matrix_matches_cpu(ext, codec, backend):
+  # Every algorithm of the five ops, on 4 ranks: one_shot, two_shot, reduce_scatter,
+  # all_gather, all_to_all, ppermute.
+  comp, dtype, chunks = _CODECS[codec]
+  mesh = _mesh((4,), ("x",))
+  x = _data(mesh, dtype, seed=11)
+  _compare(ext, mesh, backend, lambda: _program(mesh, "x", comp, backend, chunks, ALL_OPS)(x))
+
+
+@pytest.mark.parametrize("backend", ["xla", "fused"])
+def test_cuda_ext_eight_ranks_with_nan_and_inf(ext, backend):
+  mesh = _mesh((8,), ("x",))
+  x = _data(mesh, jnp.float32, nonfinite=True, seed=2)
+  comp = jc.int8(block_size=64)
+  _compare(ext, mesh, backend, lambda: _program(mesh, "x", comp, backend, 2, ALL_OPS)(x))
+
+
+@pytest.mark.parametrize("backend", ["xla", "fused"])
+def test_cuda_ext_hierarchical_two_codecs(ext, backend):
+  mesh = _mesh((2, 2), ("node", "gpu"))
+  x = _data(mesh, jnp.float32, seed=5)
+  axes = ("node", "gpu")
+  levels = (jc.int4(block_size=32), jc.int8(block_size=32))
+
+  def make():
+    def body(v):
+      return (jcoccl.all_reduce(v, axes, compressor=levels, algorithm="hierarchical",
+                                backend=backend, chunks=2, min_bytes=0),)
+
+    spec = jax.P(axes)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))(x)
+
+  _compare(ext, mesh, backend, make)
+
+
+@pytest.mark.parametrize(
+  "kinds",
+  [cuda_ext.KERNELS, cuda_ext.COPIES | cuda_ext.XLA_INPUTS, cuda_ext.COLLECTIVES],
+  ids=["kernels", "copies_and_inputs", "collectives"],
+)
+def test_cuda_ext_delay_mode_keeps_results(ext, kinds):
+  # Stretched queued work reorders what runs when across the lanes; the events must keep
+  # every result the same.
+  mesh = _mesh((2,), ("x",))
+  x = _data(mesh, jnp.float32, seed=4)
+  comp = jc.fp8("e5m2", block_size=32)
+  want = _cpu_path(mesh, "fused", lambda: _program(mesh, "x", comp, "fused", 2, ALL_OPS)(x))
+  with cuda_ext.use(ext):
+    jcoccl.init(mesh)
+    ext.set_delay(kinds, 3000)
+    got = jax.block_until_ready(_program(mesh, "x", comp, "fused", 2, ALL_OPS)(x))
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
+def test_cuda_ext_lost_peer_times_out_and_aborts_the_communicator(ext, monkeypatch):
+  # Rank 1 of a 2-rank emulated NCCL communicator never comes: the engine's wait gives up
+  # after JCOCCL_TIMEOUT_S, aborts the communicator (which frees the blocked stream) and
+  # fails with a Python error; later calls fail at once.
+  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "0.5")
+  cid = 10**12 + 99
+  with cuda_ext.use(ext):
+    ext.nccl_comm_init(cid, ext.nccl_unique_id(), 2, [(0, 0), (1, 1)])
+    f = jax.jit(
+      lambda v: fused_ffi.engine_call(
+        "all_reduce", "one_shot", v, v.shape, cid, 2, jc.int8(block_size=32), 1, 32,
+        platform="cpu",
+      )
+    )
+    x = jax.device_put(jnp.ones((1, 32), jnp.float32), jax.devices()[0])
+    try:
+      with pytest.raises(Exception, match="did not finish within") as e:
+        jax.block_until_ready(f(x))
+      assert "was aborted" in str(e.value) and "shim found" not in str(e.value)
+      with pytest.raises(Exception, match="communicator was aborted"):
+        jax.block_until_ready(f(x + 1))
+    finally:
+      ext.fused_comm_destroy(cid)
+
+
+@pytest.mark.parametrize(
+  "scenario, mutation",
+  [
+    ("stream_wait", "no_stream_wait"),
+    ("event_reuse", "event_reuse"),
+    ("join_on_error", "no_join_on_error"),
+    ("workspace", "workspace_short"),
+    ("group", "group_unbalanced"),
+  ],
+)
+def test_cuda_ext_seeded_host_bug_is_caught(ext, scenario, mutation):
+  # The scenario holds for the shipped sources (here, in this process) and fails for a
+  # copy with the bug (a mutant build, in its own process: one emulated NCCL per process).
+  cuda_ext.SCENARIOS[scenario](ext)
+  _mutants["thread"].join()
+  assert "error" not in _mutants, _mutants.get("error")
+  r = subprocess.run(
+    [sys.executable, "tools/cuda_ext.py", "scenario", scenario, "--mutate", mutation],
+    cwd=ROOT, capture_output=True, text=True, timeout=300,
+  )
+  assert r.returncode == 1 and f"CAUGHT {scenario}" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
