@@ -95,10 +95,17 @@ _CODECS = {
 def test_cuda_ext_loads_the_nccl_emulation_and_every_cuda_handler(ext):
   assert ext.nccl_version() == 99999  # nccl.cc's dlopen found the emulation, not a real NCCL
   names = set(ext.handlers())
-  assert {"jcoccl_encode_rows", "jcoccl_decode_rows", "jcoccl_decode_sum",
-          "jcoccl_decode_sum_encode", "jcoccl_fused_all_reduce", "jcoccl_fused_reduce_scatter",
-          "jcoccl_fused_all_gather", "jcoccl_fused_all_to_all",
-          "jcoccl_fused_ppermute"} <= names
+  assert {
+    "jcoccl_encode_rows",
+    "jcoccl_decode_rows",
+    "jcoccl_decode_sum",
+    "jcoccl_decode_sum_encode",
+    "jcoccl_fused_all_reduce",
+    "jcoccl_fused_reduce_scatter",
+    "jcoccl_fused_all_gather",
+    "jcoccl_fused_all_to_all",
+    "jcoccl_fused_ppermute",
+  } <= names
 
 
 @pytest.mark.parametrize("backend", ["xla", "fused"])
@@ -129,8 +136,17 @@ def test_cuda_ext_hierarchical_two_codecs(ext, backend):
 
   def make():
     def body(v):
-      return (jcoccl.all_reduce(v, axes, compressor=levels, algorithm="hierarchical",
-                                backend=backend, chunks=2, min_bytes=0),)
+      return (
+        jcoccl.all_reduce(
+          v,
+          axes,
+          compressor=levels,
+          algorithm="hierarchical",
+          backend=backend,
+          chunks=2,
+          min_bytes=0,
+        ),
+      )
 
     spec = jax.P(axes)
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))(x)
@@ -168,7 +184,15 @@ def test_cuda_ext_lost_peer_times_out_and_aborts_the_communicator(ext, monkeypat
     ext.nccl_comm_init(cid, ext.nccl_unique_id(), 2, [(0, 0), (1, 1)])
     f = jax.jit(
       lambda v: fused_ffi.engine_call(
-        "all_reduce", "one_shot", v, v.shape, cid, 2, jc.int8(block_size=32), 1, 32,
+        "all_reduce",
+        "one_shot",
+        v,
+        v.shape,
+        cid,
+        2,
+        jc.int8(block_size=32),
+        1,
+        32,
         platform="cpu",
       )
     )
@@ -201,6 +225,9 @@ def test_cuda_ext_seeded_host_bug_is_caught(ext, scenario, mutation):
   assert "error" not in _mutants, _mutants.get("error")
   r = subprocess.run(
     [sys.executable, "tools/cuda_ext.py", "scenario", scenario, "--mutate", mutation],
-    cwd=ROOT, capture_output=True, text=True, timeout=300,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
   )
   assert r.returncode == 1 and f"CAUGHT {scenario}" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_shim  # noqa: E402
+import gpu_shim
 
 ROOT = gpu_shim.ROOT
 CUDA = ROOT / "cuda"
@@ -102,7 +102,8 @@ def _switched(text: dict[str, str]) -> dict[str, str]:
     if text[path].count(old) != 1:
       raise RuntimeError(f"mutation {name}: {old!r} must occur once in {path}")
     text[path] = text[path].replace(
-      old, f"if (::jcoccl_shim::g_mutation == {MUTATION_IDS[name]}) {{\n{new}\n}} else {{\n{old}\n}}"
+      old,
+      f"if (::jcoccl_shim::g_mutation == {MUTATION_IDS[name]}) {{\n{new}\n}} else {{\n{old}\n}}",
     )
   return text
 
@@ -177,8 +178,14 @@ def build(out_dir: Path | None = None, mutants: bool = False) -> Path:
   _compile(
     cxx,
     [str(EMUL / "cuda_ext.cc")],
-    [str(src), str(gpu_shim.SHIM_DIR), str(EMUL), str(CUDA), str(gpu_shim.PUBLIC_INCLUDE),
-     gpu_shim.xla_include()],
+    [
+      str(src),
+      str(gpu_shim.SHIM_DIR),
+      str(EMUL),
+      str(CUDA),
+      str(gpu_shim.PUBLIC_INCLUDE),
+      gpu_shim.xla_include(),
+    ],
     tmp,
     [
       f'JCOCCL_EXT_CODECS="{paths["cuda/gpu/codecs.cu"]}"',
@@ -219,8 +226,18 @@ class CudaExt:
     lib.jce_nccl_comm_init.restype = c
     lib.jce_comm_destroy.argtypes = [i64]
     i32p = ctypes.POINTER(ctypes.c_int32)
-    lib.jce_workspace_bytes.argtypes = [i32, i64, i64, i32, i32, i32p, ctypes.c_float, i32p,
-                                        ctypes.c_float, i32]
+    lib.jce_workspace_bytes.argtypes = [
+      i32,
+      i64,
+      i64,
+      i32,
+      i32,
+      i32p,
+      ctypes.c_float,
+      i32p,
+      ctypes.c_float,
+      i32,
+    ]
     lib.jce_workspace_bytes.restype = i64
     lib.jce_findings.restype = c
     self.registered = False
@@ -458,7 +475,7 @@ def scenario_join_on_error(ext: CudaExt) -> None:
     jcoccl.init(mesh)
     ext.set_delay(KERNELS, 20000)
     ext.inject("ncclAllGather", 2)  # the first all-gather of each rank
-    body = lambda v: jcoccl.all_reduce(  # noqa: E731
+    body = lambda v: jcoccl.all_reduce(
       v, "x", compressor=comp, backend="fused", chunks=2, min_bytes=0
     )
     _expect_error(lambda: _run(mesh, body, x), "ncclAllGather failed", "jcoccl shim found")
@@ -481,12 +498,14 @@ def scenario_workspace(ext: CudaExt) -> None:
     cid = fused_comms._state.comms[("x",)]
 
     def body(v):
-      out = fused_ffi.engine_call("all_gather", "all_gather", v, (1, n, m), cid, n, None, 1, m,
-                                  platform="cpu")
+      out = fused_ffi.engine_call(
+        "all_gather", "all_gather", v, (1, n, m), cid, n, None, 1, m, platform="cpu"
+      )
       return out.reshape(1, n * m)
 
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x"),
-                              check_vma=False))
+    f = jax.jit(
+      jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x"), check_vma=False)
+    )
     got = np.asarray(jax.block_until_ready(f(x)))
   want = np.tile(np.asarray(x).reshape(1, n * m), (n, 1))
   if not np.array_equal(got.view(np.uint32), want.astype(jnp.float32).view(np.uint32)):
@@ -501,9 +520,7 @@ def scenario_group(ext: CudaExt) -> None:
   mesh, comp = _mesh(4), jc.int8(block_size=32)
   x = _data(mesh)
   perm = [(i, (i + 1) % 4) for i in range(4)]
-  body = lambda v: (  # noqa: E731
-    jcoccl.ppermute(v, "x", perm, compressor=comp, backend="fused", min_bytes=0),
-  )
+  body = lambda v: (jcoccl.ppermute(v, "x", perm, compressor=comp, backend="fused", min_bytes=0),)
   want = _reference(mesh, body, x)
   with use(ext):
     jcoccl.init(mesh)

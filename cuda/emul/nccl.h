@@ -49,8 +49,7 @@ typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 
 
 JCE_NCCL_API ncclResult_t ncclGetVersion(int* version);
 JCE_NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
-JCE_NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
-                                           int rank);
+JCE_NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
 JCE_NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm);
 JCE_NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm);
 JCE_NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* err);

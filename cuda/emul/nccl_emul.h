@@ -55,7 +55,7 @@ struct Clique {
   int nranks = 0;
   std::mutex mu;
   std::condition_variable cv;
-  std::map<uint64_t, Coll> colls;                                      // by sequence number
+  std::map<uint64_t, Coll> colls;                                        // by sequence number
   std::map<std::pair<int, int>, std::deque<std::shared_ptr<Msg>>> chan;  // (src, dst) FIFO
   bool aborted = false;
 };
@@ -72,8 +72,8 @@ struct ncclComm {
 namespace jcoccl_emul {
 
 enum OpKind { kAllGather, kAllReduce, kReduceScatter, kSend, kRecv, kNumOps };
-inline const char* const kOpNames[kNumOps] = {"ncclAllGather", "ncclAllReduce",
-                                              "ncclReduceScatter", "ncclSend", "ncclRecv"};
+inline const char* const kOpNames[kNumOps] = {"ncclAllGather", "ncclAllReduce", "ncclReduceScatter",
+                                              "ncclSend", "ncclRecv"};
 
 struct Op {
   OpKind kind;
@@ -202,8 +202,8 @@ inline void RunP2P(const std::vector<Op>& ops) {
     lk.unlock();
     if (m->bytes != op.bytes) {
       jcoccl_shim::Report("NCCL emulation: rank " + std::to_string(op.comm->rank) + " receives " +
-                          std::to_string(op.bytes) + " bytes from rank " +
-                          std::to_string(op.peer) + ", which sent " + std::to_string(m->bytes));
+                          std::to_string(op.bytes) + " bytes from rank " + std::to_string(op.peer) +
+                          ", which sent " + std::to_string(m->bytes));
       Fail(op.comm, ncclInvalidUsage);
     }
     std::memcpy(op.recv, m->data, m->bytes < op.bytes ? m->bytes : op.bytes);

@@ -107,8 +107,8 @@ inline XLA_FFI_Error* MakeError(const XLA_FFI_Api* api, const std::string& msg,
 // Waits up to `seconds` for stream s to finish its first `target` items.
 inline bool WaitForUntil(CUstream_st* s, uint64_t target, double seconds) {
   std::unique_lock<std::mutex> lk(jcoccl_shim::Rt().mu);
-  return jcoccl_shim::Rt().progress.wait_for(
-      lk, std::chrono::duration<double>(seconds), [&] { return s->completed >= target; });
+  return jcoccl_shim::Rt().progress.wait_for(lk, std::chrono::duration<double>(seconds),
+                                             [&] { return s->completed >= target; });
 }
 
 inline XLA_FFI_Error* Adapt(XLA_FFI_Handler* inner, XLA_FFI_CallFrame* frame) {
@@ -170,8 +170,8 @@ inline XLA_FFI_Error* Adapt(XLA_FFI_Handler* inner, XLA_FFI_CallFrame* frame) {
   for (const auto& [s, n] : queued) {
     const uint64_t done = jcoccl_shim::Completed(s);
     if (s != xla && done < n)
-      found.push_back("stream " + std::to_string(s->id) + " of device " +
-                      std::to_string(device) + " still had " + std::to_string(n - done) +
+      found.push_back("stream " + std::to_string(s->id) + " of device " + std::to_string(device) +
+                      " still had " + std::to_string(n - done) +
                       " queued operation(s) when XLA's stream passed the call (not joined into "
                       "XLA's stream)");
   }

@@ -114,8 +114,8 @@ inline void Worker(CUstream_st* s) {
     std::unique_lock<std::mutex> lk(rt.mu);
     if (e != cudaSuccess && s->error == cudaSuccess) {
       s->error = e;
-      rt.findings.emplace_back(s->device,
-                               "stream " + std::to_string(s->id) + ": queued kernel failed: " + why);
+      rt.findings.emplace_back(
+          s->device, "stream " + std::to_string(s->id) + ": queued kernel failed: " + why);
     }
     ++s->completed;
     rt.progress.notify_all();
@@ -186,7 +186,9 @@ inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int p
   *s = ::jcoccl_shim::NewStream(priority);
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithPriority(s, 0, 0); }
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  return cudaStreamCreateWithPriority(s, 0, 0);
+}
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (s == nullptr) return cudaSuccess;
   uint64_t target;
@@ -224,8 +226,8 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
     rt.findings.emplace_back(
         ::jcoccl_shim::g_device,
         "event recorded again before anything waited on its previous record (stream " +
-        std::to_string(e->stream ? e->stream->id : -1) + " -> " +
-        std::to_string(s ? s->id : -1) + ")");
+            std::to_string(e->stream ? e->stream->id : -1) + " -> " +
+            std::to_string(s ? s->id : -1) + ")");
   e->stream = s;
   e->target = s == nullptr ? 0 : s->enqueued;
   e->observed = false;
