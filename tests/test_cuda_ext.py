@@ -174,6 +174,53 @@ def test_cuda_ext_delay_mode_keeps_results(ext, kinds):
     np.testing.assert_array_equal(_bits(g), _bits(w))
 
 
+def test_cuda_ext_asynchronous_mode_keeps_results(ext, monkeypatch):
+  # JCOCCL_NCCL_WAIT=0: the fused handler returns once its work is queued; XLA's stream
+  # (joined to every lane) alone orders what follows.
+  monkeypatch.setenv("JCOCCL_NCCL_WAIT", "0")
+  mesh = _mesh((2,), ("x",))
+  x = _data(mesh, jnp.float32, seed=6)
+  comp = jc.int8(block_size=32)
+  want = _cpu_path(mesh, "fused", lambda: _program(mesh, "x", comp, "fused", 2, ALL_OPS)(x))
+  with cuda_ext.use(ext):
+    jcoccl.init(mesh)
+    ext.set_delay(cuda_ext.COLLECTIVES, 3000)
+    got = jax.block_until_ready(_program(mesh, "x", comp, "fused", 2, ALL_OPS)(x))
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
+def test_cuda_ext_plain_nccl_ops_match_the_host_transport(ext):
+  # ncclAllReduce / ncclReduceScatter (float32 sums; the emulation folds in rank order, as
+  # the host transport does) and ncclAllGather of bfloat16 bytes, with NaN and Inf.
+  n, k, m = 4, 2, 48
+  mesh = _mesh((n,), ("x",))
+  rng = np.random.default_rng(8)
+  xh = rng.standard_normal((n * k, n, m)).astype(np.float32)
+  xh[0, :, 3], xh[1, :, 5] = np.nan, np.inf
+  x = jax.device_put(jnp.asarray(xh), jax.NamedSharding(mesh, jax.P("x")))
+
+  def make():
+    cid = fused_comms._state.comms[("x",)]
+
+    def call(op, v, shape):
+      return fused_ffi.engine_call(op, "plain", v, shape, cid, n, None, k, m, platform="cpu")
+
+    def body(v):
+      row = v[:, 0]
+      return (
+        call("all_reduce", row, (k, m)),
+        call("reduce_scatter", v, (k, m)),
+        call("all_gather", row.astype(jnp.bfloat16), (k, n, m)),
+      )
+
+    spec = jax.P("x")
+    f = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    return jax.jit(f)(x)
+
+  _compare(ext, mesh, "fused", make)
+
+
 def test_cuda_ext_lost_peer_times_out_and_aborts_the_communicator(ext, monkeypatch):
   # Rank 1 of a 2-rank emulated NCCL communicator never comes: the engine's wait gives up
   # after JCOCCL_TIMEOUT_S, aborts the communicator (which frees the blocked stream) and
