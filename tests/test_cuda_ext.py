@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -252,6 +253,42 @@ def test_cuda_ext_lost_peer_times_out_and_aborts_the_communicator(ext, monkeypat
         jax.block_until_ready(f(x + 1))
     finally:
       ext.fused_comm_destroy(cid)
+
+
+def test_cuda_ext_destroying_a_communicator_fails_a_waiting_collective_at_once(ext, monkeypatch):
+  # As on the host transport (tests/test_fused.py): jcoccl.shutdown while a collective waits
+  # for a peer must end the wait with an error, not after JCOCCL_TIMEOUT_S.
+  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "120")
+  cid = 10**12 + 98
+  with cuda_ext.use(ext):
+    ext.nccl_comm_init(cid, ext.nccl_unique_id(), 2, [(0, 0), (1, 1)])
+    f = jax.jit(
+      lambda v: fused_ffi.engine_call(
+        "all_reduce",
+        "one_shot",
+        v,
+        v.shape,
+        cid,
+        2,
+        jc.int8(block_size=32),
+        1,
+        32,
+        platform="cpu",
+      )
+    )
+    x = jax.device_put(jnp.ones((1, 32), jnp.float32), jax.devices()[0])
+    destroyed = []
+    timer = threading.Timer(1.0, lambda: destroyed.append(ext.fused_comm_destroy(cid)))
+    start = time.monotonic()
+    timer.start()
+    try:
+      with pytest.raises(Exception, match="was destroyed|has no communicator"):
+        jax.block_until_ready(f(x))
+    finally:
+      timer.join()
+      ext.fused_comm_destroy(cid)
+  assert destroyed == [2]
+  assert time.monotonic() - start < 30
 
 
 @pytest.mark.parametrize(

@@ -155,6 +155,12 @@ Status NcclTransport::Wait(cudaEvent_t done) {
       return Status::Error(std::string("jcoccl NCCL asynchronous error: ") +
                            api->GetErrorString(async) + "; the communicator was aborted");
     }
+    if (abort_requested_.load()) {
+      api->CommAbort(comm_);
+      aborted_ = true;
+      std::lock_guard<std::mutex> lk(abort_mu_);
+      return Status::Error(abort_why_);
+    }
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout) {
       api->CommAbort(comm_);
@@ -166,6 +172,14 @@ Status NcclTransport::Wait(cudaEvent_t done) {
     }
     if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+void NcclTransport::Abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    abort_why_ = why;
+  }
+  abort_requested_ = true;
 }
 
 Status NcclUniqueId(std::string* out) {

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,8 +57,12 @@ class NcclTransport final : public Transport {
                           float* recv) override;
   // Waits for `done` (an event recorded after this call's work) while polling NCCL's
   // asynchronous error; aborts the communicator after TimeoutSeconds() (an invalid
-  // JCOCCL_TIMEOUT_S fails before waiting; the handler has already checked it).
+  // JCOCCL_TIMEOUT_S fails before waiting; the handler has already checked it), or at once
+  // once Abort() was called.
   Status Wait(cudaEvent_t done);
+  // The communicator is being destroyed (jcoccl.shutdown / init): a Wait in progress ends
+  // now, aborting the communicator, and fails with `why` instead of waiting out the timeout.
+  void Abort(const std::string& why) override;
   bool aborted() const { return aborted_; }
 
  private:
@@ -64,6 +70,9 @@ class NcclTransport final : public Transport {
   ncclComm_t comm_;
   int rank_, size_, device_;
   bool aborted_ = false;
+  std::atomic<bool> abort_requested_{false};  // set by Abort from another thread
+  std::mutex abort_mu_;
+  std::string abort_why_;
 };
 
 // ncclGetUniqueId as 128 raw bytes.
