@@ -46,6 +46,7 @@ def test_gpu_scripts_parse_their_arguments():
     "tools/gpu_shim.py",
     "tools/gpu_ptx.py",
     "tools/gpu_plugin.py",
+    "tools/cuda_ext.py",
   ):
     r = _run(script, "--help")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -73,7 +74,8 @@ def test_gpu_check_dry_run_on_cpu_runs_every_step(tmp_path):
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
   assert sorted(os.listdir(out)) == ["logs.tgz", "summary.json", "summary.txt"]
   for name in (
-    "build", "import", "codecs", "plugin", "single", "world1", "codec_bench", "bench1", "report",
+    "build", "import", "codecs", "plugin", "single", "world1", "codec_bench", "bench1",
+    "cuda_ext", "report",
   ):  # fmt: skip
     assert f"=== VERDICT [{name}] PASS" in r.stdout, name
   summary = json.loads((out / "summary.json").read_text())
@@ -86,6 +88,8 @@ def test_gpu_check_dry_run_on_cpu_runs_every_step(tmp_path):
   world1 = summary["world1.json"]
   assert world1["complete"] and world1["mismatches"] == 0 and world1["checks"] > 0
   assert summary["bench1.json"]["bench"] and summary["codec_bench.json"]["bench"]
+  cuda_ext = summary["cuda_ext.json"]  # the CUDA host code under the shim and emulated NCCL
+  assert cuda_ext["ok"] and all(cuda_ext["mutations_caught"].values())
   with tarfile.open(out / "logs.tgz") as t:
     names = t.getnames()
   assert "single.log" in names and "codecs.json" in names

@@ -14,6 +14,7 @@ backend "fused" runs the CUDA fused engine over emulated NCCL communicators.
 
   python tools/cuda_ext.py build                       # build (cached in build/cuda_ext)
   python tools/cuda_ext.py scenario NAME [--mutate M]  # one scenario (tests/test_cuda_ext*.py)
+  python tools/cuda_ext.py check [--quick] [--out F]   # all of it, as tools/gpu_check.sh --cpu
 """
 
 from __future__ import annotations
@@ -538,6 +539,107 @@ SCENARIOS = {
 }
 
 
+def _matrix_case(ext: CudaExt, backend: str, comp: Any, n: int) -> bool:
+  """Every algorithm of the five ops on n ranks through the CUDA extension == CPU path."""
+  import jax
+
+  import jcoccl
+
+  mesh = _mesh(n)
+  x = _data(mesh, seed=n)
+
+  def body(v):
+    kw = dict(compressor=comp, backend=backend, chunks=2, min_bytes=0)
+    perm = [(i, (i + 1) % n) for i in range(n)]
+    return (
+      *_collectives(v, comp, backend),
+      jcoccl.reduce_scatter(v, "x", scatter_dimension=0, tiled=True, **kw),
+      jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
+      jcoccl.ppermute(v, "x", perm, **kw),
+    )
+
+  if backend == "fused":
+    want = _reference(mesh, body, x)
+  else:
+    want = jax.block_until_ready(_run(mesh, body, x))
+  with use(ext):
+    if backend == "fused":
+      jcoccl.init(mesh)
+    try:
+      _same_bits(_run(mesh, body, x), want, backend)
+    except AssertionError:
+      return False
+  return True
+
+
+def check(out: Path | None, quick: bool) -> int:
+  """The CI check (tools/gpu_check.sh --cpu): op matrix cases, every scenario on the shipped
+  sources, and every seeded bug caught; writes JSON to ``out`` and prints a VERDICT line."""
+  import json
+  import threading
+  import time
+
+  from jcoccl import compressors as jc
+
+  t0 = time.perf_counter()
+  mutant: dict[str, Any] = {}
+  th = threading.Thread(target=lambda: mutant.update(lib=build(mutants=True)))
+  th.start()
+  ext = CudaExt(build())
+  comps = {"int8": jc.int8(block_size=32), "fp8": jc.fp8("e4m3", block_size=32)}
+  if not quick:
+    comps.update(
+      int4=jc.int4(block_size=32),
+      eb=jc.error_bounded(1e-2, block_size=32),
+      hadamard=jc.hadamard(jc.int4(block_size=32)),
+    )
+  cases = {
+    f"{b}/{c}": _matrix_case(ext, b, comp, 4) for c, comp in comps.items() for b in ("xla", "fused")
+  }
+  scenarios = {}
+  for name, fn in SCENARIOS.items():
+    try:
+      fn(ext)
+      scenarios[name] = True
+    except Exception:
+      scenarios[name] = False
+  th.join()
+  pairs = {
+    "stream_wait": "no_stream_wait",
+    "event_reuse": "event_reuse",
+    "join_on_error": "no_join_on_error",
+    "workspace": "workspace_short",
+    "group": "group_unbalanced",
+  }
+  caught = {}
+  for scenario, mutation in pairs.items():
+    r = subprocess.run(
+      [sys.executable, __file__, "scenario", scenario, "--mutate", mutation],
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    caught[mutation] = r.returncode == 1 and f"CAUGHT {scenario}" in r.stdout
+  ok = all(cases.values()) and all(scenarios.values()) and all(caught.values())
+  result = {
+    "cases": cases,
+    "scenarios": scenarios,
+    "mutations_caught": caught,
+    "mismatches": [k for k, v in cases.items() if not v],
+    "ok": ok,
+    "seconds": round(time.perf_counter() - t0, 1),
+  }
+  if out is not None:
+    out.write_text(json.dumps(result, indent=1))
+  print(json.dumps(result, indent=1))
+  print(
+    f"VERDICT cuda_ext: {sum(cases.values())}/{len(cases)} matrix cases bit-identical, "
+    f"{sum(scenarios.values())}/{len(scenarios)} scenarios hold, "
+    f"{sum(caught.values())}/{len(caught)} seeded bugs caught"
+  )
+  return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   sub = p.add_subparsers(dest="cmd", required=True)
@@ -546,6 +648,9 @@ def main(argv: list[str] | None = None) -> int:
   s = sub.add_parser("scenario", help="run one scenario; exit 1 when its check fails")
   s.add_argument("name", choices=sorted(SCENARIOS))
   s.add_argument("--mutate", choices=sorted(MUTATIONS), default=None)
+  c = sub.add_parser("check", help="matrix cases, scenarios and seeded bugs (CI's dry run)")
+  c.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+  c.add_argument("--quick", action="store_true", help="two codecs instead of five")
   args = p.parse_args(argv)
   if args.cmd == "build":
     print(build(mutants=args.mutants))
@@ -554,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   # A rank that fails leaves its peers waiting: let them give up soon.
   os.environ.setdefault("JCOCCL_TIMEOUT_S", "10")
+  if args.cmd == "check":
+    return check(args.out, args.quick)
   ext = CudaExt(build(mutants=args.mutate is not None))
   ext.set_mutation(args.mutate)
   try:

@@ -11,6 +11,9 @@
 #   world4       the same with 4 processes
 #   codec_bench  codec throughput vs the device copy bandwidth
 #   bench2       compressed vs NCCL collectives at world 2 (nccl-tests algbw/busbw)
+#   cuda_ext     (--cpu only) the CUDA handlers, fused engine and NCCL transport built against
+#                the host shim and an NCCL emulation: op matrix vs the CPU paths, seeded
+#                host-side bugs caught (tools/cuda_ext.py check)
 #   report       summary.json / summary.txt from every JSON written
 # Every step writes its JSON as it goes (a step cut short keeps what it finished), prints a
 # one-line `=== VERDICT [step] ...`, and runs under its own time limit, clipped so that the
@@ -125,6 +128,9 @@ print('jcoccl._cpu', m); import jax; print(jax.devices())"
   step bench1 60 "$PY" "$GC" launch --world 1 --platform cpu --no-checks --bench \
     --sizes-mib 0.25 --iters 1 --timeout 30 --deadline 55 --dir "$OUT/bench1" \
     --out "$OUT/bench1.json"
+  QUICK=()
+  if [ "${JCOCCL_GPU_QUICK:-0}" = 1 ]; then QUICK=(--quick); fi
+  step cuda_ext 240 "$PY" tools/cuda_ext.py check "${QUICK[@]}" --out "$OUT/cuda_ext.json"
 fi
 
 step report 20 "$PY" "$GC" report --dir "$OUT"
