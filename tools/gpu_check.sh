@@ -11,6 +11,7 @@
 #   world4       the same with 4 processes
 #   codec_bench  codec throughput vs the device copy bandwidth
 #   bench2       compressed vs NCCL collectives at world 2 (nccl-tests algbw/busbw)
+#   xla_comm     does XLA hand an FFI handler its own communicator (tools/xla_comm_probe.py)
 #   cuda_ext     (--cpu only) the CUDA handlers, fused engine and NCCL transport built against
 #                the host shim and an NCCL emulation: op matrix vs the CPU paths, seeded
 #                host-side bugs caught (tools/cuda_ext.py check)
@@ -102,6 +103,7 @@ import jax; print(jax.devices())"
     --out "$OUT/codec_bench.json"
   step bench2 40 "$PY" "$GC" launch --world 2 --no-checks --bench --sizes-mib 1 16 64 \
     --iters 5 --timeout 20 --deadline 32 --dir "$OUT/bench2" --out "$OUT/bench2.json"
+  step xla_comm 30 "$PY" tools/xla_comm_probe.py --platform cuda --out "$OUT/xla_comm.json"
   if grep -q "NCCL REFUSED" "$OUT/world2.log" "$OUT/world4.log" 2>/dev/null; then
     echo "NOTE: NCCL refused several ranks on one GPU; see $OUT/world*.log"
   fi
