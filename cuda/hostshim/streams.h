@@ -9,8 +9,10 @@
 // the kernels do on the GPU, whatever the creating thread's floating-point state.
 //
 // Checks, for tests (a finding is kept in a log that Findings() drains):
-//   - an event recorded again while nobody has waited on, queried or synchronised with its
-//     previous record (the previous record is then lost to whoever meant to wait for it);
+//   - an event recorded again, on another stream, while nobody has waited on, queried or
+//     synchronised with its previous record: that record is lost to whoever meant to wait
+//     for it (a record on the same stream covers the earlier one: waiting is longer, never
+//     wrong, so it is not reported);
 //   - a kernel that fails on a worker (warp divergence, ...) makes the stream's error sticky.
 // Delay mode (SetDelay): queued work of the chosen kinds sleeps a fixed time before it runs,
 // so a missing wait turns into a wrong result every time instead of once in a while.
@@ -222,7 +224,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
   if (e == nullptr) return cudaErrorInvalidResourceHandle;
   ::jcoccl_shim::Runtime& rt = ::jcoccl_shim::Rt();
   std::lock_guard<std::mutex> lk(rt.mu);
-  if (!e->observed)
+  if (!e->observed && e->stream != s)
     rt.findings.emplace_back(
         ::jcoccl_shim::g_device,
         "event recorded again before anything waited on its previous record (stream " +
