@@ -27,6 +27,7 @@ from jcoccl._src import _ffi, fused_comms, fused_ffi
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import cuda_ext  # noqa: E402
+import cuda_ext_check  # noqa: E402
 import gpu_shim  # noqa: E402
 from test_fused import ALL_OPS, _bits, _data, _mesh, _program  # noqa: E402
 
@@ -51,6 +52,9 @@ def ext():
   t = threading.Thread(target=_build_mutants)
   t.start()
   _mutants["thread"] = t
+  # A real libnccl.so.2 (the nvidia-nccl wheel, where installed) loaded globally first, as
+  # jcoccl does for jcoccl._cuda: the transport must still find the emulation.
+  _ffi._preload_nccl()
   lib = cuda_ext.CudaExt(cuda_ext.build())
   yield lib
   t.join()
@@ -303,12 +307,12 @@ def test_cuda_ext_destroying_a_communicator_fails_a_waiting_collective_at_once(e
 )
 def test_cuda_ext_seeded_host_bug_is_caught(ext, scenario, mutation):
   # The scenario holds for the shipped sources (here, in this process) and fails for a
-  # copy with the bug (a mutant build, in its own process: one emulated NCCL per process).
-  cuda_ext.SCENARIOS[scenario](ext)
+  # copy with the bug (a mutant build, run in its own process).
+  cuda_ext_check.SCENARIOS[scenario](ext)
   _mutants["thread"].join()
   assert "error" not in _mutants, _mutants.get("error")
   r = subprocess.run(
-    [sys.executable, "tools/cuda_ext.py", "scenario", scenario, "--mutate", mutation],
+    [sys.executable, "tools/cuda_ext_check.py", "scenario", scenario, "--mutate", mutation],
     cwd=ROOT,
     capture_output=True,
     text=True,

@@ -47,6 +47,7 @@ def test_gpu_scripts_parse_their_arguments():
     "tools/gpu_ptx.py",
     "tools/gpu_plugin.py",
     "tools/cuda_ext.py",
+    "tools/cuda_ext_check.py",
     "tools/xla_comm_probe.py",
   ):
     r = _run(script, "--help")

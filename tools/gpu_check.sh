@@ -14,7 +14,7 @@
 #   xla_comm     does XLA hand an FFI handler its own communicator (tools/xla_comm_probe.py)
 #   cuda_ext     (--cpu only) the CUDA handlers, fused engine and NCCL transport built against
 #                the host shim and an NCCL emulation: op matrix vs the CPU paths, seeded
-#                host-side bugs caught (tools/cuda_ext.py check)
+#                host-side bugs caught (tools/cuda_ext_check.py check)
 #   report       summary.json / summary.txt from every JSON written
 # Every step writes its JSON as it goes (a step cut short keeps what it finished), prints a
 # one-line `=== VERDICT [step] ...`, and runs under its own time limit, clipped so that the
@@ -132,7 +132,7 @@ print('jcoccl._cpu', m); import jax; print(jax.devices())"
     --out "$OUT/bench1.json"
   QUICK=()
   if [ "${JCOCCL_GPU_QUICK:-0}" = 1 ]; then QUICK=(--quick); fi
-  step cuda_ext 240 "$PY" tools/cuda_ext.py check "${QUICK[@]}" --out "$OUT/cuda_ext.json"
+  step cuda_ext 240 "$PY" tools/cuda_ext_check.py check "${QUICK[@]}" --out "$OUT/cuda_ext.json"
 fi
 
 step report 20 "$PY" "$GC" report --dir "$OUT"

@@ -1,6 +1,7 @@
 // The test-only build of jcoccl's CUDA extension (tools/cuda_ext.py): cuda/gpu/*.cu,
 // cuda/transport/nccl.cc and the engine, compiled unchanged as one C++ translation unit
-// against the host shim (cuda/hostshim/) and the NCCL emulation (nccl_emul.h). It exports a
+// against the host shim (cuda/hostshim/) and the NCCL emulation (nccl_emul.h), to which
+// nccl.cc's dlopen("libnccl.so.2") is redirected (OpenNccl below). It exports a
 // C interface for ctypes: the handlers behind the XLA:CPU adaptor (xla_adaptor.h), what
 // jcoccl._cuda's bindings do for communicators and workspace sizes, and the test controls.
 //
@@ -12,11 +13,33 @@
 #ifndef __CUDA_ARCH__
 #define __CUDA_ARCH__ 900
 #endif
+#include <dlfcn.h>
+
 #include "cuda_runtime.h"
+#include "nccl.h"
+
+namespace jcoccl_emul {
+// nccl.cc opens libnccl.so.2 with dlopen; its calls are renamed to this function (a macro
+// around its #include: the source itself is unchanged), which answers with this library,
+// whose exported nccl* functions are the emulation. A real libnccl.so.2 that something else
+// loaded into the process is never picked up.
+// An address inside this library. Not an nccl* function: with a real libnccl.so.2 loaded
+// globally first, `&ncclGetVersion` here would resolve to that library's copy.
+inline void Anchor() {}
+
+inline void* OpenNccl(const char* file, int mode) {
+  if (file == nullptr || std::strcmp(file, "libnccl.so.2") != 0) return dlopen(file, mode);
+  Dl_info self;
+  if (dladdr(reinterpret_cast<void*>(&Anchor), &self) == 0) return nullptr;
+  return dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+}
+}  // namespace jcoccl_emul
 
 #include JCOCCL_EXT_CODECS
 #include JCOCCL_EXT_FUSED
+#define dlopen ::jcoccl_emul::OpenNccl
 #include JCOCCL_EXT_NCCL
+#undef dlopen
 
 #include "nccl_emul.h"
 #include "xla_adaptor.h"

@@ -1,7 +1,7 @@
 // An emulation of the NCCL API that jcoccl's transport (cuda/transport/nccl.cc) uses, over
 // threads in one process and the host shim's streams (cuda/hostshim/streams.h). Included
-// once, into the library that tools/cuda_ext.py builds; that library's SONAME is
-// libnccl.so.2, so nccl.cc's dlopen("libnccl.so.2") finds these entry points.
+// once, into the library that tools/cuda_ext.py builds (cuda_ext.cc), whose exported nccl*
+// functions these are; nccl.cc's dlopen("libnccl.so.2") is answered with that library.
 //
 // Semantics kept from NCCL:
 //   - collectives and send/recv are queued on the caller's stream and run in stream order;

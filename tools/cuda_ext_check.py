@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""Checks of the CUDA extension's host side on the CPU (library: tools/cuda_ext.py).
+
+Scenarios each check one host-side property of the CUDA engine, transport and handlers; a
+mutant build with the matching seeded bug (cuda_ext.MUTATIONS) must fail it. `check` is
+what tools/gpu_check.sh --cpu runs: op matrix cases against the CPU paths, every scenario
+on the shipped sources, and every seeded bug caught.
+
+  python tools/cuda_ext_check.py scenario NAME [--mutate BUG]  # exit 1 when the check fails
+  python tools/cuda_ext_check.py check [--quick] [--out F]     # everything, JSON + VERDICT
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_ext import (
+  COLLECTIVES,
+  KERNELS,
+  MUTATIONS,
+  CudaExt,
+  build,
+  use,
+)
+
+
+def _mesh(n: int) -> Any:
+  import jax
+
+  return jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+
+
+def _data(mesh: Any, dtype: Any = "float32", rows: int = 8, cols: int = 64, seed: int = 0):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((mesh.devices.size * rows, cols)).astype(np.float32)
+  return jax.device_put(jnp.asarray(x, dtype), jax.NamedSharding(mesh, jax.P("x")))
+
+
+def _run(mesh: Any, body, x):
+  import jax
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))
+  return jax.block_until_ready(f(x))
+
+
+def _collectives(x, comp, backend: str = "fused", chunks: int = 2):
+  import jcoccl
+
+  kw = dict(compressor=comp, backend=backend, chunks=chunks, min_bytes=0)
+  return (
+    jcoccl.all_reduce(x, "x", algorithm="one_shot", **kw),
+    jcoccl.all_reduce(x, "x", algorithm="two_shot", **kw),
+    jcoccl.all_gather(x, "x", axis=0, tiled=True, **kw),
+  )
+
+
+def _reference(mesh: Any, body, x):
+  """``body`` run through jcoccl's CPU paths (host transport), outside any use()."""
+  import jcoccl
+
+  jcoccl.init(mesh)
+  try:
+    return _run(mesh, body, x)
+  finally:
+    jcoccl.shutdown()
+
+
+def _same_bits(got, want, what: str) -> None:
+  import numpy as np
+
+  for i, (g, w) in enumerate(zip(got, want)):
+    g, w = np.asarray(g), np.asarray(w)
+    if g.shape != w.shape or g.view(np.uint8).tobytes() != w.view(np.uint8).tobytes():
+      raise AssertionError(f"{what}: output {i} differs from the CPU path")
+
+
+def _expect_error(fn, must: str, must_not: str) -> str:
+  """Runs fn, which must raise an error that names ``must`` and not ``must_not``."""
+  try:
+    fn()
+  except Exception as e:  # XlaRuntimeError / JaxRuntimeError
+    text = str(e)
+    if must_not in text:
+      raise AssertionError(f"found {must_not!r} in: {text[-600:]}") from None
+    if must not in text:
+      raise AssertionError(f"expected {must!r} in: {text[-600:]}") from None
+    return text
+  raise AssertionError(f"expected an error naming {must!r}")
+
+
+def scenario_stream_wait(ext: CudaExt) -> None:
+  """Collectives stretched by the delay mode: decode must still wait for the payloads."""
+  import jcoccl
+  from jcoccl import compressors as jc
+
+  mesh, comp = _mesh(4), jc.int8(block_size=32)
+  x = _data(mesh)
+  want = _reference(mesh, lambda v: _collectives(v, comp), x)
+  with use(ext):
+    jcoccl.init(mesh)
+    ext.set_delay(COLLECTIVES, 20000)
+    _same_bits(_run(mesh, lambda v: _collectives(v, comp), x), want, "delayed collectives")
+
+
+def scenario_event_reuse(ext: CudaExt) -> None:
+  """Every join of a lane into XLA's stream waits on the record it meant."""
+  import jcoccl
+  from jcoccl import compressors as jc
+
+  mesh, comp = _mesh(2), jc.int4(block_size=32)
+  x = _data(mesh)
+  want = _reference(mesh, lambda v: _collectives(v, comp), x)
+  with use(ext):
+    jcoccl.init(mesh)
+    _same_bits(_run(mesh, lambda v: _collectives(v, comp), x), want, "event reuse")
+
+
+def scenario_join_on_error(ext: CudaExt) -> None:
+  """A collective that fails after its first slice was queued still joins every lane."""
+  import jcoccl
+  from jcoccl import compressors as jc
+
+  mesh, comp = _mesh(2), jc.int8(block_size=32)
+  x = _data(mesh)
+  with use(ext):
+    jcoccl.init(mesh)
+    ext.set_delay(KERNELS, 20000)
+    ext.inject("ncclAllGather", 2)  # the first all-gather of each rank
+    body = lambda v: jcoccl.all_reduce(
+      v, "x", compressor=comp, backend="fused", chunks=2, min_bytes=0
+    )
+    _expect_error(lambda: _run(mesh, body, x), "ncclAllGather failed", "jcoccl shim found")
+
+
+def scenario_workspace(ext: CudaExt) -> None:
+  """The engine writes only inside the workspace Python sized for it (identity codec:
+  the last payload block ends on the 256-byte arena alignment, so no padding hides it)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import jcoccl
+  from jcoccl._src import fused_comms, fused_ffi
+
+  mesh, n, m = _mesh(4), 4, 64
+  x = _data(mesh, rows=1, cols=m)
+  with use(ext):
+    jcoccl.init(mesh)
+    cid = fused_comms._state.comms[("x",)]
+
+    def body(v):
+      out = fused_ffi.engine_call(
+        "all_gather", "all_gather", v, (1, n, m), cid, n, None, 1, m, platform="cpu"
+      )
+      return out.reshape(1, n * m)
+
+    f = jax.jit(
+      jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x"), check_vma=False)
+    )
+    got = np.asarray(jax.block_until_ready(f(x)))
+  want = np.tile(np.asarray(x).reshape(1, n * m), (n, 1))
+  if not np.array_equal(got.view(np.uint32), want.astype(jnp.float32).view(np.uint32)):
+    raise AssertionError("identity all_gather differs from the input")
+
+
+def scenario_group(ext: CudaExt) -> None:
+  """A send that fails inside a group still closes the group; the next call works."""
+  import jcoccl
+  from jcoccl import compressors as jc
+
+  mesh, comp = _mesh(4), jc.int8(block_size=32)
+  x = _data(mesh)
+  perm = [(i, (i + 1) % 4) for i in range(4)]
+  body = lambda v: (jcoccl.ppermute(v, "x", perm, compressor=comp, backend="fused", min_bytes=0),)
+  want = _reference(mesh, body, x)
+  with use(ext):
+    jcoccl.init(mesh)
+    ext.inject("ncclSend", 4)
+    _expect_error(lambda: _run(mesh, body, x), "ncclSend failed", "group left open")
+    _same_bits(_run(mesh, body, x), want, "ppermute after a failed one")
+
+
+SCENARIOS = {
+  "stream_wait": scenario_stream_wait,
+  "event_reuse": scenario_event_reuse,
+  "join_on_error": scenario_join_on_error,
+  "workspace": scenario_workspace,
+  "group": scenario_group,
+}
+
+
+def _matrix_case(ext: CudaExt, backend: str, comp: Any, n: int) -> bool:
+  """Every algorithm of the five ops on n ranks through the CUDA extension == CPU path."""
+  import jax
+
+  import jcoccl
+
+  mesh = _mesh(n)
+  x = _data(mesh, seed=n)
+
+  def body(v):
+    kw = dict(compressor=comp, backend=backend, chunks=2, min_bytes=0)
+    perm = [(i, (i + 1) % n) for i in range(n)]
+    return (
+      *_collectives(v, comp, backend),
+      jcoccl.reduce_scatter(v, "x", scatter_dimension=0, tiled=True, **kw),
+      jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
+      jcoccl.ppermute(v, "x", perm, **kw),
+    )
+
+  if backend == "fused":
+    want = _reference(mesh, body, x)
+  else:
+    want = jax.block_until_ready(_run(mesh, body, x))
+  with use(ext):
+    if backend == "fused":
+      jcoccl.init(mesh)
+    try:
+      _same_bits(_run(mesh, body, x), want, backend)
+    except AssertionError:
+      return False
+  return True
+
+
+def check(out: Path | None, quick: bool) -> int:
+  """The CI check (tools/gpu_check.sh --cpu): op matrix cases, every scenario on the shipped
+  sources, and every seeded bug caught; writes JSON to ``out`` and prints a VERDICT line."""
+  import json
+  import threading
+  import time
+
+  from jcoccl import compressors as jc
+
+  t0 = time.perf_counter()
+  mutant: dict[str, Any] = {}
+  th = threading.Thread(target=lambda: mutant.update(lib=build(mutants=True)))
+  th.start()
+  ext = CudaExt(build())
+  comps = {"int8": jc.int8(block_size=32), "fp8": jc.fp8("e4m3", block_size=32)}
+  if not quick:
+    comps.update(
+      int4=jc.int4(block_size=32),
+      eb=jc.error_bounded(1e-2, block_size=32),
+      hadamard=jc.hadamard(jc.int4(block_size=32)),
+    )
+  cases = {
+    f"{b}/{c}": _matrix_case(ext, b, comp, 4) for c, comp in comps.items() for b in ("xla", "fused")
+  }
+  scenarios = {}
+  for name, fn in SCENARIOS.items():
+    try:
+      fn(ext)
+      scenarios[name] = True
+    except Exception:
+      scenarios[name] = False
+  th.join()
+  pairs = {
+    "stream_wait": "no_stream_wait",
+    "event_reuse": "event_reuse",
+    "join_on_error": "no_join_on_error",
+    "workspace": "workspace_short",
+    "group": "group_unbalanced",
+  }
+  caught = {}
+  for scenario, mutation in pairs.items():
+    r = subprocess.run(
+      [sys.executable, __file__, "scenario", scenario, "--mutate", mutation],
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    caught[mutation] = r.returncode == 1 and f"CAUGHT {scenario}" in r.stdout
+  ok = all(cases.values()) and all(scenarios.values()) and all(caught.values())
+  result = {
+    "cases": cases,
+    "scenarios": scenarios,
+    "mutations_caught": caught,
+    "mismatches": [k for k, v in cases.items() if not v],
+    "ok": ok,
+    "seconds": round(time.perf_counter() - t0, 1),
+  }
+  if out is not None:
+    out.write_text(json.dumps(result, indent=1))
+  print(json.dumps(result, indent=1))
+  print(
+    f"VERDICT cuda_ext: {sum(cases.values())}/{len(cases)} matrix cases bit-identical, "
+    f"{sum(scenarios.values())}/{len(scenarios)} scenarios hold, "
+    f"{sum(caught.values())}/{len(caught)} seeded bugs caught"
+  )
+  return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  sub = p.add_subparsers(dest="cmd", required=True)
+  s = sub.add_parser("scenario", help="run one scenario; exit 1 when its check fails")
+  s.add_argument("name", choices=sorted(SCENARIOS))
+  s.add_argument("--mutate", choices=sorted(MUTATIONS), default=None)
+  c = sub.add_parser("check", help="matrix cases, scenarios and seeded bugs (CI's dry run)")
+  c.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+  c.add_argument("--quick", action="store_true", help="two codecs instead of five")
+  args = p.parse_args(argv)
+  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # A rank that fails leaves its peers waiting: let them give up soon.
+  os.environ.setdefault("JCOCCL_TIMEOUT_S", "10")
+  if args.cmd == "check":
+    return check(args.out, args.quick)
+  ext = CudaExt(build(mutants=args.mutate is not None))
+  ext.set_mutation(args.mutate)
+  try:
+    SCENARIOS[args.name](ext)
+  except Exception as e:  # a failed check, or the shim's finding as a runtime error
+    print(f"CAUGHT {args.name}: {type(e).__name__}: {str(e)[-800:]}")
+    return 1
+  print(f"OK {args.name}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
