@@ -179,6 +179,40 @@ def test_cuda_ext_delay_mode_keeps_results(ext, kinds):
     np.testing.assert_array_equal(_bits(g), _bits(w))
 
 
+@pytest.mark.parametrize("wait", ["1", "0"])
+def test_cuda_ext_two_axis_mesh_under_every_delay(ext, monkeypatch, wait):
+  # Hierarchical all_reduce (two communicators on one comm lane, the outer level fed from
+  # the decode lane), two_shot on one axis and a partial ppermute on the other, bfloat16,
+  # 3 slices, with every kind of queued work stretched; waiting and asynchronous handlers.
+  monkeypatch.setenv("JCOCCL_NCCL_WAIT", wait)
+  mesh = _mesh((2, 2), ("node", "gpu"))
+  axes = ("node", "gpu")
+  x = _data(mesh, jnp.bfloat16, seed=5)
+  levels = (jc.int4(block_size=32), jc.fp8("e5m2", block_size=32))
+  kw = dict(backend="fused", chunks=3, min_bytes=0)
+
+  def make():
+    def body(v):
+      return (
+        jcoccl.all_reduce(v, axes, compressor=levels, algorithm="hierarchical", **kw),
+        jcoccl.all_reduce(v, "gpu", compressor=levels[0], algorithm="two_shot", **kw),
+        jcoccl.ppermute(v, "node", [(0, 1)], compressor=levels[1], **kw),
+      )
+
+    spec = jax.P(axes)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))(x)
+
+  want = _cpu_path(mesh, "fused", make)
+  with cuda_ext.use(ext):
+    jcoccl.init(mesh)
+    ext.set_delay(
+      cuda_ext.KERNELS | cuda_ext.COPIES | cuda_ext.COLLECTIVES | cuda_ext.XLA_INPUTS, 2000
+    )
+    got = jax.block_until_ready(make())
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
 def test_cuda_ext_asynchronous_mode_keeps_results(ext, monkeypatch):
   # JCOCCL_NCCL_WAIT=0: the fused handler returns once its work is queued; XLA's stream
   # (joined to every lane) alone orders what follows.
