@@ -275,13 +275,15 @@ def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None
 
   Args:
     p: the primitive.
-    abstract_eval: ``(aval, *key_avals, **params) -> (out_aval, axes)``; the axes become
+    abstract_eval: ``(*avals, **params) -> (out_avals, axes)``; the axes become
       named-axis effects, as for lax's collectives.
-    lower: ``(*args, **params) -> out``, a traceable function lowered in place of ``p``
+    lower: ``(*args, **params) -> outs``, a traceable function lowered in place of ``p``
       (inside shard_map's manual lowering context: axis names bound, check_vma as traced).
-    jvp: ``(primals, tangents, **params) -> (out, tangent_out)``.
-    transpose: ``(ct, *args, **params) -> list of cotangents``.
-    batch: ``(args, dims, **params) -> (out, out_dim)``.
+    jvp: ``(primals, tangents, **params) -> (outs, tangent_outs)``.
+    transpose: ``(cts, *args, **params) -> list of cotangents``.
+    batch: ``(args, dims, **params) -> (outs, out_dims)``.
+
+  ``p`` has multiple results (one per array operand: a pytree binds once).
   """
   import functools
 
@@ -293,9 +295,10 @@ def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None
     out, axes = abstract_eval(*avals, **params)
     return out, {_core.NamedAxisEffect(a) for a in axes}
 
+  p.multiple_results = True
   p.def_impl(functools.partial(_dispatch.apply_primitive, p))
   p.def_effectful_abstract_eval(effectful)
-  lowered = mlir.lower_fun(lower, multiple_results=False)
+  lowered = mlir.lower_fun(lower, multiple_results=True)
 
   def lowering(ctx, *args, **params):
     mesh = getattr(ctx.module_context.axis_context, "mesh", None)
@@ -329,6 +332,13 @@ def zero_tangent_of(value):
 
   # ad.Zero has no from_primal_value in 0.11.2 or 0.12; this is what JAX's own p2tz does.
   return ad.Zero(_jax.typeof(value).to_tangent_aval())
+
+
+def is_linear_input(x) -> bool:
+  """True for a transpose rule's linear (undefined) input, the one that gets a cotangent."""
+  from jax.interpreters import ad
+
+  return ad.is_undefined_primal(x)
 
 
 def undefined_aval(x):

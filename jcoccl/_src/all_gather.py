@@ -77,84 +77,40 @@ def all_gather(
     return lax.all_gather(
       x, axes, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to
     )
-  strict = C.is_lone_array(x)
-  return jax.tree_util.tree_map(
-    lambda leaf: gather_leaf(
-      leaf,
-      key,
-      axes=axes,
-      axis=axis,
-      tiled=tiled,
-      compressor=comp,
-      grad_compressor=gcomp,
-      backend=backend,
-      chunks=chunks,
-      min_bytes=min_bytes,
-      strict=strict,
-      to=to,
-    ),
+  return P.apply_tree(
+    "all_gather",
     x,
+    key,
+    axes=axes,
+    compressor=comp,
+    grad_compressor=gcomp,
+    backend=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+    strict=C.is_lone_array(x),
+    axis=axis,
+    tiled=tiled,
+    to=to,
   )
 
 
 TOS = ("varying", "invarying", "reduced")
 
 
-def gather_leaf(
-  x: jax.Array,
-  key: Any,
-  *,
-  axes: tuple,
-  axis: Any,
-  tiled: bool,
-  compressor: Any,
-  grad_compressor: Any,
-  backend: str,
-  chunks: int,
-  min_bytes: Any,
-  strict: bool = True,
-  to: str = "varying",
-) -> jax.Array:
-  """all_gather of one array (arguments already canonicalised): the exact lax.all_gather,
-  or the ``jcoccl_all_gather`` primitive."""
-  x = jnp.asarray(x)
-  C.group_size(axes)  # validates axis names
+def _check(
+  x: jax.Array, n: int, axes: tuple, *, axis: Any, tiled: bool, to: str = "varying"
+) -> dict:
+  del n, axes
   out_ndim = x.ndim if tiled else x.ndim + 1
   if not isinstance(axis, int) or not -out_ndim <= axis < out_ndim:
     raise ValueError(f"axis must be an int in [{-out_ndim}, {out_ndim}), got {axis!r}")
-  axis = axis % out_ndim
   if tiled and x.ndim == 0:
     raise ValueError("tiled=True needs an input of rank >= 1 (x is a scalar)")
-  if C.off_mesh(axes):
-    return lax.all_gather(x, axes, axis=axis, tiled=tiled, to=to)
-  c = C.effective_compressor(x, compressor, min_bytes, strict)
-  gc = C.grad_for(x, grad_compressor)
-  _backend.validate("all_gather", backend)
-  if c is None and gc is None:
-    return lax.all_gather(x, axes, axis=axis, tiled=tiled, to=to)
-  name = (
-    "xla"
-    if c is None
-    else _backend.resolve("all_gather", backend, axes, compressor=c, dtype=x.dtype)[0]
-  )
-  if c is not None:  # fail at trace time, not at lowering
-    L.slices(chunks, x.size, c.granule)
-  x = C.ensure_varying(x, axes)
-  return P.bind(
-    "all_gather",
-    x,
-    key,
-    axes=axes,
-    axis=axis,
-    tiled=tiled,
-    to=to,
-    compressor=P.spec_of(c),
-    grad_compressor=P.spec_of(gc),
-    backend=name,
-    backend_arg=backend,
-    chunks=chunks,
-    min_bytes=min_bytes,
-  )
+  return dict(axis=axis % out_ndim, tiled=tiled, to=to)
+
+
+def _exact(x: jax.Array, axes: tuple, *, axis: int, tiled: bool, to: str) -> jax.Array:
+  return lax.all_gather(x, axes, axis=axis, tiled=tiled, to=to)
 
 
 def _out_shape(shape: tuple, params: dict) -> tuple:
@@ -226,7 +182,8 @@ P.register(
     out_shape=_out_shape,
     reduces=lambda params: params["to"] == "invarying",
     forward=_forward,
-    leaf=gather_leaf,
+    check=_check,
+    exact=_exact,
     invariant_transpose=_own_block,
     tangent_args=lambda params: P.grad_args(
       params, tiled=params["tiled"], axis=params["axis"], to=params["to"]

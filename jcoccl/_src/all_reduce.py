@@ -7,7 +7,6 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src import _backend, _compat
@@ -114,21 +113,18 @@ def all_reduce(
       f"(outer..., inner), got axis_name={axis_name!r}"
     )
   C.check_chunks(chunks)
-  strict = C.is_lone_array(x)
-  return jax.tree_util.tree_map(
-    lambda leaf: reduce_leaf(
-      leaf,
-      key,
-      axes=axes,
-      compressor=comp,
-      grad_compressor=gcomp,
-      algorithm=algorithm,
-      backend=backend,
-      chunks=chunks,
-      min_bytes=min_bytes,
-      strict=strict,
-    ),
+  return P.apply_tree(
+    "all_reduce",
     x,
+    key,
+    axes=axes,
+    compressor=comp,
+    grad_compressor=gcomp,
+    backend=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+    strict=C.is_lone_array(x),
+    algorithm=algorithm,
   )
 
 
@@ -153,20 +149,6 @@ def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
       raise ValueError(f"a per-level {argname} needs a tuple of at least two axis names")
     return tuple(C.resolve_compressor(c, argname) for c in compressor)
   return C.resolve_compressor(compressor, argname)
-
-
-def _levels_effective(x: jax.Array, comp: Any, min_bytes: Any, strict: bool) -> Any:
-  if isinstance(comp, tuple):
-    levels = tuple(C.effective_compressor(x, c, min_bytes, strict) for c in comp)
-    return None if all(c is None for c in levels) else levels
-  return C.effective_compressor(x, comp, min_bytes, strict)
-
-
-def _grad_levels(x: jax.Array, gcomp: Any) -> Any:
-  if isinstance(gcomp, tuple):
-    levels = tuple(C.grad_for(x, c) for c in gcomp)
-    return None if all(c is None for c in levels) else levels
-  return C.grad_for(x, gcomp)
 
 
 def choose(comp: Any, algorithm: str, axes: tuple, nbytes: int, size: int, dtype: Any) -> str:
@@ -196,66 +178,45 @@ def row_layout(m: int, comp: Any, algorithm: str, axes: tuple, chunks: int) -> L
   return L.RowLayout.of(m, slice_unit(comp, algorithm, axes), chunks)
 
 
-def reduce_leaf(
-  x: jax.Array,
-  key: Any,
-  *,
-  axes: tuple,
-  compressor: Any,
-  grad_compressor: Any,
-  algorithm: str,
-  backend: str,
-  chunks: int,
-  min_bytes: Any,
-  strict: bool = True,
-) -> jax.Array:
-  """all_reduce of one array (arguments already canonicalised): the exact lax.psum, or
-  the ``jcoccl_all_reduce`` primitive."""
-  x = jnp.asarray(x)
-  C.group_size(axes)
-  if C.off_mesh(axes):
-    return lax.psum(x, axes)
+def _check(x: jax.Array, n: int, axes: tuple, *, algorithm: str) -> dict:
+  del n
   partial = set(axes) & _compat.unreduced_axes(x)
   if partial and partial != set(axes):
     raise ValueError(
       f"all_reduce over {axes}: x is unreduced over {sorted(partial)} only; "
       "sum over the unreduced and the other axes in two calls"
     )
-  c = _levels_effective(x, compressor, min_bytes, strict)
-  gc = _grad_levels(x, grad_compressor)
-  _backend.validate("all_reduce", backend)
-  if c is None and gc is None:
-    return lax.psum(x, axes)
-  algo = (
-    "one_shot"
-    if c is None
-    else choose(c, algorithm, axes, x.size * x.dtype.itemsize, x.size, x.dtype)
-  )
-  if algo == "hierarchical" and not isinstance(c, tuple) and c is not None:
+  return dict(algorithm=algorithm)
+
+
+def _exact(x: jax.Array, axes: tuple, *, algorithm: str) -> jax.Array:
+  del algorithm
+  return lax.psum(x, axes)
+
+
+def _effective(x: jax.Array, comp: Any, min_bytes: Any, strict: bool) -> Any:
+  if isinstance(comp, tuple):
+    levels = tuple(C.effective_compressor(x, c, min_bytes, strict) for c in comp)
+    return None if all(c is None for c in levels) else levels
+  return C.effective_compressor(x, comp, min_bytes, strict)
+
+
+def _grad_for(x: jax.Array, gcomp: Any) -> Any:
+  if isinstance(gcomp, tuple):
+    levels = tuple(C.grad_for(x, c) for c in gcomp)
+    return None if all(c is None for c in levels) else levels
+  return C.grad_for(x, gcomp)
+
+
+def _settle(x: jax.Array, c: Any, axes: tuple, *, algorithm: str) -> tuple[Any, dict]:
+  """The algorithm that runs (the exact path of a backward-only call: one_shot), and the
+  compressor as a per-level pair for "hierarchical"."""
+  if c is None:
+    return None, dict(algorithm="one_shot")
+  algo = choose(c, algorithm, axes, x.size * x.dtype.itemsize, x.size, x.dtype)
+  if algo == "hierarchical" and not isinstance(c, tuple):
     c = (c, c)
-  name = (
-    "xla"
-    if c is None
-    else _backend.resolve("all_reduce", backend, axes, compressor=c, dtype=x.dtype, algorithm=algo)[
-      0
-    ]
-  )
-  if c is not None:  # fail at trace time, not at lowering
-    L.slices(chunks, x.size, slice_unit(c, algo, axes))
-  x = C.ensure_varying(x, axes)
-  return P.bind(
-    "all_reduce",
-    x,
-    key,
-    axes=axes,
-    compressor=P.spec_of(c),
-    grad_compressor=P.spec_of(gc),
-    algorithm=algo,
-    backend=name,
-    backend_arg=backend,
-    chunks=chunks,
-    min_bytes=min_bytes,
-  )
+  return c, dict(algorithm=algo)
 
 
 def _forward(
@@ -290,7 +251,7 @@ def _forward(
 
 
 def _grad_args(params: dict) -> dict:
-  """Arguments of reduce_leaf for the tangent and for the cotangent (its own dual)."""
+  """Arguments of :func:`jcoccl._src.primitives.plan` for the tangent and for the cotangent (its own dual)."""
   algo = params["algorithm"]
   # A hierarchical call without a gradient compressor has no per-level pair to use.
   algo = algo if algo != "hierarchical" or P.load(params["grad_compressor"]) else "auto"
@@ -303,11 +264,16 @@ P.register(
     out_shape=lambda shape, params: shape,
     reduces=lambda params: True,
     forward=_forward,
-    leaf=reduce_leaf,
+    check=_check,
+    exact=_exact,
     tangent_args=_grad_args,
     dual_args=_grad_args,
     # lax.psum's transpose under check_vma: the invariant cotangent itself.
     invariant_transpose=lambda ct, params: ct,
+    settle=_settle,
+    unit=lambda c, axes, *, algorithm: slice_unit(c, algorithm, axes),
+    effective=_effective,
+    grad_for=_grad_for,
   )
 )
 

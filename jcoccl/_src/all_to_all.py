@@ -75,23 +75,20 @@ def all_to_all(
       ),
       x,
     )
-  strict = C.is_lone_array(x)
-  return jax.tree_util.tree_map(
-    lambda leaf: a2a_leaf(
-      leaf,
-      key,
-      axes=axes,
-      split_axis=split_axis,
-      concat_axis=concat_axis,
-      tiled=tiled,
-      compressor=comp,
-      grad_compressor=gcomp,
-      backend=backend,
-      chunks=chunks,
-      min_bytes=min_bytes,
-      strict=strict,
-    ),
+  return P.apply_tree(
+    "all_to_all",
     x,
+    key,
+    axes=axes,
+    compressor=comp,
+    grad_compressor=gcomp,
+    backend=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+    strict=C.is_lone_array(x),
+    split_axis=split_axis,
+    concat_axis=concat_axis,
+    tiled=tiled,
   )
 
 
@@ -121,56 +118,18 @@ def _check_axes(
   return split_axis, concat_axis
 
 
-def a2a_leaf(
-  x: jax.Array,
-  key: Any,
-  *,
-  axes: tuple,
-  split_axis: Any,
-  concat_axis: Any,
-  tiled: bool,
-  compressor: Any,
-  grad_compressor: Any,
-  backend: str,
-  chunks: int,
-  min_bytes: Any,
-  strict: bool = True,
-) -> jax.Array:
-  """all_to_all of one array (arguments already canonicalised): the exact lax.all_to_all,
-  or the ``jcoccl_all_to_all`` primitive."""
-  x = jnp.asarray(x)
-  n = C.group_size(axes)
+def _check(
+  x: jax.Array, n: int, axes: tuple, *, split_axis: Any, concat_axis: Any, tiled: bool
+) -> dict:
+  del axes
   sa, ca = _check_axes(x.shape, split_axis, concat_axis, tiled, n)
-  if C.off_mesh(axes):
-    return lax.all_to_all(x, axes, sa, ca, tiled=tiled)
-  c = C.effective_compressor(x, compressor, min_bytes, strict)
-  gc = C.grad_for(x, grad_compressor)
-  _backend.validate("all_to_all", backend)
-  if c is None and gc is None:
-    return lax.all_to_all(x, axes, sa, ca, tiled=tiled)
-  name = (
-    "xla"
-    if c is None
-    else _backend.resolve("all_to_all", backend, axes, compressor=c, dtype=x.dtype)[0]
-  )
-  if c is not None:  # fail at trace time, not at lowering
-    L.slices(chunks, x.size // n, c.granule)
-  x = C.ensure_varying(x, axes)
-  return P.bind(
-    "all_to_all",
-    x,
-    key,
-    axes=axes,
-    split_axis=sa,
-    concat_axis=ca,
-    tiled=tiled,
-    compressor=P.spec_of(c),
-    grad_compressor=P.spec_of(gc),
-    backend=name,
-    backend_arg=backend,
-    chunks=chunks,
-    min_bytes=min_bytes,
-  )
+  return dict(split_axis=sa, concat_axis=ca, tiled=tiled)
+
+
+def _exact(
+  x: jax.Array, axes: tuple, *, split_axis: int, concat_axis: int, tiled: bool
+) -> jax.Array:
+  return lax.all_to_all(x, axes, split_axis, concat_axis, tiled=tiled)
 
 
 def _out_shape(shape: tuple, params: dict) -> tuple:
@@ -240,7 +199,9 @@ P.register(
     out_shape=_out_shape,
     reduces=lambda params: False,
     forward=_forward,
-    leaf=a2a_leaf,
+    check=_check,
+    exact=_exact,
+    row_length=lambda size, n: size // n,
     tangent_args=lambda params: _grad_args(params, False),
     dual_args=lambda params: _grad_args(params, True),
   )

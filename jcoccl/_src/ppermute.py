@@ -60,21 +60,18 @@ def ppermute(
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks)
   n = C.group_size(axes)
   perm = check_perm(perm, n)
-  strict = C.is_lone_array(x)
-  return jax.tree_util.tree_map(
-    lambda leaf: permute_leaf(
-      leaf,
-      key,
-      axes=axes,
-      perm=perm,
-      compressor=comp,
-      grad_compressor=gcomp,
-      backend=backend,
-      chunks=chunks,
-      min_bytes=min_bytes,
-      strict=strict,
-    ),
+  return P.apply_tree(
+    "ppermute",
     x,
+    key,
+    axes=axes,
+    compressor=comp,
+    grad_compressor=gcomp,
+    backend=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+    strict=C.is_lone_array(x),
+    perm=perm,
   )
 
 
@@ -99,50 +96,8 @@ def check_perm(perm: Any, n: int) -> tuple:
   return pairs
 
 
-def permute_leaf(
-  x: jax.Array,
-  key: Any,
-  *,
-  axes: tuple,
-  perm: tuple,
-  compressor: Any,
-  grad_compressor: Any,
-  backend: str,
-  chunks: int,
-  min_bytes: Any,
-  strict: bool = True,
-) -> jax.Array:
-  """ppermute of one array (arguments already canonicalised): the exact lax.ppermute, or
-  the ``jcoccl_ppermute`` primitive."""
-  x = jnp.asarray(x)
-  if C.off_mesh(axes):
-    return lax.ppermute(x, axes, perm)
-  c = C.effective_compressor(x, compressor, min_bytes, strict)
-  gc = C.grad_for(x, grad_compressor)
-  _backend.validate("ppermute", backend)
-  if c is None and gc is None:
-    return lax.ppermute(x, axes, perm)
-  name = (
-    "xla"
-    if c is None
-    else _backend.resolve("ppermute", backend, axes, compressor=c, dtype=x.dtype)[0]
-  )
-  if c is not None:  # fail at trace time, not at lowering
-    L.slices(chunks, x.size, c.granule)
-  x = C.ensure_varying(x, axes)
-  return P.bind(
-    "ppermute",
-    x,
-    key,
-    axes=axes,
-    perm=perm,
-    compressor=P.spec_of(c),
-    grad_compressor=P.spec_of(gc),
-    backend=name,
-    backend_arg=backend,
-    chunks=chunks,
-    min_bytes=min_bytes,
-  )
+def _exact(x: jax.Array, axes: tuple, *, perm: tuple) -> jax.Array:
+  return lax.ppermute(x, axes, perm)
 
 
 def _forward(
@@ -187,7 +142,8 @@ P.register(
     out_shape=lambda shape, params: shape,
     reduces=lambda params: False,
     forward=_forward,
-    leaf=permute_leaf,
+    check=lambda x, n, axes, *, perm: dict(perm=perm),
+    exact=_exact,
     tangent_args=lambda params: _grad_args(params, False),
     dual_args=lambda params: _grad_args(params, True),
   )

@@ -34,14 +34,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jcoccl._src import _backend, _compat
 from jcoccl._src import _common as C
-from jcoccl._src import _compat
+from jcoccl._src import layout as L
 
 # The dual (transpose) of each collective: the op that carries cotangents back.
 DUALS = {
@@ -55,7 +56,8 @@ DUALS = {
 
 @dataclasses.dataclass(frozen=True)
 class Op:
-  """One collective's rules (see the module docstring).
+  """One collective's spec, the row the generic driver (:func:`plan`, :func:`apply`) and
+  the primitive's rules read (see the module docstring).
 
   Attributes:
     name: the op (a key of :data:`DUALS`).
@@ -64,23 +66,39 @@ class Op:
       all_gather with ``to="invarying"``).
     forward: ``(x, key, **params) -> y``: the collective on ``x``, which has
       ``params["batch"]`` leading batch axes; ``key`` is a PRNG key or None.
-    leaf: ``(x, key, **args) -> y``: the public op on one array (checks, threshold,
-      backend choice, then binds the primitive or calls the exact lax op).
-    tangent_args: ``params -> args`` of ``leaf`` for the tangent (grad compressor).
-    dual_args: ``params -> args`` of the dual op's ``leaf`` for the cotangent.
+    check: ``(x, n, axes, **op_args) -> op_args``: the op's own argument checks on one
+      array over a group of ``n`` ranks, returning them normalised (e.g. negative axes).
+    exact: ``(x, axes, **op_args) -> y``: the lax collective with the same semantics (the
+      path of uncompressed leaves and of axes bound off the mesh).
+    tangent_args: ``params -> args`` of :func:`plan` for the tangent (grad compressor).
+    dual_args: ``params -> args`` of the dual op's :func:`plan` for the cotangent.
     invariant_transpose: ``(ct, params) -> ct_x`` where the output is invariant over
       ``axes`` under check_vma and so is the cotangent: no communication is needed (lax's
       psum: a broadcast; all_gather to="invarying": this rank's block).
+    row_length: ``(size, n) -> elements`` of one row of the message (the whole message, or
+      one destination's block).
+    settle: ``(x, c, axes, **op_args) -> (c, call)``: the compressor as it runs and the
+      op's extra call parameters (all_reduce: the algorithm, which the backend check and
+      the slice unit need).
+    unit: ``(c, axes, **call) -> elements`` of the smallest slice.
+    effective: ``(x, compressor, min_bytes, strict) -> compressor or None`` after the
+      dtype and size threshold; ``grad_for`` the same for the backward compressor.
   """
 
   name: str
   out_shape: Callable[..., tuple]
   reduces: Callable[[dict], bool]
   forward: Callable[..., Any]
-  leaf: Callable[..., Any]
+  check: Callable[..., dict]
+  exact: Callable[..., Any]
   tangent_args: Callable[[dict], dict]
   dual_args: Callable[[dict], dict]
   invariant_transpose: Callable[..., Any] | None = None
+  row_length: Callable[[int, int], int] = lambda size, n: size
+  settle: Callable[..., tuple] = lambda x, c, axes, **_: (c, {})
+  unit: Callable[..., int] = lambda c, axes, **_: c.granule
+  effective: Callable[..., Any] = C.effective_compressor
+  grad_for: Callable[..., Any] = C.grad_for
 
 
 _OPS: dict[str, Op] = {}
@@ -174,84 +192,281 @@ def _unwrap_key(keys: tuple, key_type: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------
+# Parameters of a call's operands: one value where they agree, a PerLeaf where they differ.
+
+
+@dataclasses.dataclass(frozen=True)
+class PerLeaf:
+  """A parameter's values operand by operand, where the operands of one call differ in it
+  (e.g. a small leaf left uncompressed next to a compressed one). Prints as
+  ``per_leaf(int8, none)``; never equal to a plain tuple (a hierarchical compressor pair
+  is one).
+
+  Example:
+    >>> str(merge_params([dict(chunks=1, compressor="int8"), dict(chunks=1, compressor="none")]))
+    "{'chunks': 1, 'compressor': per_leaf(int8, none)}"
+  """
+
+  values: tuple
+
+  def __str__(self) -> str:
+    return "per_leaf(" + ", ".join(str(v) for v in self.values) + ")"
+
+  __repr__ = __str__
+
+
+def merge_params(leaves: Sequence[dict]) -> dict:
+  """One primitive's parameters from its operands' (all with the same keys)."""
+  out = {}
+  for k in leaves[0]:
+    vals = tuple(p[k] for p in leaves)
+    same = all(type(v) is type(vals[0]) and v == vals[0] for v in vals)
+    out[k] = vals[0] if same else PerLeaf(vals)
+  return out
+
+
+def leaf_params(params: dict, i: int) -> dict:
+  """Operand ``i``'s parameters (inverse of :func:`merge_params`)."""
+  return {k: v.values[i] if isinstance(v, PerLeaf) else v for k, v in params.items()}
+
+
+# ----------------------------------------------------------------------------------------
+# The generic driver: each leaf planned (checks, exact fallback, threshold, backend), then
+# one bind for every compressed leaf of the call.
+
+
+@dataclasses.dataclass(frozen=True)
+class Exact:
+  """A leaf that took the exact lax op: its result."""
+
+  value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """A leaf for the primitive: its (varying-typed) operand and its parameters."""
+
+  x: Any
+  params: dict
+
+
+def plan(
+  o: Op,
+  x: Any,
+  *,
+  axes: tuple,
+  compressor: Any,
+  grad_compressor: Any,
+  backend: str,
+  chunks: int,
+  min_bytes: Any,
+  strict: bool = True,
+  **op_args: Any,
+) -> Exact | Bound:
+  """One leaf through the pipeline every collective shares (arguments already
+  canonicalised): the op's checks; the exact lax op off the mesh or when neither
+  direction compresses; else the settled compressor, the backend, a trace-time check of
+  the slices, and the operand typed varying over ``axes``.
+
+  Args:
+    o: the op's spec.
+    x: one array.
+    axes, compressor, grad_compressor, backend, chunks, min_bytes: the call's, resolved.
+    strict: a lone array (a non-float dtype with a lossy compressor raises TypeError)
+      rather than a pytree leaf (such a leaf goes exactly).
+    **op_args: the op's own arguments (``o.check`` normalises them).
+
+  Returns:
+    :class:`Exact` with the lax result, or :class:`Bound` for the primitive.
+  """
+  x = jnp.asarray(x)
+  n = C.group_size(axes)  # validates the axis names
+  op_args = o.check(x, n, axes, **op_args)
+  if C.off_mesh(axes):
+    return Exact(o.exact(x, axes, **op_args))
+  c = o.effective(x, compressor, min_bytes, strict)
+  gc = o.grad_for(x, grad_compressor)
+  _backend.validate(o.name, backend)
+  if c is None and gc is None:
+    return Exact(o.exact(x, axes, **op_args))
+  c, call = o.settle(x, c, axes, **op_args)
+  name = "xla"
+  if c is not None:
+    name = _backend.resolve(o.name, backend, axes, compressor=c, dtype=x.dtype, **call)[0]
+    L.slices(chunks, o.row_length(x.size, n), o.unit(c, axes, **call))  # fail at trace time
+  params = dict(
+    axes=axes,
+    **{**op_args, **call},
+    compressor=spec_of(c),
+    grad_compressor=spec_of(gc),
+    backend=name,
+    backend_arg=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+  )
+  return Bound(C.ensure_varying(x, axes), params)
+
+
+def apply(name: str, xs: Sequence[Any], key: Any, args: Sequence[dict]) -> list:
+  """The collective ``name`` on the arrays ``xs``, leaf ``i`` with ``args[i]``: exact
+  leaves through lax, every other leaf through ONE ``jcoccl_<name>`` equation (as
+  ``lax.psum`` binds a whole pytree once).
+
+  Args:
+    name: the op.
+    xs: the leaves.
+    key: PRNG key shared by the leaves, or None.
+    args: per leaf, the keyword arguments of :func:`plan`.
+
+  Returns:
+    The results, in the order of ``xs``.
+  """
+  o = op(name)
+  outs: list = [None] * len(xs)
+  bound: list[tuple[int, Bound]] = []
+  for i, (x, a) in enumerate(zip(xs, args)):
+    planned = plan(o, x, **a)
+    if isinstance(planned, Exact):
+      outs[i] = planned.value
+    else:
+      bound.append((i, planned))
+  if bound:
+    ys = bind(name, [b.x for _, b in bound], key, [b.params for _, b in bound])
+    for (i, _), y in zip(bound, ys):
+      outs[i] = y
+  return outs
+
+
+def apply_tree(name: str, tree: Any, key: Any, **args: Any) -> Any:
+  """:func:`apply` over the leaves of a pytree, all with the same ``args``."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef.unflatten(apply(name, leaves, key, [args] * len(leaves)))
+
+
+# ----------------------------------------------------------------------------------------
 # Rules.
 
 
-def bind(name: str, x: jax.Array, key: Any, **params: Any) -> jax.Array:
-  """Binds ``jcoccl_<name>`` on ``x`` (``params`` as the op module builds them)."""
+def bind(name: str, xs: Sequence[jax.Array], key: Any, params: Sequence[dict]) -> list:
+  """Binds ``jcoccl_<name>`` once on the operands ``xs`` (``params[i]`` as :func:`plan`
+  builds them for ``xs[i]``)."""
   keys, key_type = key_operand(key)
-  return primitive(name).bind(x, *keys, key_type=key_type, batch=0, **params)
+  merged = merge_params([{**p, "batch": 0} for p in params])
+  return primitive(name).bind(*xs, *keys, key_type=key_type, **merged)
 
 
-def _batched(fn: Callable, x: jax.Array, nb: int) -> jax.Array:
-  for _ in range(nb):
-    fn = jax.vmap(fn)
-  return fn(x)
+def _batched(fn: Callable, xs: Sequence[jax.Array], nbs: Sequence[int]) -> list:
+  """``fn`` (a list of leaves -> a list of results) vmapped over each leaf's ``nbs[i]``
+  leading batch axes (a leaf with fewer is not mapped by the inner vmaps)."""
+  for k in reversed(range(max(nbs, default=0))):
+    dims = [0 if nb > k else None for nb in nbs]
+    fn = jax.vmap(fn, in_axes=(dims,), out_axes=dims)
+  return fn(list(xs))
+
+
+def _split(args: Sequence[Any], key_type: Any) -> tuple[list, list]:
+  n = len(args) - (key_type is not None)
+  return list(args[:n]), list(args[n:])
 
 
 def _make(o: Op) -> Any:
   p = _compat.new_primitive(f"jcoccl_{o.name}")
 
-  def abstract_eval(aval, *key_avals, **params):
-    nb = params["batch"]
-    shape = aval.shape[:nb] + tuple(o.out_shape(aval.shape[nb:], params))
-    vin = _compat.aval_vma(aval)
-    if o.reduces(params):
-      return (
-        _compat.collective_aval(aval, shape, vin - set(params["axes"]), params["axes"]),
-        params["axes"],
+  def abstract_eval(*avals, key_type, **params):
+    xs, _ = _split(avals, key_type)
+    outs = []
+    for i, aval in enumerate(xs):
+      lp = leaf_params(params, i)
+      nb = lp["batch"]
+      shape = aval.shape[:nb] + tuple(o.out_shape(aval.shape[nb:], lp))
+      vin = _compat.aval_vma(aval)
+      if o.reduces(lp):
+        outs.append(_compat.collective_aval(aval, shape, vin - set(lp["axes"]), lp["axes"]))
+      else:
+        outs.append(_compat.collective_aval(aval, shape, vin))
+    return outs, params["axes"]
+
+  def lower(*args, key_type, **params):
+    xs, keys = _split(args, key_type)
+    key = _unwrap_key(tuple(keys), key_type)
+    return [o.forward(x, key, **leaf_params(params, i)) for i, x in enumerate(xs)]
+
+  def jvp(primals, tangents, *, key_type, **params):
+    ys = p.bind(*primals, key_type=key_type, **params)
+    n = len(ys)
+    live = [i for i in range(n) if not _compat.is_zero_cotangent(tangents[i])]
+    touts = [_compat.zero_tangent_of(y) for y in ys]
+    if live:
+      lps = [leaf_params(params, i) for i in live]
+      args = [o.tangent_args(lp) for lp in lps]
+      ts = [_compat.instantiate_zero(tangents[i]) for i in live]
+      got = _batched(lambda vs: apply(o.name, vs, None, args), ts, [lp["batch"] for lp in lps])
+      for i, t in zip(live, got):
+        touts[i] = t
+    return ys, touts
+
+  def transpose(cts, *args, key_type, **params):
+    xs, keys = _split(args, key_type)
+    res: list = [None] * len(xs)
+    dual_idx = []
+    for i, (x, ct) in enumerate(zip(xs, cts)):
+      if not _compat.is_linear_input(x):
+        continue
+      aval, lp = _compat.undefined_aval(x), leaf_params(params, i)
+      if _compat.is_zero_cotangent(ct):
+        res[i] = _compat.zero_like_aval(aval)
+        continue
+      vma, nb = _compat.aval_vma(aval), [lp["batch"]]
+      unreduced = set(lp["axes"]) & _compat.aval_unreduced(aval)
+      if unreduced:
+        # lax.psum of an unreduced value transposes to the cotangent typed reduced.
+        red = tuple(sorted(unreduced))
+        res[i] = _batched(lambda v, r=red: [jax.lax.pcast(v[0], r, to="reduced")], [ct], nb)[0]
+      elif o.reduces(lp) and set(lp["axes"]) <= vma:
+        out = _batched(lambda v, lp=lp: [o.invariant_transpose(v[0], lp)], [ct], nb)[0]
+        res[i] = C.match_vma(out, vma)
+      else:
+        dual_idx.append(i)
+    if dual_idx:
+      lps = [leaf_params(params, i) for i in dual_idx]
+      dargs = [o.dual_args(lp) for lp in lps]
+      got = _batched(
+        lambda vs: apply(DUALS[o.name], vs, None, dargs),
+        [cts[i] for i in dual_idx],
+        [lp["batch"] for lp in lps],
       )
-    return _compat.collective_aval(aval, shape, vin), params["axes"]
+      for i, g in zip(dual_idx, got):
+        res[i] = C.match_vma(g, _compat.aval_vma(_compat.undefined_aval(xs[i])))
+    return res + [None] * len(keys)
 
-  def lower(x, *keys, key_type, **params):
-    return o.forward(x, _unwrap_key(keys, key_type), **params)
-
-  def jvp(primals, tangents, **params):
-    y = p.bind(*primals, **params)
-    t = tangents[0]
-    if _compat.is_zero_cotangent(t):
-      return y, _compat.zero_tangent_of(y)
-    args = o.tangent_args(params)
-    ty = _batched(lambda v: o.leaf(v, None, **args), _compat.instantiate_zero(t), params["batch"])
-    return y, ty
-
-  def transpose(ct, x, *keys, **params):
-    aval = _compat.undefined_aval(x)
-    rest = [None] * len(keys)
-    if _compat.is_zero_cotangent(ct):
-      return [_compat.zero_like_aval(aval)] + rest
-    vma = _compat.aval_vma(aval)
-    unreduced = set(params["axes"]) & _compat.aval_unreduced(aval)
-    if unreduced:
-      # lax.psum of an unreduced value transposes to the cotangent typed reduced.
-      out = _batched(
-        lambda v: jax.lax.pcast(v, tuple(sorted(unreduced)), to="reduced"), ct, params["batch"]
-      )
-      return [out] + rest
-    if o.reduces(params) and set(params["axes"]) <= vma:
-      out = _batched(lambda v: o.invariant_transpose(v, params), ct, params["batch"])
-      return [C.match_vma(out, vma)] + rest
-    dual = op(DUALS[o.name])
-    args = o.dual_args(params)
-    out = _batched(lambda v: dual.leaf(v, None, **args), ct, params["batch"])
-    return [C.match_vma(out, vma)] + rest
-
-  def batch(args, dims, **params):
-    x, keys = args[0], args[1:]
-    xd, kds = dims[0], dims[1:]
+  def batch(args, dims, *, key_type, **params):
+    xs, keys = _split(args, key_type)
+    xds, kds = dims[: len(xs)], dims[len(xs) :]
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    if keys or xd is None:
+    if keys:
       # Per-call random streams: one call per batch element.
       def take(a, d, i):
         return a if d is None else jax.lax.index_in_dim(a, i, d, keepdims=False)
 
       outs = [
-        p.bind(take(x, xd, i), *(take(k, d, i) for k, d in zip(keys, kds)), **params)
+        p.bind(
+          *(take(x, d, i) for x, d in zip(xs, xds)),
+          *(take(k, d, i) for k, d in zip(keys, kds)),
+          key_type=key_type,
+          **params,
+        )
         for i in range(size)
       ]
-      return jnp.stack(outs), 0
-    x = jnp.moveaxis(x, xd, 0)
-    return p.bind(x, **{**params, "batch": params["batch"] + 1}), 0
+      return [jnp.stack([o_[j] for o_ in outs]) for j in range(len(xs))], [0] * len(xs)
+    new_xs, lps = [], []
+    for i, (x, d) in enumerate(zip(xs, xds)):
+      lp = leaf_params(params, i)
+      if d is not None:
+        x, lp = jnp.moveaxis(x, d, 0), {**lp, "batch": lp["batch"] + 1}
+      new_xs.append(x)
+      lps.append(lp)
+    outs = p.bind(*new_xs, key_type=key_type, **merge_params(lps))
+    return outs, [None if d is None else 0 for d in xds]
 
   _compat.define_collective(
     p, abstract_eval=abstract_eval, lower=lower, jvp=jvp, transpose=transpose, batch=batch

@@ -79,22 +79,19 @@ def reduce_scatter(
     return lax.psum_scatter(
       x, axes, scatter_dimension=scatter_dimension, axis_index_groups=axis_index_groups, tiled=tiled
     )
-  strict = C.is_lone_array(x)
-  return jax.tree_util.tree_map(
-    lambda leaf: scatter_leaf(
-      leaf,
-      key,
-      axes=axes,
-      scatter_dimension=scatter_dimension,
-      tiled=tiled,
-      compressor=comp,
-      grad_compressor=gcomp,
-      backend=backend,
-      chunks=chunks,
-      min_bytes=min_bytes,
-      strict=strict,
-    ),
+  return P.apply_tree(
+    "reduce_scatter",
     x,
+    key,
+    axes=axes,
+    compressor=comp,
+    grad_compressor=gcomp,
+    backend=backend,
+    chunks=chunks,
+    min_bytes=min_bytes,
+    strict=C.is_lone_array(x),
+    scatter_dimension=scatter_dimension,
+    tiled=tiled,
   )
 
 
@@ -120,54 +117,13 @@ def check_scatter(shape: tuple, dim: Any, tiled: bool, n: int) -> int:
   return dim
 
 
-def scatter_leaf(
-  x: jax.Array,
-  key: Any,
-  *,
-  axes: tuple,
-  scatter_dimension: Any,
-  tiled: bool,
-  compressor: Any,
-  grad_compressor: Any,
-  backend: str,
-  chunks: int,
-  min_bytes: Any,
-  strict: bool = True,
-) -> jax.Array:
-  """reduce_scatter of one array (arguments already canonicalised): the exact
-  lax.psum_scatter, or the ``jcoccl_reduce_scatter`` primitive."""
-  x = jnp.asarray(x)
-  n = C.group_size(axes)
-  dim = check_scatter(x.shape, scatter_dimension, tiled, n)
-  if C.off_mesh(axes):
-    return lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=tiled)
-  c = C.effective_compressor(x, compressor, min_bytes, strict)
-  gc = C.grad_for(x, grad_compressor)
-  _backend.validate("reduce_scatter", backend)
-  if c is None and gc is None:
-    return lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=tiled)
-  name = (
-    "xla"
-    if c is None
-    else _backend.resolve("reduce_scatter", backend, axes, compressor=c, dtype=x.dtype)[0]
-  )
-  if c is not None:  # fail at trace time, not at lowering
-    L.slices(chunks, x.size // n, c.granule)
-  x = C.ensure_varying(x, axes)
-  return P.bind(
-    "reduce_scatter",
-    x,
-    key,
-    axes=axes,
-    scatter_dimension=dim,
-    tiled=tiled,
-    compressor=P.spec_of(c),
-    grad_compressor=P.spec_of(gc),
-    backend=name,
-    backend_arg=backend,
-    chunks=chunks,
-    min_bytes=min_bytes,
-  )
+def _check(x: jax.Array, n: int, axes: tuple, *, scatter_dimension: Any, tiled: bool) -> dict:
+  del axes
+  return dict(scatter_dimension=check_scatter(x.shape, scatter_dimension, tiled, n), tiled=tiled)
+
+
+def _exact(x: jax.Array, axes: tuple, *, scatter_dimension: int, tiled: bool) -> jax.Array:
+  return lax.psum_scatter(x, axes, scatter_dimension=scatter_dimension, tiled=tiled)
 
 
 def from_block(flat: jax.Array, block: tuple, dim: int, tiled: bool) -> jax.Array:
@@ -223,7 +179,9 @@ P.register(
     out_shape=_out_shape,
     reduces=lambda params: False,
     forward=_forward,
-    leaf=scatter_leaf,
+    check=_check,
+    exact=_exact,
+    row_length=lambda size, n: size // n,
     tangent_args=lambda params: P.grad_args(
       params, tiled=params["tiled"], scatter_dimension=params["scatter_dimension"]
     ),
