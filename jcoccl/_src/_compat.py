@@ -215,10 +215,12 @@ def collective_aval(aval, shape, vma, reduced_axes=()):
   mat = getattr(aval, "mat", None)
   if mat is None:
     return aval.update(shape=tuple(shape), weak_type=False)
-  mat = mat.update(varying=frozenset(vma))
   unreduced = frozenset(mat.unreduced) - set(reduced_axes)
   if unreduced != mat.unreduced:
-    mat = mat.update(unreduced=unreduced, unreduced_kind=mat.unreduced_kind if unreduced else None)
+    kind = mat.unreduced_kind if unreduced else None
+    mat = mat.update(varying=frozenset(vma), unreduced=unreduced, unreduced_kind=kind)
+  else:
+    mat = mat.update(varying=frozenset(vma))
   return aval.update(shape=tuple(shape), weak_type=False, manual_axis_type=mat)
 
 
@@ -261,6 +263,12 @@ def aval_vma(aval) -> frozenset:
   """The varying manual axes of an abstract value."""
   mat = getattr(aval, "mat", None)
   return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def aval_unreduced_only(aval) -> frozenset:
+  """The manual axes an abstract value is unreduced over."""
+  mat = getattr(aval, "mat", None)
+  return frozenset(mat.unreduced) if mat is not None else frozenset()
 
 
 def aval_unreduced(aval) -> frozenset:

@@ -178,14 +178,8 @@ def row_layout(m: int, comp: Any, algorithm: str, axes: tuple, chunks: int) -> L
   return L.RowLayout.of(m, slice_unit(comp, algorithm, axes), chunks)
 
 
-def _check(x: jax.Array, n: int, axes: tuple, *, algorithm: str) -> dict:
-  del n
-  partial = set(axes) & _compat.unreduced_axes(x)
-  if partial and partial != set(axes):
-    raise ValueError(
-      f"all_reduce over {axes}: x is unreduced over {sorted(partial)} only; "
-      "sum over the unreduced and the other axes in two calls"
-    )
+def _check(x: jax.Array, n: int, axes: tuple, *, algorithm: str = "auto") -> dict:
+  del x, n, axes
   return dict(algorithm=algorithm)
 
 
@@ -274,6 +268,8 @@ P.register(
     unit=lambda c, axes, *, algorithm: slice_unit(c, algorithm, axes),
     effective=_effective,
     grad_for=_grad_for,
+    # lax.psum of an unreduced value transposes to the cotangent typed reduced.
+    unreduced_transpose=lambda ct, params: lax.pcast(ct, params["axes"], to="reduced"),
   )
 )
 

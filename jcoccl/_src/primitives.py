@@ -83,6 +83,10 @@ class Op:
     unit: ``(c, axes, **call) -> elements`` of the smallest slice.
     effective: ``(x, compressor, min_bytes, strict) -> compressor or None`` after the
       dtype and size threshold; ``grad_for`` the same for the backward compressor.
+    unreduced_transpose: ``(ct, params) -> ct_x`` for the ops that sum an input unreduced
+      over ``axes`` as lax does (psum, psum_scatter: each device's partial is its
+      operand), the cotangent typed as lax types it; None: such an input takes the lax op,
+      which raises lax's error.
   """
 
   name: str
@@ -99,6 +103,7 @@ class Op:
   unit: Callable[..., int] = lambda c, axes, **_: c.granule
   effective: Callable[..., Any] = C.effective_compressor
   grad_for: Callable[..., Any] = C.grad_for
+  unreduced_transpose: Callable[..., Any] | None = None
 
 
 _OPS: dict[str, Op] = {}
@@ -284,6 +289,14 @@ def plan(
   op_args = o.check(x, n, axes, **op_args)
   if C.off_mesh(axes):
     return Exact(o.exact(x, axes, **op_args))
+  unreduced = set(axes) & _compat.unreduced_axes(x)
+  if unreduced and o.unreduced_transpose is None:
+    return Exact(o.exact(x, axes, **op_args))
+  if unreduced and unreduced != set(axes):
+    raise ValueError(
+      f"{o.name} over {axes}: x is unreduced over {sorted(unreduced)} only; "
+      "sum over the unreduced and the other axes in two calls"
+    )
   c = o.effective(x, compressor, min_bytes, strict)
   gc = o.grad_for(x, grad_compressor)
   _backend.validate(o.name, backend)
@@ -379,11 +392,11 @@ def _make(o: Op) -> Any:
       lp = leaf_params(params, i)
       nb = lp["batch"]
       shape = aval.shape[:nb] + tuple(o.out_shape(aval.shape[nb:], lp))
-      vin = _compat.aval_vma(aval)
-      if o.reduces(lp):
-        outs.append(_compat.collective_aval(aval, shape, vin - set(lp["axes"]), lp["axes"]))
-      else:
-        outs.append(_compat.collective_aval(aval, shape, vin))
+      vin, axes = _compat.aval_vma(aval), set(lp["axes"])
+      # A sum of an unreduced input is no longer unreduced over axes; psum_scatter's
+      # result varies over them, as lax types it.
+      vma = vin - axes if o.reduces(lp) else vin | (axes & _compat.aval_unreduced_only(aval))
+      outs.append(_compat.collective_aval(aval, shape, vma, lp["axes"]))
     return outs, params["axes"]
 
   def lower(*args, key_type, **params):
@@ -417,11 +430,8 @@ def _make(o: Op) -> Any:
         res[i] = _compat.zero_like_aval(aval)
         continue
       vma, nb = _compat.aval_vma(aval), [lp["batch"]]
-      unreduced = set(lp["axes"]) & _compat.aval_unreduced(aval)
-      if unreduced:
-        # lax.psum of an unreduced value transposes to the cotangent typed reduced.
-        red = tuple(sorted(unreduced))
-        res[i] = _batched(lambda v, r=red: [jax.lax.pcast(v[0], r, to="reduced")], [ct], nb)[0]
+      if set(lp["axes"]) & _compat.aval_unreduced(aval):
+        res[i] = _batched(lambda v, lp=lp: [o.unreduced_transpose(v[0], lp)], [ct], nb)[0]
       elif o.reduces(lp) and set(lp["axes"]) <= vma:
         out = _batched(lambda v, lp=lp: [o.invariant_transpose(v[0], lp)], [ct], nb)[0]
         res[i] = C.match_vma(out, vma)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jcoccl._src import _backend
+from jcoccl._src import _backend, _compat
 from jcoccl._src import _common as C
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
@@ -157,6 +157,8 @@ def _forward(
   comp = P.load(compressor)
   if comp is None:
     return lax.psum_scatter(x, axes, scatter_dimension=dim + batch, tiled=tiled)
+  if set(axes) & _compat.unreduced_axes(x):
+    x = _compat.unreduced_as_varying(x, axes)  # each device's partial is one operand
   n = C.group_size(axes)
   shape = x.shape[batch:]
   block = L.row_block(shape, dim, n)
@@ -182,6 +184,10 @@ P.register(
     check=_check,
     exact=_exact,
     row_length=lambda size, n: size // n,
+    # lax.psum_scatter of an unreduced value transposes to all_gather(to="reduced").
+    unreduced_transpose=lambda ct, params: lax.all_gather(
+      ct, params["axes"], axis=params["scatter_dimension"], tiled=params["tiled"], to="reduced"
+    ),
     tangent_args=lambda params: P.grad_args(
       params, tiled=params["tiled"], scatter_dimension=params["scatter_dimension"]
     ),
