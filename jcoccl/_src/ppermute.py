@@ -36,8 +36,8 @@ def ppermute(
   Args:
     x: array or pytree of arrays.
     axis_name: mesh axis name or tuple of names (ranks are linear indices over them).
-    perm: sequence of (source, destination) pairs; no source or destination twice, every
-      index in [0, n).
+    perm: list or tuple of (source, destination) pairs (TypeError otherwise, as lax's);
+      no source or destination twice, every index in [0, n).
     compressor: Compressor, spec string, or None (exact: calls lax.ppermute).
     backend: "auto" (the fused engine where :func:`jcoccl.init` made it able to run this
       call, else "xla"), "xla" or "fused" (ValueError saying why when it cannot).
@@ -57,6 +57,11 @@ def ppermute(
   Example:
     >>> y = jcoccl.ppermute(x, "pipe", [(0, 1), (1, 2)], compressor="int8")  # doctest: +SKIP
   """
+  if not isinstance(perm, (list, tuple)):  # as lax.ppermute: an iterator is a mistake
+    raise TypeError(
+      "`perm` passed to jcoccl.ppermute must be a list or a tuple of (source, destination) "
+      f"pairs, as for jax.lax.ppermute; got perm of type {type(perm).__name__}"
+    )
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks)
   n = C.group_size(axes)
   perm = check_perm(perm, n)
