@@ -322,42 +322,46 @@ def _remat(eqn: Any, invals: list, pol: Policy) -> list:
 
 
 def _collective(eqn: Any, invals: list, axes: tuple, comp: Any, opts: dict) -> list:
-  """The jcoccl op for a lax collective (float operands; others stay the lax op)."""
+  """The jcoccl op for a lax collective: its float operands in one call (one equation, as
+  the lax equation was one), the others through the lax op."""
   name, p = eqn.primitive.name, eqn.params
   op = _OPS[name]
-  outs = []
-  for x in invals:
-    if jnp.dtype(x.dtype) not in _CODEC_DTYPES:
-      single = dict(p)
-      y = eqn.primitive.bind(x, **eqn.primitive.get_bind_params(single))
-      outs.append(y[0] if eqn.primitive.multiple_results else y)
-      continue
-    if op == "all_reduce":
-      outs.append(all_reduce(x, axes, compressor=comp, **opts))
-    elif op == "all_gather":
-      outs.append(
-        all_gather(
-          x, axes, axis=p["all_gather_dimension"], tiled=p["tiled"], compressor=comp, **opts
-        )
-      )
-    elif op == "reduce_scatter":
-      outs.append(
-        reduce_scatter(
-          x,
-          axes,
-          scatter_dimension=p["scatter_dimension"],
-          tiled=p["tiled"],
-          compressor=comp,
-          **opts,
-        )
-      )
-    elif op == "all_to_all":
-      axis_name = p["axis_name"]
-      outs.append(
-        all_to_all(
-          x, axis_name, p["split_axis"], p["concat_axis"], tiled=p["tiled"], compressor=comp, **opts
-        )
-      )
-    else:
-      outs.append(ppermute(x, axes, [tuple(pair) for pair in p["perm"]], compressor=comp, **opts))
+  outs: list = [None] * len(invals)
+  floats = [i for i, x in enumerate(invals) if jnp.dtype(x.dtype) in _CODEC_DTYPES]
+  for i, x in enumerate(invals):
+    if i not in floats:
+      y = eqn.primitive.bind(x, **eqn.primitive.get_bind_params(dict(p)))
+      outs[i] = y[0] if eqn.primitive.multiple_results else y
+  if not floats:
+    return outs
+  xs = [invals[i] for i in floats]
+  if op == "all_reduce":
+    ys = all_reduce(xs, axes, compressor=comp, **opts)
+  elif op == "all_gather":
+    ys = all_gather(
+      xs, axes, axis=p["all_gather_dimension"], tiled=p["tiled"], compressor=comp, **opts
+    )
+  elif op == "reduce_scatter":
+    ys = reduce_scatter(
+      xs,
+      axes,
+      scatter_dimension=p["scatter_dimension"],
+      tiled=p["tiled"],
+      compressor=comp,
+      **opts,
+    )
+  elif op == "all_to_all":
+    ys = all_to_all(
+      xs,
+      p["axis_name"],
+      p["split_axis"],
+      p["concat_axis"],
+      tiled=p["tiled"],
+      compressor=comp,
+      **opts,
+    )
+  else:
+    ys = ppermute(xs, axes, [tuple(pair) for pair in p["perm"]], compressor=comp, **opts)
+  for i, y in zip(floats, ys):
+    outs[i] = y
   return outs
