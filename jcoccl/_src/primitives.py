@@ -353,7 +353,7 @@ def apply(name: str, xs: Sequence[Any], key: Any, args: Sequence[dict]) -> list:
 def apply_tree(name: str, tree: Any, key: Any, **args: Any) -> Any:
   """:func:`apply` over the leaves of a pytree, all with the same ``args``."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return treedef.unflatten(apply(name, leaves, key, [args] * len(leaves)))
+  return jax.tree_util.tree_unflatten(treedef, apply(name, leaves, key, [args] * len(leaves)))
 
 
 # ----------------------------------------------------------------------------------------
