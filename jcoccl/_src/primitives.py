@@ -1,8 +1,11 @@
-"""The five collectives as JAX primitives, and the one table of their duals.
+"""The five collectives as JAX primitives, the generic driver that binds them, and the one
+table of their duals.
 
 Each op module (all_reduce.py, all_gather.py, ...) describes its collective with an
-:class:`Op` and registers it here; this module turns it into a primitive named
-``jcoccl_<op>`` with:
+:class:`Op` spec and registers it here. :func:`apply` plans every leaf of a call with the
+spec (:func:`plan`: the pipeline all ops share) and binds one ``jcoccl_<op>`` equation
+for the leaves that need it: the primitive takes one operand per leaf (and returns one
+result per leaf), as ``lax.psum`` binds a pytree once. Its rules, applied per operand:
 
   abstract evaluation: shape and dtype from :attr:`Op.out_shape`; varying manual axes as
     lax's collectives type them (all_reduce removes ``axes``, the others keep the input's);
@@ -32,7 +35,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +45,11 @@ import jax.numpy as jnp
 from jcoccl._src import _backend, _compat
 from jcoccl._src import _common as C
 from jcoccl._src import layout as L
+from jcoccl._src.params import PerLeaf as PerLeaf
+from jcoccl._src.params import grad_args as grad_args
+from jcoccl._src.params import key_operand, leaf_params, merge_params, unwrap_key
+from jcoccl._src.params import load as load
+from jcoccl._src.params import spec_of as spec_of
 
 # The dual (transpose) of each collective: the op that carries cotangents back.
 DUALS = {
@@ -121,118 +128,6 @@ def primitive(name: str) -> Any:
   """The primitive ``jcoccl_<name>``."""
   op(name)
   return _PRIMS[name]
-
-
-# ----------------------------------------------------------------------------------------
-# Compressor parameters: spec strings (hashable, readable), "none" for the exact path.
-
-
-def spec_of(c: Any) -> Any:
-  """A compressor (or None, or a per-level pair) as its spec string(s)."""
-  if isinstance(c, tuple):
-    return tuple(spec_of(x) for x in c)
-  return "none" if c is None else str(c)
-
-
-@functools.cache
-def load(spec: Any) -> Any:
-  """Inverse of :func:`spec_of`."""
-  if isinstance(spec, tuple):
-    return tuple(load(s) for s in spec)
-  return C.resolve_compressor(spec)
-
-
-def grad_args(params: dict, **op_args: Any) -> dict:
-  """Leaf arguments of the collective a tangent or cotangent goes through.
-
-  Both run with the call's ``grad_compressor`` (for the compressed path too) and the
-  backend, chunks and threshold the call was given; ``op_args`` are what the op itself
-  needs (its axis arguments, possibly swapped for the dual).
-
-  Args:
-    params: the primitive's parameters.
-    **op_args: op-specific leaf arguments, added as they are.
-
-  Returns:
-    Keyword arguments for the dual's or the op's own ``leaf`` function.
-
-  Example:
-    >>> p = dict(axes=("d",), grad_compressor="none", backend_arg="auto", chunks=1,
-    ...          min_bytes=None)
-    >>> grad_args(p, tiled=True)["compressor"] is None
-    True
-  """
-  gc = load(params["grad_compressor"])
-  return dict(
-    axes=params["axes"],
-    compressor=gc,
-    grad_compressor=gc,
-    backend=params["backend_arg"],
-    chunks=params["chunks"],
-    min_bytes=params["min_bytes"],
-    **op_args,
-  )
-
-
-# ----------------------------------------------------------------------------------------
-# PRNG keys travel as raw key data (primitive operands of a plain dtype).
-
-
-def key_operand(key: Any) -> tuple[tuple, Any]:
-  """(operands, key_type param) for ``key``: None, a raw uint32 key or a typed key."""
-  if key is None:
-    return (), None
-  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    return (jax.random.key_data(key),), str(jax.random.key_impl(key))
-  return (key,), "raw"
-
-
-def _unwrap_key(keys: tuple, key_type: Any) -> Any:
-  if key_type is None:
-    return None
-  if key_type == "raw":
-    return keys[0]
-  return jax.random.wrap_key_data(keys[0], impl=key_type)
-
-
-# ----------------------------------------------------------------------------------------
-# Parameters of a call's operands: one value where they agree, a PerLeaf where they differ.
-
-
-@dataclasses.dataclass(frozen=True)
-class PerLeaf:
-  """A parameter's values operand by operand, where the operands of one call differ in it
-  (e.g. a small leaf left uncompressed next to a compressed one). Prints as
-  ``per_leaf(int8, none)``; never equal to a plain tuple (a hierarchical compressor pair
-  is one).
-
-  Example:
-    >>> str(merge_params([dict(chunks=1, compressor="int8"), dict(chunks=1, compressor="none")]))
-    "{'chunks': 1, 'compressor': per_leaf(int8, none)}"
-  """
-
-  values: tuple
-
-  def __str__(self) -> str:
-    return "per_leaf(" + ", ".join(str(v) for v in self.values) + ")"
-
-  __repr__ = __str__
-
-
-def merge_params(leaves: Sequence[dict]) -> dict:
-  """One primitive's parameters from its operands' (all with the same keys)."""
-  out = {}
-  for k in leaves[0]:
-    vals = tuple(p[k] for p in leaves)
-    same = all(type(v) is type(vals[0]) and v == vals[0] for v in vals)
-    out[k] = vals[0] if same else PerLeaf(vals)
-  return out
-
-
-def leaf_params(params: dict, i: int) -> dict:
-  """Operand ``i``'s parameters (inverse of :func:`merge_params`)."""
-  return {k: v.values[i] if isinstance(v, PerLeaf) else v for k, v in params.items()}
 
 
 # ----------------------------------------------------------------------------------------
@@ -401,7 +296,7 @@ def _make(o: Op) -> Any:
 
   def lower(*args, key_type, **params):
     xs, keys = _split(args, key_type)
-    key = _unwrap_key(tuple(keys), key_type)
+    key = unwrap_key(tuple(keys), key_type)
     return [o.forward(x, key, **leaf_params(params, i)) for i, x in enumerate(xs)]
 
   def jvp(primals, tangents, *, key_type, **params):
