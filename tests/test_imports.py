@@ -26,9 +26,7 @@ def _module_name(path: pathlib.Path) -> str:
 
 def project_modules() -> dict[str, pathlib.Path]:
   """Module name -> source file, for every .py file under PACKAGES."""
-  return {
-    _module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
-  }
+  return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
 def _absolute(node: ast.ImportFrom, name: str, is_package: bool) -> str:
