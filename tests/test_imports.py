@@ -11,7 +11,10 @@ initialises on the way are not counted: a submodule may import ``jcoccl._src.x``
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("jcoccl", "models")
@@ -148,3 +151,23 @@ def test_models_have_no_import_cycle():
 def test_jcoccl_has_no_import_cycle():
   cycles = find_cycles(import_graph(("jcoccl",)))
   assert not cycles, _report(cycles)
+
+
+def test_importing_the_scripts_leaves_xla_flags_alone():
+  """Only the entry points' main() asks for host CPU devices; importing models.train or
+  models.sample (as tests and benchmarks do) changes no environment variable."""
+  code = (
+    "import os, models.train, models.sample\n"
+    "assert 'XLA_FLAGS' not in os.environ, os.environ['XLA_FLAGS']\n"
+    "from models.run_config import use_host_devices\n"
+    "use_host_devices()\n"
+    "import glob\n"
+    "want = None if glob.glob('/dev/nvidia[0-9]*') else "
+    "'--xla_force_host_platform_device_count=8'\n"
+    "assert os.environ.get('XLA_FLAGS') == want, os.environ.get('XLA_FLAGS')\n"
+  )
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  r = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert r.returncode == 0, r.stderr
