@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models.configs import models as presets
+from models.family import Family
 from models.layers import LOCAL, Comm, Dense, LayerNorm, causal_attention
 
 
@@ -110,6 +112,24 @@ TENSOR_AXIS: dict[tuple[str, str], int] = {
   ("c_proj", "kernel"): 0,
   ("mlp_proj", "kernel"): 0,
 }
+
+
+def preset_config(size: str, vocab: int, seq_len: int) -> GPTConfig:
+  """The ``--size`` preset (models/configs/models.py), its positions covering ``seq_len``."""
+  kw = dict(presets.GPT[size])
+  kw["n_positions"] = max(kw["n_positions"], seq_len)
+  return GPTConfig(vocab_size=vocab, **kw)
+
+
+FAMILY = Family(
+  name="gpt",
+  model=GPT,
+  config=preset_config,
+  sizes=tuple(presets.GPT),
+  layers_field="n_layer",
+  heads=lambda c: (c.n_head,),
+  tensor_axis=TENSOR_AXIS,
+)
 
 
 def config_from_hf(config: dict) -> GPTConfig:

@@ -2,7 +2,7 @@
 
 Every layer computes its head counts and widths from its parameter shapes, so the same module
 runs on full weights (one device) or on the local slice a ``jax.shard_map`` hands it (tensor
-parallel). Collectives are never called here: a ``Comm`` object (``models.parallel``) supplies
+parallel). Collectives are never called here: a ``Comm`` object (``models.collectives``) supplies
 the two Megatron operators ``enter`` (identity forward, all-reduce backward) and ``exit``
 (all-reduce forward, identity backward); ``LOCAL`` makes both the identity.
 """

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models.configs import models as presets
+from models.family import Family
 from models.layers import LOCAL, Comm, Dense, RMSNorm, causal_attention
 
 
@@ -134,6 +136,24 @@ TENSOR_AXIS: dict[tuple[str, str], int] = {
   ("o_proj", "kernel"): 0,
   ("down_proj", "kernel"): 0,
 }
+
+
+def preset_config(size: str, vocab: int, seq_len: int) -> QwenConfig:
+  """The ``--size`` preset (models/configs/models.py); RoPE has no position limit, so
+  ``seq_len`` changes nothing."""
+  del seq_len
+  return QwenConfig(vocab_size=vocab, **presets.QWEN[size])
+
+
+FAMILY = Family(
+  name="qwen",
+  model=Qwen,
+  config=preset_config,
+  sizes=tuple(presets.QWEN),
+  layers_field="num_hidden_layers",
+  heads=lambda c: (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size),
+  tensor_axis=TENSOR_AXIS,
+)
 
 
 def config_from_hf(config: dict) -> QwenConfig:

@@ -32,9 +32,8 @@ import numpy as np
 from flax import nnx
 
 from jcoccl.policy import Policy
-
-# Importing models.train asks for 8 host CPU devices (before jax's backend starts).
-from models import data, parallel, train
+from models import data, parallel
+from models.run_config import build_model, checkpoint_steps, mesh_shape, use_host_devices
 
 PROG = "python -m models.sample"
 DEFAULT_PROMPT = "**HAMLET**  \n"
@@ -168,7 +167,7 @@ def load_params(path: pathlib.Path, step: int | None = None) -> tuple[dict, int]
   Raises:
     ValueError: no checkpoint, or no checkpoint at ``step`` (the message lists those there).
   """
-  steps = train.checkpoint_steps(path)
+  steps = checkpoint_steps(path)
   if not steps:
     raise ValueError(
       f"no checkpoint under {path / 'ckpt'}: train the run first "
@@ -198,7 +197,7 @@ def load_params(path: pathlib.Path, step: int | None = None) -> tuple[dict, int]
 def build(cfg: dict, vocab: int) -> nnx.Module:
   """A freshly initialised model of the run's architecture."""
   ns = types.SimpleNamespace(model=cfg["model"], size=cfg["size"], seq_len=cfg["seq_len"], seed=0)
-  return train.build_model(ns, vocab)
+  return build_model(ns, vocab)
 
 
 def _check_shapes(model: nnx.Module, params: dict, where: pathlib.Path) -> None:
@@ -300,7 +299,7 @@ def check_args(args: argparse.Namespace) -> None:
     raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
   if not 0 <= args.seed < 2**32:
     raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}")
-  args.mesh_shape = train._mesh_shape(args.mesh, jax.device_count())
+  args.mesh_shape = mesh_shape(args.mesh, jax.device_count())
 
 
 def _config(args: argparse.Namespace) -> tuple[pathlib.Path, dict]:
@@ -314,10 +313,14 @@ def _config(args: argparse.Namespace) -> tuple[pathlib.Path, dict]:
 def main(argv: list[str] | None = None) -> Sample:
   """Loads the run, generates, prints the prompt and its continuation; returns the sample.
 
+  Without an accelerator and without XLA_FLAGS, asks XLA for 8 host CPU devices first
+  (``models.run_config.use_host_devices``), as ``python -m models.train`` does.
+
   Raises:
     ValueError: a bad flag, a missing run, config or checkpoint (``cli`` prints it as
       ``error: ...``, status 2).
   """
+  use_host_devices()
   args = build_parser().parse_args(argv)
   check_args(args)
   path, cfg = _config(args)

@@ -18,21 +18,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from models import train
+from models import loop, train
 
 
 def main(argv: list[str]) -> None:
   slow_from, seconds, rest = int(argv[0]), float(argv[1]), argv[2:]
-  batch_at = train.batch_at
+  batch_at = loop.batch_at
 
-  def slowed(corpus, args, par, split, step, i=0):
+  def slowed(corpus, cfg, par, split, step, i=0):
     if split == "train":
       print(f"batch {step}", flush=True)
       if step >= slow_from:
         time.sleep(seconds)
-    return batch_at(corpus, args, par, split, step, i)
+    return batch_at(corpus, cfg, par, split, step, i)
 
-  train.batch_at = slowed
+  loop.batch_at = slowed  # the name the training loop looks up at each step
   print(f"pid {os.getpid()}", flush=True)
   train.main(rest)
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from models import train
+from models import checkpoint, train
 from models.configs.models import TINY_RUN
 
 TINY = [
@@ -31,7 +31,7 @@ TINY = [
 def _restore(out, step):
   import orbax.checkpoint as ocp
 
-  mngr = train._checkpointer(out)
+  mngr = checkpoint.checkpointer(out)
   assert step in mngr.all_steps()
   return mngr.restore(step, args=ocp.args.StandardRestore())
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from mp_util import kill_when_ready
 
-from models import train
+from models import checkpoint, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "mp_train_worker.py")
@@ -87,7 +87,7 @@ def _checkpoint(out, step: int, like=None) -> dict:
   (this process's 8-device mesh) when given."""
   import orbax.checkpoint as ocp
 
-  mngr = train._checkpointer(out)
+  mngr = checkpoint.checkpointer(out)
   assert step in mngr.all_steps(), (step, mngr.all_steps())
   if like is None:
     return mngr.restore(step, args=ocp.args.StandardRestore())
@@ -143,7 +143,7 @@ def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path):
     r"^\[0\] models\.train: a peer process failed: .*; resume with --resume$", text, re.M
   ), text[-3000:]
   assert "Traceback" not in text, text[-3000:]
-  assert train._checkpointer(out).latest_step() == 2
+  assert checkpoint.checkpointer(out).latest_step() == 2
 
   r = _launch("-m", "models.train", *ARGS, "--out", str(out), "--resume")
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

@@ -151,7 +151,7 @@ def test_hpz_gathers_across_nodes_once_per_step():
   assert (k, l) == (2, 2)
   c = par.coll.compressor(NODE, "all_gather")
   specs = jax.tree.leaves(par.specs, is_leaf=lambda x: isinstance(x, P))
-  lens = [par._shard_len(p.shape, s) for p, s in zip(jax.tree.leaves(params), specs)]
+  lens = [par.shards.shard_len(p.shape, s) for p, s in zip(jax.tree.leaves(params), specs)]
   # One gather of each master shard's int8 payload across nodes (to k - 1 peers), and one
   # of each secondary shard (k master shards) inside the node (to l - 1 peers): per step.
   across = sum((k - 1) * c.payload_nbytes(n, jnp.float32) for n in lens)
@@ -184,7 +184,7 @@ def _scatter(table, x):
   par = Parallel3D(_gpt(), make_mesh(4, 1, 1), Recipe.from_dict(table))
   assert par.data_axes == (NODE, "data") and par.sizes[NODE] == par.sizes["data"] == 2
   f = par._shard_map(
-    lambda v: par._scatter_grads({"g": v[0]}, None)[0]["g"][None],
+    lambda v: par.grad_sync.scatter({"g": v[0]}, None)[0]["g"][None],
     (P((NODE, "data")),),
     P(("data", NODE)),
   )

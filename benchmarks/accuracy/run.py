@@ -34,7 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make models/ importable
   sys.path.insert(0, str(ROOT))
 
-from models import train  # noqa: E402  (before jax: asks for 8 host CPU devices)
+from models import train  # noqa: E402  (train.main asks for 8 host CPU devices)
 from models.configs.models import TINY_RUN  # noqa: E402
 
 PROG = "python -m benchmarks.accuracy.run"

@@ -1,0 +1,111 @@
+"""Checkpoints of a training run: orbax checkpoints under ``<out>/ckpt``, saved by every
+process together, and the resume that skips damaged ones.
+
+``restore`` takes the newest checkpoint that restores onto the current state's shapes and
+shardings; damaged newer ones are named, skipped and moved to ``<out>/ckpt-skipped/``.
+
+Example:
+  >>> mngr = checkpointer(out)
+  >>> save(mngr, State(params, opt_state, ef, step=100))
+  >>> state = restore(mngr, state, out)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+
+from models.run_config import SetupError
+
+
+@dataclasses.dataclass
+class State:
+  """What a checkpoint holds: the parameters, the optimizer state, the error-feedback
+  residuals (None without error feedback) and the number of steps taken."""
+
+  params: Any
+  opt_state: Any
+  ef: Any
+  step: int = 0
+
+  def tree(self) -> dict:
+    # The step is a global array replicated over the parameters' mesh: across processes,
+    # orbax saves only global arrays.
+    mesh = jax.tree.leaves(self.params)[0].sharding.mesh
+    step = jax.make_array_from_callback(
+      (), jax.NamedSharding(mesh, jax.P()), lambda _: np.asarray(self.step, np.int32)
+    )
+    return {"params": self.params, "opt_state": self.opt_state, "ef": self.ef, "step": step}
+
+
+def checkpointer(out: pathlib.Path) -> Any:
+  """An orbax CheckpointManager over ``out/ckpt`` keeping the newest two steps."""
+  import orbax.checkpoint as ocp
+
+  return ocp.CheckpointManager(
+    (out / "ckpt").absolute(), options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
+  )
+
+
+def save(mngr: Any, state: State) -> None:
+  """Saves ``state`` at its step and waits until it is on disk (every process together)."""
+  import orbax.checkpoint as ocp
+
+  mngr.save(state.step, args=ocp.args.StandardSave(state.tree()), force=True)
+  mngr.wait_until_finished()
+
+
+def restore(mngr: Any, state: State, out: pathlib.Path) -> State:
+  """The newest checkpoint that restores onto ``state``'s shapes and shardings.
+
+  A checkpoint that does not restore (truncated or corrupt files, another model's shapes) is
+  skipped with a message naming its step and the reason, and moved to ``out/ckpt-skipped/``
+  (kept for inspection) so that the resumed run can save that step again.
+
+  Raises:
+    SetupError: no checkpoint restores; the message lists each step and its reason.
+  """
+  import orbax.checkpoint as ocp
+
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state.tree())
+  skipped = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      t = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+      if int(t["step"]) != step:
+        raise ValueError(f"it holds step {int(t['step'])}")
+    except Exception as e:
+      skipped.append((step, _reason(e)))
+      print(f"--resume: skipping the checkpoint at step {step}: {skipped[-1][1]}", file=sys.stderr)
+      continue
+    _set_aside(mngr, [s for s, _ in skipped], out)
+    return State(t["params"], t["opt_state"], t["ef"], step)
+  why = "; ".join(f"step {s}: {r}" for s, r in skipped) or "there are none"
+  raise SetupError(f"--resume: no checkpoint under {mngr.directory} restores ({why})")
+
+
+def _reason(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  text = f"{type(e).__name__}: {lines[0] if lines else ''}"
+  return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _set_aside(mngr: Any, steps: list[int], out: pathlib.Path) -> None:
+  """Moves the checkpoints of ``steps`` to ``out/ckpt-skipped/<step>``."""
+  for step in steps:
+    dest = out / "ckpt-skipped" / str(step)
+    n = 0
+    while dest.exists():
+      n += 1
+      dest = out / "ckpt-skipped" / f"{step}.{n}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(pathlib.Path(str(mngr.directory)) / str(step)), dest)
+    print(f"--resume: moved the checkpoint of step {step} to {dest}", file=sys.stderr)
+  if steps:
+    mngr.reload()

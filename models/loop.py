@@ -1,0 +1,220 @@
+"""The training loop of ``python -m models.train``: batches, steps, evaluation, records,
+checkpoints, and the end-of-run summary with a short sample.
+
+:func:`train` takes the run's :class:`models.run_config.RunConfig` and the :class:`Job` that
+``models.train.main`` built from it (model, mesh, optimizer, state, corpus, checkpoints).
+
+Example:
+  >>> summary = train(cfg, Job(par, None, make_optimizer(cfg), state, corpus, recipe, mngr,
+  ...                          [], cfg.out / "metrics.jsonl"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from models import data, sample
+from models.checkpoint import State, save
+from models.metrics import NO_WIRE, lead, plot, print_summary, say, wire_report
+from models.parallel import Parallel3D
+from models.recipe import Recipe
+from models.run_config import RunConfig, build_model
+
+# The end-of-run sample: a fixed prompt, seed and temperature, so that runs under different
+# policies can be read side by side (greedy decoding of small char models mostly loops).
+SAMPLE_TEMPERATURE, SAMPLE_SEED = 0.8, 0
+
+
+@dataclasses.dataclass
+class Job:
+  """What a run builds before its first step.
+
+  Attributes:
+    par: the model on the mesh under the run's recipe.
+    exact: the same model and mesh under the exact policy, for the wire report (None: not
+      measured, ``--no-hlo-wire``).
+    tx: the optimizer (:func:`make_optimizer`).
+    state: parameters, optimizer state, error-feedback residuals and step; updated in place.
+    corpus: the tokenized text.
+    recipe: the policy and training switches (printed at the start).
+    mngr: the checkpoint manager (``models.checkpoint.checkpointer``).
+    records: the metrics records so far (process 0; appended to).
+    metrics_path: metrics.jsonl.
+  """
+
+  par: Parallel3D
+  exact: Parallel3D | None
+  tx: optax.GradientTransformation
+  state: State
+  corpus: data.Corpus
+  recipe: Recipe
+  mngr: Any
+  records: list[dict]
+  metrics_path: pathlib.Path
+
+
+def lr_schedule(cfg: Any) -> optax.Schedule:
+  """Linear warmup from lr/warmup (so the first step already moves) to lr, then cosine to 10%."""
+  warmup = min(cfg.warmup, max(cfg.steps - 1, 1))
+  return optax.warmup_cosine_decay_schedule(
+    cfg.lr / max(warmup, 1), cfg.lr, warmup, max(cfg.steps, 2), end_value=cfg.lr * 0.1
+  )
+
+
+def make_optimizer(cfg: Any) -> optax.GradientTransformation:
+  """AdamW over :func:`lr_schedule` (clipping is done globally, in parallel)."""
+  return optax.adamw(lr_schedule(cfg), b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
+
+
+def batch_at(
+  corpus: data.Corpus, cfg: Any, par: Parallel3D, split: str, step: int, i: int = 0
+) -> tuple[jax.Array, ...]:
+  """The global batch for (split, step), placed on ``par``'s batch sharding.
+
+  A function of the seed only, so a resumed run sees the same, and so does a run over any
+  number of processes: each draws the whole batch's window starts (cheap) and reads the
+  token windows of its own rows only.
+  """
+  rng = np.random.default_rng([cfg.seed, step, i, 0 if split == "train" else 1])
+  starts = corpus.starts(rng, split, batch=cfg.batch, seq_len=cfg.seq_len)
+  return par.make_batch(cfg.batch, lambda rows: corpus.windows(split, starts[rows], cfg.seq_len))
+
+
+def evaluate(cfg: Any, job: Job, eval_fn: Any) -> float:
+  """The mean validation loss over ``cfg.eval_batches`` batches drawn for this step."""
+  losses = []
+  for i in range(cfg.eval_batches):
+    x, y = batch_at(job.corpus, cfg, job.par, "val", job.state.step, i)
+    losses.append(float(eval_fn(job.state.params, x, y)))
+  return float(np.mean(losses))
+
+
+def train(cfg: RunConfig, job: Job) -> dict:
+  """Trains from ``job.state.step`` to ``cfg.steps``; returns the summary (:func:`finish`).
+
+  Each step's loss, gradient norm, learning rate and time go to metrics.jsonl every
+  ``cfg.log_every`` steps (and at the first step and every validation); the first step
+  also writes the wire record. Checkpoints every ``cfg.ckpt_every`` steps and at the end.
+
+  Raises:
+    FloatingPointError: the loss is not finite.
+  """
+  state, par = job.state, job.par
+  step_fn = par.train_step(job.tx, state.params, clip_norm=cfg.clip)
+  eval_fn = jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
+  start_step = state.step
+  _announce(cfg, job)
+  from tqdm import tqdm
+
+  bar = tqdm(
+    range(start_step, cfg.steps),
+    initial=start_step,
+    total=cfg.steps,
+    disable=cfg.no_progress or not lead(),
+    desc="train",
+  )
+  wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(cfg)
+  with open(job.metrics_path if lead() else os.devnull, "a") as log:
+    for step in bar:
+      x, y = batch_at(job.corpus, cfg, par, "train", step)
+      t0 = time.perf_counter()
+      state.params, state.opt_state, state.ef, m = step_fn(
+        state.params, state.opt_state, state.ef, x, y
+      )
+      loss = float(m["loss"])
+      dt = time.perf_counter() - t0
+      if wire is None:
+        wire = (
+          NO_WIRE
+          if job.exact is None
+          else wire_report(par, job.exact, job.tx, step_fn, state, x, cfg.clip)
+        )
+        log.write(json.dumps({"step": step + 1, "wire": wire}) + "\n")
+      else:
+        t_steady, n_steady = t_steady + dt, n_steady + 1
+      state.step = step + 1
+      rec = {
+        "step": state.step,
+        "loss": loss,
+        "grad_norm": float(m["grad_norm"]),
+        "lr": float(lr(step)),
+        "step_s": dt,
+      }
+      if not np.isfinite(loss):
+        raise FloatingPointError(f"loss became {loss} at step {state.step}")
+      if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+        rec["val_loss"] = evaluate(cfg, job, eval_fn)
+      if state.step % cfg.log_every == 0 or "val_loss" in rec or step == start_step:
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        job.records.append(rec)
+      bar.set_postfix(loss=f"{loss:.3f}")
+      if state.step % cfg.ckpt_every == 0 or state.step == cfg.steps:
+        save(job.mngr, state)
+  bar.close()
+  tps = cfg.batch * cfg.seq_len * n_steady / t_steady if n_steady else None
+  return finish(cfg, job, wire or NO_WIRE, tps, start_step)
+
+
+def _announce(cfg: RunConfig, job: Job) -> None:
+  n_params = sum(a.size for a in jax.tree.leaves(job.state.params))
+  say(
+    f"{cfg.model}-{cfg.size}: {n_params / 1e6:.2f}M params, vocab {job.corpus.vocab_size} "
+    f"({cfg.tokenizer}), mesh data x tensor x pipe = {cfg.mesh} over "
+    f"{jax.process_count()} process(es), policy:\n  " + job.recipe.describe().replace("\n", "\n  ")
+  )
+
+
+def final_sample(cfg: Any, params: dict, corpus: data.Corpus) -> str:
+  """A short continuation of a fixed prompt by the trained parameters (one device, fixed
+  seed and temperature :data:`SAMPLE_TEMPERATURE`)."""
+  try:
+    prompt = corpus.encode(sample.DEFAULT_PROMPT)
+  except ValueError:  # a --max-chars corpus too short to hold the prompt's characters
+    prompt = corpus.val[:8]
+  model = build_model(cfg, corpus.vocab_size)
+  fwd = sample.single_device_forward(model, sample.host_params(params))
+  s = sample.generate(
+    fwd,
+    prompt,
+    length=cfg.sample_tokens,
+    context=cfg.seq_len,
+    temperature=SAMPLE_TEMPERATURE,
+    seed=SAMPLE_SEED,
+  )
+  return corpus.decode(prompt) + corpus.decode(s.tokens)
+
+
+def finish(cfg: RunConfig, job: Job, wire: dict, tps: float | None, start_step: int) -> dict:
+  """The run's summary: process 0 also draws loss.png, adds the sample, writes summary.json
+  and prints the end-of-run lines; the other processes return the shared numbers only."""
+  state, resumed_from = job.state, start_step if cfg.resume else None
+  if not lead():
+    return {"steps": state.step, "resumed_from": resumed_from, "wire": wire, "tokens_per_s": tps}
+  plot(job.records, cfg.out / "loss.png")
+  losses = [r["loss"] for r in job.records if "loss" in r]
+  vals = [r["val_loss"] for r in job.records if "val_loss" in r]
+  summary = {
+    "steps": state.step,
+    "resumed_from": resumed_from,
+    "loss_start": losses[0] if losses else None,
+    "loss_end": losses[-1] if losses else None,
+    "val_loss_end": vals[-1] if vals else None,
+    "tokens_per_s": tps,
+    "wire": wire,
+    "sample": None,
+  }
+  if cfg.sample_tokens and state.step > start_step:
+    summary["sample"] = final_sample(cfg, state.params, job.corpus)
+  (cfg.out / "summary.json").write_text(json.dumps(summary, indent=1))
+  print_summary(cfg, summary, start_step, (SAMPLE_TEMPERATURE, SAMPLE_SEED))
+  return summary
