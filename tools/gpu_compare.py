@@ -85,11 +85,12 @@ def payload_mismatch(layout: Layout, a: np.ndarray, b: np.ndarray) -> np.ndarray
     wa, wb = a[:, :nb], b[:, :nb]
     raw = (wa == RAW_WIDTH) & (wb == RAW_WIDTH)  # [rows, nb]
     raw_words = np.repeat(raw, layout.block, axis=-1)  # [rows, n]
-    ua = a[:, words_at:].view(np.uint32)
-    ub = b[:, words_at:].view(np.uint32)
+    # The words only (a spike section may follow them).
+    ua = a[:, words_at : words_at + 4 * layout.n].view(np.uint32)
+    ub = b[:, words_at : words_at + 4 * layout.n].view(np.uint32)
     w_bad = np.where(raw_words, float_mismatch(ua, ub, F32), ua != ub)
     bad = bad.copy()
-    bad[:, words_at:] = np.repeat(w_bad, 4, axis=-1)
+    bad[:, words_at : words_at + 4 * layout.n] = np.repeat(w_bad, 4, axis=-1)
   return bad
 
 

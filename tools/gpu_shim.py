@@ -79,6 +79,16 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "if (last > B - 2) last = B - 2;",
   ),
   "hadamard_stage": ("cuda/gpu/codecs.cu", "t[a + len] = x - y;", "t[a + len] = y - x;"),
+  "spike_fill": (
+    "cuda/gpu/codecs.cu",
+    "const float fill = t[SpikeIndex(key)];",
+    "const float fill = 0.0f;",
+  ),
+  "spike_unused_slot": (
+    "cuda/gpu/codecs.cu",
+    "idx[r] = used ? static_cast<uint16_t>(j) : kSpikeUnused;",
+    "idx[r] = static_cast<uint16_t>(j);",
+  ),
   "sum_order": (
     "cuda/gpu/codecs.cu",
     "for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);",
@@ -248,13 +258,21 @@ class Spec(NamedTuple):
   cast_dtype: int = gc.BF16
   hadamard: int = 0
   abs_error: float = 0.0
+  spike: int = 0
 
   def fields(self):
-    return (ctypes.c_int32 * 7)(
-      self.kind, self.bits, self.block, self.symmetric, self.fp8, self.cast_dtype, self.hadamard
+    return (ctypes.c_int32 * 8)(
+      self.kind,
+      self.bits,
+      self.block,
+      self.symmetric,
+      self.fp8,
+      self.cast_dtype,
+      self.hadamard,
+      self.spike,
     )
 
-  def granule(self) -> int:
+  def granule(self) -> int:  # a spike codec's granule is its inner block
     inner = 1 if self.kind in (gc.NONE, gc.CAST) else self.block
     return max(inner, self.hadamard)
 
@@ -387,6 +405,21 @@ def specs() -> list[Spec]:
     Spec("had128_int3_B128", gc.INT, bits=3, block=128, hadamard=128),
     Spec("had64_fp8_e4m3_B128", gc.FP8, block=128, hadamard=64),
     Spec("had128_eb_B32", gc.ERROR_BOUNDED, block=32, abs_error=1e-2, hadamard=128),
+  ]
+  # Spike reserving around each inner family; k from 1 to block - 1 (every slot used, and
+  # blocks with fewer finite values than k).
+  out += [
+    Spec("spike1_int4_B32", gc.INT, bits=4, block=32, spike=1),
+    Spec("spike4_int2_B256", gc.INT, bits=2, block=256, spike=4),
+    Spec("spike3_int3_asym_B64", gc.INT, bits=3, block=64, symmetric=0, spike=3),
+    Spec("spike8_int5_B128", gc.INT, bits=5, block=128, spike=8),
+    Spec("spike2_int6_asym_B32", gc.INT, bits=6, block=32, symmetric=0, spike=2),
+    Spec("spike5_int7_B64", gc.INT, bits=7, block=64, spike=5),
+    Spec("spike4_int8_B4096", gc.INT, bits=8, block=4096, spike=4),
+    Spec("spike31_int4_asym_B32", gc.INT, bits=4, block=32, symmetric=0, spike=31),
+    Spec("spike2_fp8_e4m3_B64", gc.FP8, block=64, fp8=0, spike=2),
+    Spec("spike16_fp8_e5m2_B512", gc.FP8, block=512, fp8=1, spike=16),
+    Spec("spike4_eb_1e-2_B32", gc.ERROR_BOUNDED, block=32, abs_error=1e-2, spike=4),
   ]
   return out
 

@@ -47,8 +47,10 @@ constexpr int kMaxPluginParams = JCOCCL_PLUGIN_MAX_PARAMS;
 enum class Fp8Format : int32_t { kE4M3 = 0, kE5M2 = 1 };
 
 // A codec, flat: `kind` with its parameters, optionally wrapped by a Hadamard rotation of
-// `hadamard` elements (0 = no rotation). hadamard(inner=int4 B=128, size=256) is
-// {kind=kInt, bits=4, block=128, symmetric=true, hadamard=256}.
+// `hadamard` elements (0 = no rotation) or by spike reserving of `spike` values per block
+// (0 = none; never both). hadamard(inner=int4 B=128, size=256) is
+// {kind=kInt, bits=4, block=128, symmetric=true, hadamard=256}; spike(int4 B=128, k=2) is
+// {kind=kInt, bits=4, block=128, symmetric=true, spike=2}.
 struct CodecSpec {
   Kind kind = Kind::kNone;
   int32_t bits = 8;                      // kInt: 2 to 8
@@ -58,6 +60,7 @@ struct CodecSpec {
   DType cast_dtype = DType::kBF16;       // kCast: kBF16 or kF16
   float abs_error = 0.0f;                // kErrorBounded
   int32_t hadamard = 0;                  // 0, or H (power of two, 2..4096)
+  int32_t spike = 0;                     // 0, or k reserved values per block (1..block-1)
   int32_t plugin = -1;                   // kPlugin: the id load_plugin gave the library
   double params[kMaxPluginParams] = {};  // kPlugin: the codec's parameters, in its order
 
@@ -95,7 +98,15 @@ struct CodecSpec {
     s.hadamard = h;
     return s;
   }
+  CodecSpec WithSpike(int32_t k) const {
+    CodecSpec s = *this;
+    s.spike = k;
+    return s;
+  }
 };
+
+// Spike reserving: the index that marks a slot holding no value (WIRE_FORMAT.md "spike").
+constexpr uint16_t kSpikeUnused = 0xFFFF;
 
 namespace detail {
 JCOCCL_HD bool IsPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
@@ -127,6 +138,7 @@ inline const char* PluginError(const jcoccl_codec_plugin* p) {
 // Validity of a kPlugin spec: loaded, parameters accepted, a granule >= 1.
 inline const char* ValidatePlugin(const CodecSpec& s) {
   if (s.hadamard != 0) return "a plugin codec takes no hadamard rotation";
+  if (s.spike != 0) return "a plugin codec takes no spike reserving";
   const jcoccl_codec_plugin* p = PluginOf(s);
   if (p == nullptr)
     return "plugin id is not loaded in this native module; call "
@@ -167,6 +179,12 @@ inline const char* Validate(const CodecSpec& s) {
   }
   if (s.hadamard != 0 && (!detail::IsPow2(s.hadamard) || s.hadamard < 2 || s.hadamard > 4096))
     return "hadamard must be 0 or a power of two in [2, 4096]";
+  if (s.spike != 0) {
+    if (s.kind != Kind::kInt && s.kind != Kind::kFp8 && s.kind != Kind::kErrorBounded)
+      return "spike needs an int, fp8 or error_bounded inner codec";
+    if (s.hadamard != 0) return "spike and hadamard do not combine in one native codec";
+    if (s.spike < 1 || s.spike >= s.block) return "spike must be 0 or in [1, block - 1]";
+  }
   return nullptr;
 }
 
@@ -196,6 +214,7 @@ struct Layout {
   int64_t codes = 0;   // int: codes; fp8: codes; error_bounded: widths (padded)
   int64_t scales = 0;  // int/fp8: f32 scales; error_bounded: uint32 words
   int64_t mins = 0;    // int asymmetric: f32 mins
+  int64_t spike = 0;   // spike: f32 values [nb, k], uint16 indices [nb, k], zero padding
   int64_t total = 0;
 };
 
@@ -235,6 +254,11 @@ JCOCCL_HD Layout RowLayout(const CodecSpec& s, int64_t n, DType d) {
       l.total = bytes;
       break;
     }
+  }
+  if (s.spike > 0) {  // after the inner payload: values, then indices padded to 4 bytes
+    const int64_t slots = static_cast<int64_t>(s.spike) * nb;
+    l.spike = l.total;
+    l.total += 4 * slots + (2 * slots + 3) / 4 * 4;
   }
   return l;
 }

@@ -5,7 +5,8 @@
 //   kind: int32 (Kind), bits: int32, block: int32, symmetric: int32 (0/1),
 //   fp8: int32 (Fp8Format), cast_dtype: int32 (DType), hadamard: int32 (0 = none),
 //   abs_error: float32; plugin codecs (kind 6) also plugin: int32 (the library's id) and
-//   params: float64[<= 8] (both optional for the other kinds).
+//   params: float64[<= 8] (both optional for the other kinds); spike: int32 (optional, 0 =
+//   no spike reserving).
 // Bind them with `.Attrs()` (an ffi::Dictionary) and call SpecFromAttrs.
 #pragma once
 
@@ -64,6 +65,11 @@ inline xla::ffi::ErrorOr<CodecSpec> SpecFromAttrs(const xla::ffi::Dictionary& at
   s.hadamard = *had;
   s.abs_error = *eps;
   if (ffi::Error e = PluginFromAttrs(attrs, prefix, &s); e.failure()) return ffi::Unexpected(e);
+  if (attrs.contains(prefix + "spike")) {
+    auto k = attrs.get<int32_t>(prefix + "spike");
+    if (k.has_error()) return ffi::Unexpected(k.error());
+    s.spike = *k;
+  }
   if (const char* msg = Validate(s)) {
     return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(who) + msg));
   }

@@ -303,6 +303,20 @@ JCOCCL_HD float HadamardPre(int h) {
 }
 inline float HadamardPost(int h) { return static_cast<float>(std::sqrt(static_cast<double>(h))); }
 
+// ---- spike reserving ----------------------------------------------------------------------
+// The reserving order of element j of a block as one uint64, largest first: |x|'s bits
+// (finite values; the integer order of the bits is the order of the magnitudes, subnormals
+// included), below them every NaN/Inf, then the lower index first among equals. Every key
+// is distinct and nonzero.
+JCOCCL_HD uint64_t SpikeKey(float v, int64_t j) {
+  const uint32_t a = FloatBits(v) & 0x7fffffffu;
+  const uint64_t score = a < 0x7f800000u ? a + 1u : 0u;
+  return (score << 32) | (0xffffffffu - static_cast<uint32_t>(j));
+}
+// The in-block index of a key, and whether its element is finite (reserved).
+JCOCCL_HD uint32_t SpikeIndex(uint64_t key) { return 0xffffffffu - static_cast<uint32_t>(key); }
+JCOCCL_HD bool SpikeUsed(uint64_t key) { return (key >> 32) != 0; }
+
 // ---- one element of a decoded row (float32, before the cast to the row dtype) -------------
 // Everything DecodeElem needs that depends only on the codec and the row: built once per row
 // (or kernel), so decoding an element costs no layout arithmetic and no division. `d` is the

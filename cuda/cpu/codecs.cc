@@ -6,9 +6,11 @@
 // The row kernels (cpu/codec_kernels.inc) are compiled twice: for the baseline x86-64 ISA
 // and, on x86, for AVX2 (+F16C); the public entry points pick one at run time. Both builds compute
 // the same bits (IEEE float32 operations, no FMA: the build uses -ffp-contract=off).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>

@@ -2,7 +2,8 @@
 //
 // Kernels: int/fp8/error_bounded encode with one warp per codec block (two passes over the
 // block: statistics, then codes; 16-byte loads of 4 elements); elementwise decode and
-// decode-sum; Hadamard variants with one CUDA block per granule staged in shared memory.
+// decode-sum; Hadamard and spike variants with one CUDA block per granule staged in shared
+// memory.
 // The handlers may call cudaMemcpyAsync (codec `none`), so none is declared
 // command-buffer compatible.
 #include <cuda_runtime.h>
@@ -355,6 +356,147 @@ __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, co
   }
 }
 
+// ---- spike reserving: one CUDA block per codec block, staged in shared memory ---------------
+// The largest SpikeKey below `below` in t[0, g); every thread calls it and gets it. `red`:
+// kWarps + 1 words of shared scratch.
+__device__ uint64_t BlockNextKey(const float* t, int g, uint64_t below, uint64_t* red) {
+  uint64_t best = 0;  // below every key
+  for (int j = threadIdx.x; j < g; j += blockDim.x) {
+    const uint64_t key = SpikeKey(t[j], j);
+    best = key < below && key > best ? key : best;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
+    best = other > best ? other : best;
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t m = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) m = red[w] > m ? red[w] : m;
+    red[kWarps] = m;
+  }
+  __syncthreads();
+  const uint64_t m = red[kWarps];
+  __syncthreads();  // red is written again by the next call
+  return m;
+}
+
+// Reserves codec block b, staged in t[0, g): its k largest finite magnitudes, one per round
+// (keys are distinct, so "largest below the last one" walks the reserving order), go to the
+// row's payload, and are replaced in t by the (k+1)-th value. `mark`: g words of scratch.
+__device__ void BlockSpikeSplit(const CodecSpec& s, const Layout& l, float* t, int g, int64_t b,
+                                int64_t nb, uint8_t* orow, uint32_t* mark, uint64_t* red) {
+  const int k = s.spike;
+  float* vals = reinterpret_cast<float*>(orow + l.spike) + b * k;
+  uint16_t* idx = reinterpret_cast<uint16_t*>(orow + l.spike + 4 * nb * k) + b * k;
+  for (int j = threadIdx.x; j < g; j += blockDim.x) mark[j] = 0;
+  __syncthreads();
+  uint64_t key = ~uint64_t{0};
+  for (int r = 0; r <= k; ++r) {
+    key = BlockNextKey(t, g, key, red);
+    if (r < k && threadIdx.x == 0) {
+      const bool used = SpikeUsed(key);
+      const uint32_t j = SpikeIndex(key);
+      vals[r] = used ? t[j] : 0.0f;
+      idx[r] = used ? static_cast<uint16_t>(j) : kSpikeUnused;
+      if (used) mark[j] = 1;
+    }
+  }
+  const float fill = t[SpikeIndex(key)];
+  __syncthreads();
+  for (int j = threadIdx.x; j < g; j += blockDim.x) t[j] = mark[j] ? fill : t[j];
+  if (threadIdx.x == 0 && b == nb - 1) {
+    for (int64_t p = l.spike + 6 * nb * k; p < l.total; ++p) orow[p] = 0;  // padding
+  }
+  __syncthreads();
+}
+
+// Puts codec block b's reserved values (a NaN as the canonical NaN) into its decoded inner
+// values t[0, g), or makes the whole block the canonical NaN when an index is past the
+// block or repeated. `seen`: g / 32 words and `flag`: one word of shared scratch.
+__device__ void BlockSpikeRestore(const CodecSpec& s, const Layout& l, float* t, int g, int64_t b,
+                                  int64_t nb, const uint8_t* row, uint32_t* seen, uint32_t* flag) {
+  const int k = s.spike;
+  const float* vals = reinterpret_cast<const float*>(row + l.spike) + b * k;
+  const uint16_t* idx = reinterpret_cast<const uint16_t*>(row + l.spike + 4 * nb * k) + b * k;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < g / 32; ++w) seen[w] = 0;
+    uint32_t ok = 1;
+    for (int r = 0; r < k; ++r) {
+      const uint32_t i = idx[r];
+      if (i == kSpikeUnused) continue;
+      if (i >= static_cast<uint32_t>(g) || ((seen[i >> 5] >> (i & 31)) & 1u)) ok = 0;
+      if (i < static_cast<uint32_t>(g)) seen[i >> 5] |= 1u << (i & 31);
+    }
+    *flag = ok;
+  }
+  __syncthreads();
+  if (*flag == 0) {
+    for (int j = threadIdx.x; j < g; j += blockDim.x) t[j] = BitsFloat(kCanonicalNaN);
+  } else {
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+      const uint32_t i = idx[r];
+      if (i != kSpikeUnused) t[i] = CanonNaN(vals[r]);
+    }
+  }
+  __syncthreads();
+}
+
+// One CUDA block per codec block of spike codecs; modes as HadamardKernel's (0 encode,
+// 1 decode-sum, 2 decode-sum-encode).
+__global__ void SpikeKernel(int mode, CodecSpec s, DType d, const void* x, const uint8_t* in,
+                            int nrows, int64_t stride, int64_t rows, int64_t n, void* out,
+                            int64_t out_row_bytes) {
+  extern __shared__ float smem[];
+  const int g = s.block;
+  float* acc = smem;
+  float* tmp = smem + g;
+  uint64_t* red = reinterpret_cast<uint64_t*>(smem + 2 * g);
+  uint32_t* seen = reinterpret_cast<uint32_t*>(red + kWarps + 1);
+  uint32_t* flag = seen + g / 32;
+  const int64_t nb = n / g;
+  const Layout l = RowLayout(s, n, d);
+  const ElemDecoder dec = MakeElemDecoder(s, d, n);
+  for (int64_t t = blockIdx.x; t < rows * nb; t += gridDim.x) {
+    const int64_t o = t / nb, b = t - o * nb, base = b * g;
+    if (mode == 0) {
+      for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = LoadElem(d, x, o * n + base + j);
+    } else {
+      const uint8_t* row0 = in + o * nrows * stride;
+      for (int r = 0; r < nrows; ++r) {
+        float* dst = r == 0 ? acc : tmp;
+        for (int j = threadIdx.x; j < g; j += blockDim.x) dst[j] = dec(row0 + r * stride, base + j);
+        __syncthreads();
+        BlockSpikeRestore(s, l, dst, g, b, nb, row0 + r * stride, seen, flag);
+        if (r > 0) {
+          for (int j = threadIdx.x; j < g; j += blockDim.x) {
+            const float v = acc[j] + tmp[j];
+            acc[j] = r == nrows - 1 ? CanonNaN(v) : v;  // a sum's NaN is the canonical one
+          }
+        }
+        __syncthreads();
+      }
+      if (mode == 1) {
+        uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
+        for (int j = threadIdx.x; j < g; j += blockDim.x) StoreElem(d, orow, base + j, acc[j]);
+        __syncthreads();
+        continue;
+      }
+      for (int j = threadIdx.x; j < g; j += blockDim.x) acc[j] = RoundTrip(d, acc[j]);
+    }
+    uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
+    BlockSpikeSplit(s, l, acc, g, b, nb, orow, reinterpret_cast<uint32_t*>(tmp), red);
+    if (threadIdx.x < 32) EncodeBlockWarp(s, l, SmemSrc{acc, base}, b, nb, orow, threadIdx.x);
+    __syncthreads();
+  }
+}
+
+size_t SpikeSmem(const CodecSpec& s) {
+  return 2 * sizeof(float) * s.block + sizeof(uint64_t) * (kWarps + 1) +
+         sizeof(uint32_t) * (s.block / 32 + 1);
+}
+
 cudaError_t CheckArgs(const CodecSpec& s, int64_t n) {
   // Plugin codecs run the plugin's own launches (codecs/plugin.h), never these kernels.
   if (s.kind == Kind::kPlugin) return cudaErrorInvalidValue;
@@ -377,6 +519,9 @@ cudaError_t DecodeSumBatch(const CodecSpec& s, DType d, const uint8_t* in, int n
     const int64_t tiles = outs * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         1, s, d, nullptr, in, nrows, stride, outs, n, out, ob, HadamardPost(s.hadamard));
+  } else if (s.spike > 0) {
+    SpikeKernel<<<GridFor(outs * (n / s.block), 1), kThreads, SpikeSmem(s), stream>>>(
+        1, s, d, nullptr, in, nrows, stride, outs, n, out, ob);
   } else if (s.kind == Kind::kNone && d == DType::kF32 && nrows == 1 && stride == ob) {
     // A float32 `none` row's sum is its bits (16-bit rows convert: their NaNs change).
     return cudaMemcpyAsync(out, in, outs * ob, cudaMemcpyDeviceToDevice, stream);
@@ -397,6 +542,9 @@ cudaError_t DecodeSumEncodeBatch(const CodecSpec& s, DType d, const uint8_t* in,
     const int64_t tiles = outs * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         2, s, d, nullptr, in, nrows, stride, outs, n, out, p, HadamardPost(s.hadamard));
+  } else if (s.spike > 0) {
+    SpikeKernel<<<GridFor(outs * (n / s.block), 1), kThreads, SpikeSmem(s), stream>>>(
+        2, s, d, nullptr, in, nrows, stride, outs, n, out, p);
   } else if (s.kind == Kind::kNone || s.kind == Kind::kCast) {
     // The sum is rounded to d first, then (cast) to the payload type.
     const DType pd = s.kind == Kind::kNone ? d : s.cast_dtype;
@@ -418,6 +566,9 @@ cudaError_t EncodeRowsCuda(const CodecSpec& s, DType d, const void* x, int64_t r
     const int64_t tiles = rows * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         0, s, d, x, nullptr, 1, 0, rows, n, out, p, HadamardPost(s.hadamard));
+  } else if (s.spike > 0) {
+    SpikeKernel<<<GridFor(rows * (n / s.block), 1), kThreads, SpikeSmem(s), stream>>>(
+        0, s, d, x, nullptr, 1, 0, rows, n, out, p);
   } else if (s.kind == Kind::kNone) {
     return cudaMemcpyAsync(out, x, rows * p, cudaMemcpyDeviceToDevice, stream);
   } else if (s.kind == Kind::kCast) {

@@ -3,7 +3,7 @@
 // through the shim (shim_api.cc) and once from the CPU codecs (ref_api.cc).
 //
 // `spec` holds CodecSpec's integer fields in the order kind, bits, block, symmetric, fp8,
-// cast_dtype, hadamard; `abs_error` is its float field. Every function returns 0 on success,
+// cast_dtype, hadamard, spike; `abs_error` is its float field. Every function returns 0 on success,
 // else a nonzero code and jc_last_message() says why.
 #pragma once
 
@@ -36,6 +36,7 @@ inline jcoccl::codecs::CodecSpec Spec(const int32_t* f, float abs_error) {
   s.fp8 = static_cast<jcoccl::codecs::Fp8Format>(f[4]);
   s.cast_dtype = static_cast<jcoccl::codecs::DType>(f[5]);
   s.hadamard = f[6];
+  s.spike = f[7];
   s.abs_error = abs_error;
   return s;
 }

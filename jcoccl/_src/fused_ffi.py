@@ -81,6 +81,7 @@ NONE_ATTRS = {
   "fp8": np.int32(0),
   "cast_dtype": np.int32(1),
   "hadamard": np.int32(0),
+  "spike": np.int32(0),
   "abs_error": np.float32(0.0),
   "plugin": np.int32(-1),
   "params": np.zeros((8,), np.float64),
@@ -147,8 +148,9 @@ def compressor_reason(compressor: Any) -> str | None:
     if not native._supported(c):
       return (
         f"compressor {c} has no native kernel for the fused backend (native: none, "
-        "cast, int2/4/8 and fp8 and error_bounded with power-of-two blocks of 32 to "
-        "4096, one hadamard around one of those, and codecs whose native plugin is "
+        "cast, int2..int8 and fp8 and error_bounded with power-of-two blocks of 32 to "
+        "4096, one hadamard around one of those, spike around int, fp8 or error_bounded, "
+        "and codecs whose native plugin is "
         "loaded with jcoccl.compressors.load_plugin); use backend='xla' (or 'auto'), "
         "which runs its jnp definition"
       )

@@ -11,7 +11,8 @@ Interface (used by ``Compressor`` when ``impl`` is "native" or "auto"):
   decode_sum_encode(c, buf, n, dtype) -> uint8[c.payload_nbytes(n, dtype)]
 
 The codec reaches C++ as scalar FFI attributes (see cuda/codecs/ffi_attrs.h): kind, bits,
-block, symmetric, fp8, cast_dtype, hadamard (0 or the rotation size), abs_error, and for
+block, symmetric, fp8, cast_dtype, hadamard (0 or the rotation size), spike (0 or the
+values reserved per block), abs_error, and for
 plugin codecs (:mod:`.plugins`) plugin (the library's id) and params (float64[8]). Every
 call works under jit, vmap (leading batch dimensions are folded into rows) and
 ``jax.shard_map(..., check_vma=True)`` (outputs carry the inputs' varying axes).
@@ -81,9 +82,12 @@ def _fields(c: Any) -> dict[str, Any] | None:
     # A plugin family's hook names its kind ("plugin") itself.
     kind = own.get("kind", fam.kind)
     return {**own, "kind": kind} if kind in _kinds() else None
+  # The kernels wrap a plain codec once (rotation or spike reserving): no wrapper inside a
+  # wrapper, whose flat fields would not say which is outside, and none around a plugin
+  # (its kernels know nothing of the wrapping).
+  if registry.family_of(c.inner).wraps:
+    return None
   inner = _fields(c.inner)
-  # The kernels rotate once around a plain codec: no wrapper inside a wrapper, and none
-  # around a plugin (its kernels know nothing of the rotation).
   if inner is None or set(own) & set(inner) or inner["kind"] == "plugin":
     return None
   return {**inner, **own}
@@ -94,7 +98,8 @@ def codec_attrs(c: Any) -> dict[str, np.generic | np.ndarray]:
 
   Args:
     c: a ``Compressor`` whose family has native kernels (none, cast, int, fp8,
-      error_bounded, or hadamard around one of those).
+      error_bounded, hadamard around one of those, or spike around int, fp8 or
+      error_bounded).
 
   Returns:
     A dict of numpy scalars (and the float64[8] ``params`` array) for ``jax.ffi.ffi_call``.
@@ -110,7 +115,7 @@ def codec_attrs(c: Any) -> dict[str, np.generic | np.ndarray]:
   if f is None:
     raise ValueError(
       f"compressor {c} has no native kernel; native kinds: {sorted(_kinds())} "
-      "(round to nearest) and hadamard around them"
+      "(round to nearest), hadamard around them, spike around int, fp8 or error_bounded"
     )
   return {
     "kind": np.int32(_kinds()[f["kind"]]),
@@ -120,6 +125,7 @@ def codec_attrs(c: Any) -> dict[str, np.generic | np.ndarray]:
     "fp8": np.int32(_fp8_code(f.get("fp8", "e4m3"))),
     "cast_dtype": np.int32(dtype_code(f.get("cast_dtype", "bfloat16"))),
     "hadamard": np.int32(f.get("hadamard", 0)),
+    "spike": np.int32(f.get("spike", 0)),
     "abs_error": np.float32(f.get("abs_error", 0.0)),
     "plugin": np.int32(f.get("plugin", -1)),
     "params": plugin_params(f.get("params", ())),

@@ -4,8 +4,9 @@ an inner codec over the narrowed range (``spike(int4):k=4``).
 Outliers set a block's quantization step: one value 100x the others costs every other value
 of its block most of its bits. Reserving the few largest (as float32 with their in-block
 index) lets the inner codec's scale follow the bulk of the block. This family is written
-with the public codec API (jcoccl.compressors.register), in jnp only: it runs with
-``backend="xla"`` and ``"auto"``.
+with the public codec API (jcoccl.compressors.register); around an int, fp8 or
+error_bounded inner codec that rounds to nearest it also has native kernels (C++ and CUDA,
+cuda/WIRE_FORMAT.md "spike"), so it runs on every backend.
 """
 
 from __future__ import annotations
@@ -32,13 +33,18 @@ class SpikeCompressor(B.Compressor):
 
   Layout of a row of n values, ``G = inner.granule``, ``nb = n / G``:
   ``inner payload of the row with the reserved values replaced by their block's (k+1)-th
-  largest magnitude | values: f32[nb, k] | indices: uint16[nb, k]``. Reserved values are the ``k`` largest finite magnitudes of the
-  block (ties to the lower index); an index >= G, or one repeated in its block, makes the
-  block decode to NaN (never an error: payloads come off the network).
+  largest magnitude | values: f32[nb, k] | indices: uint16[nb, k] | zeros to a multiple of
+  4 bytes``. Reserved values are
+  the ``k`` largest finite magnitudes of the block, in that order: by the bits of ``|x|``
+  (the order of the magnitudes, subnormals included, whatever the hardware's
+  denormals-are-zero mode), ties to the lower index. An index >= G, or one repeated in its
+  block, makes the block decode to NaN (never an error: payloads come off the network); a
+  NaN value field decodes to the canonical NaN.
 
   Guarantee: a reserved value decodes bit for bit (0 error); any other value is within the
   inner codec's bound computed on the block with the reserved values zeroed, which is the
-  narrowed range; NaN/Inf stay non-finite. Payload: inner's bytes plus ``6 k`` per block.
+  narrowed range; NaN/Inf stay non-finite. Payload: inner's bytes plus ``6 k`` per block
+  (rounded up to 4 bytes per row).
 
   Example:
     >>> c = jc.parse("spike(int4):k=2")
@@ -75,7 +81,8 @@ class SpikeCompressor(B.Compressor):
     return self.inner.granule
 
   def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
-    return self.inner.row_nbytes(n, jnp.dtype(jnp.float32)) + n // self.granule * self.k * 6
+    slots = n // self.granule * self.k
+    return self.inner.row_nbytes(n, jnp.dtype(jnp.float32)) + 4 * slots + B.round_up(2 * slots, 4)
 
   def _split(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(the row with the reserved values replaced, reserved mask, indices [rows, nb, k]).
@@ -86,9 +93,11 @@ class SpikeCompressor(B.Compressor):
     """
     rows, n = x.shape
     xb = x.reshape(rows, n // self.granule, self.granule)
-    # Non-finite values are never reserved, so the inner codec still sees them.
-    score = jnp.where(jnp.isfinite(xb), jnp.abs(xb), -1.0)
-    _, top = lax.top_k(score, self.k + 1)
+    # Integer keys: the order of |x| by its bits, which no flush of subnormals can tie.
+    # Non-finite values are never reserved (key -1), so the inner codec still sees them.
+    bits = lax.bitcast_convert_type(jnp.abs(xb), jnp.int32)
+    score = jnp.where(jnp.isfinite(xb), bits, jnp.int32(-1))
+    _, top = lax.top_k(score, self.k + 1)  # equal keys: the lower index first
     idx = top[..., : self.k]
     fill = jnp.take_along_axis(xb, top[..., self.k :], axis=-1)
     r = jnp.arange(rows)[:, None, None]
@@ -105,11 +114,13 @@ class SpikeCompressor(B.Compressor):
     xb = x.reshape(rows, n // self.granule, self.granule)
     vals = jnp.take_along_axis(xb, jnp.minimum(idx, self.granule - 1), axis=-1)
     vals = jnp.where(idx == INVALID, jnp.zeros_like(vals), vals)
+    slots = n // self.granule * self.k
     return jnp.concatenate(
       [
         self.inner.encode_f32(rest, key),
         lax.bitcast_convert_type(vals, jnp.uint8).reshape(rows, -1),
         lax.bitcast_convert_type(idx.astype(jnp.uint16), jnp.uint8).reshape(rows, -1),
+        jnp.zeros((rows, B.round_up(2 * slots, 4) - 2 * slots), jnp.uint8),
       ],
       axis=1,
     )
@@ -120,7 +131,9 @@ class SpikeCompressor(B.Compressor):
     p = self.inner.row_nbytes(n, jnp.dtype(jnp.float32))
     body = self.inner.decode_f32(buf[:, :p], n).reshape(rows, nb, g)
     vals = lax.bitcast_convert_type(buf[:, p : p + nb * k * 4].reshape(rows, nb, k, 4), jnp.float32)
-    idx = lax.bitcast_convert_type(buf[:, p + nb * k * 4 :].reshape(rows, nb, k, 2), jnp.uint16)
+    vals = B.canonical_nan(vals)
+    idx = buf[:, p + nb * k * 4 : p + nb * k * 6].reshape(rows, nb, k, 2)
+    idx = lax.bitcast_convert_type(idx, jnp.uint16)
     idx = idx.astype(jnp.int32)
     # INVALID slots (a block with fewer finite values than k) restore nothing. Any other
     # index must be in the block and distinct: else the block decodes to NaN.
@@ -153,6 +166,18 @@ def _spike_string(c: SpikeCompressor) -> str:
   return f"spike({c.inner})" + ("" if c.k == DEFAULT_K else f":k={c.k}")
 
 
+def _spike_native(c: SpikeCompressor) -> dict | None:
+  # The kernels reserve around a plain int, fp8 or error_bounded codec (their own fields).
+  if registry.family_of(c.inner).kind not in ("int", "fp8", "error_bounded"):
+    return None
+  return {"spike": c.k}
+
+
 registry.register(
-  {"spike": _spike}, SpikeCompressor, keys={"k": "k"}, printer=_spike_string, wraps=True
+  {"spike": _spike},
+  SpikeCompressor,
+  keys={"k": "k"},
+  printer=_spike_string,
+  native=_spike_native,
+  wraps=True,
 )
