@@ -1,7 +1,7 @@
 """Decoders are total over arbitrary payload bytes (payloads cross the network untrusted).
 
 Random payloads and mutations of valid ones (bit flips, width bytes, scale/min/raw fields set
-to NaN, Inf, huge, subnormal) go through decode_rows, decode_sum and decode_sum_encode, native
+to NaN, Inf, huge, subnormal, spike indices past the block or repeated) go through decode_rows, decode_sum and decode_sum_encode, native
 and jnp; the results must agree bit for bit (cuda/WIRE_FORMAT.md defines every byte pattern,
 NaNs included). ``tools/asan_fuzz.sh`` runs this file against a native module built with
 AddressSanitizer and UndefinedBehaviorSanitizer, so a read or write outside a buffer fails.
@@ -63,6 +63,10 @@ CODECS = [
   jc.hadamard(jc.fp8("e5m2", block_size=32), size=64),
   jc.hadamard(jc.error_bounded(1e-2, block_size=64), size=64),
   jc.hadamard(jc.none(), size=32),
+  jc.spike(jc.int4(block_size=64), k=3),
+  jc.spike(jc.int3(block_size=32, symmetric=False), k=31),
+  jc.spike(jc.fp8("e5m2", block_size=128), k=4),
+  jc.spike(jc.error_bounded(1e-2, block_size=32), k=2),
 ]
 NROWS = 3
 
@@ -96,7 +100,7 @@ WIDTHS = (0, 1, 7, 16, 31, 32, 33, 40, 63, 64, 127, 128, 200, 254, 255)
 
 
 def _inner(c):
-  return c.inner if c.kind == "hadamard" else c
+  return c.inner if c.kind in ("hadamard", "spike") else c
 
 
 def _row_len(c) -> int:
@@ -108,6 +112,12 @@ def _sections(c, n: int, dtype) -> dict[str, tuple[int, int]]:
   inner = _inner(c)
   d = jnp.dtype(jnp.float32) if c.kind == "hadamard" else jnp.dtype(dtype)
   p = c.payload_nbytes(n, dtype)
+  if c.kind == "spike":  # the inner sections, then the values (floats too) and the indices
+    at = inner.payload_nbytes(n, jnp.float32)
+    slots = c.k * (n // c.granule)
+    secs = _sections(inner, n, jnp.float32)
+    secs["floats"] = (secs["floats"][0], at + 4 * slots)
+    return {**secs, "indices": (at + 4 * slots, at + 6 * slots)}
   if inner.kind == "int":
     return {"floats": (n * inner.bits // 8, p)}
   if inner.kind == "fp8":
@@ -184,6 +194,12 @@ def _mutate(buf: np.ndarray, secs: dict, ops: list, rng: np.random.Generator) ->
       lo, hi = secs.get("floats", secs.get("halves"))
       k = lo + 4 * rng.integers(0, (hi - lo) // 4)
       buf[r, k : k + 4] = np.frombuffer(SPECIALS[arg % len(SPECIALS)].tobytes(), np.uint8)
+    elif op == "index" and "indices" in secs:  # a spike index: edge, past the block, repeated
+      lo, hi = secs["indices"]
+      k = lo + 2 * rng.integers(0, (hi - lo) // 2)
+      g = int(arg >> 3) % 4096
+      v = (0, 1, g, 31, 32, 4095, 0xFFFF, int(buf[r, lo]) | int(buf[r, lo + 1]) << 8)[arg % 8]
+      buf[r, k : k + 2] = np.frombuffer(np.uint16(v).tobytes(), np.uint8)
     elif op == "fill":  # every float field of a row the same special value
       lo, hi = secs.get("floats", secs.get("halves"))
       buf[r, lo:hi] = np.tile(
@@ -200,7 +216,9 @@ def _check(c, dtype, buf: np.ndarray) -> None:
 
 
 MUTATIONS = st.lists(
-  st.tuples(st.sampled_from(["flip", "byte", "width", "special", "fill"]), st.integers(0, 2**16)),
+  st.tuples(
+    st.sampled_from(["flip", "byte", "width", "special", "fill", "index"]), st.integers(0, 2**16)
+  ),
   min_size=1,
   max_size=8,
 )

@@ -127,8 +127,9 @@ def _expected_nbytes(c, n, dtype):
     return _expected_nbytes(c.inner, n, jnp.float32)
   if c.kind == "error_bounded":
     return -(-(n // c.block_size) // 4) * 4 + 4 * n
-  if c.kind == "spike":  # inner's bytes, then a float32 value and a uint16 index per slot
-    return _expected_nbytes(c.inner, n, jnp.float32) + 6 * c.k * (n // c.granule)
+  if c.kind == "spike":  # inner's bytes, a float32 value and a uint16 index per slot, 4-aligned
+    slots = c.k * (n // c.granule)
+    return _expected_nbytes(c.inner, n, jnp.float32) + 4 * slots + -(-2 * slots // 4) * 4
   raise AssertionError(c)
 
 

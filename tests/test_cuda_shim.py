@@ -1,7 +1,7 @@
 """The CUDA codec kernels (cuda/gpu/codecs.cu, unmodified) run on the CPU through the host
 shim (cuda/hostshim/) and are compared bit for bit with the CPU codecs (tools/gpu_shim.py):
-every codec family x dtype x block size, NaN/Inf/subnormal data, partial CUDA blocks, the
-grid-stride paths; and deliberately broken copies must be caught."""
+every codec family x dtype x block size (spike reserving included), NaN/Inf/subnormal data,
+partial CUDA blocks, the grid-stride paths; and deliberately broken copies must be caught."""
 
 import subprocess
 import sys
@@ -30,7 +30,7 @@ def _compare(*args: str) -> subprocess.CompletedProcess:
 def test_cuda_kernels_match_cpu_codecs_for_every_family_dtype_and_block():
   r = _compare()
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-  assert "345 cases" in r.stdout and " 0 mismatches" in r.stdout, r.stdout[-500:]
+  assert "378 cases" in r.stdout and " 0 mismatches" in r.stdout, r.stdout[-500:]
 
 
 def test_grid_stride_paths_match():
@@ -41,7 +41,7 @@ def test_grid_stride_paths_match():
     "2",
     "--only",
     r"^(none|cast_bf16|int8_B32|int4_asym_B64|"
-    r"fp8_e5m2_B32|eb_1e-2_B32|had256_int4_B128|had64_cast_f16)$",
+    r"fp8_e5m2_B32|eb_1e-2_B32|had256_int4_B128|had64_cast_f16|spike3_int3_asym_B64)$",
   )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -56,6 +56,8 @@ def test_grid_stride_paths_match():
     ("eb_last_word", r"^eb_1e-2_B32$"),
     ("hadamard_stage", r"^had256_int4_B128$"),
     ("sum_order", r"^cast_bf16$"),
+    ("spike_fill", r"^spike1_int4_B32$"),
+    ("spike_unused_slot", r"^spike31_int4_asym_B32$"),
   ],
 )
 def test_broken_packing_or_rounding_is_caught(mutation, cases):

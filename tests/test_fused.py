@@ -101,6 +101,8 @@ _CASES = [
   (jc.hadamard(jc.int4(block_size=32)), jnp.float32, 1, False),
   (jc.cast("bfloat16"), jnp.float32, 3, True),
   (jc.error_bounded(1e-2, block_size=32), jnp.float32, 1, False),
+  (jc.spike(jc.int4(block_size=32), k=2), jnp.float32, 1, True),
+  (jc.spike(jc.fp8("e4m3", block_size=32), k=3), jnp.bfloat16, 2, False),
 ]
 
 
@@ -651,6 +653,10 @@ _CANNOT = {
     "round-to-nearest",
   ),
   "nested_hadamard": (jc.hadamard(jc.hadamard(jc.int8(block_size=32))), "no native kernel"),
+  "spike_around_hadamard": (
+    jc.spike(jc.hadamard(jc.int4(block_size=32), size=32), k=2),
+    "no native kernel",
+  ),
 }
 
 

@@ -43,6 +43,14 @@ CODECS = [
   jc.error_bounded(1e-2, block_size=64),
   jc.error_bounded(1e-4, block_size=256),
   jc.error_bounded(0.5, block_size=32),
+  jc.spike(jc.int4(block_size=32), k=1),
+  jc.spike(jc.int3(block_size=64, symmetric=False), k=5),
+  jc.spike(jc.int8(block_size=256), k=4),
+  jc.spike(jc.int6(block_size=128), k=2),
+  jc.spike(jc.int2(block_size=32, symmetric=False), k=8),
+  jc.spike(jc.fp8("e4m3", block_size=64), k=3),
+  jc.spike(jc.fp8("e5m2", block_size=512), k=16),
+  jc.spike(jc.error_bounded(1e-2, block_size=32), k=31),
 ]
 
 
@@ -131,6 +139,7 @@ def test_bit_exact(c, dtype):
     jc.cast(jnp.bfloat16),
     jc.hadamard(jc.int4(block_size=256)),
     jc.error_bounded(1e-2),
+    jc.spike(jc.int4(block_size=256), k=4),
   ],
   ids=str,
 )
@@ -303,6 +312,31 @@ def test_bad_attributes_raise():
   call = jax.ffi.ffi_call("jcoccl_encode_rows", jax.ShapeDtypeStruct((2, 100), jnp.uint8))
   with pytest.raises(Exception, match="bits must be 2 to 8"):
     jax.block_until_ready(call(x, **attrs))
+
+
+def test_bad_spike_attributes_raise():
+  x = jnp.ones((2, 64), jnp.float32)
+  c = jc.spike(jc.int8(block_size=64), k=2)
+  c.encode_rows(x, impl="native")  # registers the targets
+  call = jax.ffi.ffi_call("jcoccl_encode_rows", jax.ShapeDtypeStruct((2, 92), jnp.uint8))
+  for change, msg in (
+    ({"spike": np.int32(64)}, "spike must be 0 or in"),
+    ({"hadamard": np.int32(64)}, "spike and hadamard do not combine"),
+    ({"kind": np.int32(1)}, "spike needs an int, fp8 or error_bounded inner"),
+  ):
+    with pytest.raises(Exception, match=msg):
+      jax.block_until_ready(call(x, **{**native.codec_attrs(c), **change}))
+
+
+def test_wrappers_inside_wrappers_are_not_native():
+  # Flat kernel fields could not say which wrapper is outside: both orders run in jnp.
+  for c in (
+    jc.spike(jc.hadamard(jc.int4(block_size=64), size=64), k=2),
+    jc.hadamard(jc.spike(jc.int4(block_size=64), k=2), size=64),
+    jc.spike(jc.int4(rounding="stochastic"), k=2),
+  ):
+    assert not native.available(c, "decode", jnp.float32), c
+  assert native.available(jc.spike(jc.int4(), k=2), "decode", jnp.float32)
 
 
 def test_stochastic_not_native():

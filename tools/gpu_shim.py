@@ -81,8 +81,8 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
   "hadamard_stage": ("cuda/gpu/codecs.cu", "t[a + len] = x - y;", "t[a + len] = y - x;"),
   "spike_fill": (
     "cuda/gpu/codecs.cu",
-    "const float fill = t[SpikeIndex(key)];",
-    "const float fill = 0.0f;",
+    "t[j] = mark[j] ? fill : t[j];",
+    "t[j] = mark[j] ? 0.0f : t[j];",
   ),
   "spike_unused_slot": (
     "cuda/gpu/codecs.cu",

@@ -31,6 +31,8 @@ inline CodecSpec SpecFromPyDict(const nb::dict& d, const char* prefix) {
   s.fp8 = static_cast<codecs::Fp8Format>(geti("fp8"));
   s.cast_dtype = static_cast<DType>(geti("cast_dtype"));
   s.hadamard = geti("hadamard");
+  std::string spike = std::string(prefix) + "spike";
+  s.spike = d.contains(spike.c_str()) ? nb::cast<int32_t>(d[spike.c_str()]) : 0;
   std::string eps = std::string(prefix) + "abs_error";
   s.abs_error = d.contains(eps.c_str()) ? nb::cast<float>(d[eps.c_str()]) : 0.0f;
   std::string plugin = std::string(prefix) + "plugin", params = std::string(prefix) + "params";
