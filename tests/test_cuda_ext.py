@@ -94,6 +94,7 @@ _CODECS = {
   "fp8": (jc.fp8("e4m3", block_size=32), jnp.float16, 1),
   "hadamard": (jc.hadamard(jc.int4(block_size=32)), jnp.float32, 1),
   "error_bounded": (jc.error_bounded(1e-2, block_size=32), jnp.float32, 2),
+  "spike": (jc.spike(jc.int4(block_size=32), k=2), jnp.bfloat16, 2),
 }
 
 

@@ -283,8 +283,9 @@ class CudaExt:
     def fields(d: dict, p: str):
       names = ("kind", "bits", "block", "symmetric", "fp8", "cast_dtype", "hadamard")
       if not d:
-        return (ctypes.c_int32 * 7)(0, 8, 1, 1, 0, 1, 0), 0.0
-      return (ctypes.c_int32 * 7)(*[int(d[p + f]) for f in names]), float(d[p + "abs_error"])
+        return (ctypes.c_int32 * 8)(0, 8, 1, 1, 0, 1, 0, 0), 0.0
+      vals = [int(d[p + f]) for f in names] + [int(d.get(p + "spike", 0))]
+      return (ctypes.c_int32 * 8)(*vals), float(d[p + "abs_error"])
 
     c, eps = fields(codec, "")
     oc, oeps = fields(outer_codec, "o_")

@@ -63,6 +63,7 @@ jcoccl::codecs::CodecSpec SpecOf(const int32_t* f, float abs_error) {
   s.fp8 = static_cast<jcoccl::codecs::Fp8Format>(f[4]);
   s.cast_dtype = static_cast<jcoccl::codecs::DType>(f[5]);
   s.hadamard = f[6];
+  s.spike = f[7];
   s.abs_error = abs_error;
   return s;
 }
@@ -148,7 +149,7 @@ JCE_API const char* jce_nccl_comm_init(int64_t comm, const char* uid, int nranks
 
 JCE_API int jce_comm_destroy(int64_t comm) { return jcoccl::engine::Comms().Remove(comm); }
 
-// As fused_workspace_bytes; `spec` / `ospec` are codec_api.h's seven integer fields.
+// As fused_workspace_bytes; `spec` / `ospec` are codec_api.h's eight integer fields.
 JCE_API int64_t jce_workspace_bytes(int op, int64_t k, int64_t m, int size, int outer_size,
                                     const int32_t* spec, float eps, const int32_t* ospec,
                                     float oeps, int dtype) {
