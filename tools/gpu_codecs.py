@@ -99,6 +99,10 @@ def _codecs(jc, jnp):
     jc.hadamard(jc.fp8("e4m3", block_size=128), size=64),
     jc.error_bounded(1e-2, block_size=64),
     jc.error_bounded(1e-4, block_size=1024),
+    jc.spike(jc.int4(block_size=128), k=2),
+    jc.spike(jc.int3(block_size=64, symmetric=False), k=5),
+    jc.spike(jc.fp8("e4m3", block_size=64), k=3),
+    jc.spike(jc.error_bounded(1e-2, block_size=32), k=4),
   ]
 
 
