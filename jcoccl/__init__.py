@@ -21,9 +21,18 @@ from jcoccl._src.ppermute import ppermute as ppermute
 from jcoccl._src._common import set_default_min_bytes as set_default_min_bytes
 from jcoccl._src._common import default_min_bytes as default_min_bytes
 
+# Settings captured when a program is traced (part of jit's cache key).
+from jcoccl._src.config import Config as Config
+from jcoccl._src.config import config as config
+from jcoccl._src.config import current as get_config
+from jcoccl._src.config import set_defaults as set_config_defaults
+
 # all_reduce(algorithm="auto")'s cost model: constants measured per link and backend.
 from jcoccl._src.cost_model import CostModel as CostModel
+from jcoccl._src.cost_model import CostModels as CostModels
 from jcoccl._src.cost_model import load as load_cost_model
+from jcoccl._src.cost_model import read as read_cost_model
+from jcoccl._src.cost_model import save as save_cost_model
 from jcoccl._src.cost_model import set_model as set_cost_model
 
 from jcoccl import compressors as compressors

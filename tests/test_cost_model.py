@@ -17,9 +17,10 @@ from jcoccl._src import cost_model
 @pytest.fixture(autouse=True)
 def _reset(monkeypatch):
   monkeypatch.delenv("JCOCCL_COST_MODEL", raising=False)
-  cost_model.set_model(None)
+  jcoccl.set_config_defaults(reload=True)
   yield
-  cost_model.set_model(None)
+  monkeypatch.delenv("JCOCCL_COST_MODEL", raising=False)
+  jcoccl.set_config_defaults(reload=True)
 
 
 def _samples(m, ranks=(4, 8), ratio=0.254):
@@ -102,6 +103,7 @@ def test_model_file_from_environment(tmp_path, monkeypatch):
     json.dumps({"alpha_s": 1.0, "beta_Bps": 1e18, "gamma_Bps": 1e18, "source": "file"})
   )
   monkeypatch.setenv("JCOCCL_COST_MODEL", str(path))
+  jcoccl.set_config_defaults(reload=True)  # the environment is read once
   assert cost_model.active().source == "file"
   assert _auto_algorithm() == "one_shot"
 

@@ -261,11 +261,10 @@ def test_cuda_ext_plain_nccl_ops_match_the_host_transport(ext):
   _compare(ext, mesh, "fused", make)
 
 
-def test_cuda_ext_lost_peer_times_out_and_aborts_the_communicator(ext, monkeypatch):
+def test_cuda_ext_lost_peer_times_out_and_aborts_the_communicator(ext):
   # Rank 1 of a 2-rank emulated NCCL communicator never comes: the engine's wait gives up
-  # after JCOCCL_TIMEOUT_S, aborts the communicator (which frees the blocked stream) and
-  # fails with a Python error; later calls fail at once.
-  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "0.5")
+  # after the traced config's timeout_s, aborts the communicator (which frees the blocked
+  # stream) and fails with a Python error; later calls fail at once.
   cid = 10**12 + 99
   with cuda_ext.use(ext):
     ext.nccl_comm_init(cid, ext.nccl_unique_id(), 2, [(0, 0), (1, 1)])
@@ -285,7 +284,10 @@ def test_cuda_ext_lost_peer_times_out_and_aborts_the_communicator(ext, monkeypat
     )
     x = jax.device_put(jnp.ones((1, 32), jnp.float32), jax.devices()[0])
     try:
-      with pytest.raises(Exception, match="did not finish within") as e:
+      with (
+        pytest.raises(Exception, match="did not finish within") as e,
+        jcoccl.config(timeout_s=0.5),
+      ):
         jax.block_until_ready(f(x))
       assert "was aborted" in str(e.value) and "shim found" not in str(e.value)
       with pytest.raises(Exception, match="communicator was aborted"):
@@ -294,10 +296,9 @@ def test_cuda_ext_lost_peer_times_out_and_aborts_the_communicator(ext, monkeypat
       ext.fused_comm_destroy(cid)
 
 
-def test_cuda_ext_destroying_a_communicator_fails_a_waiting_collective_at_once(ext, monkeypatch):
+def test_cuda_ext_destroying_a_communicator_fails_a_waiting_collective_at_once(ext):
   # As on the host transport (tests/test_fused.py): jcoccl.shutdown while a collective waits
-  # for a peer must end the wait with an error, not after JCOCCL_TIMEOUT_S.
-  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "120")
+  # for a peer must end the wait with an error, not after the timeout (300 s by default).
   cid = 10**12 + 98
   with cuda_ext.use(ext):
     ext.nccl_comm_init(cid, ext.nccl_unique_id(), 2, [(0, 0), (1, 1)])

@@ -60,4 +60,4 @@ def test_heartbeat_and_min_bytes(monkeypatch):
     D._heartbeat_s()
   monkeypatch.setenv("JCOCCL_MIN_BYTES", "-1")
   with pytest.raises(ValueError, match="JCOCCL_MIN_BYTES must be an integer >= 0"):
-    jcoccl.default_min_bytes()
+    jcoccl.set_config_defaults(reload=True)

@@ -1,5 +1,5 @@
-"""Limits that must fail cleanly or be clamped, never hang or overflow: JCOCCL_TIMEOUT_S
-(the fused engine's wait for its peers) and ``chunks`` (slices per message)."""
+"""Limits that must fail cleanly or be clamped, never hang or overflow: the timeout
+(jcoccl.config timeout_s / JCOCCL_TIMEOUT_S, the fused engine's wait for its peers) and ``chunks`` (slices per message)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi, fused_comms, fused_ffi
+from jcoccl._src import _env, _ffi, fused_comms, fused_ffi
 from jcoccl._src import layout as L
 
 needs_native = pytest.mark.skipif(
@@ -69,26 +69,52 @@ _GOOD_TIMEOUTS = [
 ]
 
 
-@needs_native
+@pytest.fixture
+def _env_defaults(monkeypatch):
+  yield
+  monkeypatch.delenv("JCOCCL_TIMEOUT_S", raising=False)
+  jcoccl.set_config_defaults(reload=True)
+
+
 @pytest.mark.parametrize("value", _BAD_TIMEOUTS, ids=repr)
-def test_invalid_timeout_is_rejected_by_python_and_engine(monkeypatch, value):
+def test_invalid_timeout_is_rejected_when_the_environment_is_read(
+  monkeypatch, value, _env_defaults
+):
+  before = jcoccl.get_config()
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", value)
   msg = "JCOCCL_TIMEOUT_S must be a positive number of seconds"
   with pytest.raises(ValueError, match=msg):
-    fused_ffi.timeout_seconds()
+    _env.seconds("JCOCCL_TIMEOUT_S", 300.0)
   with pytest.raises(ValueError, match=msg):
-    _ffi.native_module("cpu").fused_timeout_s()
-  with pytest.raises(ValueError, match=msg):
-    jcoccl.init(_mesh(2))
-  assert not fused_comms.is_initialized()
+    jcoccl.set_config_defaults(reload=True)
+  assert jcoccl.get_config() == before  # a failed reload changes nothing
+
+
+@pytest.mark.parametrize("value,seconds", _GOOD_TIMEOUTS, ids=repr)
+def test_valid_timeout_is_parsed_and_reaches_the_config(monkeypatch, value, seconds, _env_defaults):
+  monkeypatch.setenv("JCOCCL_TIMEOUT_S", value)
+  assert _env.seconds("JCOCCL_TIMEOUT_S", 300.0) == seconds
+  assert jcoccl.set_config_defaults(reload=True).timeout_s == seconds
+  assert fused_ffi.timeout_seconds() == seconds
 
 
 @needs_native
-@pytest.mark.parametrize("value,seconds", _GOOD_TIMEOUTS, ids=repr)
-def test_valid_timeout_is_parsed_alike_by_python_and_engine(monkeypatch, value, seconds):
-  monkeypatch.setenv("JCOCCL_TIMEOUT_S", value)
-  assert fused_ffi.timeout_seconds() == seconds
-  assert _ffi.native_module("cpu").fused_timeout_s() == seconds
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), -float("inf")])
+def test_engine_refuses_the_timeouts_the_config_refuses(seconds):
+  with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+    _ffi.native_module("cpu").fused_check_timeout(seconds)
+  with (
+    pytest.raises(ValueError, match="timeout_s must be a positive number"),
+    jcoccl.config(timeout_s=seconds),
+  ):
+    pass
+
+
+@needs_native
+@pytest.mark.parametrize("seconds", [0.25, 300.0, 1e10, float("inf")])
+def test_engine_keeps_the_timeout_the_config_gives(seconds):
+  with jcoccl.config(timeout_s=seconds) as c:
+    assert _ffi.native_module("cpu").fused_check_timeout(seconds) == c.timeout_s
 
 
 def _exact(mesh, offset=0):
@@ -118,19 +144,21 @@ def test_fused_call_succeeds_with_an_unlimited_timeout(monkeypatch, value):
 
 
 @needs_native
-def test_timeout_made_invalid_after_compiling_fails_the_call(monkeypatch):
-  """The engine reads the variable at every call: an invalid value set after compiling
-  fails every rank alike before any of them waits (no hang, no silent 300 s)."""
+def test_the_timeout_is_an_attribute_fixed_when_traced(monkeypatch):
+  """The engine reads no environment variable: a compiled program keeps the timeout it was
+  traced with (the environment is read once, so a later change does nothing), and a new
+  config traces a program with the new attribute."""
   mesh = _mesh(4)
   jcoccl.init(mesh)
   f = _all_gather_program(mesh)
   jax.block_until_ready(f(_exact(mesh)))
   monkeypatch.setenv("JCOCCL_TIMEOUT_S", "-1")
-  with pytest.raises(Exception, match="JCOCCL_TIMEOUT_S must be a positive number"):
-    jax.block_until_ready(f(_exact(mesh, 1)))
-  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "30")
   x = _exact(mesh, 2)
   np.testing.assert_array_equal(np.asarray(f(x))[:4], np.asarray(x))
+  assert re.search(r"timeout_s = 3\.0+e\+02 : f64", f.lower(x).as_text())
+  with jcoccl.config(timeout_s=7.5):
+    assert re.search(r"timeout_s = 7\.50*e\+00 : f64", f.lower(x).as_text())
+    np.testing.assert_array_equal(np.asarray(f(x))[:4], np.asarray(x))
 
 
 # ----------------------------------------------------------------------------------------

@@ -89,15 +89,16 @@ inline void BindFusedCommon(nb::module_& m) {
       "fused_comm_keys", []() { return Comms().Keys(); },
       "(communicator id, device ordinal) pairs currently registered.");
   m.def(
-      "fused_timeout_s",
-      []() {
-        double s = transport::kDefaultTimeoutSeconds;
-        transport::Status st = transport::TimeoutSeconds(&s);
-        if (!st.ok()) throw std::invalid_argument(st.msg);
-        return s;
+      "fused_check_timeout",
+      [](double s) {
+        double out = transport::kDefaultTimeoutSeconds;
+        if (!transport::CheckTimeoutSeconds(s, &out))
+          throw std::invalid_argument("timeout_s must be a positive number of seconds");
+        return out;
       },
-      "Seconds a rank waits for its peers (JCOCCL_TIMEOUT_S, default 300, at most 1e8); "
-      "ValueError for an invalid value.");
+      nb::arg("seconds"),
+      "The timeout a fused call runs with for a timeout_s attribute of `seconds` (clamped to "
+      "1e8); ValueError where the engine would refuse it.");
 }
 
 }  // namespace jcoccl::engine

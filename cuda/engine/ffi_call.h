@@ -2,7 +2,8 @@
 //
 // Attributes (Python: jcoccl/_src/fused_ffi.py):
 //   op: int32 (engine::Op; 7-9 are the plain uncompressed ops), k: int64 slices,
-//   m: int64 row length, comm: int64 id,
+//   m: int64 row length, comm: int64 id, timeout_s: float64 seconds a rank waits for its
+//   peers (jcoccl.config's timeout_s),
 //   outer_comm: int64 id (hierarchical; else -1), perm: int32[size] destination of each
 //   rank or -1 (ppermute; else empty), the codec attributes of codecs/ffi_attrs.h, and the
 //   outer codec's with an "o_" prefix (hierarchical only).
@@ -57,10 +58,14 @@ inline ffi::Error Resolve(const ffi::Dictionary& a, int32_t device, ffi::DataTyp
   if (spec.has_error()) return spec.error();
   r->spec = *spec;
   Call& c = r->call;
-  // Read once per call, before any rank waits on another: an invalid value fails every rank
-  // alike instead of leaving peers waiting.
-  if (transport::Status t = transport::TimeoutSeconds(&c.ctx.timeout_s); !t.ok())
-    return ffi::Error::InvalidArgument("jcoccl fused: " + t.msg);
+  // Checked before any rank waits on another: an invalid value fails every rank alike
+  // instead of leaving peers waiting.
+  auto timeout = Attr<double>(a, "timeout_s");
+  if (timeout.has_error()) return timeout.error();
+  if (!transport::CheckTimeoutSeconds(*timeout, &c.ctx.timeout_s))
+    return ffi::Error::InvalidArgument(
+        "jcoccl fused: timeout_s must be a positive number of seconds, got " +
+        std::to_string(*timeout));
   c.op = static_cast<Op>(*op);
   c.k = *k;
   c.m = *m;

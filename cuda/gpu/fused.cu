@@ -125,7 +125,7 @@ class GpuCodec final : public Codec {
 
 // JCOCCL_NCCL_WAIT=0 returns as soon as the work is enqueued (fully asynchronous, but a
 // lost peer then hangs the stream); the default waits for completion, polling NCCL's
-// asynchronous error, and aborts the communicator after JCOCCL_TIMEOUT_S.
+// asynchronous error, and aborts the communicator after the call's timeout_s.
 bool WaitForCompletion() {
   const char* v = std::getenv("JCOCCL_NCCL_WAIT");
   return v == nullptr || std::string(v) != "0";
@@ -166,7 +166,8 @@ Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
   // Another call on this device may re-record `done` meanwhile: this one then waits for
   // later work too, which is longer but never wrong.
   for (Transport* t : {c.comm, c.outer_comm}) {
-    if (s.ok() && t != nullptr) s = static_cast<transport::NcclTransport*>(t)->Wait(ds->done);
+    if (s.ok() && t != nullptr)
+      s = static_cast<transport::NcclTransport*>(t)->Wait(ds->done, c.ctx.timeout_s);
   }
   return s;
 }

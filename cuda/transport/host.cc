@@ -30,9 +30,9 @@ Status HostGroup::WaitLocked(std::unique_lock<std::mutex>& lk, const std::shared
     int have = leaving ? slot->left : slot->arrived;
     if (!broken_.empty()) return Status::Error(broken_);
     broken_ = "jcoccl host transport: timed out after " + std::to_string(timeout) +
-              " s (JCOCCL_TIMEOUT_S) waiting for peers in collective #" + std::to_string(seq) +
-              " of run " + std::to_string(ctx.run_id) + ": " + std::to_string(have) + " of " +
-              std::to_string(size_) +
+              " s (jcoccl.config timeout_s / JCOCCL_TIMEOUT_S) waiting for peers in collective #" +
+              std::to_string(seq) + " of run " + std::to_string(ctx.run_id) + ": " +
+              std::to_string(have) + " of " + std::to_string(size_) +
               " ranks arrived. The communicator is now unusable; call jcoccl.shutdown() "
               "and jcoccl.init(mesh) again.";
     cv_.notify_all();

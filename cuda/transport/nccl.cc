@@ -136,11 +136,9 @@ Status NcclTransport::ReduceScatterSum(const CallCtx& ctx, const float* send,
                "ncclReduceScatter");
 }
 
-Status NcclTransport::Wait(cudaEvent_t done) {
+Status NcclTransport::Wait(cudaEvent_t done, double timeout) {
   const NcclApi* api = Nccl(nullptr);
   const auto start = std::chrono::steady_clock::now();
-  double timeout = kDefaultTimeoutSeconds;
-  JCOCCL_RETURN_IF_ERROR(TimeoutSeconds(&timeout));
   for (int spin = 0;; ++spin) {
     cudaError_t q = cudaEventQuery(done);
     if (q == cudaSuccess) return Status::Ok();
@@ -167,7 +165,8 @@ Status NcclTransport::Wait(cudaEvent_t done) {
       aborted_ = true;
       return Status::Error("jcoccl NCCL: collective did not finish within " +
                            std::to_string(timeout) +
-                           " s (JCOCCL_TIMEOUT_S); a peer is probably lost. The communicator "
+                           " s (jcoccl.config timeout_s / JCOCCL_TIMEOUT_S); a peer is probably "
+                           "lost. The communicator "
                            "was aborted: call jcoccl.shutdown() and jcoccl.init(mesh).");
     }
     if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));

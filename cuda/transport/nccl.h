@@ -56,10 +56,9 @@ class NcclTransport final : public Transport {
   Status ReduceScatterSum(const CallCtx& ctx, const float* send, int64_t count_per_rank,
                           float* recv) override;
   // Waits for `done` (an event recorded after this call's work) while polling NCCL's
-  // asynchronous error; aborts the communicator after TimeoutSeconds() (an invalid
-  // JCOCCL_TIMEOUT_S fails before waiting; the handler has already checked it), or at once
-  // once Abort() was called.
-  Status Wait(cudaEvent_t done);
+  // asynchronous error; aborts the communicator after `timeout` seconds (the call's
+  // timeout_s, already checked by the handler), or at once once Abort() was called.
+  Status Wait(cudaEvent_t done, double timeout);
   // The communicator is being destroyed (jcoccl.shutdown / init): a Wait in progress ends
   // now, aborting the communicator, and fails with `why` instead of waiting out the timeout.
   void Abort(const std::string& why) override;

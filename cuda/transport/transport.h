@@ -27,7 +27,7 @@ struct Status {
     if (!_s.ok()) return _s;                 \
   } while (0)
 
-// Seconds a rank waits for its peers when JCOCCL_TIMEOUT_S is unset or empty.
+// Seconds a rank waits for its peers unless the call says otherwise.
 constexpr double kDefaultTimeoutSeconds = 300.0;
 // Longer waits (about 3 years; "inf" included) are clamped to this: it means "no limit" in
 // practice while now + timeout still fits every clock's duration type (int64 nanoseconds
@@ -38,7 +38,7 @@ constexpr double kMaxTimeoutSeconds = 1e8;
 struct CallCtx {
   void* stream = nullptr;                     // cudaStream_t of the communication lane (NCCL only)
   int64_t run_id = 0;                         // XLA RunId: equal on every device of one execution
-  double timeout_s = kDefaultTimeoutSeconds;  // TimeoutSeconds() when the call started
+  double timeout_s = kDefaultTimeoutSeconds;  // the call's timeout_s attribute
 };
 
 class Transport {
@@ -69,45 +69,13 @@ class Transport {
   virtual void Abort(const std::string& why) { (void)why; }
 };
 
-// Parses a JCOCCL_TIMEOUT_S value: a positive decimal number of seconds ("300", "0.5",
-// "1e3", surrounding blanks allowed), or "inf" / "infinity" (any case, optional "+").
-// Values above kMaxTimeoutSeconds are clamped to it. False for anything else: empty
-// text, zero, negatives, nan, hexadecimal, trailing characters.
-inline bool ParseTimeoutSeconds(const char* text, double* out) {
-  std::string v(text);
-  const size_t b = v.find_first_not_of(" \t\n\r\f\v");
-  if (b == std::string::npos) return false;
-  v = v.substr(b, v.find_last_not_of(" \t\n\r\f\v") - b + 1);
-  std::string lower;
-  for (char ch : v) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (!lower.empty() && lower[0] == '+') lower.erase(0, 1);
-  if (lower == "inf" || lower == "infinity") {
-    *out = kMaxTimeoutSeconds;
-    return true;
-  }
-  // Decimal only: strtod alone would also take hexadecimal and nan.
-  if (v.find_first_not_of("0123456789.eE+-") != std::string::npos) return false;
-  char* end = nullptr;
-  const double s = std::strtod(v.c_str(), &end);
-  if (end != v.c_str() + v.size() || !(s > 0)) return false;
+// The timeout a fused call was given (its "timeout_s" attribute, which Python takes from
+// jcoccl.config / JCOCCL_TIMEOUT_S): positive, not nan; longer waits ("inf" included) are
+// clamped to kMaxTimeoutSeconds. False for zero, negatives and nan.
+inline bool CheckTimeoutSeconds(double s, double* out) {
+  if (!(s > 0)) return false;
   *out = std::min(s, kMaxTimeoutSeconds);
   return true;
-}
-
-// Seconds a rank waits for its peers before failing the call: JCOCCL_TIMEOUT_S (unset or
-// empty: kDefaultTimeoutSeconds). Read at the start of every call, so a process can change
-// it between collectives. An invalid value is an error naming the variable.
-inline Status TimeoutSeconds(double* out) {
-  const char* v = std::getenv("JCOCCL_TIMEOUT_S");
-  if (v == nullptr || *v == '\0') {
-    *out = kDefaultTimeoutSeconds;
-    return Status::Ok();
-  }
-  if (ParseTimeoutSeconds(v, out)) return Status::Ok();
-  return Status::Error(
-      "JCOCCL_TIMEOUT_S must be a positive number of seconds, or inf for no "
-      "limit (clamped to 1e8 s); got '" +
-      std::string(v) + "'");
 }
 
 }  // namespace jcoccl::transport

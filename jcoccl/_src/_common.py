@@ -6,7 +6,6 @@ How a message becomes padded, sliced rows is :mod:`jcoccl._src.layout`'s.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,14 +13,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jcoccl._src import _compat, _env, cost_model, layout
+from jcoccl._src import _compat, cost_model, layout
+from jcoccl._src import config as _config
 
 # ----------------------------------------------------------------------------------------
 # Threshold: messages (per pytree leaf, local bytes) under it go uncompressed.
 
-_ENV_MIN_BYTES = "JCOCCL_MIN_BYTES"
-_BUILTIN_MIN_BYTES = 4 * 1024 * 1024
-_default_min_bytes: int | None = None
+# The default is the current config's (:mod:`jcoccl._src.config`).
 
 
 def set_default_min_bytes(nbytes: int | None) -> None:
@@ -29,7 +27,9 @@ def set_default_min_bytes(nbytes: int | None) -> None:
 
   Messages (each pytree leaf's local size in bytes) smaller than this go uncompressed
   through the plain lax collective. The built-in default is 4 MiB; the environment
-  variable ``JCOCCL_MIN_BYTES`` overrides it at first use; ``None`` restores that.
+  variable ``JCOCCL_MIN_BYTES`` overrides it; ``None`` restores that. Shorthand for
+  ``jcoccl.set_config_defaults(min_bytes=...)``; ``with jcoccl.config(min_bytes=...)``
+  sets it for a block.
 
   Args:
     nbytes: non-negative int, or None.
@@ -39,17 +39,16 @@ def set_default_min_bytes(nbytes: int | None) -> None:
     >>> jcoccl.set_default_min_bytes(0)  # compress everything
     >>> jcoccl.set_default_min_bytes(None)
   """
-  global _default_min_bytes
-  if nbytes is not None and (not isinstance(nbytes, int) or nbytes < 0):
+  if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0):
     raise ValueError(f"min_bytes must be a non-negative int or None, got {nbytes!r}")
-  _default_min_bytes = nbytes
+  if nbytes is None:
+    nbytes = _config.from_environment().min_bytes
+  _config.set_defaults(min_bytes=nbytes)
 
 
 def default_min_bytes() -> int:
-  """The current default ``min_bytes`` (see :func:`set_default_min_bytes`)."""
-  if _default_min_bytes is not None:
-    return _default_min_bytes
-  return _env.integer(_ENV_MIN_BYTES, _BUILTIN_MIN_BYTES, 0)
+  """The ``min_bytes`` in effect (the current :func:`jcoccl.config`'s)."""
+  return _config.current().min_bytes
 
 
 # ----------------------------------------------------------------------------------------
@@ -139,16 +138,13 @@ def decode_sum_encode(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
 # (gloo, 16 MiB per rank, barrier-timed) it beat an all-to-all of the row broadcast to every
 # rank by 15% at 1 Gbit/s (int8 all_gather 425 vs 502 ms) and 19% at 10 Gbit/s (79 vs
 # 97 ms). The all-to-all stays selectable for transports whose all-gather is the slow one.
-GATHERS = ("auto", "all_gather", "all_to_all")
+GATHERS = _config.GATHERS
 
 
 def gather_method() -> str:
-  """How payload rows are all-gathered: env JCOCCL_GATHER = auto | all_gather | all_to_all
-  (auto: XLA's all-gather)."""
-  method = os.environ.get("JCOCCL_GATHER", "auto")
-  if method not in GATHERS:
-    raise ValueError(f"JCOCCL_GATHER must be one of {GATHERS}, got {method!r}")
-  return "all_gather" if method == "auto" else method
+  """How payload rows are all-gathered: the current config's ``gather`` (default env
+  JCOCCL_GATHER = auto | all_gather | all_to_all; auto: XLA's all-gather)."""
+  return _config.current().gather
 
 
 def gather_decode(
@@ -354,8 +350,8 @@ def rank_key(key: Any, axes: Sequence[str], chunk: int) -> Any:
 
 
 def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
-  """algorithm="auto" for a flat all_reduce: the cheaper of one_shot and two_shot under the
-  active cost model (:mod:`jcoccl._src.cost_model`: measured constants per link/backend).
+  """algorithm="auto" for a flat all_reduce without a calibration: the cheaper of one_shot
+  and two_shot under the platform's default cost model (:mod:`jcoccl._src.cost_model`).
 
   Example:
     >>> choose_all_reduce(64 * 1024, 8, 0.26), choose_all_reduce(64 << 20, 8, 0.26)

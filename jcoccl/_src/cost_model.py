@@ -1,4 +1,5 @@
-"""The alpha-beta-gamma cost model behind all_reduce(algorithm="auto"), and its fit.
+"""The alpha-beta-gamma cost model behind all_reduce(algorithm="auto"), its fit, and the
+per (mesh axis, op) table that :func:`jcoccl.calibrate` measures.
 
     T_one = delta + alpha (n-1)  + (n-1) r S / beta     + (1 + n) S / gamma
     T_two = delta + 2 alpha (n-1) + 2 (n-1)/n r S / beta + (3 + 1/n) S / gamma
@@ -16,6 +17,18 @@ The constants depend on the link and the backend, so they are measured, not assu
 (:func:`fit`); load the result with :func:`load` / ``JCOCCL_COST_MODEL=model.json``, or set
 one with :func:`set_model`. Without one, the default for the platform is used
 (:data:`DEFAULTS`; where each came from is in its ``source``).
+
+Calibrated models (:func:`jcoccl.calibrate`, ``python -m jcoccl.bench calibrate``) also
+hold the exact lax op's latency and bus bandwidth on their axis,
+
+    T_exact = alpha_x + 2 (n-1)/n S / beta_x
+
+and then ``algorithm="auto"`` chooses among the exact op, one_shot and two_shot (and their
+chunked variants, where the model says chunks overlap codec and link work:
+``overlap`` > 0) by predicted time. A :class:`CostModels` table holds one model per
+(mesh axis, op), saved to and read from JSON. Without a calibration (the default, or a model
+without exact terms) auto keeps choosing between one_shot and two_shot as before and never
+picks the exact op.
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ import dataclasses
 import itertools
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +53,10 @@ class CostModel:
     gamma_Bps: codec input bytes per second.
     source: where the numbers come from (measurement, link, commit).
     overhead_s: seconds every call costs whatever the algorithm (delta; >= 0).
+    exact_alpha_s: latency of the exact lax op (None: not calibrated; auto never picks it).
+    exact_beta_Bps: bus bandwidth of the exact lax op (bytes per second).
+    overlap: in [0, 1], how much of the shorter of link and codec time a chunked call
+      hides (0: chunks run one after another, as on XLA:CPU; auto then never chunks).
   """
 
   alpha_s: float
@@ -47,6 +64,9 @@ class CostModel:
   gamma_Bps: float
   source: str = ""
   overhead_s: float = 0.0
+  exact_alpha_s: float | None = None
+  exact_beta_Bps: float | None = None
+  overlap: float = 0.0
 
   def __post_init__(self):
     for name in ("alpha_s", "beta_Bps", "gamma_Bps"):
@@ -56,11 +76,52 @@ class CostModel:
     v = self.overhead_s
     if not (isinstance(v, (int, float)) and v >= 0 and np.isfinite(v)):
       raise ValueError(f"CostModel.overhead_s must be a finite number >= 0, got {v!r}")
+    if (self.exact_alpha_s is None) != (self.exact_beta_Bps is None):
+      raise ValueError("CostModel.exact_alpha_s and exact_beta_Bps go together (both or none)")
+    if self.exact_alpha_s is not None:
+      for name in ("exact_alpha_s", "exact_beta_Bps"):
+        v = getattr(self, name)
+        if not (isinstance(v, (int, float)) and v > 0 and np.isfinite(v)):
+          raise ValueError(f"CostModel.{name} must be a positive finite number, got {v!r}")
+    if not (isinstance(self.overlap, (int, float)) and 0 <= self.overlap <= 1):
+      raise ValueError(f"CostModel.overlap must be in [0, 1], got {self.overlap!r}")
 
-  def cost(self, algorithm: str, nbytes: int, n: int, ratio: float) -> float:
-    """Modelled seconds of a compressed all_reduce (see the module docstring)."""
-    a, b, c = _terms(algorithm, float(nbytes), n, float(ratio))
-    return self.overhead_s + a * self.alpha_s + b / self.beta_Bps + c / self.gamma_Bps
+  @property
+  def calibrated(self) -> bool:
+    """True when the model knows the exact op's cost (auto may then pick it)."""
+    return self.exact_alpha_s is not None
+
+  def cost(self, algorithm: str, nbytes: int, n: int, ratio: float = 1.0, chunks: int = 1) -> float:
+    """Modelled seconds of an all_reduce (see the module docstring).
+
+    Args:
+      algorithm: "exact" (calibrated models only), "one_shot" or "two_shot".
+      nbytes: message bytes S. n: ranks. ratio: payload / raw bytes r.
+      chunks: slices k: k times the latency; ``overlap`` of the shorter of link and
+        codec time hidden for all but one slice.
+
+    Example:
+      >>> m = CostModel(1e-4, 1e8, 1e9, exact_alpha_s=1e-4, exact_beta_Bps=1e8)
+      >>> m.cost("exact", 1 << 20, 4) > m.cost("one_shot", 1 << 20, 4, 0.25)
+      True
+    """
+    s = float(nbytes)
+    if algorithm == "exact":
+      if self.exact_alpha_s is None or self.exact_beta_Bps is None:
+        raise ValueError(f"cost model {self.source!r} has no exact terms (not calibrated)")
+      return self.exact_alpha_s + 2 * (n - 1) / n * s / self.exact_beta_Bps
+    a, b, c = _terms(algorithm, s, n, float(ratio))
+    link, codec = b / self.beta_Bps, c / self.gamma_Bps
+    hidden = self.overlap * (1 - 1 / chunks) * min(link, codec)
+    return self.overhead_s + chunks * a * self.alpha_s + link + codec - hidden
+
+  def best(
+    self, nbytes: int, n: int, ratio: float, candidates: Sequence[tuple[str, int]]
+  ) -> tuple[str, int]:
+    """The (algorithm, chunks) of ``candidates`` with the least modelled time; ties go to
+    the earlier candidate. "exact" candidates count only on calibrated models."""
+    usable = [c for c in candidates if c[0] != "exact" or self.calibrated]
+    return min(usable, key=lambda c: self.cost(c[0], nbytes, n, ratio, c[1]))
 
   def choose(self, nbytes: int, n: int, ratio: float) -> str:
     """The cheaper of one_shot and two_shot; ties (and n <= 2) go to one_shot."""
@@ -94,55 +155,166 @@ DEFAULTS: dict[str, CostModel] = {
   ),
   "gpu": CostModel(5e-6, 25e9, 200e9, "placeholder (no GPU measurement yet)"),
 }
-_active: CostModel | None = None
+_FIELDS = (
+  "alpha_s",
+  "beta_Bps",
+  "gamma_Bps",
+  "overhead_s",
+  "exact_alpha_s",
+  "exact_beta_Bps",
+  "overlap",
+)
+ANY = "*"  # the axis or op an entry applies to when no entry names the call's own
 
 
-def set_model(model: CostModel | None) -> None:
-  """Makes ``model`` the one algorithm="auto" uses (None: back to the platform default).
+@dataclasses.dataclass(frozen=True)
+class CostModels:
+  """Cost models per (mesh axis, op): what :func:`jcoccl.calibrate` installs.
 
-  It applies to programs traced afterwards (jit caches what it traced before).
+  Attributes:
+    entries: ``(axes, op, model)`` triples; ``axes`` is a mesh axis name, several joined by
+      commas ("node,gpu"), or ``"*"``; ``op`` an op name or ``"*"``.
+    source: where the table comes from.
 
   Example:
-    >>> set_model(CostModel(1e-4, 1.2e8, 2e9, "my 1 Gbit/s cluster"))
-    >>> set_model(None)
+    >>> t = CostModels.of(CostModel(1e-4, 1e8, 1e9, "flat"))
+    >>> t.get(("data",), "all_reduce").source
+    'flat'
   """
-  global _active
-  if model is not None and not isinstance(model, CostModel):
-    raise TypeError(f"model must be a CostModel or None, got {type(model).__name__}")
-  _active = model
+
+  entries: tuple[tuple[str, str, CostModel], ...] = ()
+  source: str = ""
+
+  @classmethod
+  def of(cls, value: Any) -> CostModels:
+    """A table from a CostModels, one CostModel (for every axis and op), or a path."""
+    if isinstance(value, CostModels):
+      return value
+    if isinstance(value, CostModel):
+      return cls(((ANY, ANY, value),), value.source)
+    if isinstance(value, (str, os.PathLike)):
+      return read(os.fspath(value))
+    raise TypeError(
+      f"cost_model must be a CostModel, a CostModels table, a JSON file path or None, "
+      f"got {type(value).__name__}"
+    )
+
+  def name(self) -> str:
+    """A short description (printed in primitive params)."""
+    return self.source or f"{len(self.entries)} models"
+
+  def get(self, axes: Sequence[str], op: str) -> CostModel | None:
+    """The model of ``op`` over ``axes``: the entry for those axes, else (several axes)
+    the entry of their slowest axis (least bandwidth), else a ``"*"`` entry, else None."""
+    key = ",".join(axes)
+    found = {(a, o): m for a, o, m in self.entries}
+    for k in ((key, op), (key, ANY)):
+      if k in found:
+        return found[k]
+    per_axis = [m for a in axes if (m := found.get((a, op)) or found.get((a, ANY)))]
+    if len(axes) > 1 and len(per_axis) == len(axes):
+      return min(per_axis, key=lambda m: m.beta_Bps)
+    return found.get((ANY, op)) or found.get((ANY, ANY))
+
+  def to_json(self) -> dict[str, Any]:
+    """The table as a JSON object (what :func:`save` writes)."""
+    models = []
+    for axes, op, m in self.entries:
+      d = {"axes": axes, "op": op, "source": m.source}
+      d.update({f: getattr(m, f) for f in _FIELDS if getattr(m, f) is not None})
+      models.append(d)
+    return {"version": 2, "source": self.source, "models": models}
 
 
-def load(path: str) -> CostModel:
-  """Reads a model written by ``bench collectives --fit-out`` and makes it active.
+def _model_from(data: Mapping[str, Any], where: str) -> CostModel:
+  missing = [k for k in ("alpha_s", "beta_Bps", "gamma_Bps") if k not in data]
+  if missing:
+    raise ValueError(f"{where} lacks {', '.join(missing)}")
+  kw = {f: float(data[f]) for f in _FIELDS if data.get(f) is not None}
+  try:
+    return CostModel(source=str(data.get("source", where)), **kw)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{where}: {e}") from None
+
+
+def from_json(data: Any, where: str = "cost model") -> CostModels:
+  """A table from :meth:`CostModels.to_json`'s object, or a single model's flat object
+  (``{"alpha_s": ..., "beta_Bps": ..., "gamma_Bps": ...}``, what ``--fit-out`` writes)."""
+  if not isinstance(data, Mapping):
+    raise ValueError(f"{where} must hold a JSON object, got {type(data).__name__}")
+  if "models" not in data:
+    return CostModels.of(_model_from(data, where))
+  entries = []
+  for i, d in enumerate(data["models"]):
+    at = f"{where} models[{i}]"
+    if not isinstance(d, Mapping) or not isinstance(d.get("axes"), str):
+      raise ValueError(f"{at} must be an object with axes, op and the model's constants")
+    entries.append((d["axes"], str(d.get("op", ANY)), _model_from(d, at)))
+  return CostModels(tuple(entries), str(data.get("source", where)))
+
+
+def read(path: str) -> CostModels:
+  """The table in JSON file ``path`` (see :func:`from_json`); installs nothing.
 
   Raises:
-    ValueError: the file is not such a model (the message names the file and key).
+    ValueError: the file is not such a table (the message names the file and key).
   """
   try:
     with open(path) as f:
       data = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise ValueError(f"cost model file {path!r} cannot be read: {e}") from None
-  missing = [k for k in ("alpha_s", "beta_Bps", "gamma_Bps") if k not in data]
-  if missing:
-    raise ValueError(f"cost model file {path!r} lacks {', '.join(missing)}")
-  model = CostModel(
-    float(data["alpha_s"]),
-    float(data["beta_Bps"]),
-    float(data["gamma_Bps"]),
-    str(data.get("source", path)),
-    float(data.get("overhead_s", 0.0)),
-  )
-  set_model(model)
-  return model
+  return from_json(data, f"cost model file {path!r}")
 
 
-def active(platform: str | None = None) -> CostModel:
-  """The model in use: set or loaded (JCOCCL_COST_MODEL), else the platform's default."""
-  if _active is None and os.environ.get("JCOCCL_COST_MODEL"):
-    load(os.environ["JCOCCL_COST_MODEL"])
-  if _active is not None:
-    return _active
+def save(models: CostModels | CostModel, path: str) -> None:
+  """Writes ``models`` to ``path`` as JSON (:func:`read` gives it back)."""
+  with open(path, "w") as f:
+    json.dump(CostModels.of(models).to_json(), f, indent=1)
+    f.write("\n")
+
+
+def set_model(model: CostModels | CostModel | None) -> None:
+  """Makes ``model`` the process default behind algorithm="auto" (None: the platform's).
+
+  Shorthand for ``jcoccl.set_config_defaults(cost_model=model)``. Programs are traced
+  again when it changes (it is part of the config, which is part of jit's cache key);
+  ``with jcoccl.config(cost_model=...)`` sets one for a block.
+
+  Example:
+    >>> set_model(CostModel(1e-4, 1.2e8, 2e9, "my 1 Gbit/s cluster"))
+    >>> set_model(None)
+  """
+  from jcoccl._src import config
+
+  if model is not None and not isinstance(model, (CostModel, CostModels)):
+    raise TypeError(f"model must be a CostModel, CostModels or None, got {type(model).__name__}")
+  config.set_defaults(cost_model=model)
+
+
+def load(path: str) -> CostModels:
+  """Reads a model file (``bench calibrate``, ``bench collectives --fit-out``) and makes
+  it the process default.
+
+  Raises:
+    ValueError: the file is not such a model (the message names the file and key).
+  """
+  models = read(path)
+  set_model(models)
+  return models
+
+
+def active(
+  platform: str | None = None, axes: Sequence[str] = (), op: str = "all_reduce"
+) -> CostModel:
+  """The model in use for ``op`` over ``axes``: the current config's, else the platform's
+  default."""
+  from jcoccl._src import config
+
+  table = config.current().cost_model
+  found = None if table is None else table.get(tuple(axes), op)
+  if found is not None:
+    return found
   if platform is None:
     import jax
 
@@ -150,7 +322,26 @@ def active(platform: str | None = None) -> CostModel:
   return DEFAULTS["cpu" if platform == "cpu" else "gpu"]
 
 
-def fit(samples: Iterable[Mapping[str, Any]], source: str = "") -> CostModel:
+def choose_auto(
+  model: CostModel, nbytes: int, n: int, ratio: float, chunks: int = 1
+) -> tuple[str, int]:
+  """What ``algorithm="auto"`` runs under a calibrated ``model``: (algorithm, chunks) among
+  the exact op, one_shot, two_shot (n > 2) and, when ``chunks`` is 1, their 2- and
+  4-slice variants, by least modelled time (ties: the exact op, then fewer slices).
+
+  Example:
+    >>> slow = CostModel(1e-4, 1.25e8, 2e9, exact_alpha_s=1e-4, exact_beta_Bps=1.25e8)
+    >>> choose_auto(slow, 16 << 20, 2, 0.254)
+    ('one_shot', 1)
+  """
+  algos = ("one_shot",) if n <= 2 else ("one_shot", "two_shot")
+  ks = (1, 2, 4) if chunks == 1 else (chunks,)
+  return model.best(nbytes, n, ratio, [("exact", 1)] + [(a, k) for a in algos for k in ks])
+
+
+def fit(
+  samples: Iterable[Mapping[str, Any]], source: str = "", gamma_Bps: float | None = None
+) -> CostModel:
   """Least-squares constants from measured all_reduce times.
 
   Minimises the relative error sum_i ((T_model_i - t_i) / t_i)^2 over delta, alpha,
@@ -160,6 +351,9 @@ def fit(samples: Iterable[Mapping[str, Any]], source: str = "") -> CostModel:
     samples: dicts with ``algorithm`` ("one_shot"/"two_shot"), ``bytes`` (S), ``ranks``
       (n), ``ratio`` (r) and ``seconds`` (the measured median).
     source: description stored in the model.
+    gamma_Bps: the codec throughput, when measured on its own (:func:`jcoccl.calibrate`):
+      then only delta, alpha and beta are fitted (link and codec bytes both grow with S,
+      so one algorithm's timings alone cannot tell them apart).
 
   Returns:
     The fitted CostModel (a coefficient the data cannot see is set to a negligible cost).
@@ -188,11 +382,15 @@ def fit(samples: Iterable[Mapping[str, Any]], source: str = "") -> CostModel:
     )
   a = np.asarray(rows) / np.asarray(times)[:, None]
   y = np.ones(len(times))
-  # Non-negative least squares over 4 unknowns: the best unconstrained solution on each
-  # subset of the columns that is feasible.
+  free = 4
+  if gamma_Bps is not None:
+    y = y - a[:, 3] / gamma_Bps  # the measured codec time, taken out
+    free = 3
+  # Non-negative least squares over the free unknowns: the best unconstrained solution on
+  # each subset of the columns that is feasible.
   best, best_res = np.zeros(4), np.inf
-  for k in (1, 2, 3, 4):
-    for cols in itertools.combinations(range(4), k):
+  for k in range(1, free + 1):
+    for cols in itertools.combinations(range(free), k):
       sub = a[:, cols] / a[:, cols].max(axis=0)
       coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
       if np.any(coef < 0):
@@ -205,7 +403,7 @@ def fit(samples: Iterable[Mapping[str, Any]], source: str = "") -> CostModel:
   tiny = 1e-30
   alpha = max(best[1], 1e-9)
   beta = 1.0 / max(best[2], tiny)
-  gamma = 1.0 / max(best[3], tiny)
+  gamma = 1.0 / max(best[3], tiny) if gamma_Bps is None else gamma_Bps
   return CostModel(
     float(alpha), float(min(beta, 1e18)), float(min(gamma, 1e18)), source, float(best[0])
   )

@@ -3,20 +3,21 @@
 What Python tells the engine (cuda/engine/ffi_call.h, engine.h) and what the engine
 accepts: the custom-call targets, the engine::Op and dtype codes (read from the native
 module through :func:`jcoccl._src._ffi.codes`, never mirrored), a codec's kernel attributes,
-the workspace size the engine asks for, and the timeout it reads from the environment.
+the workspace size the engine asks for, and the timeout (the ``timeout_s`` attribute, from
+:func:`jcoccl._src.config.current`).
 :func:`engine_call` binds one call over a communicator id; communicators are
 :mod:`jcoccl._src.fused_comms`'s, and what each collective sends through it is
 :mod:`jcoccl._src.fused_ops`'s.
 
+Timeout: ``jcoccl.config(timeout_s=...)``, default ``JCOCCL_TIMEOUT_S`` (parsed once, by
+:mod:`jcoccl._src.config`): seconds a rank waits for its peers before the collective fails
+with an exception: a positive number (default 300); "inf" or any value above 1e8 s (about 3
+years) means no practical limit and is clamped to 1e8. Anything else (0, negatives, nan,
+text) is rejected with ValueError naming the variable. The value travels to the engine as
+the call's ``timeout_s`` attribute, captured when the program is traced. On timeout the
+communicator is marked broken (NCCL: aborted); call shutdown and init again.
+
 Environment:
-  JCOCCL_TIMEOUT_S  seconds a rank waits for its peers before the collective fails with an
-                    exception: a positive number (default 300); "inf" or any value above
-                    1e8 s (about 3 years) means no practical limit and is clamped to 1e8.
-                    Anything else (0, negatives, nan, text) is rejected: by
-                    :func:`jcoccl._src.fused_comms.init` and :func:`timeout_seconds` with
-                    ValueError, by a running fused call with an error. On timeout the
-                    communicator is marked broken (NCCL: aborted); call shutdown and init
-                    again.
   JCOCCL_NCCL_WAIT  GPU only. "1" (default): each fused call waits for its NCCL work while
                     polling ncclCommGetAsyncError, so a lost peer fails the call after
                     JCOCCL_TIMEOUT_S instead of hanging the stream. "0": return once the work
@@ -29,16 +30,14 @@ Example:
 
 from __future__ import annotations
 
-import math
-import os
-import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src import _compat, _ffi
+from jcoccl._src import _compat, _env, _ffi
+from jcoccl._src import config as _config
 
 # algo -> engine::Op name (cuda/engine/engine.h; values from the native module).
 _OP = {
@@ -65,14 +64,8 @@ _TARGET = {
   "ppermute": "jcoccl_fused_ppermute",
 }
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-_ENV_TIMEOUT = "JCOCCL_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 300.0
-MAX_TIMEOUT_S = 1e8  # "no limit": larger values (inf too) are clamped, as in the engine
-# What the engine accepts (cuda/transport/transport.h, ParseTimeoutSeconds): a decimal
-# number, or inf / infinity; blanks around it allowed.
-_TIMEOUT_RE = re.compile(
-  r"\s*\+?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)\s*", re.IGNORECASE | re.ASCII
-)
+DEFAULT_TIMEOUT_S = _env.DEFAULT_TIMEOUT_S
+MAX_TIMEOUT_S = _env.MAX_TIMEOUT_S  # "no limit": larger values (inf too) are clamped
 NONE_ATTRS = {
   "kind": np.int32(0),
   "bits": np.int32(8),
@@ -89,33 +82,18 @@ NONE_ATTRS = {
 
 
 def timeout_seconds() -> float:
-  """Seconds a fused collective waits for its peers: ``JCOCCL_TIMEOUT_S``, read now.
-
-  Unset or empty means 300. Accepted: a positive decimal number of seconds, or ``inf``
-  (no limit); values above 1e8 s (about 3 years) are clamped to 1e8. The native engine
-  parses the variable the same way at the start of every fused call.
-
-  Returns:
-    The timeout in seconds, in (0, 1e8].
+  """Seconds a fused collective traced now waits for its peers (the current config's
+  ``timeout_s``; default ``JCOCCL_TIMEOUT_S``, else 300).
 
   Raises:
-    ValueError: the variable holds anything else (0, a negative number, nan, text).
+    ValueError: ``JCOCCL_TIMEOUT_S`` holds anything but a positive number or inf.
 
   Example:
-    >>> import os; os.environ["JCOCCL_TIMEOUT_S"] = "inf"   # doctest: +SKIP
-    >>> timeout_seconds()                                    # doctest: +SKIP
+    >>> with jcoccl.config(timeout_s=float("inf")):  # doctest: +SKIP
+    ...   timeout_seconds()
     100000000.0
   """
-  text = os.environ.get(_ENV_TIMEOUT, "")
-  if text == "":
-    return DEFAULT_TIMEOUT_S
-  value = float(text) if _TIMEOUT_RE.fullmatch(text) else math.nan
-  if not value > 0:
-    raise ValueError(
-      f"{_ENV_TIMEOUT} must be a positive number of seconds, or inf for no "
-      f"limit (clamped to {MAX_TIMEOUT_S:g} s); got {text!r}"
-    )
-  return min(value, MAX_TIMEOUT_S)
+  return _config.current().timeout_s
 
 
 def dtype_reason(dtype: Any) -> str | None:
@@ -226,7 +204,6 @@ def engine_call(
     >>> base = engine_call("all_reduce", "plain", x2d, x2d.shape, cid, 2, None,
     ...                    1, 256, platform="cuda")  # doctest: +SKIP
   """
-  timeout_seconds()  # fail at trace time, not in the running collective
   dtype = jnp.dtype(x.dtype)
   if dtype not in DTYPES:
     raise TypeError(f"the fused backend accepts float32, bfloat16 or float16, got {dtype.name}")
@@ -237,6 +214,7 @@ def engine_call(
     m=np.int64(m),
     comm=np.int64(comm),
     outer_comm=np.int64(outer_comm),
+    timeout_s=np.float64(timeout_seconds()),
     perm=np.full((n,), -1, np.int32) if perm is None else perm,
   )
   attrs.update(codec_attrs(compressor))

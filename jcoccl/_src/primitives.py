@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from jcoccl._src import _backend, _compat
+from jcoccl._src import config as _config
 from jcoccl._src import _common as C
 from jcoccl._src import layout as L
 from jcoccl._src.params import PerLeaf as PerLeaf
@@ -257,9 +258,11 @@ def apply_tree(name: str, tree: Any, key: Any, **args: Any) -> Any:
 
 def bind(name: str, xs: Sequence[jax.Array], key: Any, params: Sequence[dict]) -> list:
   """Binds ``jcoccl_<name>`` once on the operands ``xs`` (``params[i]`` as :func:`plan`
-  builds them for ``xs[i]``)."""
+  builds them for ``xs[i]``), with the current :class:`jcoccl._src.config.Config`
+  captured as the ``config`` param: lowering and the derivative rules run under it,
+  whatever config is current then."""
   keys, key_type = key_operand(key)
-  merged = merge_params([{**p, "batch": 0} for p in params])
+  merged = merge_params([{**p, "batch": 0, "config": _config.current()} for p in params])
   return primitive(name).bind(*xs, *keys, key_type=key_type, **merged)
 
 
@@ -294,12 +297,21 @@ def _make(o: Op) -> Any:
       outs.append(_compat.collective_aval(aval, shape, vma, lp["axes"]))
     return outs, params["axes"]
 
-  def lower(*args, key_type, **params):
+  def lower(*args, key_type, config, **params):
     xs, keys = _split(args, key_type)
     key = unwrap_key(tuple(keys), key_type)
-    return [o.forward(x, key, **leaf_params(params, i)) for i, x in enumerate(xs)]
+    with _config.using(config):
+      return [o.forward(x, key, **leaf_params(params, i)) for i, x in enumerate(xs)]
 
-  def jvp(primals, tangents, *, key_type, **params):
+  def jvp(primals, tangents, **params):
+    with _config.using(params["config"]):
+      return _jvp(primals, tangents, **params)
+
+  def transpose(cts, *args, **params):
+    with _config.using(params["config"]):
+      return _transpose(cts, *args, **params)
+
+  def _jvp(primals, tangents, *, key_type, **params):
     ys = p.bind(*primals, key_type=key_type, **params)
     n = len(ys)
     live = [i for i in range(n) if not _compat.is_zero_cotangent(tangents[i])]
@@ -313,7 +325,7 @@ def _make(o: Op) -> Any:
         touts[i] = t
     return ys, touts
 
-  def transpose(cts, *args, key_type, **params):
+  def _transpose(cts, *args, key_type, **params):
     xs, keys = _split(args, key_type)
     res: list = [None] * len(xs)
     dual_idx = []
