@@ -34,6 +34,8 @@ from jcoccl._src.cost_model import load as load_cost_model
 from jcoccl._src.cost_model import read as read_cost_model
 from jcoccl._src.cost_model import save as save_cost_model
 from jcoccl._src.cost_model import set_model as set_cost_model
+from jcoccl._src.calibrate import calibrate as calibrate
+from jcoccl._src.calibrate import choices as cost_model_choices
 
 from jcoccl import compressors as compressors
 from jcoccl import distributed as distributed

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from jax import lax
 
-from jcoccl._src import _backend, _compat
+from jcoccl._src import _backend, _compat, cost_model
 from jcoccl._src import _common as C
 from jcoccl._src import all_gather as _ag
 from jcoccl._src import layout as L
@@ -151,8 +151,54 @@ def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
   return C.resolve_compressor(compressor, argname)
 
 
+def decide(
+  comp: Any, algorithm: str, axes: tuple, x: jax.Array, chunks: int
+) -> tuple[Any, str, int]:
+  """(compressor, algorithm, chunks) of a call: ``algorithm="auto"`` resolved.
+
+  With a calibrated cost model for ``axes`` (:func:`jcoccl.calibrate`), auto takes the
+  least predicted time among the exact lax op (compressor None, algorithm "exact"),
+  one_shot, two_shot, hierarchical (several axes, each calibrated) and, when ``chunks`` is
+  1, their chunked variants; a compressed one must beat the exact op by
+  :data:`jcoccl._src.cost_model.EXACT_MARGIN`. Otherwise it is :func:`choose`, as without
+  calibration.
+  """
+  nbytes = x.size * x.dtype.itemsize
+  if algorithm != "auto" or comp is None:
+    return comp, choose(comp, algorithm, axes, nbytes, x.size, x.dtype), chunks
+  model = cost_model.active(axes=axes, op="all_reduce")
+  if not model.calibrated or isinstance(comp, tuple):
+    return comp, choose(comp, algorithm, axes, nbytes, x.size, x.dtype), chunks
+  n = C.group_size(axes)
+  ratio = C.compression_ratio(comp, x.size, x.dtype)
+  algo, k = cost_model.choose_auto(model, nbytes, n, ratio, chunks)
+  best = model.cost(algo, nbytes, n, ratio, k)
+  if algo == "exact":  # compression must win by the same margin as in choose_auto
+    best /= cost_model.EXACT_MARGIN
+  if len(axes) > 1 and _hierarchical_cost(axes, nbytes, ratio) < best:
+    return (comp, comp), "hierarchical", chunks
+  if algo == "exact":
+    return None, "exact", 1
+  return comp, algo, k
+
+
+def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float) -> float:
+  """Modelled seconds of hierarchical over (outer..., inner): the inner reduce_scatter and
+  all_gather (a two_shot's steps) plus a one_shot of the shard over the outer axes; inf
+  without calibrated models of both levels."""
+  outer, inner = axes[:-1], axes[-1:]
+  m_in = cost_model.active(axes=inner, op="all_reduce")
+  m_out = cost_model.active(axes=outer, op="all_reduce")
+  if not (m_in.calibrated and m_out.calibrated):
+    return math.inf
+  n_in, n_out = C.group_size(inner), C.group_size(outer)
+  t_in = m_in.cost("two_shot", nbytes, n_in, ratio) if n_in > 1 else 0.0
+  return t_in + m_out.cost("one_shot", nbytes // max(n_in, 1), n_out, ratio)
+
+
 def choose(comp: Any, algorithm: str, axes: tuple, nbytes: int, size: int, dtype: Any) -> str:
-  """The algorithm that runs (algorithm="auto" resolved by the cost model)."""
+  """The algorithm that runs without a calibration (algorithm="auto": one_shot or
+  two_shot by the cost model, hierarchical for a per-level compressor)."""
   if algorithm != "auto":
     return algorithm
   if isinstance(comp, tuple):
@@ -202,15 +248,18 @@ def _grad_for(x: jax.Array, gcomp: Any) -> Any:
   return C.grad_for(x, gcomp)
 
 
-def _settle(x: jax.Array, c: Any, axes: tuple, *, algorithm: str) -> tuple[Any, dict]:
-  """The algorithm that runs (the exact path of a backward-only call: one_shot), and the
-  compressor as a per-level pair for "hierarchical"."""
+def _settle(
+  x: jax.Array, c: Any, axes: tuple, *, algorithm: str, chunks: int = 1
+) -> tuple[Any, dict]:
+  """The algorithm that runs (the exact path of a backward-only call: one_shot; "exact"
+  where auto chose the lax op: still bound, so the choice shows in the jaxpr), the slices
+  (auto may chunk), and the compressor as a per-level pair for "hierarchical"."""
   if c is None:
     return None, dict(algorithm="one_shot")
-  algo = choose(c, algorithm, axes, x.size * x.dtype.itemsize, x.size, x.dtype)
+  c, algo, chunks = decide(c, algorithm, axes, x, chunks)
   if algo == "hierarchical" and not isinstance(c, tuple):
     c = (c, c)
-  return c, dict(algorithm=algo)
+  return c, dict(algorithm=algo, chunks=chunks)
 
 
 def _forward(
@@ -247,8 +296,10 @@ def _forward(
 def _grad_args(params: dict) -> dict:
   """Arguments of :func:`jcoccl._src.primitives.plan` for the tangent and for the cotangent (its own dual)."""
   algo = params["algorithm"]
-  # A hierarchical call without a gradient compressor has no per-level pair to use.
-  algo = algo if algo != "hierarchical" or P.load(params["grad_compressor"]) else "auto"
+  # A hierarchical call without a gradient compressor has no per-level pair to use; a
+  # cotangent's own call decides again what auto chose for the primal.
+  if algo == "exact" or (algo == "hierarchical" and not P.load(params["grad_compressor"])):
+    algo = "auto"
   return P.grad_args(params, algorithm=algo)
 
 

@@ -85,7 +85,8 @@ class Op:
       psum: a broadcast; all_gather to="invarying": this rank's block).
     row_length: ``(size, n) -> elements`` of one row of the message (the whole message, or
       one destination's block).
-    settle: ``(x, c, axes, **op_args) -> (c, call)``: the compressor as it runs and the
+    settle: ``(x, c, axes, chunks=, **op_args) -> (c, call)``: the compressor as it runs
+      (``call["chunks"]``, when given, replaces the slices) and the
       op's extra call parameters (all_reduce: the algorithm, which the backend check and
       the slice unit need).
     unit: ``(c, axes, **call) -> elements`` of the smallest slice.
@@ -198,7 +199,8 @@ def plan(
   _backend.validate(o.name, backend)
   if c is None and gc is None:
     return Exact(o.exact(x, axes, **op_args))
-  c, call = o.settle(x, c, axes, **op_args)
+  c, call = o.settle(x, c, axes, chunks=chunks, **op_args)
+  chunks = call.pop("chunks", chunks)  # all_reduce's auto may chunk
   name = "xla"
   if c is not None:
     name = _backend.resolve(o.name, backend, axes, compressor=c, dtype=x.dtype, **call)[0]

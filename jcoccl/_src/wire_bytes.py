@@ -353,6 +353,7 @@ def wire_bytes(
     "collectives": colls,
     "by_op": _by_op(colls),
     "total": float(sum(c["sent_bytes"] for c in colls)),
+    "choices": choices(fn, *args),
   }
   if mesh is not None:
     result["by_axis"] = by_axis(colls)
@@ -389,3 +390,35 @@ def _by_op(colls: list[dict[str, Any]]) -> dict[str, float]:
   for c in colls:
     out[c["op"]] += c["sent_bytes"]
   return {k: v for k, v in out.items() if v}
+
+
+_CHOICE_PARAMS = ("axes", "algorithm", "compressor", "chunks", "backend")
+
+
+def choices(fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
+  """What each jcoccl collective in ``fn`` chose when traced: one dict per call site, in
+  program order, with ``op`` and the primitive's ``axes``, ``algorithm`` ("exact" when
+  ``algorithm="auto"`` chose the lax op), ``compressor``, ``chunks`` and ``backend``.
+
+  Example:
+    >>> choices(f, x)                                                     # doctest: +SKIP
+    [{'op': 'all_reduce', 'axes': ('data',), 'algorithm': 'exact', ...}]
+  """
+  closed = jax.make_jaxpr(fn)(*args)
+  found: list[dict[str, Any]] = []
+  _walk(closed.jaxpr, found)
+  return found
+
+
+def _walk(jaxpr: Any, found: list[dict[str, Any]]) -> None:
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name.startswith("jcoccl_"):
+      d = {"op": name[len("jcoccl_") :]}
+      d.update({k: eqn.params[k] for k in _CHOICE_PARAMS if k in eqn.params})
+      found.append(d)
+    for v in eqn.params.values():
+      for sub in v if isinstance(v, (tuple, list)) else (v,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          _walk(inner, found)

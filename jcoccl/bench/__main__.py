@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
   "codecs": "jcoccl.bench.codecs",
   "collectives": "jcoccl.bench.collectives",
+  "calibrate": "jcoccl.bench.calibrate",
 }
 
 
