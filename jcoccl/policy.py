@@ -10,6 +10,14 @@ not named) to a table of op -> compressor spec, plus per-axis options:
   ``algorithm``: the all_reduce algorithm on one axis: ``"auto"``, ``"one_shot"`` or
       ``"two_shot"`` (``"hierarchical"`` needs two axes, which a per-axis entry cannot name).
 
+``all_reduce = "auto:<spec>"`` (e.g. ``"auto:int8"``) compresses with ``<spec>`` where the
+cost model predicts it pays and runs the exact lax op elsewhere: the call's algorithm is
+``"auto"`` whatever the axis's ``algorithm`` pins. ``"auto"`` is also the default
+algorithm, so a plain spec on an axis that pins none behaves alike. Which one auto picks
+depends on the installed cost model: with a calibration (:func:`jcoccl.calibrate`) it may
+be the exact op, one_shot, two_shot or a chunked variant; without one (the default) it is
+one_shot or two_shot, as it always was, and never the exact op.
+
 Codecs of your own: a top-level ``[codecs]`` table names what to bring in before the
 specs are read, ``modules`` (imported: they call ``jcoccl.compressors.register``) and
 ``plugins`` (native plugin libraries for ``jcoccl.compressors.load_plugin``; relative paths
@@ -85,6 +93,9 @@ class _Origin:
     return TypeError(msg) if self.kind == "dict" else ValueError(msg)
 
 
+AUTO_PREFIX = "auto:"
+
+
 def _parse(spec: Any, where: str, origin: _Origin) -> Any:
   """A Compressor or None from a spec string, a Compressor, or None."""
   from jcoccl import compressors  # late: compressors import jax and the native codecs
@@ -115,6 +126,7 @@ class AxisPolicy:
   compressors: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   min_bytes: int | None = None
   algorithm: str = "auto"
+  auto_ops: frozenset = frozenset()  # ops written "auto:<spec>": algorithm auto for them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,10 +246,11 @@ class Policy:
       raise ValueError(f"op must be one of {OPS}, got {op!r}")
     return self._axis(axis).compressors.get(op)
 
-  def options(self, axis: str) -> dict[str, Any]:
-    """Keyword arguments (``min_bytes``, ``algorithm``) for jcoccl collectives on ``axis``."""
+  def options(self, axis: str, op: str | None = None) -> dict[str, Any]:
+    """Keyword arguments (``min_bytes``, ``algorithm``) for jcoccl collectives on ``axis``
+    (for ``op``, when given: an ``"auto:<spec>"`` entry makes its algorithm "auto")."""
     a = self._axis(axis)
-    out: dict[str, Any] = {"algorithm": a.algorithm}
+    out: dict[str, Any] = {"algorithm": "auto" if op in a.auto_ops else a.algorithm}
     if a.min_bytes is not None:
       out["min_bytes"] = a.min_bytes
     return out
@@ -246,7 +259,9 @@ class Policy:
     """One line per axis, e.g. ``data: all_reduce=int8 min_bytes=0``."""
     lines = []
     for axis, a in sorted(self.axes.items()):
-      ops = [f"{op}={c}" for op, c in a.compressors.items()]
+      ops = [
+        f"{op}={AUTO_PREFIX if op in a.auto_ops else ''}{c}" for op, c in a.compressors.items()
+      ]
       if a.min_bytes is not None:
         ops.append(f"min_bytes={a.min_bytes}")
       if a.algorithm != "auto":
@@ -316,9 +331,17 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 
 def _axis_policy(axis: str, entry: Mapping[str, Any], origin: _Origin) -> AxisPolicy:
-  comps, kw = {}, {}
+  comps, kw, auto = {}, {}, set()
   for key, value in entry.items():
     where = origin.at(axis, key)
+    if key in OPS and isinstance(value, str) and value.strip().startswith(AUTO_PREFIX):
+      if key != "all_reduce":
+        raise ValueError(
+          f"{where}: {AUTO_PREFIX!r} chooses among all_reduce algorithms and the exact op; "
+          f"{key} has no algorithm to choose: write the spec alone, e.g. {value.strip()[5:]!r}"
+        )
+      auto.add(key)
+      value = value.strip()[len(AUTO_PREFIX) :]
     if key in OPS:
       c = _parse(value, where, origin)
       if c is not None:
@@ -337,7 +360,7 @@ def _axis_policy(axis: str, entry: Mapping[str, Any], origin: _Origin) -> AxisPo
         f"{origin.at(axis)} has unknown key {key!r}; accepted: "
         f"{', '.join(OPS + OPTIONS)}" + _did_you_mean(str(key), OPS + OPTIONS)
       )
-  return AxisPolicy(compressors=comps, **kw)
+  return AxisPolicy(compressors=comps, auto_ops=frozenset(auto & set(comps)), **kw)
 
 
 def _option(key: str, value: Any, where: str, origin: _Origin) -> Any:

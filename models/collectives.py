@@ -47,7 +47,7 @@ class Collectives:
 
   def _options(self, axis: str, op: str) -> dict:
     # The policy's algorithm names an all_reduce algorithm; the other ops take none.
-    opts = self.policy.options(self._policy_axis(axis))
+    opts = self.policy.options(self._policy_axis(axis), op)
     return opts if op == "all_reduce" else {k: v for k, v in opts.items() if k != "algorithm"}
 
   def all_reduce(self, x: jax.Array, axis: str, *, exact: bool = False) -> jax.Array:

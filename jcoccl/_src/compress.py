@@ -200,7 +200,7 @@ def _choice(eqn: Any, pol: Policy) -> tuple[tuple, Any, dict] | None:
 
 def _options(pol: Policy, axis: str, op: str) -> dict:
   # The policy's algorithm is an all_reduce algorithm; the other ops take none.
-  opts = pol.options(axis)
+  opts = pol.options(axis, op)
   return opts if op == "all_reduce" else {k: v for k, v in opts.items() if k != "algorithm"}
 
 
