@@ -19,7 +19,7 @@ import jax
 
 from jcoccl.compressors import import_codecs
 from jcoccl.policy import WILDCARD
-from models import data, registry
+from models import calibration, data, registry
 from models.recipe import Recipe
 from models.run_config import SetupError, checkpoint_steps, mesh_shape, policy_path
 from models.sharding import POLICY_AXES
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     help="skip measuring bytes on the wire (saves two compiles; none are reported)",
   )
   p.add_argument("--no-progress", action="store_true")
+  calibration.add_flag(p)
   p.add_argument(
     "--sample-tokens",
     type=int,

@@ -81,6 +81,7 @@ class RunConfig:
   no_hlo_wire: bool
   no_progress: bool
   sample_tokens: int
+  calibrate: bool = True  # models.calibration: jcoccl.calibrate on the mesh at start
 
   @classmethod
   def from_args(cls, args: Any) -> RunConfig:

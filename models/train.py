@@ -37,10 +37,10 @@ from typing import NoReturn
 import jax
 
 import jcoccl
-from models import data, loop, parallel
+from models import calibration, data, loop, parallel
 from models.checkpoint import State, checkpointer, restore
 from models.cli import PROG, check_corpus, load_policy, parse_args
-from models.metrics import lead, read_records, start_metrics
+from models.metrics import lead, read_records, say, start_metrics
 from models.recipe import Recipe
 from models.run_config import (
   CONFIGS,
@@ -117,6 +117,7 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   """
   model = build_model(cfg, corpus.vocab_size)
   mesh = parallel.make_mesh(*cfg.mesh_shape)
+  calibration.start(mesh, cfg.calibrate, say)
   par = parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro)
   tx = loop.make_optimizer(cfg)
   params = par.shard(model)

@@ -141,6 +141,8 @@ def common_argv(args: argparse.Namespace) -> list[str]:
       "--mesh",
       "2,2,2",
       "--no-progress",
+      # The study compares policies' bytes and losses: auto must not turn them off.
+      "--no-calibrate",
     ]
     + sizing
     + list(args.train_arg)

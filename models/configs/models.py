@@ -63,4 +63,6 @@ TINY_RUN = [
   "1e-2",
   "--max-chars",
   "200000",
+  # Tests and the accuracy study measure compression itself: auto stays uncalibrated.
+  "--no-calibrate",
 ]

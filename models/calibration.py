@@ -1,0 +1,61 @@
+"""Calibration at the start of a training run: ``jcoccl.calibrate`` on the run's mesh.
+
+``python -m models.train`` measures each mesh axis and the codec first (a few seconds), so
+that ``algorithm="auto"`` keeps the exact op where compression would cost time (inside a
+process) and compresses where the link is slow (across hosts). ``--no-calibrate`` turns it
+off (auto then chooses as without a calibration: compressed, one_shot or two_shot); a model
+given with ``JCOCCL_COST_MODEL`` is used as it is.
+
+Example:
+  >>> p = argparse.ArgumentParser(); add_flag(p)          # doctest: +SKIP
+  >>> start(mesh, p.parse_args([]).calibrate, print)      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+import jcoccl
+
+SIZES = (64 << 10, 512 << 10)
+
+
+def add_flag(p: argparse.ArgumentParser) -> None:
+  """Adds ``--no-calibrate`` (``args.calibrate``, default True)."""
+  p.add_argument(
+    "--no-calibrate",
+    dest="calibrate",
+    action="store_false",
+    help="skip measuring the mesh's links and codec at start (auto then compresses on "
+    "every axis as without a calibration)",
+  )
+
+
+def start(mesh: jax.sharding.Mesh, enabled: bool, say: Callable[[str], None]) -> dict[str, Any]:
+  """Calibrates ``mesh`` unless disabled or a cost model is already installed.
+
+  Args:
+    mesh: the training mesh (every process calls this with the same one).
+    enabled: ``args.calibrate``.
+    say: prints a line (process 0's output).
+
+  Returns:
+    What was done, for the run's records: ``{"calibrated": bool, "seconds", "choices"}``.
+  """
+  if not enabled:
+    return {"calibrated": False, "why": "--no-calibrate"}
+  if jcoccl.get_config().cost_model is not None:
+    return {"calibrated": False, "why": "cost model given (JCOCCL_COST_MODEL)"}
+  if all(mesh.shape[a] < 2 for a in mesh.axis_names):
+    return {"calibrated": False, "why": "no mesh axis of size > 1"}
+  t0 = time.perf_counter()
+  models = jcoccl.calibrate(mesh, sizes=SIZES, iters=2)
+  took = time.perf_counter() - t0
+  choices = jcoccl.cost_model_choices(models, mesh)
+  say(f"calibrated in {took:.1f} s; all_reduce auto picks {choices}")
+  return {"calibrated": True, "seconds": round(took, 2), "choices": choices}
