@@ -183,3 +183,23 @@ def test_auto_prefix_in_policies():
     jcoccl.Policy.from_dict({"pipe": {"ppermute": "auto:int8"}})
   spec = jcoccl.Policy.from_specs(["data.all_reduce=auto:fp8"])
   assert spec.options("data", "all_reduce")["algorithm"] == "auto"
+
+
+def test_hierarchical_where_one_level_is_slow():
+  """'a' crosses a slow link, 'b' stays in a process: over ("a", "b") the inner reduce-scatter
+  and gather shrink what crosses 'a' by n_b, so auto runs hierarchical."""
+  m = mesh((2, 4), ("a", "b"))
+  table = cm.CostModels((("a", "all_reduce", SLOW_LINK), ("b", "all_reduce", IN_PROCESS)))
+  f = jax.jit(
+    jax.shard_map(
+      lambda v: jcoccl.all_reduce(v, ("a", "b"), compressor="int8", min_bytes=0),
+      mesh=m,
+      in_specs=jax.P(("a", "b")),
+      out_specs=jax.P(("a", "b")),
+    )
+  )
+  x = jnp.ones((8, MiB), jnp.float32)
+  with jcoccl.config(cost_model=table):
+    assert _choice(f, x)[:2] == ("hierarchical", ("int8", "int8"))
+    np.testing.assert_allclose(np.asarray(f(x)), 8.0, rtol=1e-2)
+  assert _choice(f, x)[0] == "two_shot"  # no calibration: as before

@@ -169,11 +169,17 @@ def test_min_bytes_threshold_and_default():
 
 
 def test_min_bytes_env(monkeypatch):
+  """The environment gives the default, read once (and again on reload)."""
   monkeypatch.setenv("JCOCCL_MIN_BYTES", "123")
-  assert jcoccl.default_min_bytes() == 123
-  monkeypatch.setenv("JCOCCL_MIN_BYTES", "abc")
-  with pytest.raises(ValueError, match="JCOCCL_MIN_BYTES"):
-    jcoccl.default_min_bytes()
+  try:
+    jcoccl.set_config_defaults(reload=True)
+    assert jcoccl.default_min_bytes() == 123
+    monkeypatch.setenv("JCOCCL_MIN_BYTES", "abc")
+    with pytest.raises(ValueError, match="JCOCCL_MIN_BYTES"):
+      jcoccl.set_config_defaults(reload=True)
+  finally:
+    monkeypatch.delenv("JCOCCL_MIN_BYTES")
+    jcoccl.set_config_defaults(reload=True)
 
 
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])

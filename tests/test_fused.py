@@ -264,10 +264,9 @@ def test_rendezvous_timeout_fails_instead_of_hanging():
     mod.fused_comm_destroy(cid)
 
 
-def test_destroying_a_communicator_fails_a_waiting_collective_at_once(monkeypatch):
+def test_destroying_a_communicator_fails_a_waiting_collective_at_once():
   """Rank 0 of a 2-rank group waits for a rank that never comes; destroying the
   communicator (as jcoccl.shutdown does) must end that wait with an error, not the timeout."""
-  monkeypatch.setenv("JCOCCL_TIMEOUT_S", "120")
   mod, cid, f, x = _lonely_rank(10**12 + 11)
   # A one-device CPU program may run on the calling thread: destroy from another one.
   destroyed = []
@@ -277,7 +276,10 @@ def test_destroying_a_communicator_fails_a_waiting_collective_at_once(monkeypatc
   try:
     # Destroyed while waiting: "was destroyed"; if the call had not yet looked up its
     # communicator: "no communicator". Either way, no 120 s timeout.
-    with pytest.raises(Exception, match="was destroyed|has no communicator"):
+    with (
+      pytest.raises(Exception, match="was destroyed|has no communicator"),
+      jcoccl.config(timeout_s=120),
+    ):
       jax.block_until_ready(f(x))
   finally:
     timer.join()
