@@ -22,7 +22,7 @@ import jax
 
 import jcoccl
 
-SIZES = (64 << 10, 512 << 10)
+SIZES = (64 << 10, 256 << 10, 1 << 20)
 
 
 def add_flag(p: argparse.ArgumentParser) -> None:
@@ -54,7 +54,7 @@ def start(mesh: jax.sharding.Mesh, enabled: bool, say: Callable[[str], None]) ->
   if all(mesh.shape[a] < 2 for a in mesh.axis_names):
     return {"calibrated": False, "why": "no mesh axis of size > 1"}
   t0 = time.perf_counter()
-  models = jcoccl.calibrate(mesh, sizes=SIZES, iters=2)
+  models = jcoccl.calibrate(mesh, sizes=SIZES, iters=3)
   took = time.perf_counter() - t0
   choices = jcoccl.cost_model_choices(models, mesh)
   say(f"calibrated in {took:.1f} s; all_reduce auto picks {choices}")

@@ -85,6 +85,19 @@ def test_calibrate_picks_exact_for_the_in_process_axis():
   assert _choice(f, jnp.ones((8, 1 << 20), jnp.float32))[0] == "exact"
 
 
+def test_calibrate_two_sizes_on_two_ranks():
+  """On two ranks only one_shot runs: two sizes must still give a model (the codec is
+  measured apart, so the fit has delta, alpha and beta left)."""
+  m = mesh((2,), ("x",))
+  models = jcoccl.calibrate(m, sizes=(64 << 10, 256 << 10), iters=1, install=False)
+  assert models.entries[0][2].calibrated
+  assert jcoccl.get_config().cost_model is None
+  with pytest.raises(ValueError, match="at least two distinct sizes"):
+    jcoccl.calibrate(m, sizes=(64 << 10,))
+  with pytest.raises(ValueError, match="not mesh axes of size > 1"):
+    jcoccl.calibrate(m, axes=("y",))
+
+
 def test_cost_models_round_trip_through_json(tmp_path, monkeypatch):
   table = cm.CostModels(
     (("data", "all_reduce", SLOW_LINK), ("tensor", "*", IN_PROCESS)), "two axes"

@@ -322,12 +322,19 @@ def active(
   return DEFAULTS["cpu" if platform == "cpu" else "gpu"]
 
 
+# A compressed algorithm replaces the exact op only when predicted this much faster: on
+# shared machines repeated calibrations of one in-process axis spread by several times,
+# and a wrong "compress" costs more than a wrong "exact" (it also adds error).
+EXACT_MARGIN = 1.25
+
+
 def choose_auto(
   model: CostModel, nbytes: int, n: int, ratio: float, chunks: int = 1
 ) -> tuple[str, int]:
   """What ``algorithm="auto"`` runs under a calibrated ``model``: (algorithm, chunks) among
-  the exact op, one_shot, two_shot (n > 2) and, when ``chunks`` is 1, their 2- and
-  4-slice variants, by least modelled time (ties: the exact op, then fewer slices).
+  one_shot, two_shot (n > 2) and, when ``chunks`` is 1, their 2- and 4-slice variants, by
+  least modelled time (ties: fewer slices); the exact op instead unless that is
+  :data:`EXACT_MARGIN` times faster.
 
   Example:
     >>> slow = CostModel(1e-4, 1.25e8, 2e9, exact_alpha_s=1e-4, exact_beta_Bps=1.25e8)
@@ -336,7 +343,12 @@ def choose_auto(
   """
   algos = ("one_shot",) if n <= 2 else ("one_shot", "two_shot")
   ks = (1, 2, 4) if chunks == 1 else (chunks,)
-  return model.best(nbytes, n, ratio, [("exact", 1)] + [(a, k) for a in algos for k in ks])
+  algo, k = model.best(nbytes, n, ratio, [(a, k) for a in algos for k in ks])
+  if model.calibrated:
+    exact = model.cost("exact", nbytes, n)
+    if exact <= EXACT_MARGIN * model.cost(algo, nbytes, n, ratio, k):
+      return "exact", 1
+  return algo, k
 
 
 def fit(
@@ -375,9 +387,10 @@ def fit(
     terms = _terms(s["algorithm"], float(s["bytes"]), int(s["ranks"]), float(s["ratio"]))
     rows.append((1.0, *terms))
     times.append(float(s["seconds"]))
-  if len(rows) < 3:
+  need = 3 if gamma_Bps is None else 2  # a measured gamma leaves delta, alpha and beta
+  if len(rows) < need:
     raise ValueError(
-      f"fit needs at least 3 all_reduce timings on >= 2 ranks (one_shot and "
+      f"fit needs at least {need} all_reduce timings on >= 2 ranks (one_shot and "
       f"two_shot at several sizes), got {len(rows)}"
     )
   a = np.asarray(rows) / np.asarray(times)[:, None]
