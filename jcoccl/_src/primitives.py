@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 
 from jcoccl._src import _backend, _compat
-from jcoccl._src import config as _config
 from jcoccl._src import _common as C
+from jcoccl._src import config as _config
 from jcoccl._src import layout as L
 from jcoccl._src.params import PerLeaf as PerLeaf
 from jcoccl._src.params import grad_args as grad_args
