@@ -30,10 +30,10 @@ from jcoccl._src.config import set_defaults as set_config_defaults
 # all_reduce(algorithm="auto")'s cost model: constants measured per link and backend.
 from jcoccl._src.cost_model import CostModel as CostModel
 from jcoccl._src.cost_model import CostModels as CostModels
-from jcoccl._src.cost_model import load as load_cost_model
+from jcoccl._src.auto_model import load as load_cost_model
 from jcoccl._src.cost_model import read as read_cost_model
 from jcoccl._src.cost_model import save as save_cost_model
-from jcoccl._src.cost_model import set_model as set_cost_model
+from jcoccl._src.auto_model import set_model as set_cost_model
 from jcoccl._src.calibrate import calibrate as calibrate
 from jcoccl._src.calibrate import choices as cost_model_choices
 

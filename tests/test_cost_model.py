@@ -11,7 +11,7 @@ import pytest
 from collectives_util import mesh
 
 import jcoccl
-from jcoccl._src import cost_model
+from jcoccl._src import auto_model, cost_model
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +104,7 @@ def test_model_file_from_environment(tmp_path, monkeypatch):
   )
   monkeypatch.setenv("JCOCCL_COST_MODEL", str(path))
   jcoccl.set_config_defaults(reload=True)  # the environment is read once
-  assert cost_model.active().source == "file"
+  assert auto_model.active().source == "file"
   assert _auto_algorithm() == "one_shot"
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jcoccl._src import _compat, cost_model, layout
+from jcoccl._src import _compat, auto_model, layout
 from jcoccl._src import config as _config
 
 # ----------------------------------------------------------------------------------------
@@ -357,7 +357,7 @@ def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
     >>> choose_all_reduce(64 * 1024, 8, 0.26), choose_all_reduce(64 << 20, 8, 0.26)
     ('one_shot', 'two_shot')
   """
-  return cost_model.active().choose(nbytes, n, ratio)
+  return auto_model.active().choose(nbytes, n, ratio)
 
 
 def compression_ratio(compressor: Any, n: int, dtype: Any) -> float:

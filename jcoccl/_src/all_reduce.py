@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from jax import lax
 
-from jcoccl._src import _backend, _compat, cost_model
+from jcoccl._src import _backend, _compat, auto_model, cost_model
 from jcoccl._src import _common as C
 from jcoccl._src import all_gather as _ag
 from jcoccl._src import layout as L
@@ -166,7 +166,7 @@ def decide(
   nbytes = x.size * x.dtype.itemsize
   if algorithm != "auto" or comp is None:
     return comp, choose(comp, algorithm, axes, nbytes, x.size, x.dtype), chunks
-  model = cost_model.active(axes=axes, op="all_reduce")
+  model = auto_model.active(axes=axes, op="all_reduce")
   if not model.calibrated or isinstance(comp, tuple):
     return comp, choose(comp, algorithm, axes, nbytes, x.size, x.dtype), chunks
   n = C.group_size(axes)
@@ -187,8 +187,8 @@ def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float) -> float:
   all_gather (a two_shot's steps) plus a one_shot of the shard over the outer axes; inf
   without calibrated models of both levels."""
   outer, inner = axes[:-1], axes[-1:]
-  m_in = cost_model.active(axes=inner, op="all_reduce")
-  m_out = cost_model.active(axes=outer, op="all_reduce")
+  m_in = auto_model.active(axes=inner, op="all_reduce")
+  m_out = auto_model.active(axes=outer, op="all_reduce")
   if not (m_in.calibrated and m_out.calibrated):
     return math.inf
   n_in, n_out = C.group_size(inner), C.group_size(outer)

@@ -274,54 +274,6 @@ def save(models: CostModels | CostModel, path: str) -> None:
     f.write("\n")
 
 
-def set_model(model: CostModels | CostModel | None) -> None:
-  """Makes ``model`` the process default behind algorithm="auto" (None: the platform's).
-
-  Shorthand for ``jcoccl.set_config_defaults(cost_model=model)``. Programs are traced
-  again when it changes (it is part of the config, which is part of jit's cache key);
-  ``with jcoccl.config(cost_model=...)`` sets one for a block.
-
-  Example:
-    >>> set_model(CostModel(1e-4, 1.2e8, 2e9, "my 1 Gbit/s cluster"))
-    >>> set_model(None)
-  """
-  from jcoccl._src import config
-
-  if model is not None and not isinstance(model, (CostModel, CostModels)):
-    raise TypeError(f"model must be a CostModel, CostModels or None, got {type(model).__name__}")
-  config.set_defaults(cost_model=model)
-
-
-def load(path: str) -> CostModels:
-  """Reads a model file (``bench calibrate``, ``bench collectives --fit-out``) and makes
-  it the process default.
-
-  Raises:
-    ValueError: the file is not such a model (the message names the file and key).
-  """
-  models = read(path)
-  set_model(models)
-  return models
-
-
-def active(
-  platform: str | None = None, axes: Sequence[str] = (), op: str = "all_reduce"
-) -> CostModel:
-  """The model in use for ``op`` over ``axes``: the current config's, else the platform's
-  default."""
-  from jcoccl._src import config
-
-  table = config.current().cost_model
-  found = None if table is None else table.get(tuple(axes), op)
-  if found is not None:
-    return found
-  if platform is None:
-    import jax
-
-    platform = jax.default_backend()
-  return DEFAULTS["cpu" if platform == "cpu" else "gpu"]
-
-
 # A compressed algorithm replaces the exact op only when predicted this much faster: on
 # shared machines repeated calibrations of one in-process axis spread by several times,
 # and a wrong "compress" costs more than a wrong "exact" (it also adds error).
