@@ -58,6 +58,9 @@ ARGS = [
   "--steps",
   str(STEPS),
   "--no-progress",
+  # The runs must take the same algorithms to train alike: a calibration would (rightly)
+  # keep the exact op inside one process and compress across two.
+  "--no-calibrate",
 ]
 
 
