@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--seq-len", type=int, default=64)
   p.add_argument("--micro", type=int, default=2, help="pipeline micro-batches")
+  p.add_argument(
+    "--dtype",
+    choices=("float32", "bfloat16"),
+    default="float32",
+    help="compute dtype; bfloat16: mixed precision (bf16 activations and gradients on the "
+    "wire, float32 master weights and AdamW state)",
+  )
   p.add_argument("--lr", type=float, default=3e-3)
   p.add_argument("--warmup", type=int, default=30)
   p.add_argument("--weight-decay", type=float, default=0.1)

@@ -70,9 +70,11 @@ class LayerNorm(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((dim,), jnp.float32))
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    mean = x.mean(-1, keepdims=True)
-    var = jnp.square(x - mean).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...] + self.bias[...]
+    h = x.astype(jnp.float32)
+    mean = h.mean(-1, keepdims=True)
+    var = jnp.square(h - mean).mean(-1, keepdims=True)
+    normed = ((h - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
+    return normed * self.scale[...] + self.bias[...]
 
 
 class RMSNorm(nnx.Module):

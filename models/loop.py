@@ -182,7 +182,7 @@ def final_sample(cfg: Any, params: dict, corpus: data.Corpus) -> str:
   except ValueError:  # a --max-chars corpus too short to hold the prompt's characters
     prompt = corpus.val[:8]
   model = build_model(cfg, corpus.vocab_size)
-  fwd = sample.single_device_forward(model, sample.host_params(params))
+  fwd = sample.single_device_forward(model, sample.host_params(params), cfg.dtype)
   s = sample.generate(
     fwd,
     prompt,

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 import jcoccl
@@ -40,6 +41,13 @@ NO_WIRE = {"source": None, "note": "bytes on the wire not measured (--no-hlo-wir
 WIRE_SOURCE = (
   "measured: jcoccl.wire_bytes(..., mesh=mesh) on the compiled train step; "
   "uncompressed = the same step compiled with the exact policy (no compression)"
+)
+# XLA:CPU runs bfloat16 collectives in float32; NCCL sends them as bfloat16, so a bfloat16
+# run counts the program as jax lowered it (for float32 both counts are the same).
+WIRE_SOURCE_LOWERED = (
+  "measured: jcoccl.wire_bytes(..., mesh=mesh, program='lowered') on the train step as "
+  "lowered (bfloat16 collectives at bfloat16 width, as NCCL sends them; XLA:CPU's compiled "
+  "program widens them to float32); uncompressed = the same step with the exact policy"
 )
 
 
@@ -71,9 +79,10 @@ def wire_report(
     lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), t
   )
   p, o, xs = abstract(state.params), abstract(state.opt_state), abstract(x)
-  got = jcoccl.wire_bytes(step_fn, p, o, abstract(state.ef), xs, xs, mesh=par.mesh)
+  program = "compiled" if par.dtype == jnp.float32 else "lowered"
+  got = jcoccl.wire_bytes(step_fn, p, o, abstract(state.ef), xs, xs, mesh=par.mesh, program=program)
   ref_step = exact.train_step(tx, state.params, clip_norm=clip)
-  ref = jcoccl.wire_bytes(ref_step, p, o, None, xs, xs, mesh=exact.mesh)
+  ref = jcoccl.wire_bytes(ref_step, p, o, None, xs, xs, mesh=exact.mesh, program=program)
   axes = sorted(set(got["by_axis"]) | set(ref["by_axis"]), key=_axis_order)
   by_axis = {
     a: {
@@ -84,7 +93,7 @@ def wire_report(
     for a in axes
   }
   return {
-    "source": WIRE_SOURCE,
+    "source": WIRE_SOURCE if program == "compiled" else WIRE_SOURCE_LOWERED,
     "by_axis": by_axis,
     "total": {"compressed": got["total"], "uncompressed": ref["total"]},
     **_process_split(by_axis),

@@ -65,6 +65,7 @@ __all__ = [
   "Collectives",
   "Parallel3D",
   "TensorComm",
+  "compute_dtype",
   "crosses_processes",
   "make_mesh",
   "param_specs",
@@ -87,6 +88,11 @@ class Parallel3D:
       mesh axes: ``self.mesh`` then has axes ``(NODE, *AXES)``, with 'data' the ranks inside
       one node; ``error_feedback`` keeps the data level's compression residuals.
     n_micro: pipeline micro-batches per step (must divide the per-data-rank batch).
+    dtype: the compute dtype, float32 or bfloat16. bfloat16 is the usual mixed-precision
+      recipe: the stored parameters (and ZeRO's master shards and AdamW's state) stay
+      float32; each step computes with a bfloat16 copy, so activations, the tensor and pipe
+      collectives and the gradient sums carry bfloat16, and gradients are cast back to
+      float32 for clipping and the optimizer. ZeRO gathers its shards in bfloat16.
 
   Attributes:
     placement: the mesh and the parameters' specs (``models.sharding.Placement``).
@@ -101,7 +107,9 @@ class Parallel3D:
     recipe: Recipe | Policy | None = None,
     *,
     n_micro: int = 1,
+    dtype: Any = jnp.float32,
   ):
+    self.dtype = compute_dtype(dtype)
     if tuple(mesh.axis_names) != AXES:
       raise ValueError(f"mesh axis names must be {AXES}, got {tuple(mesh.axis_names)}")
     fam = family_of(model)
@@ -128,7 +136,7 @@ class Parallel3D:
     specs = param_specs(jax.eval_shape(lambda: stack_params(model)), fam.tensor_axis)
     self.placement = Placement(split, specs)
     coll = Collectives(self.policy)
-    self.shards = ZeroShards(self.placement, coll)
+    self.shards = ZeroShards(self.placement, coll, self.dtype)
     self.grad_sync = GradSync(self.placement, coll, self.recipe, self.shards, self.zero)
     self.coll = coll
     self.mesh, self.specs, self.sizes = self.placement.mesh, specs, self.placement.sizes
@@ -180,6 +188,12 @@ class Parallel3D:
     return self.shards.specs()
 
   # -- local computation --------------------------------------------------------------------
+  def _compute(self, params: Any) -> Any:
+    """``params`` in the compute dtype (the float32 originals stay the master weights)."""
+    if self.dtype == jnp.float32:
+      return params
+    return jax.tree.map(lambda p: p.astype(self.dtype), params)
+
   def _stage(self, params: dict) -> nnx.Module:
     state = jax.tree.map(lambda x: x, self._abstract_state)
     nnx.replace_by_pure_dict(state, unstack_params(params))
@@ -214,8 +228,11 @@ class Parallel3D:
     return loss
 
   def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False):
-    loss, grads = jax.value_and_grad(self._local_loss)(params, tokens, targets)
+    low = self._compute(params)
+    loss, grads = jax.value_and_grad(self._local_loss)(low, tokens, targets)
     grads, ef = self.grad_sync.sync(grads, ef, zero)
+    # Summed in the compute dtype on the wire; clipped and applied in float32.
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     return self._sum_loss(loss), grads, ef
 
   def loss_and_grads(self, params: dict, tokens: jax.Array, targets: jax.Array):
@@ -245,7 +262,7 @@ class Parallel3D:
     """
 
     def local(params, tokens):
-      model, n_pipe = self._stage(params), self.sizes["pipe"]
+      model, n_pipe = self._stage(self._compute(params)), self.sizes["pipe"]
       y = pipeline.gpipe(
         lambda h: model.run_blocks(h, self._comm()),
         model.embed(tokens)[None],
@@ -253,7 +270,8 @@ class Parallel3D:
         n_stages=n_pipe,
         permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm),
       )[0]
-      out = jnp.where(pipeline.is_last_stage("pipe", n_pipe), model.head(y), 0.0)
+      logits = model.head(y).astype(jnp.float32)
+      out = jnp.where(pipeline.is_last_stage("pipe", n_pipe), logits, 0.0)
       # Only the last stage holds real logits; the others add exact zeros.
       return self.coll.all_reduce(out, "pipe", exact=True) if n_pipe > 1 else out
 
@@ -323,6 +341,22 @@ class Parallel3D:
       (specs, ospecs, espec, {"loss": P(), "grad_norm": P()}),
     )
     return jax.jit(f, donate_argnums=(0, 1, 2))
+
+
+def compute_dtype(dtype: Any) -> jnp.dtype:
+  """``dtype`` checked as a compute dtype of :class:`Parallel3D`.
+
+  Raises:
+    ValueError: not float32 or bfloat16 (float16 would need loss scaling, which the step
+      does not do).
+  """
+  try:
+    d = jnp.dtype(dtype)
+  except TypeError:
+    d = None
+  if d not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+    raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+  return d
 
 
 def reference_loss_and_grads(model: nnx.Module, tokens: jax.Array, targets: jax.Array):

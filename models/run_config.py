@@ -82,6 +82,7 @@ class RunConfig:
   no_progress: bool
   sample_tokens: int
   calibrate: bool = True  # models.calibration: jcoccl.calibrate on the mesh at start
+  dtype: str = "float32"  # the compute dtype (models.parallel.Parallel3D)
 
   @classmethod
   def from_args(cls, args: Any) -> RunConfig:
@@ -109,6 +110,7 @@ CONFIG_FLAGS = (
   "steps",
   "batch",
   "micro",
+  "dtype",
   "lr",
   "seed",
 )

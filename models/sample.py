@@ -25,6 +25,7 @@ import pathlib
 import sys
 import types
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -212,20 +213,25 @@ def _check_shapes(model: nnx.Module, params: dict, where: pathlib.Path) -> None:
     )
 
 
-def single_device_forward(model: nnx.Module, params: dict) -> Forward:
-  """``model``'s logits with ``params`` (stacked layout) on the first device."""
+def single_device_forward(model: nnx.Module, params: dict, dtype: Any = jnp.float32) -> Forward:
+  """``model``'s float32 logits with ``params`` (stacked layout) on the first device,
+  computed in ``dtype`` (the run's ``--dtype``)."""
+  dt = parallel.compute_dtype(dtype)
   state = nnx.state(model, nnx.Param)
-  nnx.replace_by_pure_dict(state, parallel.unstack_params(jax.tree.map(jnp.asarray, params)))
+  low = jax.tree.map(lambda a: jnp.asarray(a).astype(dt), params)
+  nnx.replace_by_pure_dict(state, parallel.unstack_params(low))
   nnx.update(model, state)
   graphdef, weights = nnx.split(model)
-  f = jax.jit(lambda w, t: nnx.merge(graphdef, w)(t))
+  f = jax.jit(lambda w, t: nnx.merge(graphdef, w)(t).astype(jnp.float32))
   return lambda tokens: f(weights, tokens)
 
 
-def mesh_forward(model: nnx.Module, params: dict, mesh_shape: tuple[int, int, int]) -> Forward:
+def mesh_forward(
+  model: nnx.Module, params: dict, mesh_shape: tuple[int, int, int], dtype: Any = jnp.float32
+) -> Forward:
   """The same logits computed 3D-parallel on a data x tensor x pipe mesh (exact policy)."""
   mesh = parallel.make_mesh(*mesh_shape)
-  par = parallel.Parallel3D(model, mesh, Policy(), n_micro=1)
+  par = parallel.Parallel3D(model, mesh, Policy(), n_micro=1, dtype=dtype)
   placed = jax.device_put(params, par.sharding(par.specs))
   f = par.logits_fn()
   return lambda tokens: f(placed, tokens)
@@ -279,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     default="1,1,1",
     help="data,tensor,pipe: sample on this mesh (default 1,1,1: one device)",
   )
+  p.add_argument(
+    "--dtype",
+    choices=("float32", "bfloat16"),
+    default=None,
+    help="compute dtype (default: the run's, from config.json; float32 without one)",
+  )
   for key in CONFIG_KEYS:
     p.add_argument(
       "--" + key.replace("_", "-"),
@@ -329,10 +341,11 @@ def main(argv: list[str] | None = None) -> Sample:
   params, step = load_params(path, args.step)
   model = build(cfg, vocab.size)
   _check_shapes(model, params, path)
+  dtype = args.dtype or cfg.get("dtype", "float32")
   forward = (
-    single_device_forward(model, params)
+    single_device_forward(model, params, dtype)
     if math.prod(args.mesh_shape) == 1
-    else mesh_forward(model, params, args.mesh_shape)
+    else mesh_forward(model, params, args.mesh_shape, dtype)
   )
   s = generate(
     forward,

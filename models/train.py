@@ -118,14 +118,18 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   model = build_model(cfg, corpus.vocab_size)
   mesh = parallel.make_mesh(*cfg.mesh_shape)
   calibration.start(mesh, cfg.calibrate, say)
-  par = parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro)
+  par = parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro, dtype=cfg.dtype)
   tx = loop.make_optimizer(cfg)
   params = par.shard(model)
   state = State(params, par.init_opt(tx, params), par.init_ef(params))
-  # The uncompressed reference for the wire-bytes report: same model, mesh and ZeRO mode
-  # (the same optimizer-state layout and node split), exact policy.
+  # The uncompressed reference for the wire-bytes report: same model, mesh, dtype and ZeRO
+  # mode (the same optimizer-state layout and node split), exact policy.
   ref = Recipe(zero=True, nodes=recipe.nodes) if recipe.zero else Recipe()
-  exact = None if cfg.no_hlo_wire else parallel.Parallel3D(model, mesh, ref, n_micro=cfg.micro)
+  exact = (
+    None
+    if cfg.no_hlo_wire
+    else parallel.Parallel3D(model, mesh, ref, n_micro=cfg.micro, dtype=cfg.dtype)
+  )
   cfg.out.mkdir(parents=True, exist_ok=True)
   if lead():
     write_config(cfg)

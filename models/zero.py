@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,10 +40,12 @@ class ZeroShards:
   Args:
     place: the mesh, its sizes and the parameters' specs.
     coll: the collectives (the all_gather compressor is qwZ's).
+    dtype: the dtype that :meth:`gather` sends (the compute dtype: bfloat16 under mixed
+      precision); the gathered parameters come back in the dtype of ``like``.
   """
 
-  def __init__(self, place: Placement, coll: Collectives):
-    self.place, self.coll = place, coll
+  def __init__(self, place: Placement, coll: Collectives, dtype: Any = jnp.float32):
+    self.place, self.coll, self.dtype = place, coll, jnp.dtype(dtype)
 
   def scatter_levels(self) -> tuple[str, ...]:
     """The axes that ZeRO's gradient reduce_scatter crosses, in order: inside the node
@@ -93,8 +97,9 @@ class ZeroShards:
     """
 
     def leaf(s, x):
+      s = s.astype(self.dtype)
       for axis in reversed(self.scatter_levels()):
         s = self.coll.all_gather(s, axis)
-      return s[: x.size].reshape(x.shape)
+      return s[: x.size].reshape(x.shape).astype(x.dtype)
 
     return jax.tree.map(leaf, shards, like)

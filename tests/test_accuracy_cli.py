@@ -19,6 +19,8 @@ def test_two_policies_one_seed(tmp_path, capsys):
     "exact,int8,no_such_policy",
     "--seeds",
     "1",
+    "--dtypes",
+    "float32,bfloat16",
     "--steps",
     "2",
     "--out",
@@ -27,8 +29,8 @@ def test_two_policies_one_seed(tmp_path, capsys):
   result = study.main(argv)
   text = capsys.readouterr()
   assert "policy 'no_such_policy' skipped" in text.err
-  rows = {r["policy"]: r for r in result["table"]}
-  assert set(rows) == {"exact", "int8"}
+  rows = {r["policy"] + study.DTYPE_TAG[r["dtype"]]: r for r in result["table"]}
+  assert set(rows) == {"exact", "int8", "exact-bf16", "int8-bf16"}
   exact, int8 = rows["exact"], rows["int8"]
   assert exact["byte_ratio"] == 1.0 and exact["val_ratio"] == 1.0
   # int8 sends a quarter of float32's bytes plus per-block scales, on every axis.
@@ -36,6 +38,14 @@ def test_two_policies_one_seed(tmp_path, capsys):
   for axis in ("data", "tensor", "pipe"):
     assert 0 < int8["bytes_by_axis"][axis] < exact["bytes_by_axis"][axis]
   assert int8["bytes_by_axis"]["other"] == 0
+  # bfloat16: the exact baseline sends half of float32's bytes (bar the float32 loss and
+  # norm scalars), the codec's payload is the same, so its ratio to its own baseline doubles.
+  assert 0.5 <= rows["exact-bf16"]["byte_ratio_f32"] < 0.51
+  assert rows["int8-bf16"]["bytes"] == int8["bytes"]
+  assert rows["int8-bf16"]["byte_ratio"] == pytest.approx(
+    int8["bytes"] / rows["exact-bf16"]["bytes"]
+  )
+  assert rows["exact-bf16"]["val_ratio"] == 1.0 and rows["exact-bf16"]["val_ratio_f32"] > 0
   # The table repeats what each run's summary.json reports.
   for r in result["runs"]:
     summary = json.loads((tmp_path / r["dir"] / "summary.json").read_text())
@@ -45,10 +55,12 @@ def test_two_policies_one_seed(tmp_path, capsys):
   assert int8["val_ratio"] == pytest.approx(
     result["runs"][1]["val_loss"] / result["runs"][0]["val_loss"]
   )
+  assert [r["dtype"] for r in result["runs"]] == ["float32"] * 2 + ["bfloat16"] * 2
   on_disk = json.loads((out / "results.json").read_text())
   assert on_disk["table"] == json.loads(json.dumps(result["table"]))
   md = (out / "results.md").read_text()
-  assert "| gpt | int8 | 1 |" in md and "no_such_policy" in md
+  assert "| gpt | float32 | int8 | 1 |" in md and "| gpt | bfloat16 | int8 | 1 |" in md
+  assert "no_such_policy" in md
   assert (out / "val_loss_vs_bytes.png").stat().st_size > 5000
   # Run again: every run is read back, not trained.
   again = study.main(argv)
@@ -62,6 +74,7 @@ def test_two_policies_one_seed(tmp_path, capsys):
     (["--models", "gpt,bert"], "--models must be"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--steps", "0"], "--steps must be >= 1"),
+    (["--dtypes", "float32,float16"], "--dtypes must be"),
     (["--policies", "nope1,nope2"], "none of --policies"),
   ],
 )

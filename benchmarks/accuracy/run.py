@@ -56,6 +56,9 @@ TINY = [
 ]
 COLUMNS = ("data", "tensor", "pipe", "other")
 DEFAULT_STEPS = 200
+DTYPES = ("float32", "bfloat16")
+# Run directories and labels: float32 keeps the names of studies before --dtypes.
+DTYPE_TAG = {"float32": "", "bfloat16": "-bf16"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     f"one is skipped (default {DEFAULT_POLICIES})",
   )
   p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per model and policy")
+  p.add_argument(
+    "--dtypes",
+    default="float32",
+    help="comma-separated compute dtypes (models.train --dtype): float32, bfloat16; each "
+    "runs every policy, and each row is compared with its own dtype's exact run and with "
+    "float32's (default float32)",
+  )
   p.add_argument(
     "--steps",
     type=int,
@@ -101,6 +111,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   bad = [m for m in args.models if m not in MODELS]
   if bad or not args.models:
     p.error(f"--models must be a comma-separated subset of {MODELS}, got {bad or args.models}")
+  args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+  bad = [d for d in args.dtypes if d not in DTYPES]
+  if bad or not args.dtypes:
+    p.error(f"--dtypes must be a comma-separated subset of {DTYPES}, got {bad or args.dtypes}")
   if args.seeds < 1:
     p.error(f"--seeds must be >= 1, got {args.seeds}")
   if args.steps is None:
@@ -150,25 +164,37 @@ def common_argv(args: argparse.Namespace) -> list[str]:
 
 
 def train_argv(
-  args: argparse.Namespace, model: str, policy: str, seed: int, out: pathlib.Path
+  args: argparse.Namespace,
+  model: str,
+  policy: str,
+  seed: int,
+  out: pathlib.Path,
+  dtype: str = "float32",
 ) -> list[str]:
   """The models.train command line of one run."""
-  return [
-    "--model",
-    model,
-    "--policy",
-    str(args.policy_paths[policy]),
-    "--seed",
-    str(seed),
-    "--out",
-    str(out),
-  ] + common_argv(args)
+  extra = [] if dtype == "float32" else ["--dtype", dtype]
+  return (
+    [
+      "--model",
+      model,
+      "--policy",
+      str(args.policy_paths[policy]),
+      "--seed",
+      str(seed),
+      "--out",
+      str(out),
+    ]
+    + common_argv(args)
+    + extra
+  )
 
 
-def run_one(args: argparse.Namespace, model: str, policy: str, seed: int) -> dict:
+def run_one(
+  args: argparse.Namespace, model: str, policy: str, seed: int, dtype: str = "float32"
+) -> dict:
   """Trains one run (or reads it back if it finished with the same command line)."""
-  out = args.out / "runs" / f"{model}-{policy}-s{seed}"
-  argv = train_argv(args, model, policy, seed, out)
+  out = args.out / "runs" / f"{model}-{policy}{DTYPE_TAG[dtype]}-s{seed}"
+  argv = train_argv(args, model, policy, seed, out, dtype)
   done = out / "summary.json"
   cmd_file = out / "argv.json"
   if done.is_file() and cmd_file.is_file() and json.loads(cmd_file.read_text()) == argv:
@@ -194,6 +220,7 @@ def run_one(args: argparse.Namespace, model: str, policy: str, seed: int) -> dic
   return {
     "model": model,
     "policy": policy,
+    "dtype": dtype,
     "seed": seed,
     "val_loss": summary["val_loss_end"],
     "loss_end": summary["loss_end"],
@@ -235,29 +262,40 @@ def _spread(values: list[float]) -> float:
   return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def _exact(runs: list[dict], model: str, dtype: str) -> tuple[float | None, float | None]:
+  """(mean val loss, mean bytes) of the model's exact runs in ``dtype`` (None: not run)."""
+  rs = [
+    r
+    for r in runs
+    if (r["model"], r["policy"], r.get("dtype", "float32")) == (model, "exact", dtype)
+  ]
+  if not rs:
+    return None, None
+  return statistics.mean(r["val_loss"] for r in rs), statistics.mean(r["bytes"] for r in rs)
+
+
 def table(runs: list[dict]) -> list[dict]:
-  """One row per (model, policy): val loss mean and spread over seeds, bytes per step by
-  axis, and the ratios to the same model's exact runs (bytes: to the exact policy's measured
-  bytes when it is in the study, else to the run's own uncompressed reference compile)."""
+  """One row per (model, dtype, policy): val loss mean and spread over seeds, bytes per step
+  by axis, and the ratios to the same model's exact runs in the same dtype (bytes: to the
+  exact policy's measured bytes when it is in the study, else to the run's own uncompressed
+  reference compile), and to its float32 exact runs (``*_f32``) when those are in the study."""
   rows = []
-  for model in dict.fromkeys(r["model"] for r in runs):
-    mine = [r for r in runs if r["model"] == model]
-    exact = [r for r in mine if r["policy"] == "exact"]
-    exact_val = statistics.mean(r["val_loss"] for r in exact) if exact else None
+  keys = dict.fromkeys((r["model"], r.get("dtype", "float32")) for r in runs)
+  for model, dtype in keys:
+    mine = [r for r in runs if (r["model"], r.get("dtype", "float32")) == (model, dtype)]
+    exact_val, exact_bytes = _exact(runs, model, dtype)
+    f32_val, f32_bytes = _exact(runs, model, "float32")
     for policy in dict.fromkeys(r["policy"] for r in mine):
       rs = [r for r in mine if r["policy"] == policy]
       vals = [r["val_loss"] for r in rs]
       total = statistics.mean(r["bytes"] for r in rs)
-      ref = (
-        statistics.mean(r["bytes"] for r in exact)
-        if exact
-        else statistics.mean(r["exact_bytes"] for r in rs)
-      )
+      ref = exact_bytes or statistics.mean(r["exact_bytes"] for r in rs)
       mean = statistics.mean(vals)
       rows.append(
         {
           "model": model,
           "policy": policy,
+          "dtype": dtype,
           "seeds": len(rs),
           "val_loss_mean": mean,
           "val_loss_std": _spread(vals),
@@ -266,8 +304,10 @@ def table(runs: list[dict]) -> list[dict]:
           "bytes_by_axis": {a: statistics.mean(r["bytes_by_axis"][a] for r in rs) for a in COLUMNS},
           "bytes": total,
           "byte_ratio": total / ref if ref else math.nan,
-          "byte_ratio_to": "exact policy" if exact else "uncompressed reference compile",
+          "byte_ratio_to": "exact policy" if exact_bytes else "uncompressed reference compile",
           "val_ratio": mean / exact_val if exact_val else None,
+          "byte_ratio_f32": total / f32_bytes if f32_bytes else None,
+          "val_ratio_f32": mean / f32_val if f32_val else None,
           "sample": next((r["sample"] for r in rs if r["seed"] == 0), rs[0]["sample"]),
         }
       )
@@ -286,26 +326,32 @@ def markdown(rows: list[dict], meta: dict) -> str:
     f"compiled step; val loss = final validation loss (mean ± sample standard deviation "
     f"over seeds, [min, max]); the data column is the whole data level (ZeRO++ splits "
     f"it into node and data axes), other = groups over several axes. Ratios are to the "
-    f"exact policy of the same model. "
+    f"exact policy of the same model and dtype, and (f32 columns) to its float32 exact "
+    f"policy; bfloat16 bytes are counted at bfloat16 width, as NCCL sends them "
+    f"(models.train's wire report: XLA:CPU widens bfloat16 collectives to float32). "
     f"Commit {meta['commit']}, {meta['date']}, total wall time {meta['wall_s']:.0f} s.",
     "",
   ]
   if meta["skipped"]:
     lines += [f"- {why}" for why in meta["skipped"]] + [""]
   lines += [
-    "| model | policy | seeds | val loss | val / exact | data kB | tensor kB | pipe kB "
-    "| other kB | total kB | bytes / exact |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
+    "| model | dtype | policy | seeds | val loss | val / exact | data kB | tensor kB | pipe kB "
+    "| other kB | total kB | bytes / exact | val / f32 exact | bytes / f32 exact |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     ax = r["bytes_by_axis"]
-    val_ratio = "n/a" if r["val_ratio"] is None else f"{r['val_ratio']:.4f}"
+    val_ratio, val_f32, bytes_f32 = (
+      "n/a" if r[k] is None else f"{r[k]:.{d}f}"
+      for k, d in (("val_ratio", 4), ("val_ratio_f32", 4), ("byte_ratio_f32", 3))
+    )
     lines.append(
-      f"| {r['model']} | {r['policy']} | {r['seeds']} | {r['val_loss_mean']:.4f} ± "
+      f"| {r['model']} | {r['dtype']} | {r['policy']} | {r['seeds']} | "
+      f"{r['val_loss_mean']:.4f} ± "
       f"{r['val_loss_std']:.4f} [{r['val_loss_min']:.4f}, {r['val_loss_max']:.4f}] | "
       f"{val_ratio} | {ax['data'] / 1e3:.1f} | {ax['tensor'] / 1e3:.1f} | "
       f"{ax['pipe'] / 1e3:.1f} | {ax['other'] / 1e3:.1f} | {r['bytes'] / 1e3:.1f} | "
-      f"{r['byte_ratio']:.3f} |"
+      f"{r['byte_ratio']:.3f} | {val_f32} | {bytes_f32} |"
     )
   lines += [
     "",
@@ -315,7 +361,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
   ]
   for r in rows:
     if r["sample"]:
-      lines += [f"**{r['model']} / {r['policy']}**", "", "```", r["sample"].rstrip(), "```", ""]
+      label = f"{r['model']} / {r['policy']}{DTYPE_TAG[r['dtype']]}"
+      lines += [f"**{label}**", "", "```", r["sample"].rstrip(), "```", ""]
   return "\n".join(lines) + "\n"
 
 
@@ -327,12 +374,13 @@ def plot(runs: list[dict], path: pathlib.Path) -> None:
   import matplotlib.pyplot as plt
 
   models = list(dict.fromkeys(r["model"] for r in runs))
-  policies = list(dict.fromkeys(r["policy"] for r in runs))
+  label = lambda r: r["policy"] + DTYPE_TAG[r.get("dtype", "float32")]
+  policies = list(dict.fromkeys(label(r) for r in runs))
   markers = "osD^v<>PX*"
   fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
   for ax, model in zip(axes[0], models):
     for i, policy in enumerate(policies):
-      rs = [r for r in runs if r["model"] == model and r["policy"] == policy]
+      rs = [r for r in runs if r["model"] == model and label(r) == policy]
       ax.scatter(
         [r["bytes"] / 1e3 for r in rs],
         [r["val_loss"] for r in rs],
@@ -340,6 +388,10 @@ def plot(runs: list[dict], path: pathlib.Path) -> None:
         label=policy,
         alpha=0.8,
       )
+    for dtype, style in (("float32", "-"), ("bfloat16", "--")):
+      val, _ = _exact(runs, model, dtype)
+      if val is not None:  # the baselines: a line at each dtype's exact loss
+        ax.axhline(val, color="gray", ls=style, lw=0.8, label=f"exact {dtype} (mean)")
     ax.set_xscale("log")
     ax.ticklabel_format(axis="y", useOffset=False)
     ax.set_title(model)
@@ -373,13 +425,20 @@ def main(argv: list[str] | None = None) -> dict:
     print(why, file=sys.stderr)
   args.out.mkdir(parents=True, exist_ok=True)
   t0, runs = time.perf_counter(), []
-  jobs = [(m, p, s) for m in args.models for s in range(args.seeds) for p in args.policy_paths]
-  for k, (model, policy, seed) in enumerate(jobs):
-    r = run_one(args, model, policy, seed)
+  jobs = [
+    (m, p, s, d)
+    for d in args.dtypes
+    for m in args.models
+    for s in range(args.seeds)
+    for p in args.policy_paths
+  ]
+  for k, (model, policy, seed, dtype) in enumerate(jobs):
+    r = run_one(args, model, policy, seed, dtype)
     runs.append(r)
     how = "reused" if r["reused"] else f"{r['wall_s']:.0f} s"
     print(
-      f"[{k + 1}/{len(jobs)}] {model} {policy} seed {seed}: val {r['val_loss']:.4f}, "
+      f"[{k + 1}/{len(jobs)}] {model} {policy}{DTYPE_TAG[dtype]} seed {seed}: "
+      f"val {r['val_loss']:.4f}, "
       f"{r['bytes'] / 1e3:.1f} kB/step ({how})",
       flush=True,
     )
@@ -388,6 +447,7 @@ def main(argv: list[str] | None = None) -> dict:
     "command": " ".join([PROG] + list(argv if argv is not None else sys.argv[1:])),
     "steps": args.steps,
     "seeds": list(range(args.seeds)),
+    "dtypes": args.dtypes,
     "models": args.models,
     "policies": {p: str(path) for p, path in args.policy_paths.items()},
     "skipped": list(args.skipped.values()),

@@ -303,10 +303,17 @@ def _collective(
   return c
 
 
-def _compiled(fn: Callable[..., Any], args: tuple) -> tuple[str, int, list[int] | None]:
+PROGRAMS = ("compiled", "lowered")
+
+
+def _compiled(
+  fn: Callable[..., Any], args: tuple, program: str = "compiled"
+) -> tuple[str, int, list[int] | None]:
   jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-  compiled = jitted.lower(*args).compile()
-  return compiled.as_text(), jax.device_count(), _compat.executable_device_ids(compiled)
+  lowered = jitted.lower(*args)
+  compiled = lowered.compile()
+  text = compiled.as_text() if program == "compiled" else lowered.as_text(dialect="hlo")
+  return text, jax.device_count(), _compat.executable_device_ids(compiled)
 
 
 def wire_bytes(
@@ -314,6 +321,7 @@ def wire_bytes(
   *args: Any,
   reference: Callable[..., Any] | None = None,
   mesh: jax.sharding.Mesh | None = None,
+  program: str = "compiled",
 ) -> dict[str, Any]:
   """Bytes each device sends per collective in ``fn``'s compiled program.
 
@@ -326,6 +334,9 @@ def wire_bytes(
       groups are matched to the tuple of mesh axes (in mesh order) whose groups they equal
       as sets of device ids; a collective-permute gets the axes along which its
       source -> target pairs move. Groups that match no axes are reported under "?".
+    program: "compiled" (what this backend runs) or "lowered" (the program as jax wrote
+      it, before XLA's passes). They differ where a backend widens a type: XLA:CPU runs
+      bfloat16 all-reduces and collective-permutes in float32, where NCCL sends bfloat16.
 
   Returns:
     dict with "collectives" (list of {op, bytes, dtype, group_size, executions,
@@ -347,7 +358,9 @@ def wire_bytes(
     raise TypeError(
       f"wire_bytes: mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}"
     )
-  text, ndev, ids = _compiled(fn, args)
+  if program not in PROGRAMS:
+    raise ValueError(f"wire_bytes: program must be one of {PROGRAMS}, got {program!r}")
+  text, ndev, ids = _compiled(fn, args, program)
   colls = parse_hlo(text, ndev, mesh=mesh, device_ids=ids)
   result: dict[str, Any] = {
     "collectives": colls,
@@ -358,7 +371,7 @@ def wire_bytes(
   if mesh is not None:
     result["by_axis"] = by_axis(colls)
   if reference is not None:
-    rtext, _, rids = _compiled(reference, args)
+    rtext, _, rids = _compiled(reference, args, program)
     rcolls = parse_hlo(rtext, ndev, mesh=mesh, device_ids=rids)
     result["reference_by_op"] = _by_op(rcolls)
     result["reference_total"] = float(sum(c["sent_bytes"] for c in rcolls))
