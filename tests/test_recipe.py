@@ -165,7 +165,7 @@ def test_defaults_and_as_recipe():
     as_recipe("coccl")
 
 
-@pytest.mark.parametrize("name", ["exact", "coccl", "int8", "zeropp", "lean"])
+@pytest.mark.parametrize("name", ["exact", "coccl", "int8", "zeropp", "lean", "int3"])
 def test_shipped_configs_are_valid(name):
   Recipe.from_toml(str(CONFIGS / f"{name}.toml"), axes=("node", *AXES))
 

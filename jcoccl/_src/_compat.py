@@ -28,6 +28,13 @@ def varying_axes(x) -> frozenset:
   return frozenset(mat.varying)
 
 
+def is_traced(*xs) -> bool:
+  """True when any of ``xs`` is a tracer (inside jit, grad, vmap, shard_map...)."""
+  from jax._src import core as _core
+
+  return any(isinstance(x, _core.Tracer) for x in xs)
+
+
 # --- fused engine: result types with varying axes; the traced shard_map's devices;
 # --- jax.distributed key-value store --------------------------------------------------------
 

@@ -20,6 +20,7 @@ implementation ("jnp" or "native").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src import layout
+from jcoccl._src import _compat, layout
 from jcoccl._src.compressors import registry, spec
 
 # The families reach these as ``_base.X``; they are the arithmetic module's.
@@ -274,7 +275,7 @@ class Compressor:
 
       return native.encode_rows(self, x2d)
     self._check_key(key)
-    return self._encode_jnp(x2d, key)
+    return _eager_as_one_program(self, "_encode_jnp", x2d, key=key)
 
   def _check_buf(self, buf: jax.Array, n: int, dtype: Any, ndim: int = 2) -> jnp.dtype:
     d = self._check_dtype(dtype)
@@ -300,7 +301,7 @@ class Compressor:
       from jcoccl._src.compressors import native
 
       return native.decode_rows(self, buf, n, d)
-    return self._decode_rows_jnp(buf, n, d)
+    return _eager_as_one_program(self, "_decode_rows_jnp", buf, n, d)
 
   def _decode_rows_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
     return self._decode_wide(buf, n, d).astype(d)
@@ -318,7 +319,7 @@ class Compressor:
       from jcoccl._src.compressors import native
 
       return native.decode_sum(self, buf, n, d)
-    return self._decode_sum_jnp(buf, n, d)
+    return _eager_as_one_program(self, "_decode_sum_jnp", buf, n, d)
 
   def _decode_sum_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
     if d in FLOAT_DTYPES and type(self).decode_sum_f32 is not Compressor.decode_sum_f32:
@@ -346,6 +347,9 @@ class Compressor:
 
       return native.decode_sum_encode(self, buf, n, d)
     self._check_key(key)
+    return _eager_as_one_program(self, "_decode_sum_encode_jnp", buf, n, d, key)
+
+  def _decode_sum_encode_jnp(self, buf: jax.Array, n: int, d: jnp.dtype, key: Any) -> jax.Array:
     return self._encode_jnp(self._decode_sum_jnp(buf, n, d)[None], key)[0]
 
   def _flat_row(self, x: jax.Array) -> tuple[jax.Array, int]:
@@ -406,3 +410,30 @@ def check_inner(inner: Any) -> Compressor:
 
 
 registry.set_base(Compressor)
+
+
+def _call(c: Compressor, method: str, arr: jax.Array, n: Any, d: Any, key: Any) -> jax.Array:
+  if method == "_encode_jnp":
+    return c._encode_jnp(arr, key)
+  if method == "_decode_sum_encode_jnp":
+    return c._decode_sum_encode_jnp(arr, n, d, key)
+  return getattr(c, method)(arr, n, d)
+
+
+_one_program = jax.jit(_call, static_argnums=(0, 1, 3, 4))
+
+
+def _eager_as_one_program(
+  c: Compressor, method: str, arr: jax.Array, n: Any = None, d: Any = None, key: Any = None
+) -> jax.Array:
+  """``c.<method>``: under a trace as it stands; called eagerly, as one compiled program per
+  (codec, shape, dtype), cached by jax.jit. Op by op, the jnp codecs compile each of their
+  dozens of small ops for every new shape: a spike(int5) encode of 4 shapes x 2 dtypes took
+  15 s that way and 8 s as one program."""
+  if _compat.is_traced(arr, key):
+    return _call(c, method, arr, n, d, key)
+  try:
+    hash(c)  # a codec with unhashable fields cannot key jax.jit's cache
+  except TypeError:
+    return _call(c, method, arr, n, d, key)
+  return _one_program(c, method, arr, n, None if d is None else jnp.dtype(d), key)
