@@ -20,7 +20,6 @@ implementation ("jnp" or "native").
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, ClassVar
 
