@@ -9,6 +9,7 @@ import pytest
 from benchmarks.accuracy import run as study
 
 
+@pytest.mark.slow
 def test_two_policies_one_seed(tmp_path, capsys):
   out = tmp_path / "acc"
   argv = [

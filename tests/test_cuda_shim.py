@@ -27,6 +27,7 @@ def _compare(*args: str) -> subprocess.CompletedProcess:
   )
 
 
+@pytest.mark.slow
 def test_cuda_kernels_match_cpu_codecs_for_every_family_dtype_and_block():
   r = _compare()
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -56,6 +56,7 @@ def test_gpu_scripts_parse_their_arguments():
   assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_on_cpu_runs_every_step(tmp_path):
   # The whole script in its CPU mode: build plan, import, codec check, single (fused vs xla
   # through shard_map: the Explicit-mesh defect made every row a mismatch), launch + worker

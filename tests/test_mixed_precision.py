@@ -135,6 +135,7 @@ def test_compute_dtype_rejects_others(bad):
     Parallel3D(_gpt(), make_mesh(2, 2, 2), Recipe(), dtype=bad)
 
 
+@pytest.mark.slow
 def test_train_and_sample_in_bf16(tmp_path, capsys):
   out = tmp_path / "run"
   argv = [*TINY_RUN, "--steps", "3", "--warmup", "1", "--eval-every", "3", "--ckpt-every", "3"]

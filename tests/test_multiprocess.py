@@ -79,6 +79,7 @@ def test_launcher_rejects_bad_arguments(argv, message):
   assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_killed_process_stops_the_others():
   """kill -9 of one process: the others fail with an error, well within 60 s, by themselves
   (the launcher would wait 120 s before terminating them)."""

@@ -195,6 +195,7 @@ def _assert_within(got, exact, bound, what):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "make,spec",
   [(_gpt, "int8"), (_qwen, "hadamard(int4)"), (_qwen, "fp8")],
@@ -236,6 +237,7 @@ def test_data_grad_compression_within_derived_bound(make, spec):
 # -- Lossy: the full policy (every axis compressed) ----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_gpt, _qwen], ids=["gpt", "qwen"])
 def test_full_lossy_policy_finite_and_fewer_bytes(make):
   """Tensor fp8, pipe int8 and data int8 together. Compressed activations feed every later

@@ -56,6 +56,7 @@ def _reference_forward(out):
   return (lambda t: f(weights, t)), vocab
 
 
+@pytest.mark.slow
 def test_fixed_seed_gives_fixed_sample(run, capsys):
   argv = ["--out", str(run), "--length", "24", "--temperature", "1.0", "--top-k", "8"]
   a = sample.main(argv + ["--seed", "5"])

@@ -36,6 +36,7 @@ def _restore(out, step):
   return mngr.restore(step, args=ocp.args.StandardRestore())
 
 
+@pytest.mark.slow
 def test_loss_drops_and_outputs_written(tmp_path, capsys):
   out = tmp_path / "run"
   summary = train.main(TINY + ["--steps", "40", "--eval-every", "20", "--out", str(out)])
@@ -59,6 +60,7 @@ def test_loss_drops_and_outputs_written(tmp_path, capsys):
   assert "tokens/s" in text and "by mesh axis (measured" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["exact", "coccl", "coccl --zero"])
 def test_resume_reproduces_uninterrupted_run(tmp_path, policy):
   common = TINY + [
@@ -382,6 +384,7 @@ def _assert_same_checkpoint(a, b, step):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "damage,reason",
   [(_truncate_largest_array_file, "Exception"), (_garbage_metadata, "JSONDecodeError")],

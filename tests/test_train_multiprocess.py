@@ -123,6 +123,7 @@ def _kill_at_step_3(out) -> tuple[float, str]:
   return took, text
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path):
   """One scenario, three checks (CI time: two launches in all):
   1. 2 processes x 4 devices train exactly as 1 process x 8 devices (losses of the steps

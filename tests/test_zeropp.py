@@ -54,6 +54,7 @@ def _master_full(par, master, params, fn):
 EXACT_GATHER = ["none", jcoccl.compressors.none()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gather", EXACT_GATHER, ids=["none", "none()"])
 def test_qwz_exact_equals_zero_step(gather):
   # Two data ranks as two nodes: every sum is of two float32 terms, the same in any order,
@@ -128,6 +129,7 @@ def _by_axis_op(step, args, mesh):
   return out
 
 
+@pytest.mark.slow
 def test_hpz_gathers_across_nodes_once_per_step():
   # 2 nodes x 2 data ranks (x 2 pipe stages): int8 weights, int4 gradients.
   mesh = make_mesh(4, 1, 2)
@@ -247,6 +249,7 @@ def test_qgz_quantizes_once_per_level_within_bound(spec):
 # ---- training ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_zeropp_run_loss_drops_and_resumes_bit_exactly(tmp_path):
   # 2 nodes x 2 data ranks x 2 pipe stages (bytes by axis: test_hpz_... above).
   common = TINY + [
