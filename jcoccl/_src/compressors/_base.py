@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src import _compat, layout
+from jcoccl._src import layout
 from jcoccl._src.compressors import registry, spec
 
 # The families reach these as ``_base.X``; they are the arithmetic module's.
@@ -53,6 +53,7 @@ from jcoccl._src.compressors.arith import plus_zero as plus_zero
 from jcoccl._src.compressors.arith import round_up as round_up
 from jcoccl._src.compressors.arith import u32_to_bytes as u32_to_bytes
 from jcoccl._src.compressors.arith import unpack_bits as unpack_bits
+from jcoccl._src.compressors.eager import one_program
 
 
 def _left_fold(rows: jax.Array) -> jax.Array:
@@ -247,6 +248,7 @@ class Compressor:
         "pass key=jax.random.key(...)"
       )
 
+  @one_program
   def encode_rows(
     self, x2d: jax.Array, *, key: jax.Array | None = None, impl: str = "auto"
   ) -> jax.Array:
@@ -274,7 +276,7 @@ class Compressor:
 
       return native.encode_rows(self, x2d)
     self._check_key(key)
-    return _eager_as_one_program(self, "_encode_jnp", x2d, key=key)
+    return self._encode_jnp(x2d, key)
 
   def _check_buf(self, buf: jax.Array, n: int, dtype: Any, ndim: int = 2) -> jnp.dtype:
     d = self._check_dtype(dtype)
@@ -287,6 +289,7 @@ class Compressor:
       )
     return d
 
+  @one_program
   def decode_rows(self, buf: jax.Array, n: int, dtype: Any, *, impl: str = "auto") -> jax.Array:
     """Decodes ``uint8[rows, payload_nbytes(n, dtype)]`` to ``dtype[rows, n]``.
 
@@ -300,11 +303,12 @@ class Compressor:
       from jcoccl._src.compressors import native
 
       return native.decode_rows(self, buf, n, d)
-    return _eager_as_one_program(self, "_decode_rows_jnp", buf, n, d)
+    return self._decode_rows_jnp(buf, n, d)
 
   def _decode_rows_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
     return self._decode_wide(buf, n, d).astype(d)
 
+  @one_program
   def decode_sum(self, buf: jax.Array, n: int, dtype: Any, *, impl: str = "auto") -> jax.Array:
     """Decodes every row and sums them: float32 left fold in row order, cast once.
 
@@ -318,7 +322,7 @@ class Compressor:
       from jcoccl._src.compressors import native
 
       return native.decode_sum(self, buf, n, d)
-    return _eager_as_one_program(self, "_decode_sum_jnp", buf, n, d)
+    return self._decode_sum_jnp(buf, n, d)
 
   def _decode_sum_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
     if d in FLOAT_DTYPES and type(self).decode_sum_f32 is not Compressor.decode_sum_f32:
@@ -330,6 +334,7 @@ class Compressor:
       acc = canonical_nan(acc)  # which NaN a sum of NaNs gives is not fixed by IEEE 754
     return acc.astype(d)
 
+  @one_program
   def decode_sum_encode(
     self, buf: jax.Array, n: int, dtype: Any, *, key: jax.Array | None = None, impl: str = "auto"
   ) -> jax.Array:
@@ -346,7 +351,7 @@ class Compressor:
 
       return native.decode_sum_encode(self, buf, n, d)
     self._check_key(key)
-    return _eager_as_one_program(self, "_decode_sum_encode_jnp", buf, n, d, key)
+    return self._decode_sum_encode_jnp(buf, n, d, key)
 
   def _decode_sum_encode_jnp(self, buf: jax.Array, n: int, d: jnp.dtype, key: Any) -> jax.Array:
     return self._encode_jnp(self._decode_sum_jnp(buf, n, d)[None], key)[0]
@@ -355,6 +360,7 @@ class Compressor:
     npad = layout.padded_len(x.size, self.granule)
     return layout.pad_last(layout.flat_row(x), npad)[None], npad
 
+  @one_program
   def encode(self, x: jax.Array, *, key: jax.Array | None = None, impl: str = "auto") -> Payload:
     """Encodes an array of any shape: flattened, zero-padded to the granule, one row.
 
@@ -373,11 +379,16 @@ class Compressor:
       raise TypeError(
         f"payload must be a jcoccl Payload (from encode), got {type(payload).__name__}"
       )
+    return self._decode_payload(payload, impl=impl)
+
+  @one_program
+  def _decode_payload(self, payload: Payload, *, impl: str) -> jax.Array:
     size = math.prod(payload.shape)
     npad = layout.padded_len(size, self.granule)
     out = self.decode_rows(payload.data[None], npad, payload.dtype, impl=impl)[0]
     return out[:size].reshape(payload.shape)
 
+  @one_program
   def error_bound(self, x: jax.Array) -> jax.Array:
     """Per-element bound: ``|x - decode(encode(x))| <= error_bound(x)`` (float32, x's shape).
 
@@ -409,30 +420,3 @@ def check_inner(inner: Any) -> Compressor:
 
 
 registry.set_base(Compressor)
-
-
-def _call(c: Compressor, method: str, arr: jax.Array, n: Any, d: Any, key: Any) -> jax.Array:
-  if method == "_encode_jnp":
-    return c._encode_jnp(arr, key)
-  if method == "_decode_sum_encode_jnp":
-    return c._decode_sum_encode_jnp(arr, n, d, key)
-  return getattr(c, method)(arr, n, d)
-
-
-_one_program = jax.jit(_call, static_argnums=(0, 1, 3, 4))
-
-
-def _eager_as_one_program(
-  c: Compressor, method: str, arr: jax.Array, n: Any = None, d: Any = None, key: Any = None
-) -> jax.Array:
-  """``c.<method>``: under a trace as it stands; called eagerly, as one compiled program per
-  (codec, shape, dtype), cached by jax.jit. Op by op, the jnp codecs compile each of their
-  dozens of small ops for every new shape: a spike(int5) encode of 4 shapes x 2 dtypes took
-  15 s that way and 8 s as one program."""
-  if _compat.is_traced(arr, key):
-    return _call(c, method, arr, n, d, key)
-  try:
-    hash(c)  # a codec with unhashable fields cannot key jax.jit's cache
-  except TypeError:
-    return _call(c, method, arr, n, d, key)
-  return _one_program(c, method, arr, n, None if d is None else jnp.dtype(d), key)
