@@ -33,6 +33,12 @@ CODECS = [
   jc.int4(block_size=1024),
   jc.int2(block_size=64),
   jc.int2(block_size=32, symmetric=False),
+  jc.int2(block_size=4096, symmetric=False),
+  jc.int3(block_size=32),
+  jc.int3(block_size=512, symmetric=False),
+  jc.int5(),
+  jc.int6(block_size=64, symmetric=False),
+  jc.int7(),
   jc.fp8("e4m3", block_size=32),
   jc.fp8("e4m3", block_size=256),
   jc.fp8("e5m2", block_size=64),
@@ -40,6 +46,9 @@ CODECS = [
   jc.hadamard(jc.int8(block_size=256), size=64),
   jc.hadamard(jc.fp8("e4m3", block_size=128), size=256),
   jc.hadamard(jc.int8(block_size=32, symmetric=False), size=32),
+  jc.hadamard(jc.fp8("e4m3"), size=32),
+  jc.hadamard(jc.none()),
+  jc.hadamard(jc.cast(jnp.bfloat16), size=64),
   jc.error_bounded(1e-2, block_size=64),
   jc.error_bounded(1e-4, block_size=256),
   jc.error_bounded(0.5, block_size=32),
@@ -85,8 +94,9 @@ def _data(rows: int, n: int, dtype, seed: int) -> np.ndarray:
     if r % 3 == 0:
       sel = np.flatnonzero(kind == 3)[:1]
       runs[r, sel, 5] = np.nan
-      sel = np.flatnonzero(kind == 4)[:1]
-      runs[r, sel, 7] = -np.inf
+      sel = np.flatnonzero(kind == 4)[:2]
+      runs[r, sel[:1], 7] = -np.inf
+      runs[r, sel[1:], 9] = np.inf
     runs[r, kind == 5] = -0.0
     runs[r, kind == 6] *= np.float32(1e-3)
   return np.asarray(jnp.asarray(x).astype(dtype))
