@@ -17,6 +17,17 @@ xdist=()
 if [ "$workers" != 0 ]; then
   xdist=(-n "$workers" --dist worksteal)
 fi
+# One XLA compilation cache per run, shared by the workers and by the processes the tests
+# start: a program compiled by several tests (a codec's round trip, a resumed training run's
+# step) compiles once. A fresh directory each run, so that a run compiles everything it tests;
+# JCOCCL_TEST_JAX_CACHE=DIR keeps one across runs instead.
+cache=${JCOCCL_TEST_JAX_CACHE:-}
+if [ -z "$cache" ]; then
+  cache=$(mktemp -d -t jcoccl-jax-cache.XXXXXX)
+  trap 'rm -rf "$cache"' EXIT
+fi
+export JAX_COMPILATION_CACHE_DIR=$cache
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 start=$(date +%s)
 rc=0
 "$VENV/bin/python" -m pytest -q "${xdist[@]}" "$@" || rc=$?
