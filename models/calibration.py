@@ -45,7 +45,9 @@ def start(mesh: jax.sharding.Mesh, enabled: bool, say: Callable[[str], None]) ->
     say: prints a line (process 0's output).
 
   Returns:
-    What was done, for the run's records: ``{"calibrated": bool, "seconds", "choices"}``.
+    What was done, for the run's records: ``{"calibrated": bool, "seconds", "choices",
+    "cost_model"}`` (the measured table, loadable with ``JCOCCL_COST_MODEL``), or
+    ``{"calibrated": False, "why"}``.
   """
   if not enabled:
     return {"calibrated": False, "why": "--no-calibrate"}
@@ -58,4 +60,9 @@ def start(mesh: jax.sharding.Mesh, enabled: bool, say: Callable[[str], None]) ->
   took = time.perf_counter() - t0
   choices = jcoccl.cost_model_choices(models, mesh)
   say(f"calibrated in {took:.1f} s; all_reduce auto picks {choices}")
-  return {"calibrated": True, "seconds": round(took, 2), "choices": choices}
+  return {
+    "calibrated": True,
+    "seconds": round(took, 2),
+    "choices": choices,
+    "cost_model": models.to_json(),
+  }

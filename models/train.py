@@ -12,7 +12,8 @@ with ``error: --flag ...`` (status 2), a bad policy file names its table and key
 
 Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation, and
 one "wire" record), loss.png, summary.json, config.json (the flags that rebuild the model, for
-``python -m models.sample``) and orbax checkpoints under ckpt/; the final loss line is
+``python -m models.sample``), calibration.json (what auto picks per mesh axis, or why
+nothing was calibrated) and orbax checkpoints under ckpt/; the final loss line is
 followed by a short sample of the trained model (fixed prompt, seed and temperature). ``--resume``
 continues from the newest checkpoint that restores; damaged newer ones are named, skipped and
 moved to ckpt-skipped/, and a torn last line of metrics.jsonl is dropped. Bytes on the
@@ -29,6 +30,7 @@ The jobs live in their own modules: ``models.cli`` (flags and their checks),
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -117,7 +119,7 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   """
   model = build_model(cfg, corpus.vocab_size)
   mesh = parallel.make_mesh(*cfg.mesh_shape)
-  calibration.start(mesh, cfg.calibrate, say)
+  calibrated = calibration.start(mesh, cfg.calibrate, say)
   par = parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro, dtype=cfg.dtype)
   tx = loop.make_optimizer(cfg)
   params = par.shard(model)
@@ -133,6 +135,7 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   cfg.out.mkdir(parents=True, exist_ok=True)
   if lead():
     write_config(cfg)
+    (cfg.out / "calibration.json").write_text(json.dumps(calibrated, indent=1))
   mngr = checkpointer(cfg.out)
   metrics_path = cfg.out / "metrics.jsonl"
   if cfg.resume:

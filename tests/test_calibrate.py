@@ -222,3 +222,19 @@ def test_hierarchical_where_one_level_is_slow():
     assert _choice(f, x)[:2] == ("hierarchical", ("int8", "int8"))
     np.testing.assert_allclose(np.asarray(f(x)), 8.0, rtol=1e-2)
   assert _choice(f, x)[0] == "two_shot"  # no calibration: as before
+
+
+def test_training_start_records_what_it_calibrated():
+  """models.train's start-up calibration returns a record that is plain JSON, whose cost
+  model loads back as the installed one (what a run writes to calibration.json)."""
+  from models import calibration
+
+  m = mesh((2, 4), ("data", "tensor"))
+  said = []
+  rec = json.loads(json.dumps(calibration.start(m, True, said.append)))
+  assert rec["calibrated"] and set(rec["choices"]) == {"data", "tensor"}
+  assert cm.from_json(rec["cost_model"]) == jcoccl.get_config().cost_model
+  assert "all_reduce auto picks" in said[0]
+  assert calibration.start(m, True, said.append)["why"].startswith("cost model given")
+  jcoccl.set_config_defaults(reload=True)
+  assert calibration.start(m, False, said.append) == {"calibrated": False, "why": "--no-calibrate"}

@@ -45,6 +45,10 @@ def test_loss_drops_and_outputs_written(tmp_path, capsys):
   vals = [r["val_loss"] for r in recs if "val_loss" in r]
   assert len(vals) == 2 and vals[1] < vals[0]
   assert (out / "loss.png").stat().st_size > 1000
+  assert json.loads((out / "calibration.json").read_text()) == {
+    "calibrated": False,
+    "why": "--no-calibrate",
+  }
   # Warmup starts at lr/warmup, so the first optimizer step already moves the weights.
   first = next(r for r in recs if "loss" in r)
   assert first["step"] == 1 and first["lr"] == pytest.approx(1e-2 / 5)
