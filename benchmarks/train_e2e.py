@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -41,10 +42,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODEL = [
   "--size",
   "wide",
-  "--batch",
-  "2",
-  "--seq-len",
-  "16",
   "--micro",
   "1",
   "--lr",
@@ -56,6 +53,8 @@ MODEL = [
   "--eval-batches",
   "4",
 ]
+# Environment variables that change what a run does or how fast: recorded with the results.
+ENV_PREFIXES = ("JCOCCL_", "XLA_", "JAX_", "GLIBC_", "MALLOC_", "OMP_", "TF_CPP_", "NCCL_")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,6 +74,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     help="policies to compare (repeatable; default exact and coccl)",
   )
   p.add_argument("--steps", type=int, default=10)
+  p.add_argument(
+    "--batch",
+    type=int,
+    default=2,
+    help="sequences per step (default 2: a communication-bound step; more tokens per step "
+    "make it compute-heavier)",
+  )
+  p.add_argument("--seq-len", type=int, default=16, help="tokens per sequence (default 16)")
   p.add_argument("--repeats", type=int, default=2)
   p.add_argument("--processes", type=int, default=2)
   p.add_argument("--devices-per-process", type=int, default=4)
@@ -92,7 +99,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.error(f"--steps must be >= 3 (the first step compiles), got {args.steps}")
   if args.repeats < 1:
     p.error(f"--repeats must be >= 1, got {args.repeats}")
+  for flag in ("batch", "seq_len"):
+    if getattr(args, flag) < 1:
+      p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
   return args
+
+
+def model_args(args: argparse.Namespace) -> list[str]:
+  """The model flags of every run: MODEL and the step's batch and sequence length."""
+  return [*MODEL, "--batch", str(args.batch), "--seq-len", str(args.seq_len)]
 
 
 def command(args: argparse.Namespace, rate: str, policy: str, out: pathlib.Path) -> list[str]:
@@ -111,7 +126,7 @@ def command(args: argparse.Namespace, rate: str, policy: str, out: pathlib.Path)
     sys.executable,
     "-m",
     "models.train",
-    *MODEL,
+    *model_args(args),
     "--mesh",
     args.mesh,
     "--policy",
@@ -137,6 +152,7 @@ def run_one(args: argparse.Namespace, rate: str, policy: str, work: pathlib.Path
   """Runs one training; returns its step times, final validation loss and wall time."""
   out = work / f"{rate}-{policy}"
   shutil.rmtree(out, ignore_errors=True)
+  load = os.getloadavg()
   t0 = time.perf_counter()
   r = subprocess.run(command(args, rate, policy, out), cwd=ROOT, capture_output=True, text=True)
   wall = time.perf_counter() - t0
@@ -152,30 +168,71 @@ def run_one(args: argparse.Namespace, rate: str, policy: str, work: pathlib.Path
     "median_step_s": statistics.median(steps[1:]),
     "val_loss": val[-1],
     "wall_s": wall,
+    "load_avg_before": load,
+    "calibration": _calibration(out),
   }
 
 
+def _calibration(out: pathlib.Path) -> dict:
+  """What the run's start-up calibration chose (models.train writes calibration.json)."""
+  path = out / "calibration.json"
+  if not path.exists():
+    return {"calibrated": False, "why": "no calibration.json"}
+  rec = json.loads(path.read_text())
+  return {k: rec[k] for k in ("calibrated", "seconds", "choices", "why") if k in rec}
+
+
 def table(runs: list[dict], policies: list[str], rates: list[str]) -> str:
-  """Markdown: per link rate and policy, median step time, speedup over exact, val loss."""
+  """Markdown: per link rate and policy, the median step time over repeats with its range,
+  the speedup over exact (of the medians, and the range of each repeat's own ratio), and the
+  final validation loss against exact's."""
   lines = [
-    "| link | policy | step time (s, median) | speedup vs exact | final val loss | vs exact |",
+    "| link | policy | step s, median (range) | speedup vs exact (per-repeat range) "
+    "| final val loss | vs exact |",
     "|---|---|---|---|---|---|",
   ]
   for rate in rates:
-    cell = {}
+    mine = {p: [r for r in runs if r["link_rate"] == rate and r["policy"] == p] for p in policies}
+    ref = {r["repeat"]: r["median_step_s"] for r in mine.get("exact", [])}
+    t0 = statistics.median(ref.values()) if ref else float("nan")
+    v0 = statistics.median(r["val_loss"] for r in mine["exact"]) if ref else float("nan")
     for pol in policies:
-      mine = [r for r in runs if r["link_rate"] == rate and r["policy"] == pol]
-      cell[pol] = (
-        statistics.median(r["median_step_s"] for r in mine),
-        statistics.median(r["val_loss"] for r in mine),
-      )
-    t0, v0 = cell.get("exact", (float("nan"), float("nan")))
-    for pol in policies:
-      t, v = cell[pol]
+      steps = [r["median_step_s"] for r in mine[pol]]
+      t, v = statistics.median(steps), statistics.median(r["val_loss"] for r in mine[pol])
+      ratios = [ref[r["repeat"]] / r["median_step_s"] for r in mine[pol] if r["repeat"] in ref]
+      spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
       lines.append(
-        f"| {rate} | {pol} | {t:.2f} | {t0 / t:.2f}x | {v:.4f} | {100 * (v - v0) / v0:+.2f}% |"
+        f"| {rate} | {pol} | {t:.2f} ({min(steps):.2f}-{max(steps):.2f}) | {t0 / t:.2f}x "
+        f"({spread}) | {v:.4f} | {100 * (v - v0) / v0:+.2f}% |"
       )
   return "\n".join(lines)
+
+
+def _read(path: str) -> str | None:
+  p = pathlib.Path(path)
+  return p.read_text().strip() if p.exists() else None
+
+
+def _version(pkg: str) -> str | None:
+  try:
+    return importlib.metadata.version(pkg)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def environment() -> dict:
+  """What besides the code can move a step time: package versions, the kernel's huge-page
+  settings, glibc, and the environment variables the runs inherit (the launcher adds
+  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 where it is unset)."""
+  return {
+    "jax": _version("jax"),
+    "jaxlib": _version("jaxlib"),
+    "glibc": " ".join(platform.libc_ver()),
+    "kernel": platform.release(),
+    "thp_enabled": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
+    "thp_defrag": _read("/sys/kernel/mm/transparent_hugepage/defrag"),
+    "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+  }
 
 
 def machine() -> dict:
@@ -194,6 +251,7 @@ def machine() -> dict:
     "cores": os.cpu_count(),
     "load_avg_at_start": os.getloadavg(),
     "python": platform.python_version(),
+    **environment(),
   }
 
 
@@ -228,24 +286,38 @@ def main(argv: list[str] | None = None) -> None:
       "mesh": args.mesh,
       "steps": args.steps,
       "repeats": args.repeats,
-      "model_args": MODEL,
+      "model_args": model_args(args),
       "link_rates": args.link_rate,
+      "batch": args.batch,
+      "seq_len": args.seq_len,
     }
     (out / "results.json").write_text(json.dumps({**info, **setup, "runs": runs}, indent=1))
-    (out / "README.md").write_text(report(info, setup, text))
+    (out / "README.md").write_text(report(info, setup, text, runs))
 
 
-def report(info: dict, setup: dict, text: str) -> str:
+def report(info: dict, setup: dict, text: str, runs: list[dict]) -> str:
+  """README.md of a results directory: the set-up, the table, each run's calibration."""
+  thp = info["thp_enabled"] or "unknown"
+  env = ", ".join(f"{k}={v}" for k, v in info["env"].items()) or "none set"
+  picks = sorted(
+    {(r["link_rate"], r["policy"], json.dumps(r["calibration"].get("choices"))) for r in runs}
+  )
   return (
     f"# End-to-end training across processes ({info['date'][:10]})\n\n"
-    f"jcoccl commit {info['commit']}; {info['cpu']}, {info['cores']} cores (shared; load "
-    f"average at start {info['load_avg_at_start'][0]:.1f}); Python {info['python']}.\n"
+    f"jcoccl commit {info['commit']}; {info['cpu']}, {info['cores']} cores (load "
+    f"average at start {info['load_avg_at_start'][0]:.1f}); Python {info['python']}, "
+    f"jax {info['jax']}, jaxlib {info['jaxlib']}, {info['glibc']}, kernel "
+    f"{info['kernel']}, transparent huge pages `{thp}`; environment: {env}.\n"
     f"{setup['processes']} processes x {setup['devices_per_process']} host CPU devices "
     f"(`python -m jcoccl.launch --link-rate RATE`: one tc token-bucket link shared by "
     f"all traffic between the processes), mesh data,tensor,pipe = {setup['mesh']}; "
     f"`python -m models.train {' '.join(setup['model_args'])}`, {setup['steps']} steps, "
     f"seed 0, {setup['repeats']} interleaved repeats; step time = median over repeats "
-    f"of each run's median step after the first.\n\n{text}\n"
+    f"of each run's median step after the first; ranges are over repeats.\n\n{text}\n\n"
+    "What each run's start-up calibration had auto pick for all_reduce (per axis and "
+    "message size; results.json has every run):\n\n"
+    + "\n".join(f"- {rate} {pol}: {c}" for rate, pol, c in picks)
+    + "\n"
   )
 
 
