@@ -224,6 +224,60 @@ def test_hierarchical_where_one_level_is_slow():
   assert _choice(f, x)[0] == "two_shot"  # no calibration: as before
 
 
+def _ef_program(n):
+  ef = jcoccl.error_feedback("int8")
+
+  def step(g):
+    grads = {"w": g, "b": g[:, :4]}
+    return ef.all_reduce(grads, ef.init(grads), "x", min_bytes=0)
+
+  m = mesh((n,), ("x",))
+  return jax.jit(jax.shard_map(step, mesh=m, in_specs=jax.P("x"), out_specs=jax.P("x"))), n
+
+
+def test_error_feedback_follows_the_calibrated_choice():
+  """Where calibrated auto keeps the exact op, error feedback sends exactly and keeps a zero
+  residual; on a slow link it compresses and keeps what its encoding lost."""
+  f, n = _ef_program(4)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((n, MiB // 4)), jnp.float32)
+  exact = np.asarray(x).sum(0)
+  with jcoccl.config(cost_model=IN_PROCESS):
+    out, res = f(x)
+    np.testing.assert_array_equal(np.asarray(out["w"])[0], np.asarray(jnp.sum(x, 0)))
+    assert not np.any(np.asarray(res["w"])) and not np.any(np.asarray(res["b"]))
+    assert "u8[" not in f.lower(x).compile().as_text()
+  with jcoccl.config(cost_model=SLOW_LINK):
+    out, res = f(x)
+    assert np.any(np.asarray(res["w"]))
+    # int8 rounds each block to within half a step, max|block|/127/2, per rank.
+    step = np.abs(np.asarray(x)).max() / 127
+    np.testing.assert_allclose(np.asarray(out["w"])[0], exact, atol=n * step)
+    assert np.abs(np.asarray(res["w"])).max() <= step / 2 * (1 + 1e-6)
+
+
+def test_error_feedback_keeps_flat_algorithms_over_two_axes():
+  """Over two calibrated axes where all_reduce alone would run hierarchical, error feedback
+  runs a flat algorithm (its residual is defined for those) instead of raising."""
+  m = mesh((2, 4), ("a", "b"))
+  table = cm.CostModels((("a", "all_reduce", SLOW_LINK), ("b", "all_reduce", IN_PROCESS)))
+  ef = jcoccl.error_feedback("int8")
+  f = jax.jit(
+    jax.shard_map(
+      lambda g: ef.all_reduce(g, ef.init(g), ("a", "b"), min_bytes=0),
+      mesh=m,
+      in_specs=jax.P(("a", "b")),
+      out_specs=jax.P(("a", "b")),
+    )
+  )
+  x = jnp.ones((8, MiB), jnp.float32)
+  with jcoccl.config(cost_model=table):
+    (c,) = jcoccl.wire_bytes(f, x)["choices"]
+    assert c["algorithm"] in ("one_shot", "two_shot")
+    out, res = f(x)
+    np.testing.assert_allclose(np.asarray(out), 8.0, rtol=1e-2)
+
+
 def test_training_start_records_what_it_calibrated():
   """models.train's start-up calibration returns a record that is plain JSON, whose cost
   model loads back as the installed one (what a run writes to calibration.json)."""

@@ -152,14 +152,14 @@ def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
 
 
 def decide(
-  comp: Any, algorithm: str, axes: tuple, x: jax.Array, chunks: int
+  comp: Any, algorithm: str, axes: tuple, x: jax.Array, chunks: int, *, flat: bool = False
 ) -> tuple[Any, str, int]:
   """(compressor, algorithm, chunks) of a call: ``algorithm="auto"`` resolved.
 
   With a calibrated cost model for ``axes`` (:func:`jcoccl.calibrate`), auto takes the
   least predicted time among the exact lax op (compressor None, algorithm "exact"),
-  one_shot, two_shot, hierarchical (several axes, each calibrated) and, when ``chunks`` is
-  1, their chunked variants; a compressed one must beat the exact op by
+  one_shot, two_shot, hierarchical (several axes, each calibrated; not when ``flat``) and,
+  when ``chunks`` is 1, their chunked variants; a compressed one must beat the exact op by
   :data:`jcoccl._src.cost_model.EXACT_MARGIN`. Otherwise it is :func:`choose`, as without
   calibration.
   """
@@ -175,7 +175,7 @@ def decide(
   best = model.cost(algo, nbytes, n, ratio, k)
   if algo == "exact":  # compression must win by the same margin as in choose_auto
     best /= cost_model.EXACT_MARGIN
-  if len(axes) > 1 and _hierarchical_cost(axes, nbytes, ratio) < best:
+  if not flat and len(axes) > 1 and _hierarchical_cost(axes, nbytes, ratio) < best:
     return (comp, comp), "hierarchical", chunks
   if algo == "exact":
     return None, "exact", 1

@@ -59,6 +59,35 @@ def _roundtrip_rows(y: jax.Array, comp: Any, dim: int, n: int, chunks: int) -> j
   return jnp.moveaxis(back.reshape((n * block[0],) + tuple(block[1:])), 0, dim)
 
 
+def _plan(
+  g: jax.Array, comp: Any, algorithm: str, axes: tuple, chunks: int, min_bytes: Any
+) -> tuple[Any, str, int]:
+  """(compressor, algorithm, chunks) that all_reduce runs for leaf ``g`` (None: exact)."""
+  c = C.effective_compressor(g, comp, min_bytes)
+  if c is None:
+    return None, "auto", chunks
+  c, algo, k = _ar.decide(c, algorithm, axes, g, chunks, flat=True)
+  if algo == "hierarchical":
+    raise ValueError("error_feedback.all_reduce supports one_shot and two_shot, not hierarchical")
+  return (None, "auto", chunks) if c is None else (c, algo, k)
+
+
+def _sent(y: jax.Array, plan: tuple[Any, str, int], axes: tuple) -> jax.Array | None:
+  """What this rank's ``y`` arrives as under ``plan`` (None when it goes exactly)."""
+  c, algo, k = plan
+  if c is None:
+    return None
+  return _roundtrip_flat(y, c, _ar.row_layout(y.size, c, algo, axes, k))
+
+
+def _groups(plans: list) -> dict:
+  """Leaf indices by plan, in first-seen order."""
+  groups: dict = {}
+  for i, plan in enumerate(plans):
+    groups.setdefault(plan, []).append(i)
+  return groups
+
+
 def error_feedback(compressor: Any) -> ErrorFeedback:
   """Builds error-feedback helpers around ``compressor``.
 
@@ -119,25 +148,35 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
     min_bytes: int | None = None,
     **kw: Any,
   ) -> tuple[Any, Any]:
-    """Compressed all_reduce of ``grads + state``; returns (reduced, new_state)."""
+    """Compressed all_reduce of ``grads + state``; returns (reduced, new_state).
+
+    Each leaf's algorithm is decided first (``algorithm="auto"`` with a calibration may
+    keep the exact op, whose residual is then zero) and the leaves sharing a decision go
+    in one call, so the residual is always that of what was sent.
+    """
     axes = C.canonical_axes(axis_name)
-
-    def roundtrip(y):
-      c = C.effective_compressor(y, comp, min_bytes)
-      if c is None:
-        return None
-      algo = _ar.choose(c, algorithm, axes, y.size * y.dtype.itemsize, y.size, y.dtype)
-      if algo == "hierarchical":
-        raise ValueError(
-          "error_feedback.all_reduce supports one_shot and two_shot, not hierarchical"
-        )
-      return _roundtrip_flat(y, c, _ar.row_layout(y.size, c, algo, axes, chunks))
-
-    ys, new_state = compensate(grads, state, roundtrip)
-    out = _ar.all_reduce(
-      ys, axis_name, compressor=comp, algorithm=algorithm, chunks=chunks, min_bytes=min_bytes, **kw
-    )
-    return out, new_state
+    leaves, treedef = jax.tree_util.tree_flatten(grads)
+    plans = [_plan(g, comp, algorithm, axes, chunks, min_bytes) for g in leaves]
+    sent, new_state = [], []
+    for g, e, plan in zip(leaves, treedef.flatten_up_to(state), plans):
+      y, e = compensate(g, e, lambda y, p=plan: _sent(y, p, axes))
+      sent.append(y)
+      new_state.append(e)
+    out = [None] * len(leaves)
+    for plan, idx in _groups(plans).items():
+      c, algo, k = plan
+      reduced = _ar.all_reduce(
+        [sent[i] for i in idx],
+        axis_name,
+        compressor=c,
+        algorithm=algo,
+        chunks=k,
+        min_bytes=min_bytes,
+        **kw,
+      )
+      for i, r in zip(idx, reduced):
+        out[i] = r
+    return treedef.unflatten(out), treedef.unflatten(new_state)
 
   def reduce_scatter(
     grads: Any,
