@@ -22,7 +22,9 @@ import jax
 
 import jcoccl
 
-SIZES = (64 << 10, 256 << 10, 1 << 20)
+# Per device; a process sends its devices' messages together, so 4 MiB each outlasts a
+# link's burst allowance (see jcoccl._src.calibrate.DEFAULT_SIZES) for 4 devices a process.
+SIZES = (64 << 10, 1 << 20, 4 << 20)
 
 
 def add_flag(p: argparse.ArgumentParser) -> None:
