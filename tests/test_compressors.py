@@ -327,38 +327,55 @@ def test_eager_calls_compile_once_per_shape_and_match_jit():
     c.decode(x)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _row_api(c, x2d):
+  """Every row op on x2d (bfloat16 rows) and the single-array API on each row, as one
+  program: the test compares results that separate calls would give."""
+  n, bf16 = x2d.shape[1], jnp.bfloat16
+  buf = c.encode_rows(x2d, impl="jnp")
+  payloads = [c.encode(x2d[i], impl="jnp") for i in range(x2d.shape[0])]
+  rows = c.decode_rows(buf, n, bf16, impl="jnp")
+  singles = [c.decode(p, impl="jnp") for p in payloads]
+  if c.kind == "none":  # the payload is in the row's dtype; its float32 decode is exact
+    wide = rows.astype(jnp.float32)
+  else:  # payloads of the other codecs do not depend on the dtype
+    wide = jnp.stack(
+      [c.decode_rows(buf[i : i + 1], n, jnp.float32, impl="jnp")[0] for i in range(3)]
+    )
+  total = c.decode_sum(buf, n, bf16, impl="jnp")
+  dse = c.decode_sum_encode(buf, n, bf16, impl="jnp")
+  return (
+    buf,
+    [p.data for p in payloads],
+    rows,
+    singles,
+    wide,
+    total,
+    dse,
+    c.encode_rows(total[None], impl="jnp")[0],
+  )
+
+
 @pytest.mark.parametrize("c", ALL, ids=IDS)
 def test_row_api_matches_encode_decode(c):
   g = c.granule
   rows = np.random.default_rng(2).standard_normal((3, 2 * g if g > 1 else 64)).astype(np.float32)
-  x2d = jnp.asarray(rows, jnp.bfloat16)
-  n = x2d.shape[1]
   if c.stochastic:
     return  # a row's noise depends on the row index; covered by the stochastic tests
-  buf = c.encode_rows(x2d, impl="jnp")
+  buf, datas, dec, singles, wide, got, dse, re_encoded = _row_api(
+    c, jnp.asarray(rows, jnp.bfloat16)
+  )
   for i in range(3):
-    p = c.encode(x2d[i], impl="jnp")
-    np.testing.assert_array_equal(buf[i], p.data)
-    np.testing.assert_array_equal(
-      c.decode_rows(buf, n, jnp.bfloat16, impl="jnp")[i], c.decode(p, impl="jnp")
-    )
+    np.testing.assert_array_equal(buf[i], datas[i])
+    np.testing.assert_array_equal(dec[i], singles[i])
   # decode_sum: float32 left fold of the float32 decodes in row order, cast once.
-  if c.kind == "none":  # the payload is in the row's dtype; its float32 decode is exact
-    wide = [
-      np.asarray(c.decode_rows(buf, n, jnp.bfloat16, impl="jnp")[i], np.float32) for i in range(3)
-    ]
-  else:  # payloads of the other codecs do not depend on the dtype
-    wide = [
-      np.asarray(c.decode_rows(buf[i : i + 1], n, jnp.float32, impl="jnp")[0]) for i in range(3)
-    ]
+  wide = np.asarray(wide)
   acc = wide[0]
   for w in wide[1:]:
     acc = (acc + w).astype(np.float32)
-  got = c.decode_sum(buf, n, jnp.bfloat16, impl="jnp")
   assert got.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.asarray(acc).astype(jnp.bfloat16)))
-  dse = c.decode_sum_encode(buf, n, jnp.bfloat16, impl="jnp")
-  np.testing.assert_array_equal(dse, c.encode_rows(got[None], impl="jnp")[0])
+  np.testing.assert_array_equal(dse, re_encoded)
 
 
 def test_decode_f32_of_bf16_payload_is_exact_decode():
