@@ -80,6 +80,14 @@ def _sent(y: jax.Array, plan: tuple[Any, str, int], axes: tuple) -> jax.Array | 
   return _roundtrip_flat(y, c, _ar.row_layout(y.size, c, algo, axes, k))
 
 
+def _leaves_like(state: Any, treedef: Any) -> list:
+  """The leaves of ``state``, which must have the gradients' structure ``treedef``."""
+  leaves, tree = jax.tree_util.tree_flatten(state)
+  if tree != treedef:
+    raise ValueError(f"state must have the structure of grads ({treedef}), got {tree}")
+  return leaves
+
+
 def _groups(plans: list) -> dict:
   """Leaf indices by plan, in first-seen order."""
   groups: dict = {}
@@ -158,7 +166,7 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
     leaves, treedef = jax.tree_util.tree_flatten(grads)
     plans = [_plan(g, comp, algorithm, axes, chunks, min_bytes) for g in leaves]
     sent, new_state = [], []
-    for g, e, plan in zip(leaves, treedef.flatten_up_to(state), plans):
+    for g, e, plan in zip(leaves, _leaves_like(state, treedef), plans):
       y, e = compensate(g, e, lambda y, p=plan: _sent(y, p, axes))
       sent.append(y)
       new_state.append(e)
@@ -176,7 +184,9 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
       )
       for i, r in zip(idx, reduced):
         out[i] = r
-    return treedef.unflatten(out), treedef.unflatten(new_state)
+    return jax.tree_util.tree_unflatten(treedef, out), jax.tree_util.tree_unflatten(
+      treedef, new_state
+    )
 
   def reduce_scatter(
     grads: Any,
