@@ -48,7 +48,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--out", default=None, help="write the model to this JSON file")
   p.add_argument(
-    "--sizes", type=H.size_list, default="64KiB,512KiB,2MiB", help="message sizes; " + H.SIZE_HELP
+    "--sizes",
+    type=H.size_list,
+    default="64KiB,1MiB,8MiB",
+    help="message sizes (the largest must outlast a shaped link's burst allowance, see "
+    "jcoccl.calibrate); " + H.SIZE_HELP,
   )
   p.add_argument("--compressor", default="int8", help="codec whose throughput is measured")
   p.add_argument("--mesh", default=None, help="axis=size,... (default: see above)")
