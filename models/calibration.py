@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -38,13 +38,31 @@ def add_flag(p: argparse.ArgumentParser) -> None:
   )
 
 
-def start(mesh: jax.sharding.Mesh, enabled: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def auto_codecs(policy: jcoccl.Policy, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+  """``{axis: compressor}`` of the policy's all_reduce on each mesh axis of size > 1: the
+  codecs whose throughput the calibration measures (auto weighs each axis by its own)."""
+  out = {}
+  for a in mesh.axis_names:
+    c = policy.compressor(a, "all_reduce")
+    if mesh.shape[a] > 1 and c is not None and not isinstance(c, tuple):
+      out[a] = c
+  return out
+
+
+def start(
+  mesh: jax.sharding.Mesh,
+  enabled: bool,
+  say: Callable[[str], None],
+  codecs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
   """Calibrates ``mesh`` unless disabled or a cost model is already installed.
 
   Args:
     mesh: the training mesh (every process calls this with the same one).
     enabled: ``args.calibrate``.
     say: prints a line (process 0's output).
+    codecs: ``{axis: compressor}`` the run's all_reduce uses (:func:`auto_codecs`): their
+      throughput is measured too, and the choices reported are those for these codecs.
 
   Returns:
     What was done, for the run's records: ``{"calibrated": bool, "seconds", "choices",
@@ -58,9 +76,10 @@ def start(mesh: jax.sharding.Mesh, enabled: bool, say: Callable[[str], None]) ->
   if all(mesh.shape[a] < 2 for a in mesh.axis_names):
     return {"calibrated": False, "why": "no mesh axis of size > 1"}
   t0 = time.perf_counter()
-  models = jcoccl.calibrate(mesh, sizes=SIZES, iters=3)
+  codecs = dict(codecs or {})
+  models = jcoccl.calibrate(mesh, sizes=SIZES, iters=3, codecs=list(codecs.values()))
   took = time.perf_counter() - t0
-  choices = jcoccl.cost_model_choices(models, mesh)
+  choices = jcoccl.cost_model_choices(models, mesh, codecs)
   say(f"calibrated in {took:.1f} s; all_reduce auto picks {choices}")
   return {
     "calibrated": True,

@@ -119,7 +119,8 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   """
   model = build_model(cfg, corpus.vocab_size)
   mesh = parallel.make_mesh(*cfg.mesh_shape)
-  calibrated = calibration.start(mesh, cfg.calibrate, say)
+  codecs = calibration.auto_codecs(recipe.policy, mesh)
+  calibrated = calibration.start(mesh, cfg.calibrate, say, codecs)
   par = parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro, dtype=cfg.dtype)
   tx = loop.make_optimizer(cfg)
   params = par.shard(model)

@@ -102,11 +102,28 @@ def test_calibrate_two_sizes_on_two_ranks():
     jcoccl.calibrate(m, sizes=(64 << 10,))
   with pytest.raises(ValueError, match="not mesh axes of size > 1"):
     jcoccl.calibrate(m, axes=("y",))
+  with pytest.raises(ValueError, match="codecs: "):
+    jcoccl.calibrate(m, codecs=["int9"], install=False)
+
+
+def test_calibrate_measures_the_other_codecs():
+  """Each codec a program uses besides the calibrated one gets its own throughput (once)."""
+  m = mesh((2,), ("x",))
+  other = str(jcoccl.compressors.parse("hadamard(int4)"))
+  models = jcoccl.calibrate(
+    m, sizes=(64 << 10, 256 << 10), iters=1, install=False, codecs=["int8", other, other]
+  )
+  assert [spec for spec, _ in models.codecs] == [other]
+  (gamma,) = [g for _, g in models.codecs]
+  assert models.get(("x",), "all_reduce", other).gamma_Bps == gamma
+  assert models.get(("x",), "all_reduce", "int8") == models.entries[0][2]
 
 
 def test_cost_models_round_trip_through_json(tmp_path, monkeypatch):
   table = cm.CostModels(
-    (("data", "all_reduce", SLOW_LINK), ("tensor", "*", IN_PROCESS)), "two axes"
+    (("data", "all_reduce", SLOW_LINK), ("tensor", "*", IN_PROCESS)),
+    "two axes",
+    (("hadamard(int4)", 3e8),),
   )
   path = tmp_path / "model.json"
   jcoccl.save_cost_model(table, str(path))
@@ -117,6 +134,27 @@ def test_cost_models_round_trip_through_json(tmp_path, monkeypatch):
   assert auto_model.active(axes=("data",)) == SLOW_LINK
   assert auto_model.active(axes=("tensor",), op="ppermute") == IN_PROCESS
   assert auto_model.active(axes=("data", "tensor")) == SLOW_LINK  # the slower of the two
+  assert auto_model.active(axes=("data",), codec="hadamard(int4)").gamma_Bps == 3e8
+  assert auto_model.active(axes=("data",), codec="int8") == SLOW_LINK
+
+
+@pytest.mark.parametrize("codecs", [[], {"int8": 0}, {"int8": {"gamma_Bps": "fast"}}])
+def test_cost_model_json_rejects_bad_codecs(codecs):
+  data = cm.CostModels((("x", "all_reduce", SLOW_LINK),)).to_json()
+  data["codecs"] = codecs
+  with pytest.raises(ValueError, match="codecs"):
+    cm.from_json(data)
+
+
+def test_a_slow_codec_keeps_the_exact_op_where_a_fast_one_compresses():
+  """On a 0.5 GB/s link, int8 at 4 GB/s pays (two_shot: 7 ms modelled against the exact
+  op's 12.6 ms for 4 MiB); a codec measured at 0.2 GB/s would spend 68 ms encoding."""
+  slow = str(jcoccl.compressors.parse("hadamard(int8)"))
+  table = cm.CostModels((("x", "all_reduce", _model(5e8, 5e8, 4e9)),), "", ((slow, 2e8),))
+  x = jnp.ones((4, MiB), jnp.float32)
+  with jcoccl.config(cost_model=table):
+    assert _choice(_program(4, "int8")[0], x)[0] == "two_shot"
+    assert _choice(_program(4, slow)[0], x)[:2] == ("exact", "none")
 
 
 def test_without_calibration_auto_is_unchanged():
@@ -256,6 +294,22 @@ def test_error_feedback_follows_the_calibrated_choice():
     assert np.abs(np.asarray(res["w"])).max() <= step / 2 * (1 + 1e-6)
 
 
+def test_error_feedback_counts_its_round_trip():
+  """Error feedback encodes and decodes its residual: two codec passes the plain op does
+  not make. At 2.7 GB/s that is 3.1 ms on 4 MiB, enough to tip the plain op's modelled
+  two_shot (8.6 ms x 1.25 margin = 10.8 ms, under the exact op's 12.6 ms) past it."""
+  table = _model(5e8, 5e8, 2.7e9)
+  x = jnp.ones((4, MiB), jnp.float32)
+  f, _ = _ef_program(4)
+  with jcoccl.config(cost_model=table):
+    assert _choice(_program(4)[0], x)[0] == "two_shot"
+    assert jcoccl.wire_bytes(f, x)["choices"] == []  # the exact op: no jcoccl collective
+    _, res = f(x)
+    assert not np.any(np.asarray(res["w"]))
+  with jcoccl.config(cost_model=_model(5e8, 5e8, 1e10)):  # a faster codec still pays
+    assert "two_shot" in {c["algorithm"] for c in jcoccl.wire_bytes(f, x)["choices"]}
+
+
 def test_error_feedback_keeps_flat_algorithms_over_two_axes():
   """Over two calibrated axes where all_reduce alone would run hierarchical, error feedback
   runs a flat algorithm (its residual is defined for those) instead of raising."""
@@ -282,11 +336,17 @@ def test_training_start_records_what_it_calibrated():
   """models.train's start-up calibration returns a record that is plain JSON, whose cost
   model loads back as the installed one (what a run writes to calibration.json)."""
   from models import calibration
+  from models.recipe import Recipe
+  from models.train import CONFIGS
 
   m = mesh((2, 4), ("data", "tensor"))
   said = []
-  rec = json.loads(json.dumps(calibration.start(m, True, said.append)))
+  policy = Recipe.from_toml(str(CONFIGS / "coccl.toml")).policy
+  codecs = calibration.auto_codecs(policy, m)
+  assert {a: str(c) for a, c in codecs.items()} == {"data": "hadamard(int4)", "tensor": "fp8"}
+  rec = json.loads(json.dumps(calibration.start(m, True, said.append, codecs)))
   assert rec["calibrated"] and set(rec["choices"]) == {"data", "tensor"}
+  assert set(rec["cost_model"]["codecs"]) == {"hadamard(int4)", "fp8"}
   assert cm.from_json(rec["cost_model"]) == jcoccl.get_config().cost_model
   assert "all_reduce auto picks" in said[0]
   assert calibration.start(m, True, said.append)["why"].startswith("cost model given")

@@ -251,6 +251,11 @@ def test_calibrate_compresses_the_slow_cross_process_axis(tmp_path):
       "2",
       "--link-rate",
       "200mbit",
+      # Past the 200 Mbit/s link's burst at 2 MiB already; larger sizes only add seconds.
+      "--sizes",
+      "64KiB,512KiB,2MiB",
+      "--codec",
+      "hadamard(int4)",
       "--out",
       str(out),
     ],
@@ -276,3 +281,5 @@ def test_calibrate_compresses_the_slow_cross_process_axis(tmp_path):
     ("local", "all_reduce"),
   ]
   assert all(m.calibrated for _, _, m in models.entries)
+  assert [spec for spec, _ in models.codecs] == ["hadamard(int4)"]
+  assert list(report["codecs"]) == ["hadamard(int4)"]

@@ -152,7 +152,14 @@ def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
 
 
 def decide(
-  comp: Any, algorithm: str, axes: tuple, x: jax.Array, chunks: int, *, flat: bool = False
+  comp: Any,
+  algorithm: str,
+  axes: tuple,
+  x: jax.Array,
+  chunks: int,
+  *,
+  flat: bool = False,
+  codec_passes: int = 0,
 ) -> tuple[Any, str, int]:
   """(compressor, algorithm, chunks) of a call: ``algorithm="auto"`` resolved.
 
@@ -160,35 +167,39 @@ def decide(
   least predicted time among the exact lax op (compressor None, algorithm "exact"),
   one_shot, two_shot, hierarchical (several axes, each calibrated; not when ``flat``) and,
   when ``chunks`` is 1, their chunked variants; a compressed one must beat the exact op by
-  :data:`jcoccl._src.cost_model.EXACT_MARGIN`. Otherwise it is :func:`choose`, as without
-  calibration.
+  :data:`jcoccl._src.cost_model.EXACT_MARGIN`. The codec's own measured throughput counts
+  where the calibration has it, and ``codec_passes`` more passes of it over the message
+  (error feedback's encode and decode of its residual) are charged to compression only.
+  Otherwise it is :func:`choose`, as without calibration.
   """
   nbytes = x.size * x.dtype.itemsize
   if algorithm != "auto" or comp is None:
     return comp, choose(comp, algorithm, axes, nbytes, x.size, x.dtype), chunks
-  model = auto_model.active(axes=axes, op="all_reduce")
+  model = auto_model.active(axes=axes, op="all_reduce", codec=comp)
   if not model.calibrated or isinstance(comp, tuple):
     return comp, choose(comp, algorithm, axes, nbytes, x.size, x.dtype), chunks
   n = C.group_size(axes)
   ratio = C.compression_ratio(comp, x.size, x.dtype)
-  algo, k = cost_model.choose_auto(model, nbytes, n, ratio, chunks)
-  best = model.cost(algo, nbytes, n, ratio, k)
+  extra = codec_passes * nbytes / model.gamma_Bps
+  algo, k = cost_model.choose_auto(model, nbytes, n, ratio, chunks, extra)
   if algo == "exact":  # compression must win by the same margin as in choose_auto
-    best /= cost_model.EXACT_MARGIN
-  if not flat and len(axes) > 1 and _hierarchical_cost(axes, nbytes, ratio) < best:
+    best = model.cost(algo, nbytes, n, ratio, k) / cost_model.EXACT_MARGIN
+  else:
+    best = model.cost(algo, nbytes, n, ratio, k) + extra
+  if not flat and len(axes) > 1 and _hierarchical_cost(axes, nbytes, ratio, comp) < best:
     return (comp, comp), "hierarchical", chunks
   if algo == "exact":
     return None, "exact", 1
   return comp, algo, k
 
 
-def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float) -> float:
+def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float, comp: Any) -> float:
   """Modelled seconds of hierarchical over (outer..., inner): the inner reduce_scatter and
   all_gather (a two_shot's steps) plus a one_shot of the shard over the outer axes; inf
   without calibrated models of both levels."""
   outer, inner = axes[:-1], axes[-1:]
-  m_in = auto_model.active(axes=inner, op="all_reduce")
-  m_out = auto_model.active(axes=outer, op="all_reduce")
+  m_in = auto_model.active(axes=inner, op="all_reduce", codec=comp)
+  m_out = auto_model.active(axes=outer, op="all_reduce", codec=comp)
   if not (m_in.calibrated and m_out.calibrated):
     return math.inf
   n_in, n_out = C.group_size(inner), C.group_size(outer)

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from jcoccl._src import config
 from jcoccl._src.cost_model import DEFAULTS, CostModel, CostModels, read
@@ -46,12 +47,12 @@ def load(path: str) -> CostModels:
 
 
 def active(
-  platform: str | None = None, axes: Sequence[str] = (), op: str = "all_reduce"
+  platform: str | None = None, axes: Sequence[str] = (), op: str = "all_reduce", codec: Any = None
 ) -> CostModel:
-  """The model in use for ``op`` over ``axes``: the current config's, else the platform's
-  default."""
+  """The model in use for ``op`` over ``axes``: the current config's (with ``codec``'s
+  measured throughput where the table has it), else the platform's default."""
   table = config.current().cost_model
-  found = None if table is None else table.get(tuple(axes), op)
+  found = None if table is None else table.get(tuple(axes), op, codec)
   if found is not None:
     return found
   if platform is None:

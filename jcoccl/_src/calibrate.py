@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -58,6 +58,7 @@ def calibrate(
   sizes: Sequence[int] = DEFAULT_SIZES,
   iters: int = 3,
   install: bool = True,
+  codecs: Sequence[Any] = (),
 ) -> cm.CostModels:
   """Measures the mesh's axes and the codec; returns (and installs) a model per axis.
 
@@ -68,12 +69,16 @@ def calibrate(
     sizes: message sizes in bytes per device (at least two distinct ones).
     iters: timed runs per measurement (the fastest counts).
     install: make the result the process default (``jcoccl.set_config_defaults``).
+    codecs: other codecs the program uses (spec strings or Compressors): each one's
+      throughput is measured too and kept in the table's ``codecs``, so auto weighs a call
+      with that codec by its own speed (a Hadamard rotation costs more than int8).
 
   Returns:
     A :class:`jcoccl.CostModels` with one ``all_reduce`` entry per measured axis.
 
   Raises:
-    ValueError: an unknown axis, fewer than two sizes, ``iters`` < 1, or no compressor.
+    ValueError: an unknown axis, fewer than two sizes, ``iters`` < 1, no compressor, or
+      a ``codecs`` entry that is not a codec.
 
   Example:
     >>> models = jcoccl.calibrate(mesh, sizes=(1 << 16, 1 << 20))   # doctest: +SKIP
@@ -87,17 +92,20 @@ def calibrate(
   comp = C.resolve_compressor(compressor)
   if comp is None:
     raise ValueError("compressor must be a lossy or lossless codec, not none")
-  rows = [[_time_codec(mesh, comp, s, iters) for s in sizes]]
+  others = _other_codecs(codecs, comp)
+  rows = [[_time_codec(mesh, c, s, iters) for s in sizes] for c in (comp, *others)]
+  first = len(rows)
   for a in names:
     rows.append([_time_psum(mesh, a, s, iters) for s in sizes])
     for algo in ALGORITHMS:
       rows.append([_time_algorithm(mesh, a, comp, algo, s, iters) for s in sizes])
   # Every process installs process 0's numbers: the same models, so the same programs.
   times = np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(rows)), np.float64)
-  gamma = 1.0 / _line([2.0 * s for s in sizes], times[0])[1]
+  gammas = [1.0 / _line([2.0 * s for s in sizes], t)[1] for t in times[:first]]
+  gamma = gammas[0]
   entries = []
   for i, a in enumerate(names):
-    n, row = mesh.shape[a], 1 + i * (1 + len(ALGORITHMS))
+    n, row = mesh.shape[a], first + i * (1 + len(ALGORITHMS))
     xa, xb = _line([2 * (n - 1) / n * s for s in sizes], times[row])
     samples = [
       dict(algorithm=algo, bytes=s, ranks=n, ratio=_ratio(comp, s), seconds=t)
@@ -109,7 +117,8 @@ def calibrate(
     model = cm.fit(samples, src, gamma_Bps=gamma)
     model = dataclasses.replace(model, exact_alpha_s=xa, exact_beta_Bps=1.0 / xb)
     entries.append((a, "all_reduce", model))
-  models = cm.CostModels(tuple(entries), f"calibrate({', '.join(names)}; {comp})")
+  measured = tuple((str(c), g) for c, g in zip(others, gammas[1:]))
+  models = cm.CostModels(tuple(entries), f"calibrate({', '.join(names)}; {comp})", measured)
   if install:
     _config.set_defaults(cost_model=models)
   return models
@@ -123,20 +132,43 @@ def choices(
 ) -> dict[str, dict[str, str]]:
   """What auto picks per axis and message size under ``models`` (float32 messages).
 
+  Args:
+    models: the calibrated table.
+    mesh: the mesh it was measured on.
+    compressor: the codec of every axis, or a mapping ``{axis: codec}`` (axes it leaves
+      out use int8).
+    sizes: message sizes in bytes.
+
   Returns:
     ``{axis: {"64KiB": "exact" | "one_shot" | "two_shot" | "one_shot/2" (chunks), ...}}``.
   """
-  comp = C.resolve_compressor(compressor)
   out: dict[str, dict[str, str]] = {}
-  for a, op, model in models.entries:
-    if op not in ("all_reduce", cm.ANY) or a not in mesh.shape or not model.calibrated:
+  for a, op, entry in models.entries:
+    if op not in ("all_reduce", cm.ANY) or a not in mesh.shape or not entry.calibrated:
       continue
+    spec = compressor.get(a, "int8") if isinstance(compressor, Mapping) else compressor
+    comp = C.resolve_compressor(spec)
+    model = models.get((a,), "all_reduce", comp) or entry
     row = {}
     for s in sizes:
       ratio = comp.payload_nbytes(s // 4, jnp.float32) / s
       algo, k = cm.choose_auto(model, s, mesh.shape[a], ratio)
       row[_size_name(s)] = algo if k == 1 else f"{algo}/{k}"
     out[a] = row
+  return out
+
+
+def _other_codecs(codecs: Sequence[Any], comp: Any) -> list[Any]:
+  """The distinct codecs of ``codecs`` other than ``comp``, resolved."""
+  if isinstance(codecs, str):
+    codecs = [codecs]
+  out: list[Any] = []
+  for spec in codecs:
+    c = C.resolve_compressor(spec, "codecs")
+    if c is None:
+      raise ValueError(f"codecs: {spec!r} is not a lossy or lossless codec")
+    if str(c) != str(comp) and all(str(c) != str(o) for o in out):
+      out.append(c)
   return out
 
 

@@ -175,6 +175,10 @@ class CostModels:
     entries: ``(axes, op, model)`` triples; ``axes`` is a mesh axis name, several joined by
       commas ("node,gpu"), or ``"*"``; ``op`` an op name or ``"*"``.
     source: where the table comes from.
+    codecs: ``(spec, gamma_Bps)`` pairs: the measured throughput of codecs other than the
+      one the entries were fitted with (a compressor's canonical spec string, e.g.
+      ``"hadamard(int4)"``); :meth:`get` puts it in place of an entry's gamma for calls with
+      that codec, so auto weighs a slow codec's time as it is.
 
   Example:
     >>> t = CostModels.of(CostModel(1e-4, 1e8, 1e9, "flat"))
@@ -184,6 +188,16 @@ class CostModels:
 
   entries: tuple[tuple[str, str, CostModel], ...] = ()
   source: str = ""
+  codecs: tuple[tuple[str, float], ...] = ()
+
+  def __post_init__(self):
+    for spec, gamma in self.codecs:
+      ok = isinstance(gamma, (int, float)) and gamma > 0 and np.isfinite(gamma)
+      if not isinstance(spec, str) or not ok:
+        raise ValueError(
+          f"CostModels.codecs must hold (spec string, positive finite gamma_Bps) pairs, "
+          f"got {(spec, gamma)!r}"
+        )
 
   @classmethod
   def of(cls, value: Any) -> CostModels:
@@ -203,9 +217,18 @@ class CostModels:
     """A short description (printed in primitive params)."""
     return self.source or f"{len(self.entries)} models"
 
-  def get(self, axes: Sequence[str], op: str) -> CostModel | None:
+  def get(self, axes: Sequence[str], op: str, codec: Any = None) -> CostModel | None:
     """The model of ``op`` over ``axes``: the entry for those axes, else (several axes)
-    the entry of their slowest axis (least bandwidth), else a ``"*"`` entry, else None."""
+    the entry of their slowest axis (least bandwidth), else a ``"*"`` entry, else None.
+    With ``codec`` (a compressor or its spec string) measured in :attr:`codecs`, the
+    model's gamma is that codec's."""
+    model = self._entry(axes, op)
+    gamma = dict(self.codecs).get(str(codec)) if codec is not None else None
+    if model is None or gamma is None:
+      return model
+    return dataclasses.replace(model, gamma_Bps=gamma, source=f"{model.source}; {codec}")
+
+  def _entry(self, axes: Sequence[str], op: str) -> CostModel | None:
     key = ",".join(axes)
     found = {(a, o): m for a, o, m in self.entries}
     for k in ((key, op), (key, ANY)):
@@ -223,7 +246,10 @@ class CostModels:
       d = {"axes": axes, "op": op, "source": m.source}
       d.update({f: getattr(m, f) for f in _FIELDS if getattr(m, f) is not None})
       models.append(d)
-    return {"version": 2, "source": self.source, "models": models}
+    out: dict[str, Any] = {"version": 2, "source": self.source, "models": models}
+    if self.codecs:
+      out["codecs"] = {spec: {"gamma_Bps": gamma} for spec, gamma in self.codecs}
+    return out
 
 
 def _model_from(data: Mapping[str, Any], where: str) -> CostModel:
@@ -250,7 +276,21 @@ def from_json(data: Any, where: str = "cost model") -> CostModels:
     if not isinstance(d, Mapping) or not isinstance(d.get("axes"), str):
       raise ValueError(f"{at} must be an object with axes, op and the model's constants")
     entries.append((d["axes"], str(d.get("op", ANY)), _model_from(d, at)))
-  return CostModels(tuple(entries), str(data.get("source", where)))
+  codecs = _codecs_from(data.get("codecs", {}), f"{where} codecs")
+  return CostModels(tuple(entries), str(data.get("source", where)), codecs)
+
+
+def _codecs_from(data: Any, where: str) -> tuple[tuple[str, float], ...]:
+  """``{"spec": {"gamma_Bps": g}, ...}`` as CostModels.codecs pairs."""
+  if not isinstance(data, Mapping):
+    raise ValueError(f"{where} must be an object of spec: {{gamma_Bps: number}}")
+  out = []
+  for spec, d in data.items():
+    g = d.get("gamma_Bps") if isinstance(d, Mapping) else None
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not (g > 0 and np.isfinite(g)):
+      raise ValueError(f"{where}: {spec!r} needs a positive finite gamma_Bps, got {d!r}")
+    out.append((str(spec), float(g)))
+  return tuple(out)
 
 
 def read(path: str) -> CostModels:
@@ -281,12 +321,13 @@ EXACT_MARGIN = 1.25
 
 
 def choose_auto(
-  model: CostModel, nbytes: int, n: int, ratio: float, chunks: int = 1
+  model: CostModel, nbytes: int, n: int, ratio: float, chunks: int = 1, extra_s: float = 0.0
 ) -> tuple[str, int]:
   """What ``algorithm="auto"`` runs under a calibrated ``model``: (algorithm, chunks) among
   one_shot, two_shot (n > 2) and, when ``chunks`` is 1, their 2- and 4-slice variants, by
   least modelled time (ties: fewer slices); the exact op instead unless that is
-  :data:`EXACT_MARGIN` times faster.
+  :data:`EXACT_MARGIN` times faster. ``extra_s`` is time a compressed call costs on top
+  (error feedback's round trip) that the exact op does not.
 
   Example:
     >>> slow = CostModel(1e-4, 1.25e8, 2e9, exact_alpha_s=1e-4, exact_beta_Bps=1.25e8)
@@ -298,7 +339,7 @@ def choose_auto(
   algo, k = model.best(nbytes, n, ratio, [(a, k) for a in algos for k in ks])
   if model.calibrated:
     exact = model.cost("exact", nbytes, n)
-    if exact <= EXACT_MARGIN * model.cost(algo, nbytes, n, ratio, k):
+    if exact <= EXACT_MARGIN * (model.cost(algo, nbytes, n, ratio, k) + extra_s):
       return "exact", 1
   return algo, k
 

@@ -66,7 +66,8 @@ def _plan(
   c = C.effective_compressor(g, comp, min_bytes)
   if c is None:
     return None, "auto", chunks
-  c, algo, k = _ar.decide(c, algorithm, axes, g, chunks, flat=True)
+  # The residual's own encode and decode are two more codec passes than the plain op.
+  c, algo, k = _ar.decide(c, algorithm, axes, g, chunks, flat=True, codec_passes=2)
   if algo == "hierarchical":
     raise ValueError("error_feedback.all_reduce supports one_shot and two_shot, not hierarchical")
   return (None, "auto", chunks) if c is None else (c, algo, k)

@@ -10,7 +10,7 @@ model to ``--out`` (use it with ``JCOCCL_COST_MODEL=FILE`` or ``jcoccl.load_cost
 Example:
   python -m jcoccl.bench calibrate --out model.json
   python -m jcoccl.bench calibrate --processes 2 --devices-per-process 4 --link-rate 1gbit \
-      --out model_1gbit.json
+      --codec 'hadamard(int4)' --out model_1gbit.json
 """
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     "jcoccl.calibrate); " + H.SIZE_HELP,
   )
   p.add_argument("--compressor", default="int8", help="codec whose throughput is measured")
+  p.add_argument(
+    "--codec",
+    action="append",
+    default=[],
+    help="another codec the program uses, whose throughput is measured too (repeatable)",
+  )
   p.add_argument("--mesh", default=None, help="axis=size,... (default: see above)")
   p.add_argument("--iters", type=H.positive_int, default=3, help="timed runs per measurement")
   p.add_argument("--processes", type=int, default=0, help="run as this many processes")
@@ -113,7 +119,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
   distributed.initialize()
   mesh = _mesh(args.mesh)
   t0 = time.perf_counter()
-  models = jcoccl.calibrate(mesh, compressor=args.compressor, sizes=args.sizes, iters=args.iters)
+  models = jcoccl.calibrate(
+    mesh, compressor=args.compressor, sizes=args.sizes, iters=args.iters, codecs=args.codec
+  )
   took = time.perf_counter() - t0
   if jax.process_index() != 0:
     return 0
@@ -122,6 +130,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     "mesh": dict(mesh.shape),
     "choices": jcoccl.cost_model_choices(models, mesh, args.compressor),
     "models": models.to_json()["models"],
+    "codecs": models.to_json().get("codecs", {}),
   }
   print(json.dumps(report, indent=1))
   if args.out:
