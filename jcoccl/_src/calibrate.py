@@ -162,14 +162,14 @@ def _other_codecs(codecs: Sequence[Any], comp: Any) -> list[Any]:
   """The distinct codecs of ``codecs`` other than ``comp``, resolved."""
   if isinstance(codecs, str):
     codecs = [codecs]
-  out: list[Any] = []
+  out: dict[str, Any] = {}  # by canonical spec: each codec once
   for spec in codecs:
     c = C.resolve_compressor(spec, "codecs")
     if c is None:
       raise ValueError(f"codecs: {spec!r} is not a lossy or lossless codec")
-    if str(c) != str(comp) and all(str(c) != str(o) for o in out):
-      out.append(c)
-  return out
+    if str(c) != str(comp):
+      out.setdefault(str(c), c)
+  return list(out.values())
 
 
 def _size_name(s: int) -> str:

@@ -30,6 +30,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax
 import numpy as np
 
+from jcoccl._src.calibrate import DEFAULT_SIZES
 from jcoccl.bench import _harness as H
 
 NAME = "calibrate"
@@ -50,9 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument(
     "--sizes",
     type=H.size_list,
-    default="64KiB,1MiB,8MiB",
-    help="message sizes (the largest must outlast a shaped link's burst allowance, see "
-    "jcoccl.calibrate); " + H.SIZE_HELP,
+    default=list(DEFAULT_SIZES),
+    help="message sizes (default: jcoccl.calibrate's; the largest must outlast a shaped "
+    "link's burst allowance); " + H.SIZE_HELP,
   )
   p.add_argument("--compressor", default="int8", help="codec whose throughput is measured")
   p.add_argument(
@@ -129,8 +130,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     "seconds": round(took, 3),
     "mesh": dict(mesh.shape),
     "choices": jcoccl.cost_model_choices(models, mesh, args.compressor),
-    "models": models.to_json()["models"],
-    "codecs": models.to_json().get("codecs", {}),
+    **{k: v for k, v in models.to_json().items() if k in ("models", "codecs")},
   }
   print(json.dumps(report, indent=1))
   if args.out:
