@@ -8,8 +8,9 @@ For each link rate and repeat, it runs ``python -m models.train`` under
 the policies interleaved (exact, coccl, exact, coccl, ...) so that a shared machine's load
 drifts over all of them alike; every run has the same seed, data and steps. A run's step
 time is the median of its per-step times (metrics.jsonl ``step_s``) after the first
-(compilation); a cell's is the median over repeats. Validation loss is the run's final one
-(identical across repeats: the same program and data). ``--link-rate none`` runs unshaped
+(compilation); a cell's is the median over repeats. Validation loss is the run's final one,
+a cell's the median over repeats (these differ only where a run's start-up calibration had
+auto pick differently: the same data and seed). ``--link-rate none`` runs unshaped
 (loopback at memory speed): the exact step there is its compute, so the time it gains on a
 slow link is its communication.
 
