@@ -123,11 +123,16 @@ def train(cfg: RunConfig, job: Job) -> dict:
     desc="train",
   )
   wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(cfg)
+  # The step is traced and compiled once, here: the wire report reads that executable.
+  traced = run = None
   with open(job.metrics_path if lead() else os.devnull, "a") as log:
     for step in bar:
       x, y = batch_at(job.corpus, cfg, par, "train", step)
+      if run is None:
+        traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y)
+        run = traced.lower().compile()
       t0 = time.perf_counter()
-      state.params, state.opt_state, state.ef, m = step_fn(
+      state.params, state.opt_state, state.ef, m = run(
         state.params, state.opt_state, state.ef, x, y
       )
       loss = float(m["loss"])
@@ -136,7 +141,7 @@ def train(cfg: RunConfig, job: Job) -> dict:
         wire = (
           NO_WIRE
           if job.exact is None
-          else wire_report(par, job.exact, job.tx, step_fn, state, x, cfg.clip)
+          else wire_report(par, job.exact, job.tx, traced, state, x, cfg.clip)
         )
         log.write(json.dumps({"step": step + 1, "wire": wire}) + "\n")
       else:

@@ -55,17 +55,19 @@ def wire_report(
   par: Parallel3D,
   exact: Parallel3D,
   tx: optax.GradientTransformation,
-  step_fn,
+  traced: jax.stages.Traced,
   state: State,
   x,
   clip: float | None,
 ) -> dict:
   """Bytes each device sends per train step, by mesh axis, read from the compiled HLO.
 
-  The step is measured as compiled; the uncompressed reference compiles the same step once
-  more with ``exact`` (the same model and mesh under the exact policy: about 3 s on CPU for
-  the default run), so both columns count what XLA actually sends, including the algorithms
-  jcoccl picks (one_shot = all_gather of payloads, two_shot = all_to_all + all_gather).
+  ``traced`` is the train step as traced for the run (``step.trace(...)``): its executable,
+  the one the run executes, is read, not compiled again. The uncompressed reference is the
+  run itself when ``exact is par``; otherwise the same step compiled with ``exact`` (the
+  same model and mesh under the exact policy: about 3 s on CPU for the default run), so
+  both columns count what XLA actually sends, including the algorithms jcoccl picks
+  (one_shot = all_gather of payloads, two_shot = all_to_all + all_gather).
 
   Returns:
     {"source", "by_axis": {axes: {"compressed", "uncompressed", "crosses_processes"}},
@@ -80,9 +82,11 @@ def wire_report(
   )
   p, o, xs = abstract(state.params), abstract(state.opt_state), abstract(x)
   program = "compiled" if par.dtype == jnp.float32 else "lowered"
-  got = jcoccl.wire_bytes(step_fn, p, o, abstract(state.ef), xs, xs, mesh=par.mesh, program=program)
-  ref_step = exact.train_step(tx, state.params, clip_norm=clip)
-  ref = jcoccl.wire_bytes(ref_step, p, o, None, xs, xs, mesh=exact.mesh, program=program)
+  got = jcoccl.wire_bytes(traced, mesh=par.mesh, program=program)
+  ref = got
+  if exact is not par:
+    ref_step = exact.train_step(tx, state.params, clip_norm=clip)
+    ref = jcoccl.wire_bytes(ref_step, p, o, None, xs, xs, mesh=exact.mesh, program=program)
   axes = sorted(set(got["by_axis"]) | set(ref["by_axis"]), key=_axis_order)
   by_axis = {
     a: {

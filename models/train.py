@@ -126,13 +126,16 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   params = par.shard(model)
   state = State(params, par.init_opt(tx, params), par.init_ef(params))
   # The uncompressed reference for the wire-bytes report: same model, mesh, dtype and ZeRO
-  # mode (the same optimizer-state layout and node split), exact policy.
+  # mode (the same optimizer-state layout and node split), exact policy; the run itself
+  # when its recipe is that one.
   ref = Recipe(zero=True, nodes=recipe.nodes) if recipe.zero else Recipe()
-  exact = (
-    None
-    if cfg.no_hlo_wire
-    else parallel.Parallel3D(model, mesh, ref, n_micro=cfg.micro, dtype=cfg.dtype)
-  )
+  exact = None
+  if not cfg.no_hlo_wire:
+    exact = (
+      par
+      if recipe == ref
+      else parallel.Parallel3D(model, mesh, ref, n_micro=cfg.micro, dtype=cfg.dtype)
+    )
   cfg.out.mkdir(parents=True, exist_ok=True)
   if lead():
     write_config(cfg)

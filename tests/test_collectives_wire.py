@@ -255,3 +255,28 @@ def test_fused_backend_without_init():
     pytest.skip("fused engine initialised in this process")
   with pytest.raises(ValueError, match="init"):
     _run1(lambda v: jcoccl.all_reduce(v, "x", compressor="int8", backend="fused"))
+
+
+def test_wire_bytes_of_a_traced_program_reads_its_executable(caplog):
+  """A program traced once (``jit(f).trace(x)``), compiled and run, then measured: no second
+  compile of it, and the same counts as from the function and its arguments."""
+  m = mesh((4,), ("x",))
+  x = rand((4, 4096), jnp.float32)
+  c = jc.int8(block_size=256)
+  body = lambda v: jcoccl.all_reduce(v[0], "x", compressor=c, min_bytes=0)
+  traced = _prog(m, body).trace(x)
+  traced.lower().compile()(x)
+  ref = _prog(m, lambda v: lax.psum(v[0], "x"))
+  with jax.log_compiles(True), caplog.at_level("WARNING"):
+    got = jcoccl.wire_bytes(traced, reference=ref.trace(x), mesh=m)
+  compiles = [
+    r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.getMessage()
+  ]
+  assert len(compiles) == 1, compiles  # the reference's, compiled here for the first time
+  want = jcoccl.wire_bytes(_prog(m, body), x, reference=ref, mesh=m)
+  assert got["total"] == want["total"] and got["by_axis"] == want["by_axis"]
+  assert got["ratio"] == want["ratio"] < 1 and got["choices"] == want["choices"]
+  with pytest.raises(TypeError, match="a jax.stages.Traced, which holds its arguments"):
+    jcoccl.wire_bytes(traced, x)
+  with pytest.raises(TypeError, match="reference must be a jax.stages.Traced when fn is one"):
+    jcoccl.wire_bytes(traced, reference=ref)

@@ -306,11 +306,22 @@ def _collective(
 PROGRAMS = ("compiled", "lowered")
 
 
-def _compiled(
-  fn: Callable[..., Any], args: tuple, program: str = "compiled"
-) -> tuple[str, int, list[int] | None]:
-  jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-  lowered = jitted.lower(*args)
+def _traced(fn: Any, args: tuple, what: str) -> Any:
+  """``fn`` traced on ``args``, or ``fn`` itself when it was traced already."""
+  if isinstance(fn, jax.stages.Traced):
+    if args:
+      raise TypeError(
+        f"wire_bytes: {what} is a jax.stages.Traced, which holds its arguments; pass none "
+        f"(got {len(args)})"
+      )
+    return fn
+  return (fn if hasattr(fn, "trace") else jax.jit(fn)).trace(*args)
+
+
+def _compiled(traced: Any, program: str = "compiled") -> tuple[str, int, list[int] | None]:
+  # jax caches the executable by the traced program: the compile below is the one that a
+  # Traced's owner already ran (models.train runs this executable), not a second one.
+  lowered = traced.lower()
   compiled = lowered.compile()
   text = compiled.as_text() if program == "compiled" else lowered.as_text(dialect="hlo")
   return text, jax.device_count(), _compat.executable_device_ids(compiled)
@@ -326,10 +337,13 @@ def wire_bytes(
   """Bytes each device sends per collective in ``fn``'s compiled program.
 
   Args:
-    fn: a jitted (or jittable) function, typically ``jax.jit(jax.shard_map(...))``.
+    fn: a jitted (or jittable) function, typically ``jax.jit(jax.shard_map(...))``; or
+      such a function already traced (``jax.jit(f).trace(*args)``, then no ``args``): a
+      program that also runs reuses its executable instead of compiling it again.
     *args: example arguments (arrays or ShapeDtypeStructs).
     reference: optional second program (e.g. the same computation with lax collectives)
-      whose totals are reported alongside, with the ratio ``total / reference_total``.
+      whose totals are reported alongside, with the ratio ``total / reference_total``;
+      traced too when ``fn`` is.
     mesh: optional ``jax.sharding.Mesh`` the program runs on. Each collective's replica
       groups are matched to the tuple of mesh axes (in mesh order) whose groups they equal
       as sets of device ids; a collective-permute gets the axes along which its
@@ -360,18 +374,23 @@ def wire_bytes(
     )
   if program not in PROGRAMS:
     raise ValueError(f"wire_bytes: program must be one of {PROGRAMS}, got {program!r}")
-  text, ndev, ids = _compiled(fn, args, program)
+  if isinstance(fn, jax.stages.Traced) and not (
+    reference is None or isinstance(reference, jax.stages.Traced)
+  ):
+    raise TypeError("wire_bytes: reference must be a jax.stages.Traced when fn is one")
+  traced = _traced(fn, args, "fn")
+  text, ndev, ids = _compiled(traced, program)
   colls = parse_hlo(text, ndev, mesh=mesh, device_ids=ids)
   result: dict[str, Any] = {
     "collectives": colls,
     "by_op": _by_op(colls),
     "total": float(sum(c["sent_bytes"] for c in colls)),
-    "choices": choices(fn, *args),
+    "choices": _choices(traced.jaxpr),
   }
   if mesh is not None:
     result["by_axis"] = by_axis(colls)
   if reference is not None:
-    rtext, _, rids = _compiled(reference, args, program)
+    rtext, _, rids = _compiled(_traced(reference, args, "reference"), program)
     rcolls = parse_hlo(rtext, ndev, mesh=mesh, device_ids=rids)
     result["reference_by_op"] = _by_op(rcolls)
     result["reference_total"] = float(sum(c["sent_bytes"] for c in rcolls))
@@ -417,7 +436,10 @@ def choices(fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
     >>> choices(f, x)                                                     # doctest: +SKIP
     [{'op': 'all_reduce', 'axes': ('data',), 'algorithm': 'exact', ...}]
   """
-  closed = jax.make_jaxpr(fn)(*args)
+  return _choices(jax.make_jaxpr(fn)(*args))
+
+
+def _choices(closed: Any) -> list[dict[str, Any]]:
   found: list[dict[str, Any]] = []
   _walk(closed.jaxpr, found)
   return found
