@@ -8,12 +8,19 @@ import signal
 import subprocess
 import time
 
+# Long enough that a process busy compiling on a loaded 2-core machine still answers.
+HEARTBEAT_S = 8
+
 
 def kill_when_ready(
   cmd: list[str], cwd: str, pid_line: str, ready_line: str, ranks: set[int], victim: int
 ) -> tuple[float, str, int]:
   """Starts ``cmd`` (a ``jcoccl.launch`` command line), waits until every rank in ``ranks``
   printed ``ready_line``, kills rank ``victim`` with SIGKILL and waits for the launch to end.
+
+  The processes declare a silent peer dead after :data:`HEARTBEAT_S` seconds
+  (JCOCCL_HEARTBEAT_S) instead of the default 20: the survivors of the kill wait that long,
+  idle, before they stop.
 
   Args:
     cmd: the launcher command.
@@ -30,7 +37,10 @@ def kill_when_ready(
     >>> took, out, rc = kill_when_ready(cmd, ROOT, r"\\[(\\d)\\] pid (\\d+)$",
     ...                                 r"\\[(\\d)\\] step 4$", {0, 1}, 1)
   """
-  p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  env = {**os.environ, "JCOCCL_HEARTBEAT_S": str(HEARTBEAT_S)}
+  p = subprocess.Popen(
+    cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   pids, lines, ready = {}, [], set()
   try:
     assert p.stdout is not None

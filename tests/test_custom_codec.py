@@ -11,7 +11,9 @@ match them bit for bit.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -328,17 +330,22 @@ def test_custom_codec_unknown_and_unregistered_errors_say_how_to_register():
   assert "mine_test" not in jc.registered() and jc.parse("topk") == TopK()
 
 
-@pytest.mark.slow
+@pytest.mark.unoptimized
 def test_custom_codec_trains_from_the_command_line(tmp_path):
-  """models.train --codec MODULE --compress data.all_reduce=topk:... runs a tiny model."""
+  """models.train --codec MODULE --compress data.all_reduce=topk:... trains a tiny model for
+  a few steps, its policy naming the codec, its gradients sent through it."""
   from models.configs.models import TINY_RUN
 
   cmd = [sys.executable, "-m", "models.train", *TINY_RUN, "--codec", "examples.custom_codecs.topk",
          "--compress", "data.all_reduce=topk:k=32", "--compress", "data.min_bytes=0",
-         "--out", str(tmp_path / "run")]  # fmt: skip
+         "--steps", "3", "--warmup", "1", "--eval-batches", "1", "--sample-tokens", "0",
+         "--no-progress", "--out", str(tmp_path / "run")]  # fmt: skip
   r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
-  assert "topk:k=32" in r.stdout + r.stderr
+  assert "topk:k=32" in r.stdout, r.stdout
+  assert re.search(r"^loss [\d.]+ -> [\d.]+ \(val [\d.]+\) over steps 0\.\.3", r.stdout, re.M)
+  wire = json.loads((tmp_path / "run" / "summary.json").read_text())["wire"]["by_axis"]["data"]
+  assert 0 < wire["compressed"] < wire["uncompressed"], wire
   r = subprocess.run(
     [sys.executable, "-m", "models.train", "--codec", "no_such_module_x", "--steps", "1"],
     cwd=ROOT, capture_output=True, text=True, timeout=300,
