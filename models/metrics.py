@@ -77,16 +77,13 @@ def wire_report(
     span several processes (the bytes that go over the network between hosts; "?" counts
     there whenever there are several processes), "inside_process" the others.
   """
-  abstract = lambda t: jax.tree.map(
-    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), t
-  )
-  p, o, xs = abstract(state.params), abstract(state.opt_state), abstract(x)
   program = "compiled" if par.dtype == jnp.float32 else "lowered"
   got = jcoccl.wire_bytes(traced, mesh=par.mesh, program=program)
   ref = got
-  if exact is not par:
+  if exact is not par:  # traced and compiled only: the state's arrays are not consumed
     ref_step = exact.train_step(tx, state.params, clip_norm=clip)
-    ref = jcoccl.wire_bytes(ref_step, p, o, None, xs, xs, mesh=exact.mesh, program=program)
+    args = (state.params, state.opt_state, None, x, x)
+    ref = jcoccl.wire_bytes(ref_step, *args, mesh=exact.mesh, program=program)
   axes = sorted(set(got["by_axis"]) | set(ref["by_axis"]), key=_axis_order)
   by_axis = {
     a: {
