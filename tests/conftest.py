@@ -1,12 +1,13 @@
 """Test set-up: 8 host CPU devices, so that collectives run on 1 to 8 ranks.
 
-Tests marked ``unoptimized`` (the model, training and CLI tests) compile with
-``jax_disable_most_optimizations`` (XLA's backend at optimization level 0), and so do the
-processes they start: compiling their large programs is most of their time, and what they
-check (one run equals another, a loss falls, a bound holds, a file is written) holds at any
-optimization level. The codec and collective tests compile as users do, because XLA's
-optimizations (constant folding, fused multiply-adds) are what could move a jnp reference
-off a native kernel's bits.
+Tests compile with ``jax_disable_most_optimizations`` (XLA's backend at optimization level
+0; the HLO passes still run), and so do the processes they start: compiling is most of the
+suite's time, and what the tests check (a bound holds, one run equals another, lax semantics,
+totality over any bytes) holds at any optimization level. Tests marked ``optimized`` compile
+as users do. They are the native codec bit-exactness tests in float32: at its default level
+XLA:CPU contracts ``a*b + c`` into an FMA, which is what moves a jnp product that the
+specification left unguarded off the kernels' bits. ``unoptimized`` marks the exceptions
+inside an ``optimized`` module. ``JCOCCL_TEST_OPTIMIZED=1`` compiles everything as users do.
 """
 
 import contextlib
@@ -19,16 +20,33 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _FLAG = "jax_disable_most_optimizations"
+_ALL_OPTIMIZED = os.environ.get("JCOCCL_TEST_OPTIMIZED", "") == "1"
+if not _ALL_OPTIMIZED:
+  os.environ[_FLAG.upper()] = "1"  # the processes the tests start read it at import
+  import jax
+
+  jax.config.update(_FLAG, True)  # in case a plugin imported jax before this file
+
+
+def _unoptimized(marks: list) -> bool | None:
+  """What ``marks`` ask: True unoptimized, False optimized, None the enclosing default."""
+  names = {m.name for m in marks}
+  if _ALL_OPTIMIZED or not names & {"optimized", "unoptimized"}:
+    return None
+  return "optimized" not in names
 
 
 @contextlib.contextmanager
-def _unoptimized() -> Iterator[None]:
+def _compiled(unoptimized: bool | None) -> Iterator[None]:
+  if unoptimized is None:
+    yield
+    return
   import jax
 
   before = jax.config._read(_FLAG)  # a flag, not a state: no attribute, no context manager
   with pytest.MonkeyPatch.context() as mp:
-    mp.setenv(_FLAG.upper(), "1")  # the processes the test starts read it at import
-    jax.config.update(_FLAG, True)
+    mp.setenv(_FLAG.upper(), "1" if unoptimized else "0")  # the processes the test starts
+    jax.config.update(_FLAG, unoptimized)
     try:
       yield
     finally:
@@ -36,18 +54,16 @@ def _unoptimized() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _unoptimized_module(request: pytest.FixtureRequest) -> Iterator[None]:
-  """``pytestmark = pytest.mark.unoptimized``: the module's own fixtures compile so too
-  (autouse fixtures set up before the other fixtures of their scope)."""
+def _module_level(request: pytest.FixtureRequest) -> Iterator[None]:
+  """A module's ``pytestmark``; the module's own fixtures compile so too (autouse fixtures
+  set up before the other fixtures of their scope)."""
   marks = getattr(request.module, "pytestmark", [])
-  marks = marks if isinstance(marks, list) else [marks]
-  with _unoptimized() if any(m.name == "unoptimized" for m in marks) else contextlib.nullcontext():
+  with _compiled(_unoptimized(marks if isinstance(marks, list) else [marks])):
     yield
 
 
 @pytest.fixture(autouse=True)
-def _unoptimized_test(request: pytest.FixtureRequest) -> Iterator[None]:
-  """One test marked ``@pytest.mark.unoptimized``."""
-  marked = any(m.name == "unoptimized" for m in request.node.own_markers)
-  with _unoptimized() if marked else contextlib.nullcontext():
+def _test_level(request: pytest.FixtureRequest) -> Iterator[None]:
+  """A test's own marks (``pytest.param(..., marks=...)`` included)."""
+  with _compiled(_unoptimized(request.node.own_markers)):
     yield

@@ -8,9 +8,6 @@ import pytest
 
 from benchmarks.accuracy import run as study
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 
 @pytest.mark.slow
 def test_two_policies_one_seed(tmp_path, capsys):

@@ -30,10 +30,6 @@ if _ffi.native_module("cpu") is None:
     allow_module_level=True,
   )
 
-# Properties that hold at any optimization level (bounds, sizes, totality, agreement on any
-# bytes): compiled at XLA's lowest level (tests/conftest.py). The float32 cases of
-# test_native_codecs.py compile as users do and catch a product the spec left open to FMA.
-pytestmark = pytest.mark.unoptimized
 
 FUZZ = settings(
   derandomize=True,

@@ -17,11 +17,6 @@ from hypothesis import strategies as st
 from jcoccl import compressors as jc
 from jcoccl._src.compressors import native, registry
 
-# Properties that hold at any optimization level (bounds, sizes, totality, agreement on any
-# bytes): compiled at XLA's lowest level (tests/conftest.py). The float32 cases of
-# test_native_codecs.py compile as users do and catch a product the spec left open to FMA.
-pytestmark = pytest.mark.unoptimized
-
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
 ALL = [
   jc.none(),
@@ -401,6 +396,7 @@ def _np_int8_sym(x: np.ndarray, block: int) -> np.ndarray:
   return np.concatenate([codes, s.reshape(-1).astype("<f4").view(np.uint8)])
 
 
+@pytest.mark.optimized  # an independent reading, against the spec as users compile it
 def test_int8_matches_numpy_reading_of_wire_format():
   x = (np.random.default_rng(4).standard_normal(2048) * 3).astype(np.float32)
   x[5] = 0.5 * float(np.abs(x[:256]).max()) / 127 * 127  # a tie candidate

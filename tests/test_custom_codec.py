@@ -331,7 +331,6 @@ def test_custom_codec_unknown_and_unregistered_errors_say_how_to_register():
 
 
 @pytest.mark.slow
-@pytest.mark.unoptimized
 def test_custom_codec_trains_from_the_command_line(tmp_path):
   """models.train --codec MODULE --compress data.all_reduce=topk:... trains a tiny model for
   a few steps, its policy naming the codec, its gradients sent through it."""

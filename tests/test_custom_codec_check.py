@@ -22,11 +22,6 @@ from jcoccl import compressors as jc
 from jcoccl.__main__ import main
 from jcoccl._src.compressors import conformance
 
-# Properties that hold at any optimization level (bounds, sizes, totality, agreement on any
-# bytes): compiled at XLA's lowest level (tests/conftest.py). The float32 cases of
-# test_native_codecs.py compile as users do and catch a product the spec left open to FMA.
-pytestmark = pytest.mark.unoptimized
-
 ALL_DTYPES = ("float32", "bfloat16", "float16")
 F32 = ("float32",)
 TINY = float(np.finfo(np.float32).tiny)

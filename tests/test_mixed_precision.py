@@ -19,9 +19,6 @@ from models.configs.models import TINY_RUN
 from models.parallel import Parallel3D, compute_dtype, make_mesh, reference_loss_and_grads
 from models.recipe import Recipe
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 VOCAB = 64
 BF16_EPS = 2.0**-8  # bfloat16 keeps 8 significant bits: unit roundoff 2^-8
 

@@ -11,9 +11,6 @@ from flax import nnx
 
 from models import gpt, qwen
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 GOLDENS = pathlib.Path(__file__).parent / "goldens"
 CASES = [("gpt2", gpt), ("qwen2_tied", qwen), ("qwen2_untied", qwen)]
 

@@ -19,10 +19,12 @@ if _ffi.native_module("cpu") is None:
     allow_module_level=True,
   )
 
-# float32 compiles as users do: XLA:CPU contracts a*b + c into an FMA at its default level,
-# which would move a jnp product the spec left open off the kernels' bits. The narrow dtypes
-# add only exact conversions to that float32 arithmetic, so they compile at XLA's lowest
-# level (tests/conftest.py), which forms no FMA and takes half the compile time.
+# Compiled as users do (tests/conftest.py): at its default level XLA:CPU contracts a*b + c
+# into an FMA, which would move a jnp product that the spec left unguarded off the kernels'
+# bits. The narrow dtypes add only exact conversions to that float32 arithmetic, so they
+# compile at the suite's level (no FMA, half the compile time).
+pytestmark = pytest.mark.optimized
+
 DTYPES = (
   jnp.float32,
   pytest.param(jnp.bfloat16, marks=pytest.mark.unoptimized),

@@ -19,9 +19,6 @@ from models import gpt, qwen
 from models.parallel import AXES, Collectives, Parallel3D, make_mesh, reference_loss_and_grads
 from models.recipe import Recipe
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 VOCAB = 64
 
 

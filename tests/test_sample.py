@@ -15,9 +15,6 @@ from flax import nnx
 from models import data, parallel, sample, train
 from models.configs.models import TINY_RUN
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 TINY = [
   *TINY_RUN,
   "--warmup",

@@ -16,12 +16,6 @@ def _heavy(rows: int, n: int, seed: int = 0) -> np.ndarray:
   return np.random.default_rng(seed).standard_t(2, size=(rows, n)).astype(np.float32)
 
 
-# Properties that hold at any optimization level (bounds, sizes, totality, agreement on any
-# bytes): compiled at XLA's lowest level (tests/conftest.py). The float32 cases of
-# test_native_codecs.py compile as users do and catch a product the spec left open to FMA.
-pytestmark = pytest.mark.unoptimized
-
-
 def test_spec_payload_and_errors():
   c = jc.parse("spike(int4:asym):k=8")
   assert c == jc.spike(jc.int4(symmetric=False), k=8) and str(c) == "spike(int4:asym):k=8"

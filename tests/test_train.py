@@ -18,9 +18,6 @@ import pytest
 from models import checkpoint, train
 from models.configs.models import TINY_RUN
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 TINY = [
   *TINY_RUN,
   "--warmup",

@@ -26,9 +26,6 @@ from mp_util import kill_when_ready
 
 from models import checkpoint, train
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "mp_train_worker.py")
 STEPS = 6

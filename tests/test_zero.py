@@ -17,9 +17,6 @@ from models import gpt, qwen
 from models.parallel import Parallel3D, make_mesh
 from models.recipe import Recipe
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 VOCAB, LR = 64, 1e-2
 
 

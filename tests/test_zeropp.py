@@ -20,9 +20,6 @@ from models import train
 from models.parallel import NODE, Parallel3D, make_mesh
 from models.recipe import Recipe
 
-# Model programs: compiled at XLA's lowest optimization level (tests/conftest.py).
-pytestmark = pytest.mark.unoptimized
-
 U = 2.0**-24  # float32 unit roundoff
 
 
