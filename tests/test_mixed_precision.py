@@ -23,9 +23,9 @@ VOCAB = 64
 BF16_EPS = 2.0**-8  # bfloat16 keeps 8 significant bits: unit roundoff 2^-8
 
 
-def _gpt():
+def _gpt():  # two layers: one per stage of the 2x2x2 mesh (compile time grows with layers)
   return gpt.GPT(
-    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=4, n_head=4),
+    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4),
     rngs=nnx.Rngs(0),
   )
 

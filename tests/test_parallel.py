@@ -22,20 +22,22 @@ from models.recipe import Recipe
 VOCAB = 64
 
 
-def _gpt(tied_unused=None):
+# Two layers: one per stage on the pipe-2 meshes. Compiling the unrolled pipeline is most of
+# these tests' time and grows with the layers; the 4-layer cases keep several per stage.
+def _gpt(layers=2):
   return gpt.GPT(
-    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=4, n_head=4),
+    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=layers, n_head=4),
     rngs=nnx.Rngs(0),
   )
 
 
-def _qwen(tie=False):
+def _qwen(tie=False, layers=2):
   return qwen.Qwen(
     qwen.QwenConfig(
       vocab_size=VOCAB,
       hidden_size=32,
       intermediate_size=64,
-      num_hidden_layers=4,
+      num_hidden_layers=layers,
       num_attention_heads=4,
       num_key_value_heads=2,
       rope_theta=5000.0,
@@ -64,8 +66,8 @@ def _assert_tree_close(got, want, rtol):
 CASES = [
   ("gpt", _gpt, (2, 2, 2), 2),
   ("qwen_untied", lambda: _qwen(False), (2, 2, 2), 2),
-  ("qwen_tied", lambda: _qwen(True), (2, 2, 2), 4),
-  ("gpt", _gpt, (1, 2, 4), 2),
+  ("qwen_tied", lambda: _qwen(True, layers=4), (2, 2, 2), 4),
+  ("gpt", lambda: _gpt(layers=4), (1, 2, 4), 2),
   ("qwen_untied", lambda: _qwen(False), (4, 2, 1), 1),
   ("gpt", _gpt, (8, 1, 1), 1),
   ("qwen_untied", lambda: _qwen(False), (1, 1, 2), 2),
