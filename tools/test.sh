@@ -5,6 +5,8 @@
 # The suite runs on JCOCCL_TEST_WORKERS pytest-xdist workers (default 2, one per core of the
 # CI machine; 0 runs it in this process). Work stealing keeps both busy to the end: the
 # test files differ in cost by two orders of magnitude.
+# Tests compile at XLA's lowest backend level except those marked optimized (tests/conftest.py);
+# JCOCCL_TEST_OPTIMIZED=1 compiles them all as users do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
