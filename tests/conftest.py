@@ -67,3 +67,15 @@ def _test_level(request: pytest.FixtureRequest) -> Iterator[None]:
   """A test's own marks (``pytest.param(..., marks=...)`` included)."""
   with _compiled(_unoptimized(request.node.own_markers)):
     yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+  """Modules with ``slow`` tests first, each module kept whole (its fixtures set up once):
+  the xdist workers then end on short tests instead of one idling while the other finishes
+  a long one."""
+
+  def module(item: pytest.Item) -> object:
+    return getattr(item, "module", None) or item.parent
+
+  slow = {module(item) for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: module(item) not in slow)
