@@ -18,6 +18,7 @@ def test_project_flags_come_from_cmake():
   assert "--fmad=false" in flags and arch == "90"
 
 
+@pytest.mark.slow  # nvcc, two sources: 15-30 s
 @needs_nvcc
 def test_cuda_sources_have_ieee_arithmetic_and_no_spills():
   assert gpu_ptx.check() == []
