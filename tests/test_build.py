@@ -27,6 +27,24 @@ def test_cuda_extension_built_where_nvcc_exists():
   assert mod.registrations(), "jcoccl._cuda has no FFI targets"
 
 
+def test_cuda_targets_are_filed_under_the_cuda_plugins_platform(monkeypatch):
+  """The CUDA PJRT plugin reads handlers filed under "CUDA"; "cuda" would never reach it."""
+  from jaxlib import xla_client
+
+  class FakeCuda:
+    @staticmethod
+    def registrations():
+      return {"jcoccl_fake_target": object()}
+
+  filed = []
+  monkeypatch.setattr(_ffi, "native_module", lambda platform: FakeCuda)
+  monkeypatch.setattr(
+    _ffi.jax.ffi, "register_ffi_target", lambda name, fn, platform: filed.append(platform)
+  )
+  assert _ffi.register.__wrapped__("cuda") == {"jcoccl_fake_target"}
+  assert [xla_client.xla_platform_names.get(p, p) for p in filed] == ["CUDA"]
+
+
 def test_info_reports_versions_and_extensions():
   d = jcoccl.info()
   assert d["jax"] and d["jaxlib"] and d["jcoccl"] == jcoccl.__version__

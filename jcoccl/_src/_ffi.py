@@ -15,6 +15,11 @@ from types import ModuleType
 import jax
 
 _PLATFORMS = {"cpu": "jcoccl._cpu", "cuda": "jcoccl._cuda"}
+# The platform names jax.ffi.register_ffi_target files handlers under. The CUDA PJRT plugin
+# collects its handlers under "CUDA" (xla_client maps only "gpu" to it): a handler filed
+# under "cuda" is queued for a platform that never comes, and every call of it fails with
+# "No FFI handler registered ... on a platform CUDA".
+_XLA_PLATFORMS = {"cpu": "cpu", "cuda": "CUDA"}
 
 
 @functools.cache
@@ -103,7 +108,7 @@ def register(platform: str) -> frozenset[str]:
     return frozenset()
   names = []
   for name, capsule in mod.registrations().items():
-    jax.ffi.register_ffi_target(name, capsule, platform=platform)
+    jax.ffi.register_ffi_target(name, capsule, platform=_XLA_PLATFORMS[platform])
     names.append(name)
   return frozenset(names)
 
