@@ -183,3 +183,45 @@ def test_gpu_build_finds_nvcc_off_path(tmp_path):
   r = _run("tools/gpu_build.py", "--dry-run", env={"CUDACXX": str(nvcc)})
   assert r.returncode == 0 and f"nvcc: {nvcc}" in r.stdout, r.stdout + r.stderr
   assert "--no-build-isolation --no-deps -e" in r.stdout and "cmake -S" in r.stdout
+
+
+def test_report_gives_median_and_spread_over_rounds(tmp_path):
+  """Timings repeated in rounds (bench2_r1.json, ...) are summarised per figure."""
+  import gpu_collectives
+
+  def launch(us: float, nccl_us: float) -> dict:
+    rows = [
+      dict(
+        op="all_reduce",
+        bytes=64,
+        compressor=c,
+        time_us=t,
+        speedup_vs_nccl=nccl_us / t,
+        algbw_GBps=1.0,
+        busbw_GBps=1.0,
+      )
+      for c, t in (("nccl", nccl_us), ("int8", us))
+    ]
+    return {
+      "kind": "launch",
+      "world": 2,
+      "refused": False,
+      "returncodes": ["0", "0"],
+      "mismatches": 0,
+      "bench": rows,
+    }
+
+  for r, (us, nccl_us) in enumerate([(10.0, 40.0), (30.0, 45.0), (20.0, 50.0)], 1):
+    (tmp_path / f"bench2_r{r}.json").write_text(json.dumps(launch(us, nccl_us)))
+  for r, gbs in enumerate([300.0, 100.0], 1):
+    row = {"codec": "int8", "mib": 256, "op": "encode", "gbs": gbs, "ms": 1.0}
+    (tmp_path / f"codec_bench_r{r}.json").write_text(json.dumps({"bench": [row], "cases": []}))
+  assert gpu_collectives.main(["report", "--dir", str(tmp_path)]) == 0
+  spread = json.loads((tmp_path / "summary.json").read_text())["spread"]
+  t = spread["collectives"]["world 2 all_reduce 64 int8"]["time_us"]
+  assert (t["median"], t["min"], t["max"], t["rounds"]) == (20.0, 10.0, 30.0, 3)
+  s = spread["collectives"]["world 2 all_reduce 64 int8"]["speedup_vs_nccl"]
+  assert (s["median"], s["min"], s["max"]) == (2.5, 1.5, 4.0)
+  g = spread["codecs_gbs"]["256 MiB int8 encode"]
+  assert (g["median"], g["min"], g["max"], g["rounds"]) == (200.0, 100.0, 300.0, 2)
+  assert "# medians over rounds" in (tmp_path / "summary.txt").read_text()

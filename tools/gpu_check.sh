@@ -9,13 +9,16 @@
 #   world2       2 processes on the one GPU over NCCL's socket transport: engine ops vs the
 #                jnp spec, NCCL's plain ops vs numpy (tools/gpu_collectives.py launch)
 #   world4       the same with 4 processes
-#   codec_bench  codec throughput vs the device copy bandwidth
-#   bench2       compressed vs NCCL collectives at world 2 (nccl-tests algbw/busbw)
 #   xla_comm     does XLA hand an FFI handler its own communicator (tools/xla_comm_probe.py)
+#   codec_bench  codec throughput vs the device copy bandwidth    } JCOCCL_GPU_ROUNDS rounds
+#   bench2       compressed vs NCCL collectives at world 2         } (default 3), steps
+#                (nccl-tests algbw/busbw)                          } named *_r1, *_r2, ...
+#   ncu          Nsight Compute on the codec kernels (throughput, occupancy, launch shape)
 #   cuda_ext     (--cpu only) the CUDA handlers, fused engine and NCCL transport built against
 #                the host shim and an NCCL emulation: op matrix vs the CPU paths, seeded
 #                host-side bugs caught (tools/cuda_ext_check.py check)
-#   report       summary.json / summary.txt from every JSON written
+#   report       summary.json / summary.txt from every JSON written, with the median and
+#                spread over rounds of every timing
 # Every step writes its JSON as it goes (a step cut short keeps what it finished), prints a
 # one-line `=== VERDICT [step] ...`, and runs under its own time limit, clipped so that the
 # whole run stays within JCOCCL_GPU_BUDGET_S (default 470 s) with 20 s kept for the report.
@@ -99,11 +102,27 @@ import jax; print(jax.devices())"
     --out "$OUT/world2.json"
   step world4 60 "$PY" "$GC" launch --world 4 --timeout 20 --deadline 50 --dir "$OUT/world4" \
     --out "$OUT/world4.json"
-  step codec_bench 30 "$PY" tools/gpu_codecs.py --skip-check --sizes-mib 256,1024 --iters 10 \
-    --out "$OUT/codec_bench.json"
-  step bench2 40 "$PY" "$GC" launch --world 2 --no-checks --bench --sizes-mib 1 16 64 \
-    --iters 5 --timeout 20 --deadline 32 --dir "$OUT/bench2" --out "$OUT/bench2.json"
   step xla_comm 30 "$PY" tools/xla_comm_probe.py --platform cuda --out "$OUT/xla_comm.json"
+  # Timings in rounds, each round timing every codec and collective once: the report gives
+  # each figure's median and its spread over the rounds.
+  for r in $(seq 1 "${JCOCCL_GPU_ROUNDS:-3}"); do
+    step "codec_bench_r$r" 30 "$PY" tools/gpu_codecs.py --skip-check --sizes-mib 256,1024 \
+      --iters 10 --out "$OUT/codec_bench_r$r.json"
+    step "bench2_r$r" 40 "$PY" "$GC" launch --world 2 --no-checks --bench --sizes-mib 1 16 64 \
+      --iters 5 --timeout 20 --deadline 32 --dir "$OUT/bench2_r$r" --out "$OUT/bench2_r$r.json"
+  done
+  # Where each codec kernel spends its time (throughput against the chip's limits,
+  # occupancy, launch shape): the first 16 codec launches of one 256 MiB round.
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null \
+    | tail -n 1)
+  if [ -n "$NCU" ]; then
+    mkdir -p "$OUT/ncu"
+    step ncu 90 "$NCU" --clock-control none -k "regex:EncodeBlocks|Elementwise|Hadamard" -c 16 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats \
+      "$PY" tools/gpu_codecs.py --skip-check --sizes-mib 256 --iters 1 --out "$OUT/ncu/bench.json"
+  else
+    skip ncu "no ncu on this machine"
+  fi
   if grep -q "NCCL REFUSED" "$OUT/world2.log" "$OUT/world4.log" 2>/dev/null; then
     echo "NOTE: NCCL refused several ranks on one GPU; see $OUT/world*.log"
   fi

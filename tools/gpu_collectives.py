@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -796,7 +797,8 @@ def cmd_report(args: argparse.Namespace) -> int:
           parts[name] = json.load(f)
       except (OSError, json.JSONDecodeError) as e:
         parts[name] = {"error": str(e)}
-  _write(os.path.join(args.dir, "summary.json"), parts)
+  spread = _spread(parts)
+  _write(os.path.join(args.dir, "summary.json"), {**parts, "spread": spread})
   lines = ["# jcoccl GPU check summary", ""]
   for name, p in parts.items():
     if p.get("kind") == "single":
@@ -842,11 +844,59 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     else:
       lines.append(f"{name}: {json.dumps(p)[:300]}")
+  lines += _spread_lines(spread)
   text = "\n".join(lines) + "\n"
   with open(os.path.join(args.dir, "summary.txt"), "w") as f:
     f.write(text)
   print(text)
   return 0
+
+
+def _spread(parts: dict) -> dict:
+  """Median, min and max of every timing over the rounds that measured it.
+
+  A timing is a collective (world, op, bytes, codec: time and speedup over NCCL) or a codec
+  (MiB, codec, op: GB/s); the rounds are the JSON files that hold it (bench2_r1.json, ...).
+  """
+  coll: dict[str, dict[str, list]] = {}
+  codec: dict[str, list] = {}
+  for p in parts.values():
+    for r in p.get("bench", []) if isinstance(p, dict) else []:
+      if p.get("kind") == "launch":
+        key = f"world {p['world']} {r['op']} {r['bytes']} {r['compressor']}"
+        d = coll.setdefault(key, {"time_us": [], "speedup_vs_nccl": []})
+        d["time_us"].append(r["time_us"])
+        d["speedup_vs_nccl"].append(r["speedup_vs_nccl"])
+      elif "gbs" in r:
+        codec.setdefault(f"{r['mib']} MiB {r['codec']} {r['op']}", []).append(r["gbs"])
+
+  def stats(v: list) -> dict:
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": len(v)}
+
+  return {
+    "collectives": {k: {m: stats(v) for m, v in d.items()} for k, d in coll.items()},
+    "codecs_gbs": {k: stats(v) for k, v in codec.items()},
+  }
+
+
+def _spread_lines(spread: dict) -> list[str]:
+  """summary.txt's table of medians and [min, max] over rounds (timings seen twice or more)."""
+  coll = {k: d for k, d in spread["collectives"].items() if d["time_us"]["rounds"] > 1}
+  codec = {k: d for k, d in spread["codecs_gbs"].items() if d["rounds"] > 1}
+  if not coll and not codec:
+    return []
+  lines = ["", "# medians over rounds [min, max]"]
+  for k, d in coll.items():
+    t, s = d["time_us"], d["speedup_vs_nccl"]
+    lines.append(
+      f"  {k:48s} {t['median']:>10.1f} us [{t['min']:.1f}, {t['max']:.1f}]  "
+      f"speedup {s['median']:.2f} [{s['min']:.2f}, {s['max']:.2f}]  ({t['rounds']} rounds)"
+    )
+  for k, d in codec.items():
+    lines.append(
+      f"  {k:48s} {d['median']:>8.1f} GB/s [{d['min']:.1f}, {d['max']:.1f}]  ({d['rounds']} rounds)"
+    )
+  return lines
 
 
 def _write(path: str, obj: Any) -> None:
