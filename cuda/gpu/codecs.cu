@@ -104,13 +104,24 @@ __device__ uint32_t WarpMaxU(uint32_t v) {
   return v;
 }
 
+// As an EncodeBlockWarp template argument: the kind is s.kind, read at run time.
+constexpr Kind kKindOfSpec = static_cast<Kind>(-1);
+
+// Is the block's codec kind k? Constant for a fixed K, so each instantiation keeps only its
+// own path.
+template <Kind K>
+__device__ bool KindIs(const CodecSpec& s, Kind k) {
+  return K == kKindOfSpec ? s.kind == k : K == k;
+}
+
 // Encodes codec block b of a row (all 32 lanes call it). `out` is the row's payload. K is
-// s.kind (kInt, kFp8 or kErrorBounded), fixed at compile time: see EncodeBlocksFor.
+// s.kind (kInt, kFp8 or kErrorBounded) fixed at compile time (see EncodeBlocksFor), or
+// kKindOfSpec.
 template <Kind K, class Src>
 __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& src, int64_t b,
                                 int64_t nb, uint8_t* out, int lane) {
   const int64_t B = s.block, base = b * B, quads = B / 4;
-  if constexpr (K == Kind::kErrorBounded) {
+  if (KindIs<K>(s, Kind::kErrorBounded)) {
     const float step = 2.0f * s.abs_error;
     bool ok = true;
     uint32_t zmax = 0;
@@ -171,7 +182,7 @@ __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& 
   lo = WarpMin(lo);
   hi = WarpMax(hi);
   const float qnan = BitsFloat(0x7fc00000u);
-  if constexpr (K == Kind::kFp8) {
+  if (KindIs<K>(s, Kind::kFp8)) {
     const Fp8Params p = Fp8Of(s.fp8);
     const float sc = finite ? amax * p.r : qnan;
     uint32_t* codes = reinterpret_cast<uint32_t*>(out + base);
@@ -230,23 +241,6 @@ __device__ void EncodeBlockWarp(const CodecSpec& s, const Layout& l, const Src& 
   if (lane == 0) {
     reinterpret_cast<float*>(out + l.scales)[b] = sc;
     if (!s.symmetric) reinterpret_cast<float*>(out + l.mins)[b] = mn;
-  }
-}
-
-// EncodeBlockWarp for the kind s.kind names at run time (the Hadamard and spike kernels, which
-// serve every inner codec).
-template <class Src>
-__device__ void EncodeBlockWarpOf(const CodecSpec& s, const Layout& l, const Src& src, int64_t b,
-                                  int64_t nb, uint8_t* out, int lane) {
-  switch (s.kind) {
-    case Kind::kFp8:
-      EncodeBlockWarp<Kind::kFp8>(s, l, src, b, nb, out, lane);
-      break;
-    case Kind::kErrorBounded:
-      EncodeBlockWarp<Kind::kErrorBounded>(s, l, src, b, nb, out, lane);
-      break;
-    default:
-      EncodeBlockWarp<Kind::kInt>(s, l, src, b, nb, out, lane);
   }
 }
 
@@ -346,12 +340,17 @@ __device__ void BlockHadamard(float* t, int g, int h, float post) {
   __syncthreads();
 }
 
+// The Hadamard and spike kernels are bounded to three blocks of kThreads per SM (85
+// registers): left free, ptxas gave them 80 to 90 depending on how the inner codec's code was
+// arranged, and at 86 an H200 held two blocks and ran the Hadamard codec about 27% slower.
+
 // One CUDA block per granule tile of g elements, for Hadamard codecs.
 // mode 0 (encode): x rows -> payloads. mode 1 (decode-sum): nrows payloads per output row ->
 // od values. mode 2 (decode-sum-encode): nrows payloads per output row -> payload.
-__global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, const uint8_t* in,
-                               int nrows, int64_t stride, int64_t rows, int64_t n, void* out,
-                               int64_t out_row_bytes, float post) {
+__global__ void __launch_bounds__(kThreads, 3)
+    HadamardKernel(int mode, CodecSpec s, DType d, const void* x, const uint8_t* in, int nrows,
+                   int64_t stride, int64_t rows, int64_t n, void* out, int64_t out_row_bytes,
+                   float post) {
   extern __shared__ float smem[];
   const int g = static_cast<int>(Granule(s));
   float* acc = smem;
@@ -397,7 +396,7 @@ __global__ void HadamardKernel(int mode, CodecSpec s, DType d, const void* x, co
       const SmemSrc src{acc, base};
       const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
       for (int64_t b = base / s.block + warp; b < (base + g) / s.block; b += blockDim.x / 32)
-        EncodeBlockWarpOf(s, l, src, b, nb, orow, lane);
+        EncodeBlockWarp<kKindOfSpec>(s, l, src, b, nb, orow, lane);
     }
     __syncthreads();
   }
@@ -492,9 +491,9 @@ __device__ void BlockSpikeRestore(const CodecSpec& s, const Layout& l, float* t,
 
 // One CUDA block per codec block of spike codecs; modes as HadamardKernel's (0 encode,
 // 1 decode-sum, 2 decode-sum-encode).
-__global__ void SpikeKernel(int mode, CodecSpec s, DType d, const void* x, const uint8_t* in,
-                            int nrows, int64_t stride, int64_t rows, int64_t n, void* out,
-                            int64_t out_row_bytes) {
+__global__ void __launch_bounds__(kThreads, 3)
+    SpikeKernel(int mode, CodecSpec s, DType d, const void* x, const uint8_t* in, int nrows,
+                int64_t stride, int64_t rows, int64_t n, void* out, int64_t out_row_bytes) {
   extern __shared__ float smem[];
   const int g = s.block;
   float* acc = smem;
@@ -534,7 +533,8 @@ __global__ void SpikeKernel(int mode, CodecSpec s, DType d, const void* x, const
     }
     uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
     BlockSpikeSplit(s, l, acc, g, b, nb, orow, reinterpret_cast<uint32_t*>(tmp), red);
-    if (threadIdx.x < 32) EncodeBlockWarpOf(s, l, SmemSrc{acc, base}, b, nb, orow, threadIdx.x);
+    if (threadIdx.x < 32)
+      EncodeBlockWarp<kKindOfSpec>(s, l, SmemSrc{acc, base}, b, nb, orow, threadIdx.x);
     __syncthreads();
   }
 }

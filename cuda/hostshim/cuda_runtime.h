@@ -44,6 +44,7 @@
 #define __global__
 #define __device__
 #define __host__
+#define __launch_bounds__(...)  // an occupancy hint to ptxas: nothing to do on the host
 #define __forceinline__ inline
 #define __align__(n) alignas(n)
 
