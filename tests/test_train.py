@@ -458,3 +458,26 @@ def test_read_records_rejects_damage_before_the_last_line(tmp_path):
   f.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
   with pytest.raises(train.SetupError, match="metrics.jsonl: line 2 is not a metrics record"):
     train.read_records(f)
+
+
+def test_small_replicated_arrays_save_without_compiling(tmp_path):
+  """A checkpoint of small replicated arrays is written whole by one replica: orbax's
+  default would compile a slice program per array and replica at the first save."""
+  mesh = jax.make_mesh((2, 2, 2), ("data", "tensor", "pipe"))
+  rep = jax.NamedSharding(mesh, jax.P())
+  params = {f"w{i}": jax.device_put(np.full((4, 8 + i), i, np.float32), rep) for i in range(6)}
+  state = checkpoint.State(params, {"mu": params}, None, step=1)
+  compiled = []
+
+  def listen(event: str, secs: float, **_) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiled.append(secs)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    checkpoint.save(checkpoint.checkpointer(tmp_path), state)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert compiled == []
+  got = _restore(tmp_path, 1)
+  np.testing.assert_array_equal(got["params"]["w5"], params["w5"])
