@@ -25,11 +25,13 @@ if _ffi.native_module("cpu") is None:
 # compile at the suite's level (no FMA, half the compile time).
 pytestmark = pytest.mark.optimized
 
-DTYPES = (
-  jnp.float32,
-  pytest.param(jnp.bfloat16, marks=pytest.mark.unoptimized),
-  pytest.param(jnp.float16, marks=pytest.mark.unoptimized),
-)
+DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def _level(dtype) -> tuple:
+  """The marks of a case in ``dtype``: the narrow dtypes compile at the suite's level."""
+  return () if dtype is jnp.float32 else (pytest.mark.unoptimized,)
+
 
 CODECS = [
   jc.none(),
@@ -144,10 +146,7 @@ def _bit_exact_cases() -> list:
   for i, c in enumerate(CODECS):
     narrow = DTYPES[1:] if c.kind in ("none", "cast") else [DTYPES[1 + i % 2]]
     cases += [(c, d) for d in (DTYPES[0], *narrow)]
-  return [
-    pytest.param(c, d.values[0] if hasattr(d, "values") else d, marks=getattr(d, "marks", ()))
-    for c, d in cases
-  ]
+  return [pytest.param(c, d, marks=_level(d)) for c, d in cases]
 
 
 @pytest.mark.parametrize(
@@ -184,7 +183,11 @@ def test_bit_exact(c, dtype):
   ],
   ids=str,
 )
-@pytest.mark.parametrize("dtype", [DTYPES[0], DTYPES[2]], ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize(
+  "dtype",
+  [pytest.param(d, marks=_level(d)) for d in (DTYPES[0], DTYPES[2])],
+  ids=lambda d: jnp.dtype(d).name,
+)
 def test_rows_with_a_partial_last_tile(c, dtype):
   # The CPU kernels work in tiles of 4096 elements: a row of 3 tiles and 768 more elements
   # exercises the short last tile of every op (it once wrote past the end of the row).
