@@ -29,15 +29,6 @@ def _run(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.
   )
 
 
-def test_gpu_collectives_selfcheck_on_cpu(tmp_path):
-  out = tmp_path / "self.json"
-  r = _run(
-    "tools/gpu_collectives.py", "selfcheck", "--sizes-mib", "1", "--iters", "1", "--out", str(out)
-  )
-  assert r.returncode == 0, r.stdout + r.stderr
-  assert json.loads(out.read_text())
-
-
 def test_gpu_scripts_parse_their_arguments():
   for script in (
     "tools/gpu_codecs.py",

@@ -13,8 +13,6 @@ Subcommands:
            algbw/busbw). If NCCL refuses (e.g. "Duplicate GPU detected"), that is printed
            clearly and the command exits 3.
   worker   one rank of `launch` (internal).
-  selfcheck  world size 1 on the CPU through the host transport: runs the worker's checks and
-           the benchmark code (tiny sizes) without a GPU, so the script's own code is tested.
   report   merges the JSON files of a directory into summary.json and summary.txt.
 
 `single`, `launch` and `worker` take --platform cpu: the CI dry run at world size 1, through
@@ -35,7 +33,6 @@ Times are the mean of --iters back-to-back calls after two warm-up calls and a b
 Example:
   python tools/gpu_collectives.py single --out gpu_out/single.json
   python tools/gpu_collectives.py launch --world 2 --bench --out gpu_out/world2.json
-  python tools/gpu_collectives.py selfcheck        # no GPU needed
   python tools/gpu_collectives.py single --platform cpu --out /tmp/single.json   # no GPU
 """
 
@@ -51,7 +48,7 @@ import tempfile
 import time
 from typing import Any
 
-PLATFORM = "cuda"  # the engine's platform ("selfcheck" points the helpers at "cpu")
+PLATFORM = "cuda"  # the engine's platform (a worker with --platform cpu sets "cpu")
 OPS = ("one_shot", "two_shot", "reduce_scatter", "all_gather", "all_to_all", "ppermute")
 
 
@@ -637,33 +634,6 @@ def _bench(
   return rows
 
 
-def cmd_selfcheck(args: argparse.Namespace) -> int:
-  """World size 1 on the CPU (host transport): the worker's checks and the benchmark loop."""
-  global PLATFORM
-  import jax
-
-  from jcoccl import native
-
-  mod = native.module("cpu")
-  if mod is None:
-    print(f"jcoccl._cpu missing: {native.import_error('cpu')}")
-    return 2
-  PLATFORM = "cpu"
-  native.register("cpu")
-  cpu = jax.devices("cpu")[0]
-  cid = (1 << 50) + 11
-  mod.fused_host_comm_create(cid, [cpu.id])
-  try:
-    checks = _checks(cid, 0, 1, cpu, cpu) + _plain_checks(cid, 0, 1, cpu, cpu)
-    bench = _bench(cid, 0, 1, cpu, args.sizes_mib, args.iters)
-  finally:
-    mod.fused_comm_destroy(cid)
-  bad = [c for c in checks if not c["ok"]]
-  _write(args.out, dict(kind="selfcheck", checks=checks, bench=bench, mismatches=len(bad)))
-  print(f"selfcheck: {len(checks) - len(bad)}/{len(checks)} checks OK, {len(bench)} bench rows")
-  return 1 if bad else 0
-
-
 # ----------------------------------------------------------------------------------------
 # launch: the multi-process run.
 
@@ -950,14 +920,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
       w.add_argument("--rank", type=int, required=True)
       w.add_argument("--dir", required=True)
-  c = sub.add_parser(
-    "selfcheck",
-    help="world size 1 on the CPU: the script's checks and bench "
-    "code through the host transport (no GPU)",
-  )
-  c.add_argument("--out", default="gpu_out/selfcheck.json")
-  c.add_argument("--sizes-mib", type=float, nargs="+", default=[0.25])
-  c.add_argument("--iters", type=int, default=2)
   r = sub.add_parser("report", help="merge the JSON files of a directory")
   r.add_argument("--dir", default="gpu_out")
   args = p.parse_args(argv)
@@ -965,7 +927,6 @@ def main(argv: list[str] | None = None) -> int:
     "single": cmd_single,
     "launch": cmd_launch,
     "worker": cmd_worker,
-    "selfcheck": cmd_selfcheck,
     "report": cmd_report,
   }[args.cmd](args)
 
