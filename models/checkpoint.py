@@ -58,14 +58,17 @@ def _write_small_arrays_whole() -> None:
   current = ocp.type_handlers.get_type_handler(jax.Array)
   if getattr(current, "_min_slice_bytes_for_replica_parallel", None) == MIN_REPLICA_SLICE_BYTES:
     return
-  try:  # orbax builds its default handler with this store; without it, keep that default
+  # orbax builds its default handler with this store. An orbax without the store or the
+  # option keeps its default handler: slower first saves, the same checkpoints.
+  try:
     from orbax.checkpoint._src.metadata import array_metadata_store
-  except ImportError:
+
+    handler = ocp.type_handlers.ArrayHandler(
+      min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
+      array_metadata_store=array_metadata_store.Store(),
+    )
+  except (ImportError, TypeError):
     return
-  handler = ocp.type_handlers.ArrayHandler(
-    min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
-    array_metadata_store=array_metadata_store.Store(),
-  )
   ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
 
 
