@@ -11,28 +11,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
+from tiny_models import batch as _batch
+from tiny_models import tiny_gpt as _gpt
 
 from jcoccl._src import wire_bytes as W
-from models import gpt, sample, train
+from models import sample, train
 from models.configs.models import TINY_RUN
 from models.parallel import Parallel3D, compute_dtype, make_mesh, reference_loss_and_grads
 from models.recipe import Recipe
 
-VOCAB = 64
 BF16_EPS = 2.0**-8  # bfloat16 keeps 8 significant bits: unit roundoff 2^-8
-
-
-def _gpt():  # two layers: one per stage of the 2x2x2 mesh (compile time grows with layers)
-  return gpt.GPT(
-    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4),
-    rngs=nnx.Rngs(0),
-  )
-
-
-def _batch(n=8, s=8, seed=0):
-  tok = np.random.default_rng(seed).integers(0, VOCAB, (n, s + 1))
-  return jnp.asarray(tok[:, :-1], jnp.int32), jnp.asarray(tok[:, 1:], jnp.int32)
 
 
 LEAN_EF = {

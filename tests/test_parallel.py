@@ -12,44 +12,14 @@ import pytest
 from collectives_util import F32_EPS, f64, sum_bound
 from flax import nnx
 from jax import lax
+from tiny_models import batch as _batch
+from tiny_models import tiny_gpt as _gpt
+from tiny_models import tiny_qwen as _qwen
 
 from jcoccl import compressors as jc
 from jcoccl.policy import Policy
-from models import gpt, qwen
 from models.parallel import AXES, Collectives, Parallel3D, make_mesh, reference_loss_and_grads
 from models.recipe import Recipe
-
-VOCAB = 64
-
-
-# Two layers: one per stage on the pipe-2 meshes. Compiling the unrolled pipeline is most of
-# these tests' time and grows with the layers; the 4-layer cases keep several per stage.
-def _gpt(layers=2):
-  return gpt.GPT(
-    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=layers, n_head=4),
-    rngs=nnx.Rngs(0),
-  )
-
-
-def _qwen(tie=False, layers=2):
-  return qwen.Qwen(
-    qwen.QwenConfig(
-      vocab_size=VOCAB,
-      hidden_size=32,
-      intermediate_size=64,
-      num_hidden_layers=layers,
-      num_attention_heads=4,
-      num_key_value_heads=2,
-      rope_theta=5000.0,
-      tie_word_embeddings=tie,
-    ),
-    rngs=nnx.Rngs(1),
-  )
-
-
-def _batch(n=8, s=8, seed=0):
-  tok = np.random.default_rng(seed).integers(0, VOCAB, (n, s + 1))
-  return jnp.asarray(tok[:, :-1], jnp.int32), jnp.asarray(tok[:, 1:], jnp.int32)
 
 
 def _assert_tree_close(got, want, rtol):

@@ -9,45 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
+from tiny_models import batch as _batch
+from tiny_models import tiny_gpt as _gpt
+from tiny_models import tiny_qwen as _qwen
 
 import jcoccl
 from jcoccl.policy import Policy
-from models import gpt, qwen
 from models.parallel import Parallel3D, make_mesh
 from models.recipe import Recipe
 
-VOCAB, LR = 64, 1e-2
-
-
-# Two layers: one per stage on the pipe-2 meshes. Compiling the unrolled pipeline is most of
-# these tests' time and grows with the layers; the 4-layer cases keep several per stage.
-def _gpt(layers=2):
-  return gpt.GPT(
-    gpt.GPTConfig(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=layers, n_head=4),
-    rngs=nnx.Rngs(0),
-  )
-
-
-def _qwen(layers=2):
-  return qwen.Qwen(
-    qwen.QwenConfig(
-      vocab_size=VOCAB,
-      hidden_size=32,
-      intermediate_size=64,
-      num_hidden_layers=layers,
-      num_attention_heads=4,
-      num_key_value_heads=2,
-      rope_theta=5000.0,
-      tie_word_embeddings=False,
-    ),
-    rngs=nnx.Rngs(1),
-  )
-
-
-def _batch(n=8, s=8, seed=0):
-  tok = np.random.default_rng(seed).integers(0, VOCAB, (n, s + 1))
-  return jnp.asarray(tok[:, :-1], jnp.int32), jnp.asarray(tok[:, 1:], jnp.int32)
+LR = 1e-2
 
 
 def _tx():
