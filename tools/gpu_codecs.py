@@ -16,9 +16,9 @@ Run on a machine with a CUDA GPU after building jcoccl (tools/gpu_build.py, or
     subnormal runs is checked separately and its differences are reported, not failed:
     XLA:CPU flushes subnormals (DAZ/FTZ), the GPU kernels do not; tools/gpu_shim.py checks
     the kernels' IEEE subnormal arithmetic in CI. Exits 1 on any mismatch of the main data.
-(2) encode/decode time for int8, int4, fp8, hadamard(int4) and spike(int4) against a device-to-device copy
-    of the same bytes (cupy's copy timed with CUDA events when cupy is installed, and
-    `x + 0` in a jit). GB/s counts bytes read + written; `vs_copy` = codec GB/s / copy GB/s.
+(2) encode/decode time for int8, int4, fp8, hadamard(int4) and spike(int4) against a
+    device-to-device copy of the same bytes (cupy's copy timed with CUDA events when cupy is
+    installed, and `x + 0` in a jit). GB/s counts bytes read + written; `vs_copy` = codec GB/s / copy GB/s.
 
 The JSON file is rewritten after every case, so a run cut short keeps what it finished; the
 last line printed for each part is a `VERDICT ...` line.
