@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jcoccl._src import _common as C
+from jcoccl._src.compressors import registry
 
 # ----------------------------------------------------------------------------------------
 # Compressor parameters: spec strings (hashable, readable), "none" for the exact path.
@@ -29,11 +30,30 @@ def spec_of(c: Any) -> Any:
   return "none" if c is None else str(c)
 
 
-@functools.cache
 def load(spec: Any) -> Any:
-  """Inverse of :func:`spec_of`."""
+  """Inverse of :func:`spec_of`: the compressor a spec string names now.
+
+  Cached per spec string until the codec registry changes (a name registered again may
+  build another class: the old instance must not be served for it).
+
+  Example:
+    >>> load("int8") == load("int8:block=256")
+    True
+  """
+  gen = registry.generation()
+  if _LOADED_AT[0] != gen:
+    _load.cache_clear()
+    _LOADED_AT[0] = gen
+  return _load(spec)
+
+
+_LOADED_AT = [-1]  # the registry generation _load's cache belongs to
+
+
+@functools.cache
+def _load(spec: Any) -> Any:
   if isinstance(spec, tuple):
-    return tuple(load(s) for s in spec)
+    return tuple(_load(s) for s in spec)
   return C.resolve_compressor(spec)
 
 

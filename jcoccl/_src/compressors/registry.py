@@ -20,6 +20,8 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from jcoccl._src import _compat
+
 Converter = Callable[[str], Any]
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 HOOKS = ("granule", "row_nbytes", "encode_f32", "decode_f32")
@@ -116,11 +118,32 @@ _BASE: list[Any] = []  # the Compressor class (set by _base, which imports this 
 _FAMILIES: dict[str, Family] = {}  # kind -> family
 _NAMES: dict[str, Family] = {}  # spec name -> family
 _CLASSES: dict[type, Family] = {}  # class -> family
+_GENERATION = [0]  # bumped on every change of the table
+
+
+def generation() -> int:
+  """A number that changes whenever the table does (caches keyed by spec strings compare it).
+
+  Example:
+    >>> g = generation(); unregister("trunc16"); generation() > g  # doctest: +SKIP
+    True
+  """
+  return _GENERATION[0]
+
+
+def _changed(rebound: bool) -> None:
+  """Records a change of the table. ``rebound``: a spec string that named one codec now
+  names another or none, so programs traced with the old meaning must not be reused
+  (their jit cache key holds only the string): every jit cache misses once."""
+  _GENERATION[0] += 1
+  if rebound:
+    _compat.bump_codec_generation()
 
 
 def _add(family: Family) -> Family:
   """Puts ``family`` in the table, taking over its names (warning when they built another
   class) and its kind."""
+  rebound = False
   for name in family.names:
     old = _NAMES.get(name)
     if old is not None and old.cls is not family.cls:
@@ -130,13 +153,16 @@ def _add(family: Family) -> Family:
         stacklevel=4,
       )
       _drop_name(old, name)
+      rebound = True
   old = _FAMILIES.get(family.kind)
   if old is not None:
+    rebound = rebound or old.cls is not family.cls
     for name in list(old.names):
       _drop_name(old, name)
   _FAMILIES[family.kind] = family
   _CLASSES[family.cls] = family
   _NAMES.update({name: family for name in family.names})
+  _changed(rebound)
   return family
 
 
@@ -392,6 +418,8 @@ def set_native(name: str, native: Callable[[Any], dict[str, Any] | None] | None)
       _NAMES[n] = new
   _FAMILIES[fam.kind] = new
   _CLASSES[fam.cls] = new
+  # Programs traced with another plugin's kernels must not keep running them.
+  _changed(rebound=fam.native is not None)
   return new
 
 
@@ -405,6 +433,7 @@ def unregister(name: str) -> None:
   if fam is None:
     raise KeyError(f"no compressor is registered as {name!r}; registered: {registered()}")
   _drop_name(fam, name)
+  _changed(rebound=True)
 
 
 def family_of(c: Any) -> Family:
