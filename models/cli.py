@@ -55,10 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     "--codec",
     action="append",
     default=[],
-    metavar="MODULE|PLUGIN",
-    help="bring in a codec of your own before the policy is read: a module that calls "
-    "jcoccl.compressors.register, or a native plugin library (.so) (repeatable; "
-    "docs/custom_compressors.md)",
+    metavar="MODULE|FILE.py|PLUGIN",
+    help="bring in a codec of your own before the policy is read: a module name, a Python "
+    "file (path/to/log8.py) or a native plugin library (.so), looked up in the current "
+    "directory first, then sys.path for modules (repeatable; docs/custom_compressors.md)",
   )
   p.add_argument(
     "--zero",

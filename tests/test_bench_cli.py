@@ -179,3 +179,53 @@ def test_bench_cli_end_to_end_exit_code():
   assert r.returncode == 2
   assert "error: argument --sizes: '0': a size must be at least 1 byte" in r.stderr
   assert "Traceback" not in r.stderr
+
+
+_LOG8 = '''"""An 8-bit log quantizer: a user's codec in a file of its own."""
+import jax.numpy as jnp
+import numpy as np
+from jcoccl import compressors as jc
+
+
+@jc.register("log8_bench")
+class Log8(jc.Compressor):
+  granule = 1
+
+  def row_nbytes(self, n, dtype):
+    return n
+
+  def encode_f32(self, x, key):
+    e = jnp.clip(jnp.round(2 * jnp.log2(jnp.abs(x) + np.float32(1e-30))) + 64, 0, 127)
+    return e.astype(jnp.uint8) | jnp.where(x < 0, jnp.uint8(128), jnp.uint8(0))
+
+  def decode_f32(self, buf, n):
+    v = jnp.exp2(((buf & 127).astype(jnp.float32) - 64) / 2)
+    return jnp.where(buf >= 128, -v, v)
+
+  def bound_f32(self, x):
+    return jnp.full_like(x, jnp.inf)
+'''
+
+
+def test_bench_subcommands_import_a_codec_file(tmp_path, monkeypatch, capsys):
+  """--codec path/to/file.py brings a user's codec into bench codecs and collectives (a
+  relative path from the current directory); a missing file is a --codec error."""
+  from jcoccl import compressors as jc
+
+  (tmp_path / "codecs").mkdir()
+  (tmp_path / "codecs" / "log8_bench.py").write_text(_LOG8)
+  monkeypatch.chdir(tmp_path)
+  common = ["--codec", "codecs/log8_bench.py", "--compressors", "log8_bench", "--iters", "1"]
+  try:
+    assert bench_main.main(["codecs", *common, "--sizes", "4KiB", "--impl", "jnp", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["compressor"], r["bytes"], r["ratio"]) for r in rows] == [("log8_bench", 4096, 4.0)]
+    argv = ["collectives", *common, "--sizes", "4KiB", "--ops", "all_gather", "--json"]
+    assert bench_main.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["compressor"] for r in rows} == {"lax", "log8_bench"}, rows
+  finally:
+    jc.unregister("log8_bench")
+  with pytest.raises(SystemExit):
+    bench_main.main(["calibrate", "--codec", "codecs/nothing.py"])
+  assert "--codec: no codec module file at 'codecs/nothing.py'" in capsys.readouterr().err

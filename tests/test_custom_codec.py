@@ -409,6 +409,57 @@ def test_custom_codec_decoder_is_total_and_keeps_nonfinite():
       assert out.shape == (3, 64) and out.dtype == jnp.float32
 
 
+def _scaled_codec(scale: float) -> type:
+  """A codec whose peers decode ``scale * x`` (float32 bytes of it): two scales are two
+  codecs with plainly different outputs."""
+
+  class Scaled(jc.Compressor):
+    granule = 1
+
+    def row_nbytes(self, n, dtype):
+      return 4 * n
+
+    def encode_f32(self, x, key):
+      y = lax.bitcast_convert_type(x * np.float32(scale), jnp.uint8)
+      return y.reshape(x.shape[0], -1)
+
+    def decode_f32(self, buf, n):
+      return lax.bitcast_convert_type(buf.reshape(buf.shape[0], n, 4), jnp.float32)
+
+    def bound_f32(self, x):
+      return jnp.full_like(x, jnp.inf)
+
+  Scaled.__qualname__ = f"Scaled{scale:g}"
+  return Scaled
+
+
+def test_custom_codec_reregistered_name_serves_the_new_codec(mesh):
+  """Register a name as A, run, register it again as B: B's output, from the program
+  jitted with A too (its cache key held only the spec string); unregistered, it fails."""
+  from jcoccl._src import params
+
+  x = _x(10, N_DEV * 64)
+  body = lambda v: jcoccl.all_reduce(v, "d", compressor="rereg", algorithm="one_shot", min_bytes=0)
+  f = jax.jit(
+    jax.shard_map(lambda v: body(v[0])[None], mesh=mesh, in_specs=P("d"), out_specs=P("d"))
+  )
+  a, b = _scaled_codec(1.0), _scaled_codec(2.0)
+  jc.register("rereg", a)
+  try:
+    np.testing.assert_array_equal(np.asarray(f(x))[0], np.asarray(_fold(a(), x)))
+    with pytest.warns(UserWarning, match="spec name 'rereg' built Scaled1; it now builds Scaled2"):
+      jc.register("rereg", b)
+    assert type(params.load("rereg")) is b
+    want = np.asarray(_fold(b(), x))
+    assert not np.array_equal(want, np.asarray(_fold(a(), x)))
+    np.testing.assert_array_equal(np.asarray(f(x))[0], want)
+    np.testing.assert_array_equal(_run(mesh, body, x)[0], want)
+  finally:
+    jc.unregister("rereg")
+  with pytest.raises(ValueError, match="rereg"):
+    f(x)
+
+
 def _doc_blocks(lang: str) -> list[str]:
   text = (ROOT / "docs" / "custom_compressors.md").read_text()
   return [b.split("\n", 1)[1] for b in text.split("```")[1::2] if b.startswith(lang + "\n")]
@@ -420,9 +471,12 @@ def test_custom_codec_doc_quickstart_runs(tmp_path, monkeypatch, mesh):
   assert len(code.splitlines()) < 50
   (tmp_path / "mycodecs.py").write_text(code)
   (tmp_path / "trunc16.toml").write_text(toml)
-  monkeypatch.syspath_prepend(str(tmp_path))
+  # Not on sys.path, not the current directory: `modules` are found next to the TOML file.
+  monkeypatch.delitem(sys.modules, "mycodecs", raising=False)
   try:
     pol = jcoccl.Policy.from_toml(str(tmp_path / "trunc16.toml"), axes=("data", "tensor", "pipe"))
+    assert sys.modules["mycodecs"].__file__ == str(tmp_path / "mycodecs.py")
+    assert str(tmp_path) not in sys.path
     c = pol.compressor("data", "all_reduce")
     assert str(c) == "trunc16" and type(c).__name__ == "Trunc16"
     x = jnp.concatenate([_x(8).reshape(-1)[:1000], jnp.float32([np.nan, np.inf, -np.inf, 0.0])])
@@ -433,3 +487,26 @@ def test_custom_codec_doc_quickstart_runs(tmp_path, monkeypatch, mesh):
     np.testing.assert_array_equal(got[0], np.asarray(_fold(c, _x(9))))
   finally:
     jc.unregister("trunc16")
+
+
+def test_custom_codec_sources_one_lookup_rule(tmp_path, monkeypatch):
+  """import_codecs (every tool's --codec, TOML modules/plugins): a .py file or a module name
+  relative to the base directory, then sys.path; errors name the source and the fix."""
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "srcrule_a.py").write_text("import jcoccl\nLOADED = 1\n")
+  (tmp_path / "srcrule_b.py").write_text("LOADED = 2\n")
+  for m in ("srcrule_a", "srcrule_b"):
+    monkeypatch.delitem(sys.modules, m, raising=False)
+  got = jc.import_codecs("sub/srcrule_a.py", "srcrule_b", "json", base_dir=str(tmp_path))
+  assert got == [str(tmp_path / "sub" / "srcrule_a.py"), "srcrule_b", "json"]
+  assert sys.modules["srcrule_a"].LOADED == 1 and sys.modules["srcrule_b"].LOADED == 2
+  assert jc.import_codecs(str(tmp_path / "sub" / "srcrule_a.py")) == got[:1]  # once per file
+  monkeypatch.chdir(tmp_path / "sub")
+  assert jc.import_codecs("srcrule_a.py") == got[:1]  # relative to the current directory
+  with pytest.raises(ValueError, match=r"no codec module file at 'nope\.py'"):
+    jc.import_codecs("nope.py")
+  with pytest.raises(ValueError, match="cannot import codec module 'nope_mod_x'.*path of its .py"):
+    jc.import_codecs("nope_mod_x")
+  (tmp_path / "json.py").write_text("")
+  with pytest.raises(ValueError, match="imported as module 'json'.*rename the file"):
+    jc.import_codecs(str(tmp_path / "json.py"))

@@ -254,7 +254,7 @@ def test_calibrate_compresses_the_slow_cross_process_axis(tmp_path):
       # Past the 200 Mbit/s link's burst at 2 MiB already; larger sizes only add seconds.
       "--sizes",
       "64KiB,512KiB,2MiB",
-      "--codec",
+      "--other-codec",
       "hadamard(int4)",
       "--out",
       str(out),

@@ -3,8 +3,9 @@
 Each argument names one codec: a spec string (``int8``, ``"hadamard(int4)"``,
 ``int4:block=128``) or ``module:factory``, where ``module`` is imported (the current
 directory is searched first) and ``factory`` is a Compressor instance or a function that
-takes no arguments and returns one. ``--import MODULE`` imports a module that registers a
-codec family, so that its spec strings parse. Exit status: 0 when every codec passes, 1 when
+takes no arguments and returns one. ``--codec MODULE|FILE.py|PLUGIN`` (or its older name
+``--import``) brings in a codec family first, so that its spec strings parse, by the rule
+every jcoccl tool shares (jcoccl.compressors.import_codecs). Exit status: 0 when every codec passes, 1 when
 a property fails, 2 for bad arguments.
 
 Example:
@@ -19,6 +20,8 @@ import os
 import re
 import sys
 from typing import Any
+
+from jcoccl._src.compressors import sources
 
 _FACTORY = re.compile(r"([A-Za-z_][\w.]*):([A-Za-z_]\w*)")
 
@@ -51,13 +54,13 @@ def add_parser(sub: Any) -> None:
     metavar="N",
     help="row lengths to run at, multiples of each codec's granule (default: two granules)",
   )
+  sources.add_codec_flag(c)
   c.add_argument(
     "--import",
-    dest="imports",
+    dest="codec_sources",
     action="append",
-    default=[],
     metavar="MODULE",
-    help="import MODULE first (a module that registers codecs); repeatable",
+    help="the same as --codec",
   )
   c.add_argument("--out", metavar="FILE", help="also write the tables to FILE")
 
@@ -127,8 +130,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
   sys.path.insert(0, os.getcwd())
   try:
-    for module in args.imports:
-      _import(module)
+    try:
+      sources.import_flagged(args)
+    except ValueError as e:
+      raise UsageError(str(e)) from e
     names = list(args.codecs) + (list(conformance.BUILTINS) if args.all_builtins else [])
     if not names:
       raise UsageError("name at least one codec (e.g. int8, module:factory) or --all-builtins")
@@ -154,10 +159,3 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     + (f"; failing: {', '.join(bad)}" if bad else "")
   )
   return 1 if bad else 0
-
-
-def _import(module: str) -> None:
-  try:
-    importlib.import_module(module)
-  except ImportError as e:
-    raise UsageError(f"--import {module}: {e}") from e

@@ -10,7 +10,8 @@ model to ``--out`` (use it with ``JCOCCL_COST_MODEL=FILE`` or ``jcoccl.load_cost
 Example:
   python -m jcoccl.bench calibrate --out model.json
   python -m jcoccl.bench calibrate --processes 2 --devices-per-process 4 --link-rate 1gbit \
-      --codec 'hadamard(int4)' --out model_1gbit.json
+      --other-codec 'hadamard(int4)' --out model_1gbit.json
+  python -m jcoccl.bench calibrate --codec mycodecs.py --compressor log8
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import jax
 import numpy as np
 
 from jcoccl._src.calibrate import DEFAULT_SIZES
+from jcoccl._src.compressors import sources
 from jcoccl.bench import _harness as H
 
 NAME = "calibrate"
@@ -57,11 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--compressor", default="int8", help="codec whose throughput is measured")
   p.add_argument(
-    "--codec",
+    "--other-codec",
     action="append",
     default=[],
+    metavar="SPEC",
     help="another codec the program uses, whose throughput is measured too (repeatable)",
   )
+  sources.add_codec_flag(p)
   p.add_argument("--mesh", default=None, help="axis=size,... (default: see above)")
   p.add_argument("--iters", type=H.positive_int, default=3, help="timed runs per measurement")
   p.add_argument("--processes", type=int, default=0, help="run as this many processes")
@@ -111,6 +115,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
   import jcoccl
   from jcoccl import distributed
 
+  sources.import_flagged(args)
   if args.processes < 0:
     raise ValueError(f"--processes must be >= 1, got {args.processes}")
   if args.link_rate is not None and not args.processes:
@@ -121,7 +126,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
   mesh = _mesh(args.mesh)
   t0 = time.perf_counter()
   models = jcoccl.calibrate(
-    mesh, compressor=args.compressor, sizes=args.sizes, iters=args.iters, codecs=args.codec
+    mesh, compressor=args.compressor, sizes=args.sizes, iters=args.iters, codecs=args.other_codec
   )
   took = time.perf_counter() - t0
   if jax.process_index() != 0:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jcoccl._src import layout
-from jcoccl._src.compressors import native, parse, spec
+from jcoccl._src.compressors import native, parse, sources, spec
 from jcoccl.bench import _harness as H
 
 DEFAULT_COMPRESSORS = "bf16,int8,int4,int4:asym,fp8,hadamard(int4),eb:abs=1e-3"
@@ -58,6 +58,7 @@ def add_parser(subparsers: Any) -> None:
   )
   p.add_argument("--iters", type=H.positive_int, default=5, help="timed runs (median reported)")
   p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+  sources.add_codec_flag(p)
 
 
 def bench_one(c: Any, impl: str, dtype: Any, size: int, iters: int) -> dict[str, Any] | None:
@@ -95,6 +96,7 @@ def bench_one(c: Any, impl: str, dtype: Any, size: int, iters: int) -> dict[str,
 
 def run(args: argparse.Namespace) -> int:
   """Runs the codec benchmark; returns the process exit code."""
+  sources.import_flagged(args)
   sizes = args.sizes
   comps = [parse(s) for s in spec.split(args.compressors)]
   impls = H.parse_list(args.impl, str, "--impl")

@@ -51,6 +51,7 @@ from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
+from jcoccl._src.compressors import sources
 from jcoccl.bench import _harness as H
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
@@ -140,6 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     default=None,
     help="with --processes: the rate of the link they share, e.g. 1gbit, 10gbit",
   )
+  sources.add_codec_flag(p)
   p.add_argument(
     "--fit-out",
     default=None,
@@ -320,6 +322,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
   """
   from jcoccl import distributed, launch
 
+  sources.import_flagged(args)
   if args.link_rate is not None:
     if not args.processes:
       raise ValueError("--link-rate shapes the link between processes: give --processes too")
