@@ -7,16 +7,17 @@ not named) to a table of op -> compressor spec, plus per-axis options:
       a spec string for ``jcoccl.compressors.parse`` (``"int8"``, ``"int4:block=128,asym"``,
       ``"fp8"``), ``"hadamard(<inner spec>)"``, a Compressor, or ``"none"``/None (exact).
   ``min_bytes``: int >= 0, messages under it go uncompressed (jcoccl's default otherwise).
-  ``algorithm``: the all_reduce algorithm on one axis: ``"auto"``, ``"one_shot"`` or
-      ``"two_shot"`` (``"hierarchical"`` needs two axes, which a per-axis entry cannot name).
+  ``algorithm``: the all_reduce algorithm on one axis: ``"auto"``, ``"auto_exact"`` (as
+      ``"auto:<spec>"``), ``"one_shot"`` or ``"two_shot"`` (``"hierarchical"`` needs two
+      axes, which a per-axis entry cannot name).
 
-``all_reduce = "auto:<spec>"`` (e.g. ``"auto:int8"``) compresses with ``<spec>`` where the
-cost model predicts it pays and runs the exact lax op elsewhere: the call's algorithm is
-``"auto"`` whatever the axis's ``algorithm`` pins. ``"auto"`` is also the default
-algorithm, so a plain spec on an axis that pins none behaves alike. Which one auto picks
-depends on the installed cost model: with a calibration (:func:`jcoccl.calibrate`) it may
-be the exact op, one_shot, two_shot or a chunked variant; without one (the default) it is
-one_shot or two_shot, as it always was, and never the exact op.
+A codec named for an op is used: with the default ``algorithm="auto"`` the cost model only
+chooses how to send it (one_shot, two_shot, ...). ``all_reduce = "auto:<spec>"`` (e.g.
+``"auto:int8"``) opts in to "compress only where it pays": the call's algorithm is
+``"auto_exact"`` whatever the axis's ``algorithm`` pins, and with a calibration
+(:func:`jcoccl.calibrate`) it may run the exact lax op where that is predicted faster;
+without one it is one_shot or two_shot, never the exact op. :func:`jcoccl.explain` shows
+what each call decided and why.
 
 Codecs of your own: a top-level ``[codecs]`` table names what to bring in before the
 specs are read, ``modules`` (imported: they call ``jcoccl.compressors.register``) and
@@ -62,7 +63,7 @@ from typing import Any
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 OPTIONS = ("min_bytes", "algorithm")
-ALGORITHMS = ("auto", "one_shot", "two_shot")
+ALGORITHMS = ("auto", "auto_exact", "one_shot", "two_shot")
 WILDCARD = "*"
 CODECS = "codecs"  # the top-level table that names codec modules and plugins
 # Keys of the TOML files that models/ reads which are training-loop switches, not collective
@@ -248,9 +249,10 @@ class Policy:
 
   def options(self, axis: str, op: str | None = None) -> dict[str, Any]:
     """Keyword arguments (``min_bytes``, ``algorithm``) for jcoccl collectives on ``axis``
-    (for ``op``, when given: an ``"auto:<spec>"`` entry makes its algorithm "auto")."""
+    (for ``op``, when given: an ``"auto:<spec>"`` entry makes its algorithm
+    "auto_exact", which may choose the exact op)."""
     a = self._axis(axis)
-    out: dict[str, Any] = {"algorithm": "auto" if op in a.auto_ops else a.algorithm}
+    out: dict[str, Any] = {"algorithm": "auto_exact" if op in a.auto_ops else a.algorithm}
     if a.min_bytes is not None:
       out["min_bytes"] = a.min_bytes
     return out

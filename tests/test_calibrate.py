@@ -1,8 +1,11 @@
-"""jcoccl.calibrate and algorithm="auto" with calibrated models: exact inside a process,
-compressed on a slow link, the choice in the jaxpr and the wire report, JSON round trips,
-one compile per shape, and unchanged choices without a calibration."""
+"""jcoccl.calibrate and algorithm="auto" with calibrated models. The rule: a named codec is
+used (auto chooses among the compressed algorithms only); "auto:<spec>" opts in to the
+exact op, which then runs inside a process and not on a slow link. Also: the choice in the
+jaxpr and the wire report, JSON round trips, one compile per shape, and the choices
+without a calibration."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -56,18 +59,34 @@ def _choice(f, x):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_injected_models_decide_exact_in_process_and_compressed_on_a_slow_link(n):
-  f, _ = _program(n)
+def test_opted_in_auto_decides_exact_in_process_and_compressed_on_a_slow_link(n):
+  f, _ = _program(n, "auto:int8")
   x = jnp.ones((n, 4 * MiB // 4), jnp.float32)
   with jcoccl.config(cost_model=IN_PROCESS):
-    algo, comp, _ = _choice(f, x)
-    assert (algo, comp) == ("exact", "none")
+    (c,) = jcoccl.wire_bytes(f, x)["choices"]
+    assert (c["algorithm"], c["compressor"], c["requested"]) == ("exact", "none", "auto_exact")
     hlo = f.lower(x).compile().as_text()
     assert "all-reduce" in hlo and "u8[" not in hlo
     np.testing.assert_array_equal(np.asarray(f(x)), np.full(x.shape, float(n)))
   with jcoccl.config(cost_model=SLOW_LINK):
     algo, comp, _ = _choice(f, x)
     assert algo in ("one_shot", "two_shot") and comp.startswith("int8")
+
+
+def test_a_named_codec_is_used_under_any_calibration():
+  """compressor="int8" with the default algorithm="auto" compresses even where the exact
+  op is predicted faster (the in-process model); the jaxpr says what was asked."""
+  f, _ = _program(4)
+  x = jnp.ones((4, MiB), jnp.float32)
+  with jcoccl.config(cost_model=IN_PROCESS):
+    (c,) = jcoccl.wire_bytes(f, x)["choices"]
+    assert c["algorithm"] in ("one_shot", "two_shot") and c["compressor"].startswith("int8")
+    assert c["requested"] == "auto"
+    assert re.search(r"requested=auto\b(?!_)", str(jax.make_jaxpr(f)(x)))
+  with pytest.raises(ValueError, match="pins one"):
+    _program(4, "auto:int8", algorithm="one_shot")[0].trace(x)
+  with pytest.raises(ValueError, match="algorithm must be one of"):
+    _program(4, algorithm="exact")[0].trace(x)
 
 
 def test_calibrate_picks_exact_for_the_in_process_axis():
@@ -87,8 +106,12 @@ def test_calibrate_picks_exact_for_the_in_process_axis():
     if seen[-1]["x"]["16MiB"] == "exact":
       break
   assert seen[-1]["x"]["16MiB"] == "exact", seen
-  f, _ = _program(8)
+  f, _ = _program(8, "auto:int8")
   assert _choice(f, jnp.ones((8, 4 << 20), jnp.float32))[0] == "exact"
+  # Without the opt-in the named codec runs, and the report says so.
+  plain = jcoccl.cost_model_choices(models, m, sizes=(16 << 20,), exact=False)
+  assert plain["x"]["16MiB"] != "exact"
+  assert _choice(_program(8)[0], jnp.ones((8, 4 << 20), jnp.float32))[0] != "exact"
 
 
 def test_calibrate_two_sizes_on_two_ranks():
@@ -153,8 +176,9 @@ def test_a_slow_codec_keeps_the_exact_op_where_a_fast_one_compresses():
   table = cm.CostModels((("x", "all_reduce", _model(5e8, 5e8, 4e9)),), "", ((slow, 2e8),))
   x = jnp.ones((4, MiB), jnp.float32)
   with jcoccl.config(cost_model=table):
-    assert _choice(_program(4, "int8")[0], x)[0] == "two_shot"
-    assert _choice(_program(4, slow)[0], x)[:2] == ("exact", "none")
+    assert _choice(_program(4, "auto:int8")[0], x)[0] == "two_shot"
+    assert _choice(_program(4, "auto:" + slow)[0], x)[:2] == ("exact", "none")
+    assert _choice(_program(4, slow)[0], x)[0] == "two_shot"  # named: used
 
 
 def test_without_calibration_auto_is_unchanged():
@@ -209,7 +233,7 @@ def test_chunked_variants_only_where_chunks_overlap():
 
 def test_auto_policy_compiles_once_per_shape():
   pol = jcoccl.Policy.from_dict({"x": {"all_reduce": "auto:int8", "min_bytes": 0}})
-  assert pol.options("x", "all_reduce")["algorithm"] == "auto"
+  assert pol.options("x", "all_reduce")["algorithm"] == "auto_exact"
   m = mesh((4,), ("x",))
   traces = []
 
@@ -232,14 +256,15 @@ def test_auto_prefix_in_policies():
   pol = jcoccl.Policy.from_dict(
     {"tensor": {"all_reduce": "auto:int4:block=64", "algorithm": "one_shot"}}
   )
-  assert pol.options("tensor", "all_reduce")["algorithm"] == "auto"  # overrides the pin
+  assert pol.options("tensor", "all_reduce")["algorithm"] == "auto_exact"  # overrides the pin
   assert pol.options("tensor")["algorithm"] == "one_shot"
   assert str(pol.compressor("tensor", "all_reduce")).startswith("int4")
   assert "all_reduce=auto:int4" in pol.describe()
   with pytest.raises(ValueError, match="ppermute has no algorithm to choose"):
     jcoccl.Policy.from_dict({"pipe": {"ppermute": "auto:int8"}})
-  spec = jcoccl.Policy.from_specs(["data.all_reduce=auto:fp8"])
-  assert spec.options("data", "all_reduce")["algorithm"] == "auto"
+  spec = jcoccl.Policy.from_specs(["data.all_reduce=auto:fp8", "tensor.all_reduce=fp8"])
+  assert spec.options("data", "all_reduce")["algorithm"] == "auto_exact"
+  assert spec.options("tensor", "all_reduce")["algorithm"] == "auto"
 
 
 def test_hierarchical_where_one_level_is_slow():
@@ -262,20 +287,21 @@ def test_hierarchical_where_one_level_is_slow():
   assert _choice(f, x)[0] == "two_shot"  # no calibration: as before
 
 
-def _ef_program(n):
+def _ef_program(n, algorithm="auto_exact"):
   ef = jcoccl.error_feedback("int8")
 
   def step(g):
     grads = {"w": g, "b": g[:, :4]}
-    return ef.all_reduce(grads, ef.init(grads), "x", min_bytes=0)
+    return ef.all_reduce(grads, ef.init(grads), "x", min_bytes=0, algorithm=algorithm)
 
   m = mesh((n,), ("x",))
   return jax.jit(jax.shard_map(step, mesh=m, in_specs=jax.P("x"), out_specs=jax.P("x"))), n
 
 
 def test_error_feedback_follows_the_calibrated_choice():
-  """Where calibrated auto keeps the exact op, error feedback sends exactly and keeps a zero
-  residual; on a slow link it compresses and keeps what its encoding lost."""
+  """Where calibrated auto_exact keeps the exact op, error feedback sends exactly and keeps
+  a zero residual; on a slow link it compresses and keeps what its encoding lost. Plain
+  auto compresses in both."""
   f, n = _ef_program(4)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((n, MiB // 4)), jnp.float32)
@@ -285,6 +311,8 @@ def test_error_feedback_follows_the_calibrated_choice():
     np.testing.assert_array_equal(np.asarray(out["w"])[0], np.asarray(jnp.sum(x, 0)))
     assert not np.any(np.asarray(res["w"])) and not np.any(np.asarray(res["b"]))
     assert "u8[" not in f.lower(x).compile().as_text()
+    _, res = _ef_program(4, "auto")[0](x)
+    assert np.any(np.asarray(res["w"]))
   with jcoccl.config(cost_model=SLOW_LINK):
     out, res = f(x)
     assert np.any(np.asarray(res["w"]))
@@ -302,7 +330,7 @@ def test_error_feedback_counts_its_round_trip():
   x = jnp.ones((4, MiB), jnp.float32)
   f, _ = _ef_program(4)
   with jcoccl.config(cost_model=table):
-    assert _choice(_program(4)[0], x)[0] == "two_shot"
+    assert _choice(_program(4, "auto:int8")[0], x)[0] == "two_shot"
     assert jcoccl.wire_bytes(f, x)["choices"] == []  # the exact op: no jcoccl collective
     _, res = f(x)
     assert not np.any(np.asarray(res["w"]))

@@ -3,6 +3,7 @@ ring), chosen by a documented cost model when algorithm="auto"."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -16,7 +17,9 @@ from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 from jcoccl._src import reduce_scatter as _rs
 
-ALGORITHMS = ("auto", "one_shot", "two_shot", "hierarchical")
+ALGORITHMS = ("auto", "auto_exact", "one_shot", "two_shot", "hierarchical")
+AUTO = ("auto", "auto_exact")  # the algorithms that are decided per call
+AUTO_PREFIX = "auto:"  # compressor="auto:<spec>": algorithm "auto_exact" with <spec>
 
 
 def all_reduce(
@@ -45,14 +48,32 @@ def all_reduce(
       axes, all_gather over the inner axis. ``compressor`` may then be a pair
       (outer, inner) or a dict {axis name (or the tuple of outer names): compressor}, e.g.
       8-bit inside a node and 4-bit between nodes.
-    auto: hierarchical when ``compressor`` is per level; otherwise the cheaper of one_shot
-      and two_shot under the alpha-beta-gamma model of :mod:`jcoccl._src.cost_model`:
+    auto: hierarchical when ``compressor`` is per level; otherwise the least predicted
+      time among the compressed algorithms (one_shot, two_shot, and with a calibration
+      their chunked variants and hierarchical) under the alpha-beta-gamma model of
+      :mod:`jcoccl._src.cost_model`:
         T_one = a(n-1) + (n-1) r S / b + (1+n) S / g
         T_two = 2a(n-1) + 2(n-1)/n r S / b + (3+1/n) S / g
       (S bytes, r payload/raw ratio, n ranks; a, b, g measured on the link and backend in
-      use: ``python -m jcoccl.bench collectives --fit-out m.json`` fits them and
-      ``JCOCCL_COST_MODEL=m.json`` or :func:`jcoccl.set_cost_model` applies them), i.e.
-      one_shot for small messages or n <= 2, two_shot for large ones on many ranks.
+      use: :func:`jcoccl.calibrate`, or ``python -m jcoccl.bench collectives --fit-out``
+      and ``JCOCCL_COST_MODEL=m.json``), i.e. one_shot for small messages or n <= 2,
+      two_shot for large ones on many ranks. Without a calibration it never sends more
+      bytes than ``lax.psum`` (ring: 2(n-1)/n S): one_shot, (n-1) r S, is a candidate only
+      where r <= 2/n.
+    auto_exact: as auto, and the exact lax op is a candidate too (under a calibrated cost
+      model only; it must be predicted faster by
+      :data:`jcoccl._src.cost_model.EXACT_MARGIN`). ``compressor="auto:<spec>"`` and a
+      policy's ``all_reduce = "auto:<spec>"`` ask for it.
+
+  The rule: a codec named explicitly is used. ``algorithm="auto"`` (the default) only
+  chooses how to send it; the exact op replaces it only where the caller opted in with
+  ``"auto:<spec>"`` (or ``algorithm="auto_exact"``). Leaves under ``min_bytes`` or of a
+  non-float dtype in a pytree still go exactly (a :class:`jcoccl.SkippedCompression`
+  warning says so where the default ``min_bytes`` dropped a named codec).
+  :func:`jcoccl.explain` lists what each call decided, with the predicted seconds of each
+  candidate and the cost model's source; the decision is also in the jaxpr
+  (``jcoccl_all_reduce[algorithm=two_shot ... requested=auto ...]``) and in
+  ``jcoccl.wire_bytes(...)["choices"]``.
 
   Every rank of the group gets a bitwise-identical result (all decode the same payloads in
   the same order). The output is device-invariant over ``axis_name`` (as lax.psum's). The
@@ -63,8 +84,9 @@ def all_reduce(
     x: array or pytree of arrays (local values inside ``jax.shard_map``).
     axis_name: mesh axis name or tuple of names.
     compressor: Compressor, spec string, None (exact: calls lax.psum), or per level
-      (pair or dict) for "hierarchical".
-    algorithm: "auto", "one_shot", "two_shot" or "hierarchical".
+      (pair or dict) for "hierarchical". A spec string ``"auto:<spec>"`` (e.g.
+      ``"auto:int8"``) is ``<spec>`` with ``algorithm="auto_exact"``.
+    algorithm: "auto", "auto_exact", "one_shot", "two_shot" or "hierarchical".
     backend: "auto" (the fused engine where :func:`jcoccl.init` made it able to run this
       call, else "xla"), "xla" or "fused" (ValueError saying why when it cannot).
     chunks: split the message into this many independently processed slices so that
@@ -90,21 +112,23 @@ def all_reduce(
 
   Example:
     >>> y = jcoccl.all_reduce(g, "data", compressor="int8", min_bytes=0)  # doctest: +SKIP
+    >>> y = jcoccl.all_reduce(g, "data", compressor="auto:int8")  # may run lax.psum  # doctest: +SKIP
   """
   axes = C.canonical_axes(axis_name)
-  if axis_index_groups is not None:
-    return lax.psum(x, axes, axis_index_groups=axis_index_groups)
   if algorithm not in ALGORITHMS:
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+  compressor, algorithm = split_auto(compressor, algorithm)
+  if axis_index_groups is not None:
+    return lax.psum(x, axes, axis_index_groups=axis_index_groups)
   comp = resolve_levels(compressor, axes, "compressor")
   gcomp = (
     comp
     if (isinstance(grad_compressor, str) and grad_compressor == C.SAME)
     else (resolve_levels(grad_compressor, axes, "grad_compressor"))
   )
-  if isinstance(comp, tuple) and algorithm not in ("auto", "hierarchical"):
+  if isinstance(comp, tuple) and algorithm not in (*AUTO, "hierarchical"):
     raise ValueError(
-      f"a per-level compressor needs algorithm='hierarchical' or 'auto', "
+      f"a per-level compressor needs algorithm='hierarchical', 'auto' or 'auto_exact', "
       f"got algorithm={algorithm!r}"
     )
   if algorithm == "hierarchical" and len(axes) < 2:
@@ -126,6 +150,27 @@ def all_reduce(
     strict=C.is_lone_array(x),
     algorithm=algorithm,
   )
+
+
+def split_auto(compressor: Any, algorithm: str) -> tuple[Any, str]:
+  """``compressor="auto:<spec>"`` as (``<spec>``, "auto_exact"); other values unchanged.
+
+  Raises:
+    ValueError: an ``"auto:"`` spec with an algorithm other than auto.
+
+  Example:
+    >>> split_auto("auto:int8", "auto")
+    ('int8', 'auto_exact')
+  """
+  if not (isinstance(compressor, str) and compressor.strip().startswith(AUTO_PREFIX)):
+    return compressor, algorithm
+  if algorithm not in AUTO:
+    raise ValueError(
+      f"compressor={compressor!r} lets algorithm='auto' choose the exact op, but "
+      f"algorithm={algorithm!r} pins one; write compressor="
+      f"{compressor.strip()[len(AUTO_PREFIX) :]!r} to pin it, or leave algorithm='auto'"
+    )
+  return compressor.strip()[len(AUTO_PREFIX) :], "auto_exact"
 
 
 def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
@@ -151,6 +196,34 @@ def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
   return C.resolve_compressor(compressor, argname)
 
 
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  """What ``algorithm="auto"`` (or ``"auto_exact"``) decided for one all_reduce leaf.
+
+  Attributes:
+    compressor: the compressor that runs (None: the exact lax op; a pair: hierarchical).
+    algorithm: "exact", "one_shot", "two_shot" or "hierarchical".
+    chunks: slices.
+    requested: the algorithm asked for ("auto", "auto_exact", or a pinned one).
+    predicted_s: (candidate, modelled seconds) pairs auto compared, e.g.
+      ``(("exact", 1.2e-3), ("one_shot", 2.0e-3), ("two_shot/2", 1.1e-3))``; a
+      compressed candidate's time includes extra codec passes (error feedback's); "exact"
+      is listed even where it is not a candidate (``requested="auto"``), for comparison.
+    source: the cost model's source ("" for a pinned algorithm).
+    calibrated: the cost model knows the exact op's cost (:func:`jcoccl.calibrate`).
+    why: one sentence: why this candidate.
+  """
+
+  compressor: Any
+  algorithm: str
+  chunks: int
+  requested: str
+  predicted_s: tuple[tuple[str, float], ...] = ()
+  source: str = ""
+  calibrated: bool = False
+  why: str = ""
+
+
 def decide(
   comp: Any,
   algorithm: str,
@@ -161,36 +234,78 @@ def decide(
   flat: bool = False,
   codec_passes: int = 0,
 ) -> tuple[Any, str, int]:
-  """(compressor, algorithm, chunks) of a call: ``algorithm="auto"`` resolved.
+  """(compressor, algorithm, chunks) of a call: :func:`decision`'s."""
+  d = decision(comp, algorithm, axes, x, chunks, flat=flat, codec_passes=codec_passes)
+  return d.compressor, d.algorithm, d.chunks
+
+
+def decision(
+  comp: Any,
+  algorithm: str,
+  axes: tuple,
+  x: jax.Array,
+  chunks: int,
+  *,
+  flat: bool = False,
+  codec_passes: int = 0,
+) -> Decision:
+  """What a call of ``x`` over ``axes`` runs: ``algorithm="auto"``/``"auto_exact"``
+  resolved, with the times behind it (``comp`` is a Compressor or a per-level pair).
 
   With a calibrated cost model for ``axes`` (:func:`jcoccl.calibrate`), auto takes the
-  least predicted time among the exact lax op (compressor None, algorithm "exact"),
-  one_shot, two_shot, hierarchical (several axes, each calibrated; not when ``flat``) and,
-  when ``chunks`` is 1, their chunked variants; a compressed one must beat the exact op by
-  :data:`jcoccl._src.cost_model.EXACT_MARGIN`. The codec's own measured throughput counts
-  where the calibration has it, and ``codec_passes`` more passes of it over the message
-  (error feedback's encode and decode of its residual) are charged to compression only.
-  Otherwise it is :func:`choose`, as without calibration.
+  least predicted time among one_shot, two_shot, hierarchical (several axes, each
+  calibrated; not when ``flat``) and, when ``chunks`` is 1, their chunked variants;
+  "auto_exact" adds the exact lax op (compressor None, algorithm "exact"), which a
+  compressed one must beat by :data:`jcoccl._src.cost_model.EXACT_MARGIN`. The codec's own
+  measured throughput counts where the calibration has it, and ``codec_passes`` more
+  passes of it over the message (error feedback's encode and decode of its residual) are
+  charged to compression only. Otherwise it is :func:`choose`, as without calibration.
+
+  Example:
+    >>> decision(jcoccl.compressors.int8(), "auto", ("x",), x, 1).algorithm  # doctest: +SKIP
+    'two_shot'
   """
   nbytes = x.size * x.dtype.itemsize
-  if algorithm != "auto" or comp is None:
-    return comp, choose(comp, algorithm, axes, nbytes, x.size, x.dtype), chunks
+  if algorithm not in AUTO or isinstance(comp, tuple):
+    algo = choose(comp, algorithm, axes, nbytes, x.size, x.dtype)
+    why = "pinned by the caller" if algorithm not in AUTO else "a per-level compressor"
+    return Decision(comp, algo, chunks, algorithm, why=why)
   model = auto_model.active(axes=axes, op="all_reduce", codec=comp)
-  if not model.calibrated or isinstance(comp, tuple):
-    return comp, choose(comp, algorithm, axes, nbytes, x.size, x.dtype), chunks
   n = C.group_size(axes)
   ratio = C.compression_ratio(comp, x.size, x.dtype)
+  if not model.calibrated:
+    return _uncalibrated(comp, algorithm, model, nbytes, n, ratio, chunks)
   extra = codec_passes * nbytes / model.gamma_Bps
-  algo, k = cost_model.choose_auto(model, nbytes, n, ratio, chunks, extra)
+  exact_ok = algorithm == "auto_exact"
+  algo, k = cost_model.choose_auto(model, nbytes, n, ratio, chunks, extra, exact=exact_ok)
+  times = cost_model.candidates(model, nbytes, n, ratio, chunks, extra)
   if algo == "exact":  # compression must win by the same margin as in choose_auto
     best = model.cost(algo, nbytes, n, ratio, k) / cost_model.EXACT_MARGIN
   else:
     best = model.cost(algo, nbytes, n, ratio, k) + extra
-  if not flat and len(axes) > 1 and _hierarchical_cost(axes, nbytes, ratio, comp) < best:
-    return (comp, comp), "hierarchical", chunks
+  hier = _hierarchical_cost(axes, nbytes, ratio, comp) if not flat and len(axes) > 1 else math.inf
+  if hier < math.inf:
+    times = times + (("hierarchical", hier),)
+  common = dict(requested=algorithm, predicted_s=times, source=model.source, calibrated=True)
+  if hier < best:
+    return Decision((comp, comp), "hierarchical", chunks, why="least predicted time", **common)
   if algo == "exact":
-    return None, "exact", 1
-  return comp, algo, k
+    why = f"the exact op is predicted {cost_model.EXACT_MARGIN:g}x faster or more (opted in)"
+    return Decision(None, "exact", 1, why=why, **common)
+  why = "least predicted time among the compressed algorithms"
+  if exact_ok:
+    why += f"; the exact op is not {cost_model.EXACT_MARGIN:g}x faster"
+  return Decision(comp, algo, k, why=why, **common)
+
+
+def _uncalibrated(
+  comp: Any, algorithm: str, model: Any, nbytes: int, n: int, ratio: float, chunks: int
+) -> Decision:
+  """auto under a model without the exact op's cost: one_shot or two_shot."""
+  times = tuple((a, model.cost(a, nbytes, n, ratio)) for a in ("one_shot", "two_shot"))
+  algo = model.choose(nbytes, n, ratio)
+  why = "least predicted time (cost model not calibrated: the exact op is no candidate)"
+  return Decision(comp, algo, chunks, algorithm, times, model.source, False, why)
 
 
 def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float, comp: Any) -> float:
@@ -210,7 +325,7 @@ def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float, comp: Any) -> flo
 def choose(comp: Any, algorithm: str, axes: tuple, nbytes: int, size: int, dtype: Any) -> str:
   """The algorithm that runs without a calibration (algorithm="auto": one_shot or
   two_shot by the cost model, hierarchical for a per-level compressor)."""
-  if algorithm != "auto":
+  if algorithm not in AUTO:
     return algorithm
   if isinstance(comp, tuple):
     return "hierarchical"
@@ -235,13 +350,17 @@ def row_layout(m: int, comp: Any, algorithm: str, axes: tuple, chunks: int) -> L
   return L.RowLayout.of(m, slice_unit(comp, algorithm, axes), chunks)
 
 
-def _check(x: jax.Array, n: int, axes: tuple, *, algorithm: str = "auto") -> dict:
+def _check(
+  x: jax.Array, n: int, axes: tuple, *, algorithm: str = "auto", requested: str | None = None
+) -> dict:
+  # ``requested`` (what the caller asked auto for) stays in the params: the jaxpr shows
+  # "auto" and "auto_exact" apart, and a cotangent decides again under the same rule.
   del x, n, axes
-  return dict(algorithm=algorithm)
+  return dict(algorithm=algorithm, requested=algorithm if requested is None else requested)
 
 
-def _exact(x: jax.Array, axes: tuple, *, algorithm: str) -> jax.Array:
-  del algorithm
+def _exact(x: jax.Array, axes: tuple, *, algorithm: str, requested: str) -> jax.Array:
+  del algorithm, requested
   return lax.psum(x, axes)
 
 
@@ -260,17 +379,19 @@ def _grad_for(x: jax.Array, gcomp: Any) -> Any:
 
 
 def _settle(
-  x: jax.Array, c: Any, axes: tuple, *, algorithm: str, chunks: int = 1
+  x: jax.Array, c: Any, axes: tuple, *, algorithm: str, requested: str, chunks: int = 1
 ) -> tuple[Any, dict]:
   """The algorithm that runs (the exact path of a backward-only call: one_shot; "exact"
-  where auto chose the lax op: still bound, so the choice shows in the jaxpr), the slices
-  (auto may chunk), and the compressor as a per-level pair for "hierarchical"."""
+  where auto_exact chose the lax op: still bound, so the choice shows in the jaxpr), the
+  slices (auto may chunk), and the compressor as a per-level pair for "hierarchical"."""
+  del requested  # _check made it the algorithm asked for
   if c is None:
     return None, dict(algorithm="one_shot")
-  c, algo, chunks = decide(c, algorithm, axes, x, chunks)
-  if algo == "hierarchical" and not isinstance(c, tuple):
+  d = decision(c, algorithm, axes, x, chunks)
+  c = d.compressor
+  if d.algorithm == "hierarchical" and not isinstance(c, tuple):
     c = (c, c)
-  return c, dict(algorithm=algo, chunks=chunks)
+  return c, dict(algorithm=d.algorithm, chunks=d.chunks)
 
 
 def _forward(
@@ -306,12 +427,13 @@ def _forward(
 
 def _grad_args(params: dict) -> dict:
   """Arguments of :func:`jcoccl._src.primitives.plan` for the tangent and for the cotangent (its own dual)."""
-  algo = params["algorithm"]
+  algo, requested = params["algorithm"], params["requested"]
   # A hierarchical call without a gradient compressor has no per-level pair to use; a
-  # cotangent's own call decides again what auto chose for the primal.
+  # cotangent's own call decides again what auto chose for the primal, under the rule the
+  # caller asked for (auto_exact may choose the exact op again, auto may not).
   if algo == "exact" or (algo == "hierarchical" and not P.load(params["grad_compressor"])):
-    algo = "auto"
-  return P.grad_args(params, algorithm=algo)
+    algo = requested if requested in AUTO else "auto"
+  return P.grad_args(params, algorithm=algo, requested=algo)
 
 
 P.register(

@@ -129,6 +129,8 @@ def choices(
   mesh: jax.sharding.Mesh,
   compressor: Any = "int8",
   sizes: Sequence[int] = REPORT_SIZES,
+  *,
+  exact: bool | Mapping[str, bool] = True,
 ) -> dict[str, dict[str, str]]:
   """What auto picks per axis and message size under ``models`` (float32 messages).
 
@@ -136,8 +138,11 @@ def choices(
     models: the calibrated table.
     mesh: the mesh it was measured on.
     compressor: the codec of every axis, or a mapping ``{axis: codec}`` (axes it leaves
-      out use int8).
+      out use int8); a spec ``"auto:<spec>"`` makes the exact op a candidate on its axis.
     sizes: message sizes in bytes.
+    exact: whether the exact op is a candidate (``algorithm="auto_exact"``, a policy's
+      ``"auto:<spec>"``), for every axis or per axis (axes left out: True); False gives
+      what plain ``algorithm="auto"`` runs with a named codec.
 
   Returns:
     ``{axis: {"64KiB": "exact" | "one_shot" | "two_shot" | "one_shot/2" (chunks), ...}}``.
@@ -147,12 +152,15 @@ def choices(
     if op not in ("all_reduce", cm.ANY) or a not in mesh.shape or not entry.calibrated:
       continue
     spec = compressor.get(a, "int8") if isinstance(compressor, Mapping) else compressor
+    exact_ok = exact.get(a, True) if isinstance(exact, Mapping) else exact
+    if isinstance(spec, str) and spec.strip().startswith("auto:"):
+      spec, exact_ok = spec.strip()[len("auto:") :], True
     comp = C.resolve_compressor(spec)
     model = models.get((a,), "all_reduce", comp) or entry
     row = {}
     for s in sizes:
       ratio = comp.payload_nbytes(s // 4, jnp.float32) / s
-      algo, k = cm.choose_auto(model, s, mesh.shape[a], ratio)
+      algo, k = cm.choose_auto(model, s, mesh.shape[a], ratio, exact=exact_ok)
       row[_size_name(s)] = algo if k == 1 else f"{algo}/{k}"
     out[a] = row
   return out

@@ -23,9 +23,10 @@ hold the exact lax op's latency and bus bandwidth on their axis,
 
     T_exact = alpha_x + 2 (n-1)/n S / beta_x
 
-and then ``algorithm="auto"`` chooses among the exact op, one_shot and two_shot (and their
-chunked variants, where the model says chunks overlap codec and link work:
-``overlap`` > 0) by predicted time. A :class:`CostModels` table holds one model per
+and then ``algorithm="auto"`` chooses among one_shot and two_shot (and their chunked
+variants, where the model says chunks overlap codec and link work: ``overlap`` > 0) by
+predicted time, and ``algorithm="auto_exact"`` (``compressor="auto:<spec>"``, a policy's
+``"auto:<spec>"``) among those and the exact op. A :class:`CostModels` table holds one model per
 (mesh axis, op), saved to and read from JSON. Without a calibration (the default, or a model
 without exact terms) auto keeps choosing between one_shot and two_shot as before and never
 picks the exact op.
@@ -324,27 +325,64 @@ EXACT_MARGIN = 1.25
 
 
 def choose_auto(
-  model: CostModel, nbytes: int, n: int, ratio: float, chunks: int = 1, extra_s: float = 0.0
+  model: CostModel,
+  nbytes: int,
+  n: int,
+  ratio: float,
+  chunks: int = 1,
+  extra_s: float = 0.0,
+  *,
+  exact: bool = True,
 ) -> tuple[str, int]:
-  """What ``algorithm="auto"`` runs under a calibrated ``model``: (algorithm, chunks) among
-  one_shot, two_shot (n > 2) and, when ``chunks`` is 1, their 2- and 4-slice variants, by
-  least modelled time (ties: fewer slices); the exact op instead unless that is
-  :data:`EXACT_MARGIN` times faster. ``extra_s`` is time a compressed call costs on top
-  (error feedback's round trip) that the exact op does not.
+  """What auto runs under a calibrated ``model``: (algorithm, chunks) among one_shot,
+  two_shot (n > 2) and, when ``chunks`` is 1, their 2- and 4-slice variants, by least
+  modelled time (ties: fewer slices); with ``exact`` (``algorithm="auto_exact"``, a
+  policy's ``"auto:<spec>"``) the exact op instead unless that is :data:`EXACT_MARGIN`
+  times faster. ``extra_s`` is time a compressed call costs on top (error feedback's round
+  trip) that the exact op does not.
 
   Example:
     >>> slow = CostModel(1e-4, 1.25e8, 2e9, exact_alpha_s=1e-4, exact_beta_Bps=1.25e8)
     >>> choose_auto(slow, 16 << 20, 2, 0.254)
     ('one_shot', 1)
   """
-  algos = ("one_shot",) if n <= 2 else ("one_shot", "two_shot")
-  ks = (1, 2, 4) if chunks == 1 else (chunks,)
-  algo, k = model.best(nbytes, n, ratio, [(a, k) for a in algos for k in ks])
-  if model.calibrated:
-    exact = model.cost("exact", nbytes, n)
-    if exact <= EXACT_MARGIN * (model.cost(algo, nbytes, n, ratio, k) + extra_s):
+  algo, k = model.best(nbytes, n, ratio, _compressed(n, chunks))
+  if exact and model.calibrated:
+    t_exact = model.cost("exact", nbytes, n)
+    if t_exact <= EXACT_MARGIN * (model.cost(algo, nbytes, n, ratio, k) + extra_s):
       return "exact", 1
   return algo, k
+
+
+def _compressed(n: int, chunks: int) -> list[tuple[str, int]]:
+  """The compressed (algorithm, chunks) candidates of auto."""
+  algos = ("one_shot",) if n <= 2 else ("one_shot", "two_shot")
+  ks = (1, 2, 4) if chunks == 1 else (chunks,)
+  return [(a, k) for a in algos for k in ks]
+
+
+def candidates(
+  model: CostModel, nbytes: int, n: int, ratio: float, chunks: int = 1, extra_s: float = 0.0
+) -> tuple[tuple[str, float], ...]:
+  """The modelled seconds of what :func:`choose_auto` compares, as ``(name, seconds)``
+  pairs: "exact" (calibrated models only), then each compressed candidate ("two_shot/2":
+  two slices), ``extra_s`` included. Chunked variants are listed only where ``overlap``
+  lets them differ from one slice.
+
+  Example:
+    >>> m = CostModel(1e-4, 1.25e8, 2e9, exact_alpha_s=1e-4, exact_beta_Bps=1.25e8)
+    >>> [name for name, _ in candidates(m, 1 << 20, 4, 0.254)]
+    ['exact', 'one_shot', 'two_shot']
+  """
+  out = []
+  if model.calibrated:
+    out.append(("exact", model.cost("exact", nbytes, n)))
+  for a, k in _compressed(n, chunks):
+    if k > 1 and model.overlap == 0 and chunks == 1:
+      continue  # never better than one slice: not a real candidate
+    name = a if k == 1 else f"{a}/{k}"
+    out.append((name, model.cost(a, nbytes, n, ratio, k) + extra_s))
+  return tuple(out)
 
 
 def fit(

@@ -424,13 +424,14 @@ def _by_op(colls: list[dict[str, Any]]) -> dict[str, float]:
   return {k: v for k, v in out.items() if v}
 
 
-_CHOICE_PARAMS = ("axes", "algorithm", "compressor", "chunks", "backend")
+_CHOICE_PARAMS = ("axes", "algorithm", "requested", "compressor", "chunks", "backend")
 
 
 def choices(fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
   """What each jcoccl collective in ``fn`` chose when traced: one dict per call site, in
   program order, with ``op`` and the primitive's ``axes``, ``algorithm`` ("exact" when
-  ``algorithm="auto"`` chose the lax op), ``compressor``, ``chunks`` and ``backend``.
+  ``algorithm="auto_exact"`` chose the lax op), ``requested`` (all_reduce: the algorithm
+  asked for, e.g. "auto" or "auto_exact"), ``compressor``, ``chunks`` and ``backend``.
 
   Example:
     >>> choices(f, x)                                                     # doctest: +SKIP
