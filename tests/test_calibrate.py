@@ -15,8 +15,10 @@ from collectives_util import mesh
 
 import jcoccl
 from jcoccl._src import _common as C
+from jcoccl._src import all_reduce as ar
 from jcoccl._src import auto_model
 from jcoccl._src import cost_model as cm
+from jcoccl._src import wire_bytes as wb
 
 MiB = 1 << 20
 
@@ -181,16 +183,28 @@ def test_a_slow_codec_keeps_the_exact_op_where_a_fast_one_compresses():
     assert _choice(_program(4, slow)[0], x)[0] == "two_shot"  # named: used
 
 
-def test_without_calibration_auto_is_unchanged():
-  """The default model and an uncalibrated one choose one_shot/two_shot as before."""
-  f, _ = _program(8)
-  for elems in (1 << 14, 1 << 22):
-    x = jnp.ones((8, elems), jnp.float32)
-    expected = auto_model.active().choose(elems * 4, 8, 0.254)
-    algo, comp, chunks = _choice(f, x)
-    assert (algo, chunks) == (expected, 1) and comp.startswith("int8")
+def test_without_calibration_auto_never_sends_more_than_psum():
+  """Uncalibrated auto (the platform's model) picks by predicted time, but never one_shot
+  where its (n-1) r S bytes exceed psum's 2(n-1)/n S: int8 (r = 1.016/4) on 8 ranks would
+  send 1.0156x psum's bytes, so it runs two_shot at every size; on 4 ranks one_shot stays."""
+  r8 = C.compression_ratio(jcoccl.compressors.parse("int8"), 1 << 14, jnp.float32)
+  assert not ar.one_shot_within_exact_bytes(8, r8) and ar.one_shot_within_exact_bytes(4, r8)
+  assert auto_model.active().choose(1 << 16, 8, r8) == "one_shot"  # the time model alone
+  f, m = _program(8)
+  x = jnp.ones((8, 1 << 14), jnp.float32)
+  psum = jax.jit(
+    jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=m, in_specs=jax.P("x"), out_specs=jax.P("x"))
+  )
+  got = jcoccl.wire_bytes(f, x, mesh=m, reference=psum)
+  (c,) = got["choices"]
+  assert (c["algorithm"], c["requested"]) == ("two_shot", "auto")
+  assert got["total"] <= got["reference_total"], got
+  (big,) = wb.choices(f, jnp.ones((8, 1 << 22), jnp.float32))  # 16 MiB: traced only
+  assert big["algorithm"] == "two_shot"
+  f4, _ = _program(4)
+  assert _choice(f4, jnp.ones((4, 1 << 14), jnp.float32))[0] == "one_shot"
   with jcoccl.config(cost_model=cm.CostModel(1e-9, 1e6, 1e18, "bandwidth only")):
-    assert _choice(f, jnp.ones((8, 1 << 14), jnp.float32))[0] == "two_shot"
+    assert _choice(f, x)[0] == "two_shot"
 
 
 def test_model_byte_terms_match_the_compiled_wire_bytes():
@@ -284,7 +298,7 @@ def test_hierarchical_where_one_level_is_slow():
   with jcoccl.config(cost_model=table):
     assert _choice(f, x)[:2] == ("hierarchical", ("int8", "int8"))
     np.testing.assert_allclose(np.asarray(f(x)), 8.0, rtol=1e-2)
-  assert _choice(f, x)[0] == "two_shot"  # no calibration: as before
+  assert _choice(f, x)[0] == "two_shot"  # no calibration: the platform's model
 
 
 def _ef_program(n, algorithm="auto_exact"):

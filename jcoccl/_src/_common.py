@@ -350,8 +350,9 @@ def rank_key(key: Any, axes: Sequence[str], chunk: int) -> Any:
 
 
 def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
-  """algorithm="auto" for a flat all_reduce without a calibration: the cheaper of one_shot
-  and two_shot under the platform's default cost model (:mod:`jcoccl._src.cost_model`).
+  """The cheaper of one_shot and two_shot under the platform's default cost model
+  (:mod:`jcoccl._src.cost_model`), by time alone; algorithm="auto" without a calibration
+  also keeps within the exact op's bytes (:func:`jcoccl._src.all_reduce.choose`).
 
   Example:
     >>> choose_all_reduce(64 * 1024, 8, 0.26), choose_all_reduce(64 << 20, 8, 0.26)

@@ -58,8 +58,8 @@ def all_reduce(
       use: :func:`jcoccl.calibrate`, or ``python -m jcoccl.bench collectives --fit-out``
       and ``JCOCCL_COST_MODEL=m.json``), i.e. one_shot for small messages or n <= 2,
       two_shot for large ones on many ranks. Without a calibration it never sends more
-      bytes than ``lax.psum`` (ring: 2(n-1)/n S): one_shot, (n-1) r S, is a candidate only
-      where r <= 2/n.
+      bytes than ``lax.psum`` (ring: 2(n-1)/n S) with a codec that shrinks its input:
+      one_shot, (n-1) r S, is a candidate only where r <= 2/n.
     auto_exact: as auto, and the exact lax op is a candidate too (under a calibrated cost
       model only; it must be predicted faster by
       :data:`jcoccl._src.cost_model.EXACT_MARGIN`). ``compressor="auto:<spec>"`` and a
@@ -301,11 +301,30 @@ def decision(
 def _uncalibrated(
   comp: Any, algorithm: str, model: Any, nbytes: int, n: int, ratio: float, chunks: int
 ) -> Decision:
-  """auto under a model without the exact op's cost: one_shot or two_shot."""
+  """auto under a model without the exact op's cost: one_shot or two_shot, and never more
+  bytes than the exact op (its times are the platform's guess, its bytes are certain)."""
   times = tuple((a, model.cost(a, nbytes, n, ratio)) for a in ("one_shot", "two_shot"))
   algo = model.choose(nbytes, n, ratio)
   why = "least predicted time (cost model not calibrated: the exact op is no candidate)"
+  if algo == "one_shot" and not one_shot_within_exact_bytes(n, ratio):
+    algo = "two_shot"
+    why = (
+      f"one_shot would send (n-1) r = {(n - 1) * ratio:.3g}x the message, more than "
+      f"lax.psum's 2(n-1)/n = {2 * (n - 1) / n:.3g}x; without a calibration auto never "
+      "sends more bytes than the exact op"
+    )
   return Decision(comp, algo, chunks, algorithm, times, model.source, False, why)
+
+
+def one_shot_within_exact_bytes(n: int, ratio: float) -> bool:
+  """Whether one_shot's bytes per device, (n-1) r S, are at most a ring lax.psum's,
+  2(n-1)/n S: r <= 2/n (always on two ranks for r <= 1).
+
+  Example:
+    >>> one_shot_within_exact_bytes(8, 1.016 / 4), one_shot_within_exact_bytes(4, 0.254)
+    (False, True)
+  """
+  return n <= 1 or (n - 1) * ratio <= 2 * (n - 1) / n
 
 
 def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float, comp: Any) -> float:
@@ -324,13 +343,14 @@ def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float, comp: Any) -> flo
 
 def choose(comp: Any, algorithm: str, axes: tuple, nbytes: int, size: int, dtype: Any) -> str:
   """The algorithm that runs without a calibration (algorithm="auto": one_shot or
-  two_shot by the cost model, hierarchical for a per-level compressor)."""
+  two_shot by the cost model, within the exact op's bytes; hierarchical for a per-level
+  compressor)."""
   if algorithm not in AUTO:
     return algorithm
   if isinstance(comp, tuple):
     return "hierarchical"
-  n = C.group_size(axes)
-  return C.choose_all_reduce(nbytes, n, C.compression_ratio(comp, size, dtype))
+  n, ratio = C.group_size(axes), C.compression_ratio(comp, size, dtype)
+  return _uncalibrated(comp, algorithm, auto_model.active(), nbytes, n, ratio, 1).algorithm
 
 
 def slice_unit(comp: Any, algorithm: str, axes: tuple) -> int:
