@@ -120,42 +120,50 @@ def _out_shape(shape: tuple, params: dict) -> tuple:
   return shape[:axis] + (n,) + shape[axis:]
 
 
-def _forward(
+def _rows(
   x: jax.Array,
   key: Any,
   *,
   axes: tuple,
   axis: int,
   tiled: bool,
-  to: str,
   compressor: Any,
   backend: str,
-  chunks: int,
   batch: int,
   **_: Any,
-) -> jax.Array:
+) -> L.Rows | None:
+  """The leaf as one row, gathered into one row per source rank (None: the exact
+  lax.all_gather runs). to="invarying" lowers as "varying": the bytes are the same on
+  every rank either way."""
   comp = P.load(compressor)
   if comp is None:
-    return lax.all_gather(x, axes, axis=axis + batch, tiled=tiled, to=to)
-  # to="invarying" lowers as "varying": the bytes are the same on every rank either way.
+    return None
   n = C.group_size(axes)
   shape = x.shape[batch:]
-  m = math.prod(shape)
-  lay = L.RowLayout.of(m, comp.granule, chunks)
   impl = _backend.implementation("all_gather", backend)
 
   def post(r: jax.Array) -> jax.Array:
     stacked = r.reshape((n,) + shape)  # [n, *shape], rank order
     return arrange(stacked, axis, tiled)
 
-  return L.run_batched(
-    lay,
-    L.flat_row,
+  return L.Rows(
     x,
     batch,
-    lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key),
+    L.flat_row,
     post,
+    math.prod(shape),
+    comp.granule,
+    comp.granule,
+    lambda r, k: impl(r, axes=axes, compressor=comp, chunks=k, key=key),
   )
+
+
+def _forward(x: jax.Array, key: Any, **params: Any) -> jax.Array:
+  rows = _rows(x, key, **params)
+  if rows is None:
+    axis, p = params["axis"] + params["batch"], params
+    return lax.all_gather(x, p["axes"], axis=axis, tiled=p["tiled"], to=p["to"])
+  return rows.run(params["chunks"])
 
 
 def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
@@ -182,6 +190,7 @@ P.register(
     out_shape=_out_shape,
     reduces=lambda params: params["to"] == "invarying",
     forward=_forward,
+    rows=_rows,
     check=_check,
     exact=_exact,
     invariant_transpose=_own_block,

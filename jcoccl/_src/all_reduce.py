@@ -414,7 +414,7 @@ def _settle(
   return c, dict(algorithm=d.algorithm, chunks=d.chunks)
 
 
-def _forward(
+def _rows(
   x: jax.Array,
   key: Any,
   *,
@@ -422,27 +422,34 @@ def _forward(
   compressor: Any,
   algorithm: str,
   backend: str,
-  chunks: int,
   batch: int,
   **_: Any,
-) -> jax.Array:
+) -> L.Rows | None:
+  """The leaf as one row for the backend (None: the exact lax.psum runs)."""
   comp = P.load(compressor)
   if comp is None:
-    return lax.psum(x, axes)
+    return None
   if set(axes) & _compat.unreduced_axes(x):
     x = _compat.unreduced_as_varying(x, axes)  # each device's partial is one operand
   shape = x.shape[batch:]
-  m = math.prod(shape)
-  lay = row_layout(m, comp, algorithm, axes, chunks)
+  levels = comp if isinstance(comp, tuple) else (comp,)
   impl = _backend.implementation("all_reduce", backend)
-  return L.run_batched(
-    lay,
-    L.flat_row,
+  return L.Rows(
     x,
     batch,
-    lambda r: impl(r, axes=axes, compressor=comp, algorithm=algorithm, chunks=lay.slices, key=key),
+    L.flat_row,
     lambda r: r.reshape(shape),
+    math.prod(shape),
+    slice_unit(comp, algorithm, axes),
+    L.lcm(*(c.granule for c in levels if c is not None)),
+    lambda r, k: impl(r, axes=axes, compressor=comp, algorithm=algorithm, chunks=k, key=key),
+    wire=(algorithm,),
   )
+
+
+def _forward(x: jax.Array, key: Any, **params: Any) -> jax.Array:
+  rows = _rows(x, key, **params)
+  return lax.psum(x, params["axes"]) if rows is None else rows.run(params["chunks"])
 
 
 def _grad_args(params: dict) -> dict:
@@ -462,6 +469,7 @@ P.register(
     out_shape=lambda shape, params: shape,
     reduces=lambda params: True,
     forward=_forward,
+    rows=_rows,
     check=_check,
     exact=_exact,
     tangent_args=_grad_args,

@@ -144,7 +144,7 @@ def _out_shape(shape: tuple, params: dict) -> tuple:
   return tuple(out)
 
 
-def _forward(
+def _rows(
   x: jax.Array,
   key: Any,
   *,
@@ -154,19 +154,17 @@ def _forward(
   tiled: bool,
   compressor: Any,
   backend: str,
-  chunks: int,
   batch: int,
   **_: Any,
-) -> jax.Array:
+) -> L.Rows | None:
+  """The leaf as one row per destination rank (None: the exact lax.all_to_all runs).
+  Packed with other leaves, destination row j holds every leaf's block j."""
   sa, ca = split_axis, concat_axis
   comp = P.load(compressor)
   if comp is None:
-    return lax.all_to_all(x, axes, sa + batch, ca + batch, tiled=tiled)
+    return None
   n = C.group_size(axes)
-  shape = x.shape[batch:]
-  block = L.row_block(shape, sa, n)
-  c = math.prod(block)
-  lay = L.RowLayout.of(c, comp.granule, chunks)
+  block = L.row_block(x.shape[batch:], sa, n)
   impl = _backend.implementation("all_to_all", backend)
 
   def post(r: jax.Array) -> jax.Array:
@@ -176,14 +174,24 @@ def _forward(
     bshape = blocks.shape[1:]
     return jnp.moveaxis(blocks, 0, ca).reshape(bshape[:ca] + (n * bshape[ca],) + bshape[ca + 1 :])
 
-  return L.run_batched(
-    lay,
-    lambda v: L.to_rows(v, sa, n)[0],
+  return L.Rows(
     x,
     batch,
-    lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key),
+    lambda v: L.to_rows(v, sa, n)[0],
     post,
+    math.prod(block),
+    comp.granule,
+    comp.granule,
+    lambda r, k: impl(r, axes=axes, compressor=comp, chunks=k, key=key),
   )
+
+
+def _forward(x: jax.Array, key: Any, **params: Any) -> jax.Array:
+  rows = _rows(x, key, **params)
+  if rows is None:
+    sa, ca = params["split_axis"] + params["batch"], params["concat_axis"] + params["batch"]
+    return lax.all_to_all(x, params["axes"], sa, ca, tiled=params["tiled"])
+  return rows.run(params["chunks"])
 
 
 def _grad_args(params: dict, swap: bool) -> dict:
@@ -199,6 +207,7 @@ P.register(
     out_shape=_out_shape,
     reduces=lambda params: False,
     forward=_forward,
+    rows=_rows,
     check=_check,
     exact=_exact,
     row_length=lambda size, n: size // n,

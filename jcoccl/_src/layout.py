@@ -342,3 +342,94 @@ def run_batched(
   return rows_out(
     lambda r: post(lay.unpad(r)), deinterleave(out, rows.shape[0], lay.slices), x.shape[:nb]
   )
+
+
+# ----------------------------------------------------------------------------------------
+# One leaf's message as rows, run alone or packed with other leaves into one chain.
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """One leaf's message as the rows a backend moves: what :func:`run_batched` needs, and
+  what :func:`run_packed` needs to pack it with other leaves of the same wire format.
+
+  Attributes:
+    x: the leaf, with ``nb`` leading batch axes.
+    nb: batch axes of ``x``.
+    pre: one message -> its unpadded rows ``[*mid, length]``.
+    post: one message's unpadded result rows -> its result.
+    length: elements of a row.
+    unit: elements of the smallest slice (the granule, times the ranks a slice is split
+      over).
+    block: elements of one codec block (the granule; for per-level codecs the lcm of
+      their granules): every codec pass sees whole blocks that start at a multiple of it.
+    call: ``(padded rows, slices) -> result rows``: the backend on rows whose last axis
+      is a multiple of ``slices * unit``.
+    wire: what else must match for two leaves to share a chain (hashable; e.g. the
+      all_reduce algorithm or the ppermute pairs).
+  """
+
+  x: jax.Array
+  nb: int
+  pre: Callable[[jax.Array], jax.Array]
+  post: Callable[[jax.Array], jax.Array]
+  length: int
+  unit: int
+  block: int
+  call: Callable[[jax.Array, int], jax.Array]
+  wire: tuple = ()
+
+  def run(self, chunks: int) -> jax.Array:
+    """This leaf alone through the backend, in ``chunks`` slices (see :func:`slices`)."""
+    lay = RowLayout.of(self.length, self.unit, chunks)
+    return run_batched(
+      lay, self.pre, self.x, self.nb, lambda r: self.call(r, lay.slices), self.post
+    )
+
+
+def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
+  """Several leaves of one wire format through ONE backend call: each message padded to
+  whole codec blocks, all laid end to end in one row (per destination row), the total
+  padded to whole slices of whole units; each result cut back out.
+
+  A codec block never straddles two messages and starts at a multiple of ``block`` (slice
+  and rank boundaries are multiples of ``unit``, itself a multiple of ``block``), so a
+  codec whose blocks are encoded, summed and decoded independently of each other gives
+  every element the same bits as :meth:`Rows.run` of its leaf alone, for any ``chunks``
+  (slices only regroup whole blocks). A codec that reads across blocks (a row-wide scale)
+  or draws random bits by position does not have this property: the caller packs only
+  codecs that are block-wise.
+
+  Args:
+    members: the leaves, sharing ``unit``, ``block``, ``call`` (up to closures over equal
+      parameters), the rows' leading shape and dtype.
+    chunks: the requested slices of the packed row (clamped as :func:`slices` does, and
+      to :data:`MAX_SLICES`: slicing does not change the bits).
+
+  Returns:
+    Each member's result, as :meth:`Rows.run` would give it.
+
+  Example:
+    >>> twice = lambda r, k: 2 * r
+    >>> a, b = (Rows(jnp.ones(n), 0, flat_row, lambda r: r, n, 8, 4, twice) for n in (3, 6))
+    >>> [y.tolist() for y in run_packed([a, b], 1)]
+    [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]]
+  """
+  parts, spans = [], []
+  for m in members:
+    padded = padded_len(m.length, m.block)
+    rows = rows_in(lambda v, m=m, padded=padded: pad_last(m.pre(v), padded), m.x, m.nb)
+    b = rows.shape[0]  # messages of this leaf, laid end to end
+    parts.append(jnp.moveaxis(rows, 0, -2).reshape(rows.shape[1:-1] + (b * padded,)))
+    spans.append((b, padded))
+  row = jnp.concatenate(parts, axis=-1)
+  first = members[0]
+  lay = RowLayout.of(row.shape[-1], first.unit, min(chunks, MAX_SLICES))
+  out = first.call(lay.pad(row), lay.slices)
+  results, start = [], 0
+  for m, (b, padded) in zip(members, spans):
+    part = out[..., start : start + b * padded]
+    start += b * padded
+    part = jnp.moveaxis(part.reshape(part.shape[:-1] + (b, padded)), -2, 0)
+    results.append(rows_out(m.post, part[..., : m.length], m.x.shape[: m.nb]))
+  return results

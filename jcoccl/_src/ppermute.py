@@ -105,7 +105,7 @@ def _exact(x: jax.Array, axes: tuple, *, perm: tuple) -> jax.Array:
   return lax.ppermute(x, axes, perm)
 
 
-def _forward(
+def _rows(
   x: jax.Array,
   key: Any,
   *,
@@ -113,25 +113,33 @@ def _forward(
   perm: tuple,
   compressor: Any,
   backend: str,
-  chunks: int,
   batch: int,
   **_: Any,
-) -> jax.Array:
+) -> L.Rows | None:
+  """The leaf as one row (None: the exact lax.ppermute runs)."""
   comp = P.load(compressor)
   if comp is None:
-    return lax.ppermute(x, axes, perm)
+    return None
   shape = x.shape[batch:]
-  m = math.prod(shape)
-  lay = L.RowLayout.of(m, comp.granule, chunks)
   impl = _backend.implementation("ppermute", backend)
-  return L.run_batched(
-    lay,
-    L.flat_row,
+  return L.Rows(
     x,
     batch,
-    lambda r: impl(r, axes=axes, perm=perm, compressor=comp, chunks=lay.slices, key=key),
+    L.flat_row,
     lambda r: r.reshape(shape),
+    math.prod(shape),
+    comp.granule,
+    comp.granule,
+    lambda r, k: impl(r, axes=axes, perm=perm, compressor=comp, chunks=k, key=key),
+    wire=(perm,),
   )
+
+
+def _forward(x: jax.Array, key: Any, **params: Any) -> jax.Array:
+  rows = _rows(x, key, **params)
+  if rows is None:
+    return lax.ppermute(x, params["axes"], params["perm"])
+  return rows.run(params["chunks"])
 
 
 def _grad_args(params: dict, invert: bool) -> dict:
@@ -147,6 +155,7 @@ P.register(
     out_shape=lambda shape, params: shape,
     reduces=lambda params: False,
     forward=_forward,
+    rows=_rows,
     check=lambda x, n, axes, *, perm: dict(perm=perm),
     exact=_exact,
     tangent_args=lambda params: _grad_args(params, False),

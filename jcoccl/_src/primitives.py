@@ -11,7 +11,10 @@ result per leaf), as ``lax.psum`` binds a pytree once. Its rules, applied per op
     lax's collectives type them (all_reduce removes ``axes``, the others keep the input's);
     a named-axis effect per axis, as lax's collectives have.
   lowering: :attr:`Op.forward` (the chosen algorithm on the chosen backend) traced and
-    lowered in place, inside shard_map's manual lowering context.
+    lowered in place, inside shard_map's manual lowering context; operands of one wire
+    format (see :func:`bucket_key`) are packed into one row layout and travel as ONE
+    encode -> collective -> decode chain (:func:`jcoccl._src.layout.run_packed`), with
+    the same bits per leaf as alone.
   jvp: the same collective applied to the tangent with ``grad_compressor``
     (straight-through: the codec's rounding has no derivative of its own).
   transpose: the dual collective, looked up in :data:`DUALS`, on the cotangent with
@@ -96,6 +99,10 @@ class Op:
       over ``axes`` as lax does (psum, psum_scatter: each device's partial is its
       operand), the cotangent typed as lax types it; None: such an input takes the lax op,
       which raises lax's error.
+    rows: ``(x, key, **params) -> Rows or None``: the leaf as the backend's rows
+      (:class:`jcoccl._src.layout.Rows`; None where the exact lax op runs), for packing
+      the leaves of one equation (``forward`` is then ``rows(...).run(chunks)``); None:
+      every leaf is lowered on its own.
   """
 
   name: str
@@ -113,6 +120,7 @@ class Op:
   effective: Callable[..., Any] = C.effective_compressor
   grad_for: Callable[..., Any] = C.grad_for
   unreduced_transpose: Callable[..., Any] | None = None
+  rows: Callable[..., Any] | None = None
 
 
 _OPS: dict[str, Op] = {}
@@ -303,7 +311,7 @@ def _make(o: Op) -> Any:
     xs, keys = _split(args, key_type)
     key = unwrap_key(tuple(keys), key_type)
     with _config.using(config):
-      return [o.forward(x, key, **leaf_params(params, i)) for i, x in enumerate(xs)]
+      return lower_leaves(o, xs, key, [leaf_params(params, i) for i in range(len(xs))])
 
   def jvp(primals, tangents, **params):
     with _config.using(params["config"]):
@@ -391,6 +399,81 @@ def _make(o: Op) -> Any:
     p, abstract_eval=abstract_eval, lower=lower, jvp=jvp, transpose=transpose, batch=batch
   )
   return p
+
+
+# ----------------------------------------------------------------------------------------
+# Lowering: the leaves of one equation, bucketed by wire format.
+
+# Codec kinds whose blocks (of the granule) are encoded, summed and decoded independently
+# of each other and of where they sit in the row: packing whole blocks end to end leaves
+# every block's bits unchanged. A custom or plugin codec promises only that row lengths
+# are multiples of its granule (it may read the whole row), so its leaves go alone.
+BLOCKWISE_KINDS = frozenset({"none", "cast", "int", "fp8", "error_bounded", "hadamard", "spike"})
+
+
+def blockwise(c: Any) -> bool:
+  """Whether ``c`` (a compressor, None, or a per-level tuple) is one of jcoccl's own
+  block-wise codecs (wrappers: their inner codec too), whose leaves may be packed.
+
+  Example:
+    >>> blockwise(load("hadamard(int4)")), blockwise(None)
+    (True, True)
+  """
+  if c is None:
+    return True
+  if isinstance(c, tuple):
+    return all(blockwise(v) for v in c)
+  own = type(c).__module__.startswith("jcoccl._src.compressors.")
+  inner = getattr(c, "inner", None)
+  return own and getattr(c, "kind", None) in BLOCKWISE_KINDS and blockwise(inner)
+
+
+def bucket_key(x: jax.Array, params: dict, rows: Any) -> tuple:
+  """What two leaves of one equation must share to travel as one chain: the group (with
+  the op, it fixes the rows' leading shape), the codec, the backend, the slices, the
+  dtype, and the op's own wire parameters (all_reduce's algorithm, ppermute's pairs)."""
+  return (
+    params["axes"],
+    params["compressor"],
+    params["backend"],
+    params["chunks"],
+    jnp.dtype(x.dtype).name,
+    rows.unit,
+    rows.block,
+    rows.wire,
+  )
+
+
+def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) -> list:
+  """The forward of every leaf of one equation (``lps[i]``: leaf i's parameters), the
+  leaves bucketed: those with equal :func:`bucket_key` run as ONE chain
+  (:func:`jcoccl._src.layout.run_packed`), bit-identical per leaf to
+  :attr:`Op.forward` alone. A leaf goes alone when it is the only one of its bucket, when
+  the call has a PRNG key (each leaf's random stream is drawn by its position in its own
+  row), when its codec is not :func:`blockwise`, or on the exact path.
+
+  Returns:
+    The results, in the order of ``xs``.
+  """
+  outs: list = [None] * len(xs)
+  buckets: dict[tuple, list[tuple[int, Any]]] = {}
+  for i, (x, lp) in enumerate(zip(xs, lps)):
+    rows = None
+    if o.rows is not None and key is None and len(xs) > 1 and blockwise(load(lp["compressor"])):
+      rows = o.rows(x, key, **lp)
+    if rows is None:
+      outs[i] = o.forward(x, key, **lp)
+    else:
+      buckets.setdefault(bucket_key(x, lp, rows), []).append((i, rows))
+  for members in buckets.values():
+    if len(members) == 1:
+      i, rows = members[0]
+      outs[i] = rows.run(lps[i]["chunks"])
+      continue
+    ys = L.run_packed([r for _, r in members], lps[members[0][0]]["chunks"])
+    for (i, _), y in zip(members, ys):
+      outs[i] = y
+  return outs
 
 
 def register(o: Op) -> None:

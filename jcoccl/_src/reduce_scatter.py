@@ -140,7 +140,7 @@ def _out_shape(shape: tuple, params: dict) -> tuple:
   return shape[:dim] + shape[dim + 1 :]
 
 
-def _forward(
+def _rows(
   x: jax.Array,
   key: Any,
   *,
@@ -149,30 +149,39 @@ def _forward(
   tiled: bool,
   compressor: Any,
   backend: str,
-  chunks: int,
   batch: int,
   **_: Any,
-) -> jax.Array:
+) -> L.Rows | None:
+  """The leaf as one row per destination rank (None: the exact lax.psum_scatter runs).
+  Packed with other leaves, destination row j holds every leaf's block j, so each leaf's
+  scattered dimension lands on the rank lax.psum_scatter gives it."""
   dim = scatter_dimension
   comp = P.load(compressor)
   if comp is None:
-    return lax.psum_scatter(x, axes, scatter_dimension=dim + batch, tiled=tiled)
+    return None
   if set(axes) & _compat.unreduced_axes(x):
     x = _compat.unreduced_as_varying(x, axes)  # each device's partial is one operand
   n = C.group_size(axes)
-  shape = x.shape[batch:]
-  block = L.row_block(shape, dim, n)
-  c = math.prod(block)
-  lay = L.RowLayout.of(c, comp.granule, chunks)
+  block = L.row_block(x.shape[batch:], dim, n)
   impl = _backend.implementation("reduce_scatter", backend)
-  return L.run_batched(
-    lay,
-    lambda v: L.to_rows(v, dim, n)[0],
+  return L.Rows(
     x,
     batch,
-    lambda r: impl(r, axes=axes, compressor=comp, chunks=lay.slices, key=key),
+    lambda v: L.to_rows(v, dim, n)[0],
     lambda r: from_block(r, block, dim, tiled),
+    math.prod(block),
+    comp.granule,
+    comp.granule,
+    lambda r, k: impl(r, axes=axes, compressor=comp, chunks=k, key=key),
   )
+
+
+def _forward(x: jax.Array, key: Any, **params: Any) -> jax.Array:
+  rows = _rows(x, key, **params)
+  if rows is None:
+    dim = params["scatter_dimension"] + params["batch"]
+    return lax.psum_scatter(x, params["axes"], scatter_dimension=dim, tiled=params["tiled"])
+  return rows.run(params["chunks"])
 
 
 P.register(
@@ -181,6 +190,7 @@ P.register(
     out_shape=_out_shape,
     reduces=lambda params: False,
     forward=_forward,
+    rows=_rows,
     check=_check,
     exact=_exact,
     row_length=lambda size, n: size // n,

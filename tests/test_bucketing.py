@@ -1,0 +1,195 @@
+"""Leaf bucketing: the compressed leaves of one pytree call that share a wire format (codec,
+algorithm, dtype, group, backend, slices) are packed into one row layout and travel as ONE
+encode -> collective -> decode chain, bitwise equal per leaf to the leaf's call alone."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from collectives_util import P, bits, mesh, rand
+
+import jcoccl
+from jcoccl import compressors as jc
+from jcoccl._src import _ffi, fused_comms, primitives
+
+N = 4  # ranks of axis "d"
+CODECS = {
+  "int8": jc.int8(block_size=32),
+  "int4": jc.int4(block_size=32, symmetric=False),
+  "fp8": jc.fp8("e4m3", block_size=32),
+  "hadamard": jc.hadamard(jc.int4(block_size=64)),
+  "spike": jc.spike(jc.int4(block_size=32), k=2),
+}
+# Odd sizes (none a multiple of a block, one under a block), three dtypes: three groups.
+SHAPES = ((N, 1), (N, 7, 5), (N, 130), (N, 3, 33), (N, 2, 50), (N, 97))
+DTYPES = (jnp.float32, jnp.float32, jnp.bfloat16, jnp.float32, jnp.float16, jnp.bfloat16)
+GROUPS = len(set(DTYPES))
+# op -> the call on a list of leaves (each [1, *rest] per rank; scatter/split on axis 1 of
+# leaves whose second dimension is a multiple of N).
+OPS = {
+  "all_reduce": lambda v, **k: jcoccl.all_reduce(v, "d", algorithm="two_shot", **k),
+  "reduce_scatter": lambda v, **k: jcoccl.reduce_scatter(
+    v, "d", scatter_dimension=1, tiled=True, **k
+  ),
+  "all_gather": lambda v, **k: jcoccl.all_gather(v, "d", axis=1, tiled=True, **k),
+  "all_to_all": lambda v, **k: jcoccl.all_to_all(v, "d", 1, 1, tiled=True, **k),
+  "ppermute": lambda v, **k: jcoccl.ppermute(v, "d", [(i, (i + 1) % N) for i in range(N)], **k),
+}
+_M = {}
+
+
+def _mesh():
+  if "m" not in _M:
+    _M["m"] = mesh((N,), ("d",))
+  return _M["m"]
+
+
+def _leaves(shapes=SHAPES, dtypes=DTYPES, seed=0):
+  return [rand(s, d, seed=seed + i, scale=1 + i) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+
+
+def _smap(body, n, check_vma=True):
+  spec = P("d")
+  return jax.shard_map(
+    body, mesh=_mesh(), in_specs=(spec,) * n, out_specs=spec, check_vma=check_vma
+  )
+
+
+def _both(name, n, **kw):
+  """(leaves) -> (the op on the list of leaves, the op on each leaf alone), in one program:
+  each lone call is its own equation, so its own chain."""
+
+  def body(*v):
+    op = lambda t: OPS[name](t, **kw)
+    lone = [op([x])[0] for x in v]
+    return tuple(op(list(v))) + tuple(lone)
+
+  return _smap(body, n)
+
+
+def _assert_bitwise(got, n):
+  for i in range(n):
+    np.testing.assert_array_equal(bits(got[i]), bits(got[n + i]), err_msg=f"leaf {i}")
+
+
+def _chains(f, *args, op="all_to_all"):
+  """Collectives of one kind in the lowered program (StableHLO)."""
+  return len(re.findall(rf"stablehlo\.{op}\b", jax.jit(f).lower(*args).as_text()))
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_all_reduce_packed_bitwise_per_leaf(codec):
+  xs = _leaves()
+  got = jax.jit(_both("all_reduce", len(xs), compressor=CODECS[codec], min_bytes=0))(*xs)
+  _assert_bitwise(got, len(xs))
+
+
+@pytest.mark.parametrize("name", ["reduce_scatter", "all_gather", "all_to_all", "ppermute"])
+def test_other_ops_packed_bitwise_per_leaf(name):
+  """reduce_scatter and all_to_all pack per destination rank: each leaf's block j still
+  lands on rank j."""
+  shapes = ((N, 2 * N, 3), (N, N), (N, 3 * N, 11), (N, N, 2, 5))
+  dtypes = (jnp.float32, jnp.float32, jnp.bfloat16, jnp.bfloat16)
+  xs = _leaves(shapes, dtypes, seed=10)
+  got = jax.jit(_both(name, len(xs), compressor=CODECS["int8"], min_bytes=0))(*xs)
+  _assert_bitwise(got, len(xs))
+
+
+def test_one_chain_per_group_in_the_lowered_program():
+  """Six leaves in three dtypes: three all_to_all (two_shot's scatter) and three
+  all_gather ops, where the leaves alone lower to six of each."""
+  xs = _leaves()
+  kw = dict(compressor=CODECS["int8"], min_bytes=0)
+  tree = _smap(lambda *v: tuple(OPS["all_reduce"](list(v), **kw)), len(xs))
+  alone = _smap(lambda *v: tuple(OPS["all_reduce"]([x], **kw)[0] for x in v), len(xs))
+  for op in ("all_to_all", "all_gather"):
+    assert _chains(tree, *xs, op=op) == GROUPS, op
+    assert _chains(alone, *xs, op=op) == len(xs), op
+  # Two algorithms in one call: one chain per (algorithm, dtype).
+  one = jnp.float32
+  xs2 = _leaves(((N, 40), (N, 41), (N, 42)), (one, one, one))
+  two = lambda v: [
+    jcoccl.all_reduce(v[:2], "d", algorithm="one_shot", **kw),
+    jcoccl.all_reduce(v[2:], "d", algorithm="two_shot", **kw),
+  ]
+  f = _smap(lambda *v: tuple(a for part in two(list(v)) for a in part), 3)
+  assert _chains(f, *xs2, op="all_to_all") == 1  # two_shot's
+  assert _chains(f, *xs2, op="all_gather") == 2  # one_shot's and two_shot's
+
+
+def test_reduce_scatter_one_chain_per_group():
+  xs = _leaves(((N, N, 3), (N, 2 * N), (N, N, 9)), (jnp.float32,) * 3, seed=3)
+  kw = dict(compressor=CODECS["int4"], min_bytes=0)
+  f = _smap(lambda *v: tuple(OPS["reduce_scatter"](list(v), **kw)), 3)
+  assert _chains(f, *xs) == 1
+
+
+def test_grad_and_vmap_packed_bitwise_per_leaf():
+  """The transpose (a compressed all_reduce without check_vma) and a vmapped call pack
+  too, bitwise per leaf."""
+  xs = _leaves(SHAPES[:4], DTYPES[:4], seed=20)
+  kw = dict(compressor=CODECS["fp8"], min_bytes=0)
+  f = lambda v: OPS["all_reduce"](v, **kw)
+  loss = lambda v: sum(jnp.sum(jnp.sin(y.astype(jnp.float32))) for y in f(v))
+
+  def body(*v):
+    g = jax.grad(loss)(list(v))
+    alone = [jax.grad(lambda u: loss([u]))(x) for x in v]
+    return tuple(g) + tuple(alone)
+
+  got = jax.jit(_smap(body, len(xs), check_vma=False))(*xs)
+  _assert_bitwise(got, len(xs))
+
+  def vbody(a, b):
+    vm = jax.vmap(lambda p, q: tuple(f([p, q])), in_axes=(1, None), out_axes=(1, None))
+    ya, yb = vm(a, b)
+    za = jax.vmap(lambda p: f([p])[0], in_axes=1, out_axes=1)(a)
+    return ya, yb, za, f([b])[0]
+
+  a, b = rand((N, 3, 45), jnp.float32, seed=30), rand((N, 70), jnp.float32, seed=31)
+  spec = P("d")
+  sm = jax.shard_map(vbody, mesh=_mesh(), in_specs=(spec, spec), out_specs=spec)
+  got = jax.jit(sm)(a, b)
+  np.testing.assert_array_equal(bits(got[0]), bits(got[2]))
+  np.testing.assert_array_equal(bits(got[1]), bits(got[3]))
+
+
+def test_keyed_and_custom_codec_leaves_go_alone():
+  """A PRNG key (random bits drawn by position in each leaf's own row) keeps one chain per
+  leaf; so does a codec outside jcoccl's block-wise kinds (it may read a whole row)."""
+  xs = _leaves(((N, 40), (N, 41)), (jnp.float32, jnp.float32))
+  sr = jc.int8(block_size=32, rounding="stochastic")
+  key = jax.random.key(0)
+  call = lambda v, **k: tuple(jcoccl.all_reduce(list(v), "d", algorithm="one_shot", **k))
+  f = _smap(lambda *v: call(v, compressor=sr, min_bytes=0, key=key), 2)
+  assert _chains(f, *xs, op="all_gather") == 2
+  g = _smap(lambda *v: call(v, compressor=CODECS["int8"], min_bytes=0), 2)
+  assert _chains(g, *xs, op="all_gather") == 1  # without a key, packed
+
+  class RowWide(jc.Compressor):  # a user's codec: its blocks are not known to be local
+    granule = 1
+
+  assert primitives.blockwise(CODECS["spike"]) and primitives.blockwise(jc.cast("bfloat16"))
+  assert not primitives.blockwise(RowWide())
+  assert not primitives.blockwise((CODECS["int8"], RowWide()))
+
+
+@pytest.mark.skipif(_ffi.native_module("cpu") is None, reason="jcoccl._cpu is not built")
+def test_fused_backend_one_call_per_group():
+  fused_comms.shutdown()
+  jcoccl.init(_mesh())
+  try:
+    xs = _leaves(((N, 40), (N, 3, 7), (N, 65)), (jnp.float32,) * 3, seed=40)
+    kw = dict(compressor=CODECS["int8"], min_bytes=0, backend="fused")
+    got = jax.jit(_both("all_reduce", 3, **kw))(*xs)
+    _assert_bitwise(got, 3)
+    tree = _smap(lambda *v: tuple(OPS["all_reduce"](list(v), **kw)), 3)
+    alone = _smap(lambda *v: tuple(OPS["all_reduce"]([x], **kw)[0] for x in v), 3)
+    assert _chains(tree, *xs, op="custom_call") == 1
+    assert _chains(alone, *xs, op="custom_call") == 3
+  finally:
+    fused_comms.shutdown()
