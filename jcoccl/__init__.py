@@ -20,6 +20,7 @@ from jcoccl._src.all_to_all import all_to_all as all_to_all
 from jcoccl._src.ppermute import ppermute as ppermute
 from jcoccl._src._common import set_default_min_bytes as set_default_min_bytes
 from jcoccl._src._common import default_min_bytes as default_min_bytes
+from jcoccl._src._common import SkippedCompression as SkippedCompression
 
 # Settings captured when a program is traced (part of jit's cache key).
 from jcoccl._src.config import Config as Config
@@ -44,6 +45,7 @@ from jcoccl._src.error_feedback import error_feedback as error_feedback
 from jcoccl._src.error_feedback import ef_all_reduce as ef_all_reduce
 from jcoccl._src.error_feedback import ef_reduce_scatter as ef_reduce_scatter
 from jcoccl._src.wire_bytes import wire_bytes as wire_bytes
+from jcoccl._src.explain import explain as explain
 
 # Fused backend: jcoccl's own communicators, one custom call per collective.
 from jcoccl._src.fused_comms import init as init

@@ -2,6 +2,7 @@
 
 python -m jcoccl info [--json]
 python -m jcoccl check-codec SPEC_OR_FACTORY [...] [--all-builtins] [--dtypes ...]
+python -m jcoccl explain MODULE:FUNCTION [--devices N] [--json]
 python -m jcoccl --version
 """
 
@@ -29,9 +30,14 @@ def main(argv: list[str] | None = None) -> int:
   from jcoccl._src import check_codec_cli
 
   check_codec_cli.add_parser(sub)
+  from jcoccl._src import explain
+
+  explain.add_parser(sub)
   args = p.parse_args(argv)
   if args.cmd == "check-codec":
     return check_codec_cli.run(args, p)
+  if args.cmd == "explain":
+    return explain.run(args, p)
   from jcoccl._src.info import format_info, info
 
   d = info()

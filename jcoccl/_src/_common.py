@@ -6,6 +6,7 @@ How a message becomes padded, sliced rows is :mod:`jcoccl._src.layout`'s.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -268,6 +269,70 @@ def effective_compressor(
     raise ValueError(f"min_bytes must be a non-negative int or None, got {min_bytes!r}")
   nbytes = x.size * jnp.dtype(x.dtype).itemsize
   return compressor if nbytes >= threshold else None
+
+
+class SkippedCompression(UserWarning):
+  """A codec the caller named was not applied to a leaf because the leaf is under the
+  default ``min_bytes`` (4 MiB unless configured). Said once per (op, axes) in a process;
+  ``warnings.simplefilter("ignore", jcoccl.SkippedCompression)`` silences it, and
+  ``min_bytes=0`` (or :func:`jcoccl.config`, a policy's ``min_bytes``) compresses."""
+
+
+_SKIP_WARNED: set = set()  # (op, axes): said already in this process (warnings only)
+
+
+def skip_reason(x: jax.Array, compressor: Any, min_bytes: int | None, strict: bool) -> str:
+  """Why ``compressor`` does not apply to leaf ``x`` ("" when it does): the dtype, or the
+  size threshold (saying whether it is the default or the one given).
+
+  Example:
+    >>> skip_reason(jnp.zeros(8), jcoccl.compressors.int8(), None, False)  # doctest: +SKIP
+    'under min_bytes: 32 B < 4194304 B (the default; min_bytes=0 compresses it)'
+  """
+  if compressor is None:
+    return ""
+  if not strict and not compressor.lossless and not is_float(x.dtype):
+    return f"dtype {jnp.dtype(x.dtype).name} is not float32/bfloat16/float16"
+  threshold = default_min_bytes() if min_bytes is None else min_bytes
+  nbytes = x.size * jnp.dtype(x.dtype).itemsize
+  if nbytes >= threshold:
+    return ""
+  given = "the default; min_bytes=0 compresses it" if min_bytes is None else "given"
+  return f"under min_bytes: {nbytes} B < {threshold} B ({given})"
+
+
+def warn_default_threshold(
+  op: str, axes: tuple, x: jax.Array, compressor: Any, min_bytes: Any
+) -> None:
+  """Warns (:class:`SkippedCompression`, once per (op, axes)) when a named codec is
+  dropped for leaf ``x`` only because it is under the DEFAULT ``min_bytes``; a threshold
+  the caller gave is what they asked for and goes unsaid."""
+  levels = compressor if isinstance(compressor, tuple) else (compressor,)
+  named = next((c for c in levels if c is not None), None)
+  if min_bytes is not None or named is None or (op, axes) in _SKIP_WARNED:
+    return
+  if not named.lossless and not is_float(x.dtype):
+    return
+  nbytes, threshold = x.size * jnp.dtype(x.dtype).itemsize, default_min_bytes()
+  if nbytes >= threshold:
+    return
+  _SKIP_WARNED.add((op, axes))
+  import warnings
+
+  warnings.warn(
+    f"jcoccl.{op} over {axes}: a {jnp.dtype(x.dtype).name}{list(x.shape)} leaf "
+    f"({nbytes} B) goes exactly, without compressor {named}: it is under the default "
+    f"min_bytes of {threshold} B. To compress it pass min_bytes=0 (or a smaller threshold) "
+    "to the call, or set jcoccl.config(min_bytes=...) / jcoccl.set_default_min_bytes(...) "
+    "or a policy's min_bytes. Said once per op and axes; jcoccl.explain(fn, ...) lists "
+    "every leaf.",
+    SkippedCompression,
+    skip_file_prefixes=(_package_dir(), os.path.dirname(jax.__file__)),
+  )
+
+
+def _package_dir() -> str:
+  return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def is_lone_array(x: Any) -> bool:

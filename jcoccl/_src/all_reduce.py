@@ -13,6 +13,7 @@ from jax import lax
 from jcoccl._src import _backend, _compat, auto_model, cost_model
 from jcoccl._src import _common as C
 from jcoccl._src import all_gather as _ag
+from jcoccl._src import explain as _explain
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 from jcoccl._src import reduce_scatter as _rs
@@ -119,7 +120,11 @@ def all_reduce(
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
   compressor, algorithm = split_auto(compressor, algorithm)
   if axis_index_groups is not None:
-    return lax.psum(x, axes, axis_index_groups=axis_index_groups)
+    for leaf in jax.tree_util.tree_leaves(x):
+      why = "axis_index_groups: the lax op (compression works over whole mesh axes)"
+      _explain.record("all_reduce", axes, leaf, compressor, None, "exact", why)
+    with _explain.exact_scope():
+      return lax.psum(x, axes, axis_index_groups=axis_index_groups)
   comp = resolve_levels(compressor, axes, "compressor")
   gcomp = (
     comp
@@ -408,6 +413,7 @@ def _settle(
   if c is None:
     return None, dict(algorithm="one_shot")
   d = decision(c, algorithm, axes, x, chunks)
+  _explain.note_decision(d)
   c = d.compressor
   if d.algorithm == "hierarchical" and not isinstance(c, tuple):
     c = (c, c)

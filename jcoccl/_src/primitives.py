@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from jcoccl._src import _backend, _compat
 from jcoccl._src import _common as C
 from jcoccl._src import config as _config
+from jcoccl._src import explain as _explain
 from jcoccl._src import layout as L
 from jcoccl._src.params import PerLeaf as PerLeaf
 from jcoccl._src.params import grad_args as grad_args
@@ -193,20 +194,24 @@ def plan(
   n = C.group_size(axes)  # validates the axis names
   op_args = o.check(x, n, axes, **op_args)
   if C.off_mesh(axes):
-    return Exact(o.exact(x, axes, **op_args))
+    why = "a jax.vmap axis (off the mesh): nothing crosses a wire"
+    return _exact(o, x, axes, op_args, compressor, why)
   unreduced = set(axes) & _compat.unreduced_axes(x)
   if unreduced and o.unreduced_transpose is None:
-    return Exact(o.exact(x, axes, **op_args))
+    return _exact(o, x, axes, op_args, compressor, "x is unreduced: lax's op")
   if unreduced and unreduced != set(axes):
     raise ValueError(
       f"{o.name} over {axes}: x is unreduced over {sorted(unreduced)} only; "
       "sum over the unreduced and the other axes in two calls"
     )
   c = o.effective(x, compressor, min_bytes, strict)
+  if c is None:
+    C.warn_default_threshold(o.name, axes, x, compressor, min_bytes)
   gc = o.grad_for(x, grad_compressor)
   _backend.validate(o.name, backend)
   if c is None and gc is None:
-    return Exact(o.exact(x, axes, **op_args))
+    why = C.skip_reason(x, compressor, min_bytes, strict) or "no compressor named"
+    return _exact(o, x, axes, op_args, compressor, why)
   c, call = o.settle(x, c, axes, chunks=chunks, **op_args)
   chunks = call.pop("chunks", chunks)  # all_reduce's auto may chunk
   name = "xla"
@@ -223,7 +228,22 @@ def plan(
     chunks=chunks,
     min_bytes=min_bytes,
   )
+  if _explain.active():
+    algo = call.get("algorithm", "")
+    why = "compressed"
+    if c is None and algo != "exact":  # forward under the threshold, backward compressed
+      algo = "exact" if algo else ""
+      why = C.skip_reason(x, compressor, min_bytes, strict) + " (backward: compressed)"
+    _explain.record(o.name, axes, x, compressor, c, algo, why, op_args.get("requested"))
   return Bound(C.ensure_varying(x, axes), params)
+
+
+def _exact(o: Op, x: Any, axes: tuple, op_args: dict, named: Any, why: str) -> Exact:
+  """The lax op on ``x`` (marked as jcoccl's own and recorded inside jcoccl.explain)."""
+  algo = "exact" if o.name == "all_reduce" else ""
+  _explain.record(o.name, axes, x, named, None, algo, why, op_args.get("requested"))
+  with _explain.exact_scope():
+    return Exact(o.exact(x, axes, **op_args))
 
 
 def apply(name: str, xs: Sequence[Any], key: Any, args: Sequence[dict]) -> list:
