@@ -1,40 +1,61 @@
-"""Calibration at the start of a training run: ``jcoccl.calibrate`` on the run's mesh.
+"""Calibration of a training run: measured at the start, saved with the run, reused on resume.
 
-``python -m models.train`` measures each mesh axis and the codec first (a few seconds), so
-that ``algorithm="auto"`` keeps the exact op where compression would cost time (inside a
-process) and compresses where the link is slow (across hosts). ``--no-calibrate`` turns it
-off (auto then chooses as without a calibration: compressed, one_shot or two_shot); a model
-given with ``JCOCCL_COST_MODEL`` is used as it is.
+``python -m models.train`` measures each mesh axis and the policy's codecs first
+(``jcoccl.calibrate``, a few seconds). The cost model it installs decides how each
+all_reduce is sent (one_shot, two_shot, ...); an ``"auto:<spec>"`` policy entry also lets it
+run the exact op where compression would cost time. A codec the policy names plainly is
+always used. :func:`verdict` then prints, per mesh axis, what the calibration predicts for
+the run's own messages (the exact op against the best compressed algorithm) and what
+``"auto:<spec>"`` would do with them.
+
+The record of what was done (:func:`start`: the measured table, or why there is none) goes
+to ``<out>/calibration.json`` and into each checkpoint. ``--resume`` installs the record of
+the checkpoint it continues from instead of measuring again, so the resumed run makes the
+choices the run made before (a new measurement could pick other algorithms and change the
+numbers); ``--recalibrate`` measures again, ``--no-calibrate`` runs without a cost model.
+Under ``jax.distributed`` every process installs process 0's record.
 
 Example:
   >>> p = argparse.ArgumentParser(); add_flag(p)          # doctest: +SKIP
-  >>> start(mesh, p.parse_args([]).calibrate, print)      # doctest: +SKIP
+  >>> rec = start(mesh, "measure", print, codecs)         # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 import jcoccl
 
 # Per device; a process sends its devices' messages together, so 4 MiB each outlasts a
 # link's burst allowance (see jcoccl._src.calibrate.DEFAULT_SIZES) for 4 devices a process.
 SIZES = (64 << 10, 1 << 20, 4 << 20)
+# jcoccl.error_feedback charges a compressed all_reduce its residual's encode and decode.
+EF_CODEC_PASSES = 2
 
 
 def add_flag(p: argparse.ArgumentParser) -> None:
-  """Adds ``--no-calibrate`` (``args.calibrate``, default True)."""
+  """Adds ``--no-calibrate`` (``args.calibrate``, default True) and ``--recalibrate``."""
   p.add_argument(
     "--no-calibrate",
     dest="calibrate",
     action="store_false",
-    help="skip measuring the mesh's links and codec at start (auto then compresses on "
-    "every axis as without a calibration)",
+    help="skip measuring the mesh's links and codecs at start (auto then chooses by the "
+    "platform's default cost model; a resumed run drops its saved calibration)",
+  )
+  p.add_argument(
+    "--recalibrate",
+    action="store_true",
+    help="with --resume: measure again instead of reusing the calibration saved with the "
+    "run (the resumed run may then choose other algorithms than the run it continues)",
   )
 
 
@@ -49,41 +70,215 @@ def auto_codecs(policy: jcoccl.Policy, mesh: jax.sharding.Mesh) -> dict[str, Any
   return out
 
 
+def mode(calibrate: bool, resume: bool, recalibrate: bool) -> str:
+  """What :func:`start` does: "off" (--no-calibrate), "measure" (a new run, or
+  --recalibrate) or "reuse" (--resume)."""
+  if not calibrate:
+    return "off"
+  return "reuse" if resume and not recalibrate else "measure"
+
+
 def start(
   mesh: jax.sharding.Mesh,
-  enabled: bool,
+  how: str,
   say: Callable[[str], None],
   codecs: Mapping[str, Any] | None = None,
+  saved: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-  """Calibrates ``mesh`` unless disabled or a cost model is already installed.
+  """Installs the run's cost model: measured, reused from ``saved``, given, or none.
 
   Args:
     mesh: the training mesh (every process calls this with the same one).
-    enabled: ``args.calibrate``.
+    how: :func:`mode`'s answer.
     say: prints a line (process 0's output).
     codecs: ``{axis: compressor}`` the run's all_reduce uses (:func:`auto_codecs`): their
-      throughput is measured too, and the choices reported are those for these codecs.
+      throughput is measured too.
+    saved: with ``how="reuse"``, the record saved with the checkpoint the run resumes
+      from (:func:`share` it first); None: there is none (a run from before records were
+      kept), so the mesh is measured.
 
   Returns:
-    What was done, for the run's records: ``{"calibrated": bool, "seconds", "choices",
-    "cost_model"}`` (the measured table, loadable with ``JCOCCL_COST_MODEL``), or
-    ``{"calibrated": False, "why"}``.
+    The record for the run's files: ``{"calibrated": bool, "why", "cost_model"}`` (the
+    table in use, as ``jcoccl.save_cost_model`` writes it; absent when none is), plus
+    ``"seconds"`` when measured (``models.train`` adds ``"reused_from_step"`` on resume).
   """
-  if not enabled:
+  if how == "reuse" and saved is not None:
+    rec = dict(saved)
+    _install(rec.get("cost_model"))
+    what = "its calibration" if rec.get("calibrated") else f"its cost model ({rec.get('why')})"
+    say(
+      f"resumed with {what}, saved with the checkpoint: the same choices as before "
+      "(--recalibrate measures again)"
+    )
+    return rec
+  if how == "reuse":
+    say("--resume: no calibration was saved with the checkpoint; measuring the mesh again")
+  if how == "off":
+    _install(None)
     return {"calibrated": False, "why": "--no-calibrate"}
-  if jcoccl.get_config().cost_model is not None:
-    return {"calibrated": False, "why": "cost model given (JCOCCL_COST_MODEL)"}
+  given = jcoccl.get_config().cost_model
+  if given is not None:
+    table = given if isinstance(given, jcoccl.CostModels) else jcoccl.CostModels.of(given)
+    why = "cost model given (JCOCCL_COST_MODEL or jcoccl.set_cost_model)"
+    return {"calibrated": False, "why": why, "cost_model": table.to_json()}
   if all(mesh.shape[a] < 2 for a in mesh.axis_names):
     return {"calibrated": False, "why": "no mesh axis of size > 1"}
   t0 = time.perf_counter()
   codecs = dict(codecs or {})
   models = jcoccl.calibrate(mesh, sizes=SIZES, iters=3, codecs=list(codecs.values()))
   took = time.perf_counter() - t0
-  choices = jcoccl.cost_model_choices(models, mesh, codecs)
-  say(f"calibrated in {took:.1f} s; all_reduce auto picks {choices}")
+  names = ", ".join(sorted({str(c) for c in codecs.values()})) or "int8"
+  say(
+    f"calibrated the mesh's links and codecs ({names}) in {took:.1f} s"
+    + (" (--recalibrate)" if how == "reuse" else "")
+  )
   return {
     "calibrated": True,
+    "why": "measured at start" + (" (--recalibrate)" if how == "reuse" else ""),
     "seconds": round(took, 2),
-    "choices": choices,
     "cost_model": models.to_json(),
   }
+
+
+def _install(table: Mapping[str, Any] | None) -> None:
+  """Makes the JSON ``table`` (or no cost model) the process default."""
+  if table is None:
+    jcoccl.set_cost_model(None)
+    return
+  fd, path = tempfile.mkstemp(suffix=".json", prefix="jcoccl-cost-model-")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(table, f)
+    jcoccl.set_cost_model(jcoccl.read_cost_model(path))
+  finally:
+    os.unlink(path)
+
+
+def share(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+  """Process 0's ``record`` on every process (each may have read another file, or none):
+  the processes of a run must install the same cost model to trace the same programs."""
+  if jax.process_count() == 1:
+    return None if record is None else dict(record)
+  from jax.experimental import multihost_utils
+
+  mine = np.frombuffer(json.dumps(record).encode(), np.uint8)
+  n = int(multihost_utils.broadcast_one_to_all(np.asarray(mine.size, np.int32)))
+  buf = np.zeros(n, np.uint8)
+  if jax.process_index() == 0:
+    buf[:] = mine
+  got = np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8)
+  return json.loads(got.tobytes().decode())
+
+
+def verdict(
+  record: Mapping[str, Any],
+  log: list,
+  policy: jcoccl.Policy,
+  mesh: jax.sharding.Mesh,
+  ef_axes: tuple[str, ...] = (),
+) -> dict[str, Any]:
+  """What the run's cost model predicts for its compressed all_reduce messages, per axis.
+
+  Args:
+    record: :func:`start`'s record (its ``cost_model``).
+    log: ``(axis, op, shape, dtype, compressor)`` of each call as the train step was traced
+      (``models.collectives.Collectives.log``).
+    policy: the run's policy (which entries are ``"auto:<spec>"``).
+    mesh: the mesh.
+    ef_axes: axes whose all_reduce keeps an error-feedback residual (two codec passes more).
+
+  Returns:
+    ``{axis: {"codec", "messages", "bytes": [min, max], "exact_s", "compressed_s",
+    "auto_exact_keeps": messages "auto:<spec>" would send with the exact op, "opted_in",
+    "source"}}`` for axes with a calibrated model; {} without one.
+  """
+  table = record.get("cost_model")
+  if not table:
+    return {}
+  fd, path = tempfile.mkstemp(suffix=".json")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(table, f)
+    models = jcoccl.read_cost_model(path)
+  finally:
+    os.unlink(path)
+  out: dict[str, Any] = {}
+  for axis, op, shape, dtype, comp in log:
+    if op != "all_reduce" or comp is None or isinstance(comp, tuple) or axis not in mesh.shape:
+      continue
+    model = models.get((axis,), "all_reduce", comp)
+    if model is None or not model.calibrated:
+      continue
+    n, nbytes = mesh.shape[axis], int(np.prod(shape)) * np.dtype(dtype).itemsize
+    ratio = comp.payload_nbytes(int(np.prod(shape)), dtype) / nbytes
+    extra = EF_CODEC_PASSES * nbytes / model.gamma_Bps if axis in ef_axes else 0.0
+    algos = ("one_shot",) if n <= 2 else ("one_shot", "two_shot")
+    t_comp = min(model.cost(a, nbytes, n, ratio) for a in algos) + extra
+    picks = jcoccl.cost_model_choices(models, mesh, {axis: str(comp)}, sizes=[nbytes])
+    keeps = next(iter(picks.get(axis, {}).values()), "") == "exact"
+    row = out.setdefault(
+      axis,
+      {
+        "codec": str(comp),
+        "messages": 0,
+        "bytes": [nbytes, nbytes],
+        "exact_s": 0.0,
+        "compressed_s": 0.0,
+        "auto_exact_keeps": 0,
+        "opted_in": policy.options(axis, "all_reduce").get("algorithm") == "auto_exact",
+        "error_feedback": axis in ef_axes,
+        "source": model.source,
+      },
+    )
+    row["messages"] += 1
+    row["bytes"] = [min(row["bytes"][0], nbytes), max(row["bytes"][1], nbytes)]
+    row["exact_s"] += model.cost("exact", nbytes, n)
+    row["compressed_s"] += t_comp
+    row["auto_exact_keeps"] += int(keeps)
+  return out
+
+
+def verdict_lines(v: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
+  """:func:`verdict` as the lines the run prints, with what to write to change it."""
+  if not v:
+    why = record.get("why") or "no calibrated cost model"
+    return [f"no calibrated cost model ({why}): auto compresses with the codecs as named"]
+  lines = [
+    "calibration's prediction for this step's compressed all_reduce arrays "
+    "(auto decides per array; times summed; error feedback's codec passes counted):"
+  ]
+  for axis, r in v.items():
+    ef = " with error feedback" if r["error_feedback"] else ""
+    lo, hi = r["bytes"]
+    size = _kib(lo) if lo == hi else f"{_kib(lo)}..{_kib(hi)}"
+    keeps, n = r["auto_exact_keeps"], r["messages"]
+    if keeps == n:
+      would = "would keep the exact op for all"
+    elif keeps == 0:
+      would = "would compress all"
+    else:
+      would = f"would keep the exact op for {keeps} of {n}"
+    lines.append(
+      f"  {axis:6s} all_reduce {r['codec']}{ef}, {n} arrays of {size}: exact "
+      f"{_ms(r['exact_s'])} vs compressed {_ms(r['compressed_s'])} predicted -> "
+      f"'auto:{r['codec']}' {would}"
+    )
+  plain = [a for a, r in v.items() if not r["opted_in"]]
+  slower = [a for a in plain if v[a]["auto_exact_keeps"]]
+  if slower:
+    lines.append(
+      f"  this run compresses on {', '.join(slower)} although the exact op is predicted "
+      "faster there, because the policy names the codec (inside one process the link is "
+      "memory; across a slow link compression pays). To let auto decide, write "
+      f"all_reduce = 'auto:<spec>' in the policy, e.g. --compress "
+      f"{slower[0]}.all_reduce=auto:{v[slower[0]]['codec']}"
+    )
+  return lines
+
+
+def _kib(b: int) -> str:
+  return f"{b / 1024:.0f} KiB" if b >= 10240 else f"{b / 1024:.1f} KiB"
+
+
+def _ms(s: float) -> str:
+  return f"{s * 1e3:.2f} ms"

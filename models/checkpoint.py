@@ -8,6 +8,7 @@ Example:
   >>> mngr = checkpointer(out)
   >>> save(mngr, State(params, opt_state, ef, step=100))
   >>> state = restore(mngr, state, out)
+  >>> saved_calibration(mngr, state.step)   # the cost model the run trained under
 """
 
 from __future__ import annotations
@@ -82,12 +83,26 @@ def checkpointer(out: pathlib.Path) -> Any:
   )
 
 
-def save(mngr: Any, state: State) -> None:
-  """Saves ``state`` at its step and waits until it is on disk (every process together)."""
+def save(mngr: Any, state: State, calibration: dict | None = None) -> None:
+  """Saves ``state`` at its step and waits until it is on disk (every process together).
+
+  ``calibration`` (the run's record, ``models.calibration.start``) goes into the step's
+  metadata: ``--resume`` reinstalls the cost model the saved state was trained under."""
   import orbax.checkpoint as ocp
 
-  mngr.save(state.step, args=ocp.args.StandardSave(state.tree()), force=True)
+  meta = None if calibration is None else {"calibration": calibration}
+  mngr.save(state.step, args=ocp.args.StandardSave(state.tree()), force=True, custom_metadata=meta)
   mngr.wait_until_finished()
+
+
+def saved_calibration(mngr: Any, step: int) -> dict | None:
+  """The calibration record saved with the checkpoint of ``step`` (None: none saved)."""
+  try:
+    meta = mngr.metadata(step).custom_metadata or {}
+  except (OSError, ValueError, KeyError, AttributeError):
+    return None
+  rec = meta.get("calibration")
+  return rec if isinstance(rec, dict) else None
 
 
 def restore(mngr: Any, state: State, out: pathlib.Path) -> State:

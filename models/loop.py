@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import optax
 
-from models import data, sample
+from models import calibration, data, sample
 from models.checkpoint import State, save
 from models.metrics import NO_WIRE, lead, plot, print_summary, say, wire_report
 from models.parallel import Parallel3D
@@ -49,6 +49,8 @@ class Job:
     mngr: the checkpoint manager (``models.checkpoint.checkpointer``).
     records: the metrics records so far (process 0; appended to).
     metrics_path: metrics.jsonl.
+    calibration: the cost model's record (``models.calibration.start``), saved with each
+      checkpoint.
   """
 
   par: Parallel3D
@@ -60,6 +62,7 @@ class Job:
   mngr: Any
   records: list[dict]
   metrics_path: pathlib.Path
+  calibration: dict = dataclasses.field(default_factory=dict)
 
 
 def lr_schedule(cfg: Any) -> optax.Schedule:
@@ -124,12 +127,14 @@ def train(cfg: RunConfig, job: Job) -> dict:
   )
   wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(cfg)
   # The step is traced and compiled once, here: the wire report reads that executable.
-  traced = run = None
+  traced = run = auto = None
   with open(job.metrics_path if lead() else os.devnull, "a") as log:
     for step in bar:
       x, y = batch_at(job.corpus, cfg, par, "train", step)
       if run is None:
+        first = len(par.coll.log)
         traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y)
+        auto = _auto_verdict(job, par.coll.log[first:])
         run = traced.lower().compile()
       t0 = time.perf_counter()
       state.params, state.opt_state, state.ef, m = run(
@@ -164,10 +169,20 @@ def train(cfg: RunConfig, job: Job) -> dict:
         job.records.append(rec)
       bar.set_postfix(loss=f"{loss:.3f}")
       if state.step % cfg.ckpt_every == 0 or state.step == cfg.steps:
-        save(job.mngr, state)
+        save(job.mngr, state, job.calibration or None)
   bar.close()
   tps = cfg.batch * cfg.seq_len * n_steady / t_steady if n_steady else None
-  return finish(cfg, job, wire or NO_WIRE, tps, start_step)
+  summary = finish(cfg, job, wire or NO_WIRE, tps, start_step, auto)
+  return summary
+
+
+def _auto_verdict(job: Job, log: list) -> dict:
+  """Prints (process 0) and returns what the run's cost model predicts for the compressed
+  all_reduce calls of the step just traced (``models.calibration.verdict``)."""
+  ef = tuple(job.par.grad_sync.ef_levels()) if job.par.uses_error_feedback() else ()
+  v = calibration.verdict(job.calibration, log, job.recipe.policy, job.par.mesh, ef)
+  say("\n".join(calibration.verdict_lines(v, job.calibration)))
+  return v
 
 
 def _announce(cfg: RunConfig, job: Job) -> None:
@@ -199,9 +214,17 @@ def final_sample(cfg: Any, params: dict, corpus: data.Corpus) -> str:
   return corpus.decode(prompt) + corpus.decode(s.tokens)
 
 
-def finish(cfg: RunConfig, job: Job, wire: dict, tps: float | None, start_step: int) -> dict:
+def finish(
+  cfg: RunConfig,
+  job: Job,
+  wire: dict,
+  tps: float | None,
+  start_step: int,
+  auto: dict | None = None,
+) -> dict:
   """The run's summary: process 0 also draws loss.png, adds the sample, writes summary.json
-  and prints the end-of-run lines; the other processes return the shared numbers only."""
+  and prints the end-of-run lines; the other processes return the shared numbers only.
+  ``auto``: what the cost model predicts for the step's messages (summary "auto")."""
   state, resumed_from = job.state, start_step if cfg.resume else None
   if not lead():
     return {"steps": state.step, "resumed_from": resumed_from, "wire": wire, "tokens_per_s": tps}
@@ -216,6 +239,7 @@ def finish(cfg: RunConfig, job: Job, wire: dict, tps: float | None, start_step: 
     "val_loss_end": vals[-1] if vals else None,
     "tokens_per_s": tps,
     "wire": wire,
+    "auto": auto or {},
     "sample": None,
   }
   if cfg.sample_tokens and state.step > start_step:

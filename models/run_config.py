@@ -82,6 +82,7 @@ class RunConfig:
   no_progress: bool
   sample_tokens: int
   calibrate: bool = True  # models.calibration: jcoccl.calibrate on the mesh at start
+  recalibrate: bool = False  # with resume: measure again instead of reusing the saved one
   dtype: str = "float32"  # the compute dtype (models.parallel.Parallel3D)
 
   @classmethod

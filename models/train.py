@@ -12,8 +12,9 @@ with ``error: --flag ...`` (status 2), a bad policy file names its table and key
 
 Writes runs/<name>/: metrics.jsonl (one JSON object per logged step and per validation, and
 one "wire" record), loss.png, summary.json, config.json (the flags that rebuild the model, for
-``python -m models.sample``), calibration.json (what auto picks per mesh axis, or why
-nothing was calibrated) and orbax checkpoints under ckpt/; the final loss line is
+``python -m models.sample``), calibration.json (the cost model the run trained under:
+measured at start, given, or none, and why; each checkpoint holds it too, and ``--resume``
+reuses it unless ``--recalibrate``) and orbax checkpoints under ckpt/; the final loss line is
 followed by a short sample of the trained model (fixed prompt, seed and temperature). ``--resume``
 continues from the newest checkpoint that restores; damaged newer ones are named, skipped and
 moved to ckpt-skipped/, and a torn last line of metrics.jsonl is dropped. Bytes on the
@@ -40,7 +41,7 @@ import jax
 
 import jcoccl
 from models import calibration, data, loop, parallel
-from models.checkpoint import State, checkpointer, restore
+from models.checkpoint import State, checkpointer, restore, saved_calibration
 from models.cli import PROG, check_corpus, load_policy, parse_args
 from models.metrics import lead, read_records, say, start_metrics
 from models.recipe import Recipe
@@ -119,8 +120,6 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   """
   model = build_model(cfg, corpus.vocab_size)
   mesh = parallel.make_mesh(*cfg.mesh_shape)
-  codecs = calibration.auto_codecs(recipe.policy, mesh)
-  calibrated = calibration.start(mesh, cfg.calibrate, say, codecs)
   par = parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro, dtype=cfg.dtype)
   tx = loop.make_optimizer(cfg)
   params = par.shard(model)
@@ -139,9 +138,9 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   cfg.out.mkdir(parents=True, exist_ok=True)
   if lead():
     write_config(cfg)
-    (cfg.out / "calibration.json").write_text(json.dumps(calibrated, indent=1))
   mngr = checkpointer(cfg.out)
   metrics_path = cfg.out / "metrics.jsonl"
+  saved = None
   if cfg.resume:
     state = restore(mngr, state, cfg.out)
     if state.step > cfg.steps:
@@ -149,8 +148,31 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
         f"--steps {cfg.steps} is below step {state.step} of the checkpoint "
         f"to resume; pass --steps {state.step} or more"
       )
+    saved = calibration.share(_saved_calibration(mngr, state.step, cfg) if lead() else None)
+  # After the restore: a resumed run installs the cost model its checkpoint was trained
+  # under, so that auto makes the same choices as before (the programs are traced later).
+  how = calibration.mode(cfg.calibrate, cfg.resume, cfg.recalibrate)
+  codecs = calibration.auto_codecs(recipe.policy, mesh)
+  calibrated = calibration.start(mesh, how, say, codecs, saved)
+  if how == "reuse" and saved is not None:
+    calibrated["reused_from_step"] = state.step
+  if lead():
+    (cfg.out / "calibration.json").write_text(json.dumps(calibrated, indent=1))
   records = start_metrics(metrics_path, state.step if cfg.resume else None)
-  return loop.Job(par, exact, tx, state, corpus, recipe, mngr, records, metrics_path)
+  return loop.Job(par, exact, tx, state, corpus, recipe, mngr, records, metrics_path, calibrated)
+
+
+def _saved_calibration(mngr, step: int, cfg: RunConfig) -> dict | None:
+  """The calibration record of the checkpoint at ``step``; for checkpoints saved without
+  one, the run's calibration.json (what the run measured at its start)."""
+  rec = saved_calibration(mngr, step)
+  if rec is not None:
+    return rec
+  try:
+    rec = json.loads((cfg.out / "calibration.json").read_text())
+  except (OSError, ValueError):
+    return None
+  return rec if isinstance(rec, dict) and "calibrated" in rec else None
 
 
 _PEER_LOST = re.compile(

@@ -7,7 +7,9 @@ process in the middle of training.
 
 Prints ``pid <pid>`` once and ``batch <step>`` before each training step; from step
 SLOW_FROM on, each batch takes SECONDS longer (the test's time to kill a process while the
-others are still training). Everything else is models.train unchanged.
+others are still training). With JCOCCL_TEST_CALIBRATION=compress or =exact, the start-up
+calibration installs :func:`crafted` instead of measuring (the same table on every process,
+whatever the machine's timings). Everything else is models.train unchanged.
 """
 
 from __future__ import annotations
@@ -18,7 +20,36 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jcoccl
 from models import loop, train
+
+
+def crafted(winner: str, mesh) -> jcoccl.CostModels:
+  """A calibrated table for every axis of ``mesh`` of size > 1 under which auto's choice is
+  certain: ``winner="compress"`` (a free link and codec, a slow exact op) or ``"exact"``.
+  The resume tests calibrate with one and would re-measure with the other: a resumed run
+  that measured again would change its choices, and so its numbers."""
+  fast, slow = (1e-9, 1e15), (1.0, 1e3)
+  (a, b), (xa, xb) = (fast, slow) if winner == "compress" else (slow, fast)
+  model = jcoccl.CostModel(a, b, b, f"test: {winner} wins", exact_alpha_s=xa, exact_beta_Bps=xb)
+  entries = tuple((ax, "all_reduce", model) for ax in mesh.axis_names if mesh.shape[ax] > 1)
+  return jcoccl.CostModels(entries, f"test: {winner} wins")
+
+
+def fake_calibrate(winners: list[str]):
+  """A stand-in for ``jcoccl.calibrate``: its n-th call installs and returns
+  ``crafted(winners[n])`` (the last one for later calls)."""
+  calls: list[str] = []
+
+  def calibrate(mesh, **_kw):
+    winner = winners[min(len(calls), len(winners) - 1)]
+    calls.append(winner)
+    models = crafted(winner, mesh)
+    jcoccl.set_cost_model(models)
+    return models
+
+  calibrate.calls = calls
+  return calibrate
 
 
 def main(argv: list[str]) -> None:
@@ -33,6 +64,9 @@ def main(argv: list[str]) -> None:
     return batch_at(corpus, cfg, par, split, step, i)
 
   loop.batch_at = slowed  # the name the training loop looks up at each step
+  winner = os.environ.get("JCOCCL_TEST_CALIBRATION")
+  if winner:
+    jcoccl.calibrate = fake_calibrate([winner])
   print(f"pid {os.getpid()}", flush=True)
   train.main(rest)
 

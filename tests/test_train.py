@@ -12,9 +12,11 @@ import subprocess
 import sys
 
 import jax
+import mp_train_worker
 import numpy as np
 import pytest
 
+import jcoccl
 from models import checkpoint, train
 from models.configs.models import TINY_RUN
 
@@ -64,9 +66,24 @@ def test_loss_drops_and_outputs_written(tmp_path, capsys):
   assert "tokens/s" in text and "by mesh axis (measured" in text
 
 
+@pytest.fixture
+def no_cost_model():
+  """Each train.main call starts without a cost model, as a new process does (a run
+  installs its calibration as the process default)."""
+  jcoccl.set_cost_model(None)
+  yield
+  jcoccl.set_cost_model(None)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["exact", "coccl", "coccl --zero"])
-def test_resume_reproduces_uninterrupted_run(tmp_path, policy):
+def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, no_cost_model, policy):
+  """Resume from step 3 ends bitwise where the uninterrupted run ends. The coccl case runs
+  with the start-up calibration and an "auto:<spec>" data all_reduce: a stand-in calibrate
+  makes compression win the first time and the exact op any later time, so a resumed run
+  that measured again (as before calibrations were saved) would send 'data' exactly and
+  end elsewhere; it must reuse the checkpoint's calibration instead."""
+  calibrated = policy == "coccl"
   common = TINY + [
     "--policy",
     *policy.split(),
@@ -78,11 +95,17 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, policy):
     "100",
     "--no-hlo-wire",
   ]
+  if calibrated:
+    common = [a for a in common if a != "--no-calibrate"]
+    common += ["--compress", "data.all_reduce=auto:hadamard(int4)"]
+    fake = mp_train_worker.fake_calibrate(["compress", "exact"])
+    monkeypatch.setattr(jcoccl, "calibrate", fake)
   a, b = tmp_path / "a", tmp_path / "b"
-  train.main(common + ["--steps", "6", "--out", str(a)])
+  sa = train.main(common + ["--steps", "6", "--out", str(a)])
   # An interrupted copy of run a: its checkpoint at step 3 and the metrics up to then.
   shutil.copytree(a, b)
   shutil.rmtree(b / "ckpt" / "6")
+  jcoccl.set_cost_model(None)
   summary = train.main(common + ["--steps", "6", "--out", str(b), "--resume"])
   assert summary["resumed_from"] == 3 and summary["steps"] == 6
   assert summary["wire"]["source"] is None and "--no-hlo-wire" in summary["wire"]["note"]
@@ -94,6 +117,13 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, policy):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   steps = [json.loads(l)["step"] for l in (b / "metrics.jsonl").read_text().splitlines()]
   assert steps == sorted(steps) and steps[-1] == 6
+  ca, cb = (json.loads((d / "calibration.json").read_text()) for d in (a, b))
+  assert cb.pop("reused_from_step", 3) == 3 and ca == cb
+  assert summary["auto"] == sa["auto"]
+  if calibrated:
+    assert fake.calls == ["compress"]  # run a measured; the resumed run did not
+    assert ca["cost_model"]["source"] == "test: compress wins"
+    assert sa["auto"]["data"]["auto_exact_keeps"] == 0 and sa["auto"]["data"]["opted_in"]
 
 
 def test_zero_loss_drops(tmp_path):

@@ -20,10 +20,12 @@ import subprocess
 import sys
 
 import jax
+import mp_train_worker
 import numpy as np
 import pytest
 from mp_util import kill_when_ready
 
+import jcoccl
 from models import checkpoint, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,9 +60,11 @@ ARGS = [
   "--steps",
   str(STEPS),
   "--no-progress",
-  # The runs must take the same algorithms to train alike: a calibration would (rightly)
-  # keep the exact op inside one process and compress across two.
-  "--no-calibrate",
+  # auto may choose the exact op on 'data'. The runs calibrate at start with a crafted
+  # table (mp_train_worker.crafted; measured timings would differ between one process and
+  # two), under which 'data' compresses.
+  "--compress",
+  "data.all_reduce=auto:hadamard(int4)",
 ]
 
 
@@ -124,7 +128,7 @@ def _kill_at_step_3(out) -> tuple[float, str]:
 
 
 @pytest.mark.slow
-def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path):
+def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path, monkeypatch):
   """One scenario, three checks (CI time: two launches in all):
   1. 2 processes x 4 devices train exactly as 1 process x 8 devices (losses of the steps
      before the kill);
@@ -133,12 +137,21 @@ def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path):
   3. ``--resume`` on both processes continues from step 2 and ends bit for bit where the
      uninterrupted single-process run ends (parameters, AdamW state, error-feedback
      residuals; losses of steps 3-6), with process 0's outputs and the wire report split
-     between processes ('data') and inside them ('tensor', 'pipe')."""
+     between processes ('data') and inside them ('tensor', 'pipe').
+  Every run calibrates at start, with a crafted table under which 'data' compresses; the
+  resume's processes would measure one under which it goes exactly, so they pass only by
+  reusing the calibration saved with the checkpoint."""
   single, out = tmp_path / "single", tmp_path / "run"
-  train.main(ARGS + ["--no-hlo-wire", "--out", str(single)])
+  jcoccl.set_cost_model(None)
+  monkeypatch.setattr(jcoccl, "calibrate", mp_train_worker.fake_calibrate(["compress"]))
+  try:
+    train.main(ARGS + ["--no-hlo-wire", "--out", str(single)])
+  finally:
+    jcoccl.set_cost_model(None)
   want = _losses(single)
   assert sorted(want) == list(range(1, STEPS + 1))
 
+  monkeypatch.setenv("JCOCCL_TEST_CALIBRATION", "compress")
   took, text = _kill_at_step_3(out)
   got = _losses(out)  # up to step 2 or 3: process 1 may have finished step 3 when killed
   assert {1, 2} <= set(got) and got == {s: want[s] for s in got}
@@ -149,11 +162,16 @@ def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path):
   assert "Traceback" not in text, text[-3000:]
   assert checkpoint.checkpointer(out).latest_step() == 2
 
-  r = _launch("-m", "models.train", *ARGS, "--out", str(out), "--resume")
+  monkeypatch.setenv("JCOCCL_TEST_CALIBRATION", "exact")
+  r = _launch(WORKER, "99", "0", *ARGS, "--out", str(out), "--resume")
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+  assert re.findall(r"^\[(\d)\] resumed with its calibration", r.stdout, re.M) == ["0"]
   ref = _checkpoint(single, STEPS)
   _assert_same_state(_checkpoint(out, STEPS, like=ref), ref)
   assert _losses(out) == want
+  saved = json.loads((out / "calibration.json").read_text())
+  assert saved["cost_model"]["source"] == "test: compress wins"
+  assert saved["reused_from_step"] == 2
   _check_lead_outputs(r.stdout, out)
 
 
