@@ -1,8 +1,11 @@
 """Cases from JAX's own shard_map tests, each against what lax itself does there: inputs
 unreduced over the collective's axes (psum_scatter sums them; all_gather(to="reduced")
-keeps other axes unreduced; the gathers, exchanges and permutes raise lax's error), a
-`zip` iterator as a ppermute perm (TypeError), unbound axis names (NameError) and a vmap
-of a shard_map whose psum operand is an integer array."""
+keeps other axes unreduced; the gathers, exchanges and permutes raise lax's error), bad
+arguments (an unbound axis name, a `zip` perm, repeated or out-of-range pairs, axis
+indices: lax's exception type and message first, its text read from lax on the same call,
+so that the tests follow JAX's versions), arguments lax accepts (an empty axis tuple,
+negative perm indices) and a vmap of a shard_map whose collective's operand is an integer
+array."""
 
 from __future__ import annotations
 
@@ -135,55 +138,261 @@ def test_unreduced_input_of_other_collectives_raises_lax_error(op):
   assert "unreduced" in errors[0]
 
 
-def test_zip_perm_is_a_type_error_as_lax():
-  m = _explicit((2,), ("x",))
-  with jax.set_mesh(m):
-    arr = jax.device_put(np.arange(8.0, dtype=np.float32), P("x"))
-    for fn in (
-      lambda v, p: lax.ppermute(v, "x", p),
-      lambda v, p: jcoccl.ppermute(v, "x", p),
-      lambda v, p: jcoccl.ppermute(v, "x", p, compressor=INT8, min_bytes=0),
-    ):
-      f = jax.shard_map(lambda v: fn(v, zip([0, 1], [1, 0])), out_specs=P("x"))
-      with pytest.raises(TypeError, match="`perm` passed to .* must be a list or a tuple"):
-        f(arr)
-    # A list of the same pairs runs.
-    got = jax.shard_map(lambda v: jcoccl.ppermute(v, "x", [(0, 1), (1, 0)]), out_specs=P("x"))(arr)
-    np.testing.assert_array_equal(np.asarray(got), np.r_[np.arange(4.0, 8), np.arange(4.0)])
+# Bad calls: (where, lax's call, jcoccl's call). "jit": under jit without a shard_map (no axis
+# is bound); "smap": inside a shard_map over a (4,) mesh axis "y" of a [32, 64] array.
+def _pairs(*pairs):
+  yield from pairs
 
 
-_EVERY_OP = {
-  "psum": (lambda v: lax.psum(v, "x"), lambda v: jcoccl.all_reduce(v, "x", compressor=INT8)),
-  "all_gather": (lambda v: lax.all_gather(v, "x"), lambda v: jcoccl.all_gather(v, "x")),
-  "psum_scatter": (
+_BAD = {
+  "psum_unbound": (
+    "jit",
+    lambda v: lax.psum(v, "x"),
+    lambda v, **k: jcoccl.all_reduce(v, "x", **k),
+  ),
+  "all_gather_unbound": (
+    "jit",
+    lambda v: lax.all_gather(v, "x"),
+    lambda v, **k: jcoccl.all_gather(v, "x", **k),
+  ),
+  "all_gather_wrong_name": (
+    "smap",
+    lambda v: lax.all_gather(v, "x"),
+    lambda v, **k: jcoccl.all_gather(v, "x", **k),
+  ),
+  "psum_scatter_wrong_name": (
+    "smap",
     lambda v: lax.psum_scatter(v, "x", tiled=True),
-    lambda v: jcoccl.reduce_scatter(v, "x", tiled=True, compressor=INT8),
+    lambda v, **k: jcoccl.reduce_scatter(v, "x", tiled=True, **k),
   ),
-  "all_to_all": (
+  "all_to_all_wrong_name": (
+    "smap",
     lambda v: lax.all_to_all(v, "x", 0, 0, tiled=True),
-    lambda v: jcoccl.all_to_all(v, "x", 0, 0, tiled=True),
+    lambda v, **k: jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **k),
   ),
-  "ppermute": (
+  "all_gather_axis": (
+    "smap",
+    lambda v: lax.all_gather(v, "y", axis=3),
+    lambda v, **k: jcoccl.all_gather(v, "y", axis=3, **k),
+  ),
+  "all_gather_tiled_axis": (
+    "smap",
+    lambda v: lax.all_gather(v, "y", axis=-3, tiled=True),
+    lambda v, **k: jcoccl.all_gather(v, "y", axis=-3, tiled=True, **k),
+  ),
+  "all_gather_float_axis": (
+    "smap",
+    lambda v: lax.all_gather(v, "y", axis=1.0),
+    lambda v, **k: jcoccl.all_gather(v, "y", axis=1.0, **k),
+  ),
+  "psum_scatter_unbound": (
+    "jit",
+    lambda v: lax.psum_scatter(v, "x", tiled=True),
+    lambda v, **k: jcoccl.reduce_scatter(v, "x", tiled=True, **k),
+  ),
+  "psum_scatter_dimension": (
+    "smap",
+    lambda v: lax.psum_scatter(v, "y", scatter_dimension=2, tiled=True),
+    lambda v, **k: jcoccl.reduce_scatter(v, "y", scatter_dimension=2, tiled=True, **k),
+  ),
+  "psum_scatter_not_divisible": (
+    "smap",
+    lambda v: lax.psum_scatter(v[:3], "y", tiled=True),
+    lambda v, **k: jcoccl.reduce_scatter(v[:3], "y", tiled=True, **k),
+  ),
+  "psum_scatter_untiled_size": (
+    "smap",
+    lambda v: lax.psum_scatter(v, "y"),
+    lambda v, **k: jcoccl.reduce_scatter(v, "y", **k),
+  ),
+  "psum_scatter_scalar": (
+    "smap",
+    lambda v: lax.psum_scatter(v.sum(), "y", tiled=True),
+    lambda v, **k: jcoccl.reduce_scatter(v.sum(), "y", tiled=True, **k),
+  ),
+  "all_to_all_unbound": (
+    "jit",
+    lambda v: lax.all_to_all(v, "x", 0, 0, tiled=True),
+    lambda v, **k: jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **k),
+  ),
+  "all_to_all_split_axis": (
+    "smap",
+    lambda v: lax.all_to_all(v, "y", 2, 0, tiled=True),
+    lambda v, **k: jcoccl.all_to_all(v, "y", 2, 0, tiled=True, **k),
+  ),
+  "all_to_all_concat_axis": (
+    "smap",
+    lambda v: lax.all_to_all(v, "y", 0, -3, tiled=True),
+    lambda v, **k: jcoccl.all_to_all(v, "y", 0, -3, tiled=True, **k),
+  ),
+  "all_to_all_not_divisible": (
+    "smap",
+    lambda v: lax.all_to_all(v[:3], "y", 0, 0, tiled=True),
+    lambda v, **k: jcoccl.all_to_all(v[:3], "y", 0, 0, tiled=True, **k),
+  ),
+  "all_to_all_untiled_size": (
+    "smap",
+    lambda v: lax.all_to_all(v, "y", 0, 0),
+    lambda v, **k: jcoccl.all_to_all(v, "y", 0, 0, **k),
+  ),
+  "ppermute_unbound": (
+    "jit",
     lambda v: lax.ppermute(v, "x", [(0, 1)]),
-    lambda v: jcoccl.ppermute(v, "x", [(0, 1)], compressor=INT8),
+    lambda v, **k: jcoccl.ppermute(v, "x", [(0, 1)], **k),
+  ),
+  "ppermute_zip": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", zip([0, 1], [1, 0])),
+    lambda v, **k: jcoccl.ppermute(v, "y", zip([0, 1], [1, 0]), **k),
+  ),
+  "ppermute_generator": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", _pairs((0, 1))),
+    lambda v, **k: jcoccl.ppermute(v, "y", _pairs((0, 1)), **k),
+  ),
+  "ppermute_array": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", np.array([[0, 1]])),
+    lambda v, **k: jcoccl.ppermute(v, "y", np.array([[0, 1]]), **k),
+  ),
+  "ppermute_repeated_source": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", [(0, 1), (0, 2)]),
+    lambda v, **k: jcoccl.ppermute(v, "y", [(0, 1), (0, 2)], **k),
+  ),
+  "ppermute_repeated_destination_mod_n": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", [(0, 1), (2, -3)]),
+    lambda v, **k: jcoccl.ppermute(v, "y", [(0, 1), (2, -3)], **k),
+  ),
+  "ppermute_out_of_range": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", [(0, 4)]),
+    lambda v, **k: jcoccl.ppermute(v, "y", [(0, 4)], **k),
+  ),
+  "ppermute_below_range": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", [(-5, 0)]),
+    lambda v, **k: jcoccl.ppermute(v, "y", [(-5, 0)], **k),
+  ),
+  "ppermute_float_index": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", [(0.0, 1)]),
+    lambda v, **k: jcoccl.ppermute(v, "y", [(0.0, 1)], **k),
+  ),
+  "ppermute_triple": (
+    "smap",
+    lambda v: lax.ppermute(v, "y", [(0, 1, 2)]),
+    lambda v, **k: jcoccl.ppermute(v, "y", [(0, 1, 2)], **k),
   ),
 }
 
 
-@pytest.mark.parametrize("op", list(_EVERY_OP))
-def test_unbound_axis_name_is_a_name_error_as_lax(op):
-  """An axis name bound nowhere (jit without shard_map): NameError naming it, as lax's.
-  Inside a shard_map whose mesh lacks the name jcoccl's is a NameError too (lax's psum and
-  ppermute fail an internal assertion there)."""
-  x = jnp.arange(16.0, dtype=jnp.float32)
-  lax_fn, jc_fn = _EVERY_OP[op]
-  for fn in (lax_fn, jc_fn):
-    with pytest.raises(NameError, match="unbound axis name: x"):
-      jax.jit(fn)(x)
-  with jax.set_mesh(_explicit((2,), ("y",))):
-    f = jax.jit(jax.shard_map(jc_fn, in_specs=P("y"), out_specs=P("y")))
-    with pytest.raises(NameError, match="'x'"):
-      f(jax.device_put(x, P("y")))
+@pytest.fixture(scope="module")
+def y4():
+  """A (4,) mesh "y" and a float32 [32, 64] array split over it."""
+  m = jax.make_mesh((4,), ("y",), devices=jax.devices()[:4])
+  return m, jax.device_put(rand((32, 64), jnp.float32, seed=5), jax.NamedSharding(m, P("y")))
+
+
+def _error(fn, where, m, x):
+  """What jit(fn) raises on x (None if it runs): under jit alone or inside a shard_map."""
+  if where == "smap":
+    fn = jax.shard_map(fn, mesh=m, in_specs=P("y"), out_specs=P("y"))
+  try:
+    jax.jit(fn)(x)
+  except Exception as e:
+    return e
+  return None
+
+
+@pytest.mark.parametrize("case", list(_BAD))
+def test_bad_call_raises_lax_error(case, y4):
+  """The error lax raises for the call (its type; its message first), exact or compressed,
+  with jcoccl's words after: which argument, what is accepted."""
+  where, lax_fn, jc_fn = _BAD[case]
+  want = _error(lax_fn, where, *y4)
+  assert want is not None, f"lax accepts {case}"
+  for kw in ({}, dict(compressor="int8", min_bytes=0)):
+    got = _error(lambda v, kw=kw: jc_fn(v, **kw), where, *y4)
+    assert isinstance(got, type(want)), (case, kw, repr(got), repr(want))
+    assert str(got).startswith(str(want)), (case, kw, str(got), str(want))
+    assert len(str(got)) > len(str(want)) + 10, f"no jcoccl hint after lax's words: {got}"
+
+
+@pytest.mark.parametrize("op", ["psum", "ppermute"])
+def test_wrong_axis_name_inside_shard_map(op, y4):
+  """An axis name the shard_map's mesh lacks: lax's psum and ppermute fail an internal
+  assertion there in JAX 0.11 (no answer to give a user), so jcoccl's error is a NameError
+  in lax's words for an unbound name (lax's own, where lax gives one)."""
+  lax_fn, jc_fn = {
+    "psum": (lambda v: lax.psum(v, "x"), lambda v: jcoccl.all_reduce(v, "x", compressor="int8")),
+    "ppermute": (
+      lambda v: lax.ppermute(v, "x", [(0, 1)]),
+      lambda v: jcoccl.ppermute(v, "x", [(0, 1)], compressor="int8"),
+    ),
+  }[op]
+  want, got = _error(lax_fn, "smap", *y4), _error(jc_fn, "smap", *y4)
+  assert isinstance(got, NameError) and isinstance(got, ValueError)
+  if isinstance(want, AssertionError):
+    assert str(got).startswith("unbound axis name: x\n"), str(got)
+  else:
+    assert isinstance(got, type(want)) and str(got).startswith(str(want))
+  assert "axis_name 'x'" in str(got)
+
+
+def test_jax_shard_map_tests_error_text():
+  """The texts JAX's shard_map tests assert (test_psum_not_under_shmap_error,
+  test_ppermute_zip_error), run through jcoccl."""
+  with pytest.raises(
+    NameError,
+    match="Found an unbound axis name: x. To fix this, please call psum under `jax.shard_map`",
+  ):
+    jax.jit(lambda v: jcoccl.all_reduce(v, "x", compressor="int8"))(jnp.arange(8.0))
+  with jax.set_mesh(_explicit((2,), ("x",))):
+    arr = jax.device_put(np.arange(8), P("x"))
+    f = jax.shard_map(lambda v: jcoccl.ppermute(v, "x", zip([0, 1], [1, 0])), out_specs=P("x"))
+    with pytest.raises(TypeError, match="`perm` passed to `jax.lax.ppermute` must be a list"):
+      f(arr)
+
+
+def test_calls_lax_accepts_run_as_lax(y4):
+  """An empty axis tuple (every op: the lax op over no axis) and ppermute pairs lax reads
+  modulo the group (negative indices), as numpy ints or lists: jcoccl's results are lax's."""
+  m, x = y4
+  perms = ([(-1, 0), (0, -3)], [[np.int64(3), np.int32(0)]], ((0, 1), (1, 2), (2, 3), (3, 0)))
+
+  def body(ops):
+    psum, ag, rs, a2a, pp = ops
+    return lambda v: (
+      psum(v, ()),
+      ag(v, ()),
+      rs(v, ()),
+      a2a(v, ()),
+      pp(v, (), [(0, 0)]),
+      *(pp(v, "y", p) for p in perms),
+    )
+
+  lax_ops = (
+    lax.psum,
+    lambda v, a: lax.all_gather(v, a, tiled=True),
+    lambda v, a: lax.psum_scatter(v, a, tiled=True),
+    lambda v, a: lax.all_to_all(v, a, 0, 0, tiled=True),
+    lax.ppermute,
+  )
+  k = dict(compressor=INT8, min_bytes=0)
+  jc_ops = (
+    lambda v, a: jcoccl.all_reduce(v, a, **k),
+    lambda v, a: jcoccl.all_gather(v, a, tiled=True, **k),
+    lambda v, a: jcoccl.reduce_scatter(v, a, tiled=True, **k),
+    lambda v, a: jcoccl.all_to_all(v, a, 0, 0, tiled=True, **k),
+    lambda v, a, p: jcoccl.ppermute(v, a, p),  # exact: bitwise lax's
+  )
+  run = lambda ops: jax.jit(jax.shard_map(body(ops), mesh=m, in_specs=P("y"), out_specs=P("y")))(x)
+  want, got = run(lax_ops), run(jc_ops)
+  for i, (g, w) in enumerate(zip(got, want)):
+    assert g.shape == w.shape, i
+    np.testing.assert_array_equal(bits(g), bits(w), err_msg=str(i))
 
 
 def test_vmap_of_a_shard_map_psum_of_integers_as_lax():
@@ -209,3 +418,56 @@ def test_vmap_of_a_shard_map_psum_of_integers_as_lax():
         assert got.dtype == want.dtype and got.sharding == want.sharding, name
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert want.sharding.spec == P("x", None)
+
+
+def _vmapped_int32(m, op):
+  """JAX's test_vmap_shmap_psum for ``op``: an int32 [2, 8] array over ("x", "y"), vmapped
+  over its rows (split over "x"), the collective over "y" (size 2) inside the shard_map.
+  Returns the lax program and jcoccl's (a pytree with int8, whose integer leaf goes
+  exactly; jcoccl.compress of the lax program with an int8 policy)."""
+  lax_body, out = {
+    "psum": (lambda v: lax.psum(v, "y"), P(None)),
+    "all_gather": (lambda v: lax.all_gather(v, "y", tiled=True), P("y")),
+    "psum_scatter": (lambda v: lax.psum_scatter(v, "y", tiled=True), P("y")),
+    "all_to_all": (lambda v: lax.all_to_all(v, "y", 0, 0, tiled=True), P("y")),
+    "ppermute": (lambda v: lax.ppermute(v, "y", [(0, 1), (1, 0)]), P("y")),
+  }[op]
+  name = {"psum": "all_reduce", "psum_scatter": "reduce_scatter"}.get(op, op)
+  jc = getattr(jcoccl, name)
+  args = {
+    "psum": (),
+    "all_gather": (),
+    "psum_scatter": (),
+    "all_to_all": (0, 0),
+    "ppermute": ([(0, 1), (1, 0)],),
+  }[op]
+  kw = dict(tiled=True) if op in ("all_gather", "psum_scatter", "all_to_all") else {}
+  smap = lambda body: jax.shard_map(body, in_specs=P("y"), out_specs=out)
+  lax_f = smap(lax_body)
+  tree = smap(lambda v: jc([v], "y", *args, compressor=INT8, min_bytes=0, **kw)[0])
+  comp = jcoccl.compress(lax_f, {"y": {name: "int8", "min_bytes": 0}})
+  return lax_f, {"tree": tree, "compress": comp}
+
+
+@pytest.mark.parametrize("op", ["all_gather", "psum_scatter", "all_to_all", "ppermute"])
+def test_vmap_of_a_shard_map_collective_of_integers_as_lax(op):
+  """The other ops in JAX's test_vmap_shmap_psum: the same outcome as lax's, values
+  bitwise and output sharding, or lax's error where lax itself fails (JAX 0.11's
+  psum_scatter there)."""
+  m = _explicit((2, 2), ("x", "y"))
+  with jax.set_mesh(m):
+    arr = jax.device_put(jnp.arange(16, dtype=jnp.int32).reshape(2, 8), P("x", "y"))
+    lax_f, runs = _vmapped_int32(m, op)
+    try:
+      want = jax.jit(jax.vmap(lax_f))(arr)
+    except Exception as e:
+      want = e
+    for name, f in runs.items():
+      if isinstance(want, Exception):
+        with pytest.raises(type(want)) as got:
+          jax.jit(jax.vmap(f))(arr)
+        assert str(got.value) == str(want), name
+        continue
+      got = jax.jit(jax.vmap(f))(arr)
+      assert got.dtype == want.dtype and got.sharding == want.sharding, name
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=name)

@@ -56,10 +56,17 @@ def default_min_bytes() -> int:
 # Axes.
 
 
-def canonical_axes(axis_name: Any) -> tuple[str, ...]:
-  """``axis_name`` (a name or a tuple/list of names) as a non-empty tuple."""
+def canonical_axes(axis_name: Any, empty: bool = False) -> tuple[str, ...]:
+  """``axis_name`` (a name or a tuple/list of names) as a tuple, non-empty unless ``empty``
+  (the collectives take ``()`` as lax's do: a group of one, whose result is the lax op's
+  over no axis).
+
+  Example:
+    >>> canonical_axes("data"), canonical_axes(["pod", "data"]), canonical_axes((), empty=True)
+    (('data',), ('pod', 'data'), ())
+  """
   axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  if not axes:
+  if not axes and not empty:
     raise ValueError("axis_name must be a mesh axis name or a non-empty tuple of them")
   if len(set(axes)) != len(axes):
     raise ValueError(f"axis_name has duplicate names: {axis_name!r}")
@@ -68,7 +75,13 @@ def canonical_axes(axis_name: Any) -> tuple[str, ...]:
 
 class AxisNameError(NameError, ValueError):
   """An axis name not bound where the collective runs (a NameError, as lax raises, and a
-  ValueError, as earlier jcoccl versions raised)."""
+  ValueError, as earlier jcoccl versions raised). The message is lax's (``lax.axis_size``'s;
+  the ops put their lax op's in its place, :mod:`jcoccl._src.lax_errors`), then jcoccl's
+  ``hint``."""
+
+  def __init__(self, message: str, hint: str = "") -> None:
+    super().__init__(message)
+    self.hint = hint
 
 
 def group_size(axes: Sequence[Any]) -> int:
@@ -78,19 +91,20 @@ def group_size(axes: Sequence[Any]) -> int:
     try:
       size *= lax.axis_size(a)
     except (NameError, KeyError, ValueError) as e:
-      raise AxisNameError(
-        f"axis_name {a!r} is not a mesh axis bound here (call the op inside jax.shard_map "
-        f"over a mesh with that axis): {e}"
-      ) from None
+      hint = (
+        f"axis_name {a!r} is not a mesh axis bound here: call the op inside jax.shard_map "
+        "over a mesh with that axis"
+      )
+      raise AxisNameError(f"{e}\n(jcoccl: {hint})", hint) from None
   return int(size)
 
 
 def off_mesh(axes: Sequence[str]) -> bool:
   """True when some of ``axes`` are bound by ``jax.vmap(..., axis_name=...)`` rather than by
-  a mesh: values there live in one program and nothing crosses a wire, so the collective
-  runs exactly (the lax op)."""
+  a mesh, or there are none (``()``): values there live in one program and nothing crosses
+  a wire, so the collective runs exactly (the lax op)."""
   names = _compat.mesh_axis_names()
-  return any(a not in names for a in axes)
+  return not axes or any(a not in names for a in axes)
 
 
 def ensure_varying(x: jax.Array, axes: Sequence[str]) -> jax.Array:
@@ -203,6 +217,14 @@ def resolve_compressor(compressor: Any, argname: str = "compressor") -> Any:
   """
   if compressor is None:
     return None
+  if isinstance(compressor, str) and compressor.strip().startswith("auto:"):
+    rest = compressor.strip()[len("auto:") :]
+    raise ValueError(
+      f"{argname}={compressor!r}: 'auto:' lets all_reduce's algorithm='auto' run the exact "
+      f"op where that is predicted faster; it applies to jcoccl.all_reduce's compressor "
+      f"(and a policy's all_reduce entry) only. Here write {rest!r} (error feedback: "
+      f"{rest!r} with algorithm='auto_exact')"
+    )
   if isinstance(compressor, str):
     from jcoccl import compressors as _c
 
@@ -381,7 +403,7 @@ def canonical_args(
   Example:
     >>> canonical_args("data", "int8", SAME, 1)  # doctest: +SKIP
   """
-  axes = canonical_axes(axis_name)
+  axes = canonical_axes(axis_name, empty=True)
   comp = resolve_compressor(compressor)
   gcomp = resolve_grad_compressor(grad_compressor, comp)
   check_chunks(chunks)

@@ -115,7 +115,7 @@ def all_reduce(
     >>> y = jcoccl.all_reduce(g, "data", compressor="int8", min_bytes=0)  # doctest: +SKIP
     >>> y = jcoccl.all_reduce(g, "data", compressor="auto:int8")  # may run lax.psum  # doctest: +SKIP
   """
-  axes = C.canonical_axes(axis_name)
+  axes = C.canonical_axes(axis_name, empty=True)
   if algorithm not in ALGORITHMS:
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
   compressor, algorithm = split_auto(compressor, algorithm)
@@ -291,16 +291,19 @@ def decision(
   hier = _hierarchical_cost(axes, nbytes, ratio, comp) if not flat and len(axes) > 1 else math.inf
   if hier < math.inf:
     times = times + (("hierarchical", hier),)
-  common = dict(requested=algorithm, predicted_s=times, source=model.source, calibrated=True)
+
+  def made(c: Any, a: str, slices: int, why: str) -> Decision:
+    return Decision(c, a, slices, algorithm, times, model.source, True, why)
+
   if hier < best:
-    return Decision((comp, comp), "hierarchical", chunks, why="least predicted time", **common)
+    return made((comp, comp), "hierarchical", chunks, "least predicted time")
   if algo == "exact":
     why = f"the exact op is predicted {cost_model.EXACT_MARGIN:g}x faster or more (opted in)"
-    return Decision(None, "exact", 1, why=why, **common)
+    return made(None, "exact", 1, why)
   why = "least predicted time among the compressed algorithms"
   if exact_ok:
     why += f"; the exact op is not {cost_model.EXACT_MARGIN:g}x faster"
-  return Decision(comp, algo, k, why=why, **common)
+  return made(comp, algo, k, why)
 
 
 def _uncalibrated(
@@ -384,8 +387,10 @@ def _check(
   return dict(algorithm=algorithm, requested=algorithm if requested is None else requested)
 
 
-def _exact(x: jax.Array, axes: tuple, *, algorithm: str, requested: str) -> jax.Array:
-  del algorithm, requested
+def _exact(
+  x: jax.Array, axes: tuple, *, algorithm: str = "auto", requested: Any = None
+) -> jax.Array:
+  del algorithm, requested  # (defaults: lax_errors calls it with the caller's arguments)
   return lax.psum(x, axes)
 
 

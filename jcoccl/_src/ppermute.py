@@ -13,6 +13,7 @@ from jcoccl._src import _backend
 from jcoccl._src import _common as C
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
+from jcoccl._src.lax_errors import lax_errors, with_hint
 
 
 def ppermute(
@@ -37,7 +38,9 @@ def ppermute(
     x: array or pytree of arrays.
     axis_name: mesh axis name or tuple of names (ranks are linear indices over them).
     perm: list or tuple of (source, destination) pairs (TypeError otherwise, as lax's);
-      no source or destination twice, every index in [0, n).
+      no source or destination twice, every index an int in [-n, n) (a negative one
+      counts from the end, as lax's). A perm lax rejects raises lax's error and words
+      first (:mod:`jcoccl._src.lax_errors`).
     compressor: Compressor, spec string, or None (exact: calls lax.ppermute).
     backend: "auto" (the fused engine where :func:`jcoccl.init` made it able to run this
       call, else "xla"), "xla" or "fused" (ValueError saying why when it cannot).
@@ -57,14 +60,15 @@ def ppermute(
   Example:
     >>> y = jcoccl.ppermute(x, "pipe", [(0, 1), (1, 2)], compressor="int8")  # doctest: +SKIP
   """
-  if not isinstance(perm, (list, tuple)):  # as lax.ppermute: an iterator is a mistake
-    raise TypeError(
-      "`perm` passed to jcoccl.ppermute must be a list or a tuple of (source, destination) "
-      f"pairs, as for jax.lax.ppermute; got perm of type {type(perm).__name__}"
-    )
-  axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks)
-  n = C.group_size(axes)
-  perm = check_perm(perm, n)
+  # lax's order: perm's type, the axis names, then (lax: when it lowers) the pairs.
+  with lax_errors("ppermute", lax.ppermute, x, axis_name, perm):
+    if not isinstance(perm, (list, tuple)):  # an iterator would be spent by the first look
+      raise TypeError(
+        "perm must be a list or a tuple of (source, destination) pairs, got perm of type "
+        f"{type(perm).__name__}"
+      )
+    axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks)
+    perm = check_perm(perm, C.group_size(axes))
   return P.apply_tree(
     "ppermute",
     x,
@@ -81,24 +85,45 @@ def ppermute(
 
 
 def check_perm(perm: Any, n: int) -> tuple:
-  """``perm`` as a tuple of (src, dst) int pairs; ValueError on duplicates/out of range."""
+  """``perm`` as lax.ppermute reads it, as (source, destination) pairs in [0, n).
+
+  lax's rule (applied when it lowers the op; here when the op is traced): the indices,
+  modulo ``n``, must not repeat a source or a destination; then each indexes the group, so
+  it is an int in [-n, n), a negative one counting from the end. A perm lax rejects gets
+  lax's exception and words (Python's, where lax's rule is plain indexing), then jcoccl's
+  (:func:`jcoccl._src.lax_errors.with_hint`).
+
+  Args:
+    perm: a list or tuple of pairs.
+    n: the group size.
+
+  Returns:
+    The pairs, each index in [0, n).
+
+  Example:
+    >>> check_perm([(0, 1), (-1, 0)], 4)
+    ((0, 1), (3, 0))
+  """
+  group = tuple(range(n))
+  hint = f"perm must be (source, destination) pairs of ints in [{-n}, {n}) (the group size)"
   try:
-    pairs = tuple((int(s), int(d)) for s, d in perm)
-  except (TypeError, ValueError):
-    raise ValueError(
-      f"perm must be a sequence of (source, destination) int pairs, got {perm!r}"
-    ) from None
+    pairs = tuple(map(tuple, perm))  # what lax binds
+    wrapped = [(s % n, d % n) for s, d in pairs]
+  except (TypeError, ValueError) as e:
+    raise with_hint(e, ValueError(f"{hint}; got {perm!r}"), "ppermute") from None
+  for name, idx in (("source", [s for s, _ in wrapped]), ("destination", [d for _, d in wrapped])):
+    if len(set(idx)) != len(idx):
+      lax_text = f"ppermute sources and destinations must be unique, got {pairs}."
+      ours = ValueError(f"perm has a duplicate {name} (modulo the group size {n}): {perm!r}")
+      raise with_hint(ValueError(lax_text), ours, "ppermute")
+  out = []
   for s, d in pairs:
-    if not (0 <= s < n and 0 <= d < n):
-      raise ValueError(
-        f"perm pair {(s, d)} is out of range: indices must be in [0, {n}) for a group of size {n}"
-      )
-  srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
-  if len(set(srcs)) != len(srcs):
-    raise ValueError(f"perm has a duplicate source: {perm!r}")
-  if len(set(dsts)) != len(dsts):
-    raise ValueError(f"perm has a duplicate destination: {perm!r}")
-  return pairs
+    try:
+      out.append((group[s], group[d]))
+    except (TypeError, IndexError) as e:
+      ours = ValueError(f"perm pair {(s, d)} is out of range: {hint}")
+      raise with_hint(e, ours, "ppermute") from None
+  return tuple(out)
 
 
 def _exact(x: jax.Array, axes: tuple, *, perm: tuple) -> jax.Array:

@@ -50,6 +50,7 @@ from jcoccl._src import _common as C
 from jcoccl._src import config as _config
 from jcoccl._src import explain as _explain
 from jcoccl._src import layout as L
+from jcoccl._src.lax_errors import lax_errors
 from jcoccl._src.params import PerLeaf as PerLeaf
 from jcoccl._src.params import grad_args as grad_args
 from jcoccl._src.params import key_operand, leaf_params, merge_params, unwrap_key
@@ -191,8 +192,12 @@ def plan(
     :class:`Exact` with the lax result, or :class:`Bound` for the primitive.
   """
   x = jnp.asarray(x)
-  n = C.group_size(axes)  # validates the axis names
-  op_args = o.check(x, n, axes, **op_args)
+  # A call that fails these checks gets lax's error for the same call where lax has one
+  # (one name as the caller most likely wrote it: lax's words quote it).
+  named = axes[0] if len(axes) == 1 else axes
+  with lax_errors(o.name, o.exact, x, named, **op_args):
+    n = C.group_size(axes)  # validates the axis names
+    op_args = o.check(x, n, axes, **op_args)
   if C.off_mesh(axes):
     why = "a jax.vmap axis (off the mesh): nothing crosses a wire"
     return _exact(o, x, axes, op_args, compressor, why)
