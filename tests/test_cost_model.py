@@ -1,6 +1,7 @@
 """all_reduce(algorithm="auto")'s cost model: the fit recovers known constants, a set or
 loaded model decides auto's algorithm, and bad models or files are rejected by name."""
 
+import dataclasses
 import json
 import re
 
@@ -151,3 +152,21 @@ def test_bench_fit_writes_a_loadable_model(tmp_path):
   model = jcoccl.load_cost_model(str(out))
   assert "fit: 1 cpu processes" in model.source
   assert json.loads(out.read_text())["ranks"] == [8]
+
+
+def test_auto_compares_compressed_candidates_and_the_exact_op_only_when_asked():
+  """choose_auto: exact=False (algorithm "auto", a named codec) never returns the exact op,
+  even where it is predicted 10x faster; exact=True returns it there. candidates lists
+  what was compared, with the chunked variants only where chunks overlap."""
+  fast_exact = cost_model.CostModel(1e-4, 1e8, 1e9, "t", exact_alpha_s=1e-5, exact_beta_Bps=1e10)
+  s, n, r = 16 << 20, 8, 0.254
+  assert cost_model.choose_auto(fast_exact, s, n, r) == ("exact", 1)
+  assert cost_model.choose_auto(fast_exact, s, n, r, exact=False)[0] in ("one_shot", "two_shot")
+  names = [k for k, _ in cost_model.candidates(fast_exact, s, n, r)]
+  assert names == ["exact", "one_shot", "two_shot"]
+  times = dict(cost_model.candidates(fast_exact, s, n, r, extra_s=1.0))
+  assert times["one_shot"] == pytest.approx(fast_exact.cost("one_shot", s, n, r) + 1.0)
+  overlapping = dataclasses.replace(fast_exact, overlap=1.0)
+  assert "two_shot/4" in dict(cost_model.candidates(overlapping, s, n, r))
+  uncalibrated = cost_model.CostModel(1e-4, 1e8, 1e9)
+  assert "exact" not in dict(cost_model.candidates(uncalibrated, s, n, r))

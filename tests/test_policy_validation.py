@@ -7,6 +7,7 @@ import pytest
 
 import jcoccl.compressors as jc
 from jcoccl import policy as policy_module
+from jcoccl._src import _common as C
 from jcoccl._src import all_reduce as ar
 from jcoccl.policy import OPS, Policy
 
@@ -181,6 +182,24 @@ def test_training_switches_point_to_models_recipe(tmp_path):
 def test_policy_algorithms_are_all_reduce_algorithms():
   assert set(policy_module.ALGORITHMS) <= set(ar.ALGORITHMS)
   assert set(ar.ALGORITHMS) - set(policy_module.ALGORITHMS) == {"hierarchical"}
+
+
+def test_auto_prefix_is_all_reduces_opt_in():
+  """'auto:<spec>' is all_reduce's opt-in to the exact op (algorithm "auto_exact"); other
+  ops and a pinned algorithm refuse it with the fix; a policy's entry carries it."""
+  assert ar.split_auto("auto:int8", "auto") == ("int8", "auto_exact")
+  assert ar.split_auto(" auto:fp8", "auto_exact") == ("fp8", "auto_exact")
+  assert ar.split_auto("int8", "auto") == ("int8", "auto")
+  with pytest.raises(ValueError, match="pins one; write compressor='int8'"):
+    ar.split_auto("auto:int8", "two_shot")
+  with pytest.raises(ValueError, match="applies to jcoccl.all_reduce's compressor.*'int8'"):
+    C.resolve_compressor("auto:int8")
+  p = Policy.from_dict({"data": {"all_reduce": "auto:int8", "all_gather": "int8"}}, axes=AXES)
+  assert p.options("data", "all_reduce")["algorithm"] == "auto_exact"
+  assert p.options("data", "all_gather")["algorithm"] == "auto"  # the compressed ops' auto
+  assert Policy.from_dict({"data": {"algorithm": "auto_exact"}}).options("data") == {
+    "algorithm": "auto_exact"
+  }
 
 
 # ---- compressor spec strings (jcoccl.compressors.parse) ----------------------------------
