@@ -54,5 +54,9 @@ from jcoccl._src.fused_comms import shutdown as shutdown
 # Per-axis, per-op compression policy (used by models/ for 3D-parallel training).
 from jcoccl.policy import Policy as Policy
 
+# Compressed data-parallel gradients inside jit programs sharded by the compiler (GSPMD).
+from jcoccl._src.gspmd import DataParallelGrad as DataParallelGrad
+from jcoccl._src.gspmd import value_and_grad as value_and_grad
+
 # Zero-code-change compression: a program's lax collectives run as jcoccl ops per a policy.
 from jcoccl._src.compress import compress as compress
