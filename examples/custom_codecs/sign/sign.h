@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "jcoccl/codec_plugin.h"
+#include "jcoccl/codec_plugin.h"  // also the element helpers: jcoccl_load, jcoccl_store, ...
 
 #if defined(__CUDACC__)
 #define SIGN_HD __host__ __device__ inline
@@ -18,85 +18,6 @@
 namespace sign1 {
 
 constexpr int kMaxLog2Block = 12;  // blocks of 32..4096 values
-
-SIGN_HD uint32_t Bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-SIGN_HD float FromBits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-SIGN_HD float CanonicalNaN() { return FromBits(0x7fc00000u); }
-SIGN_HD bool IsNaN(float f) { return (Bits(f) & 0x7fffffffu) > 0x7f800000u; }
-SIGN_HD bool IsFinite(float f) { return (Bits(f) & 0x7fffffffu) < 0x7f800000u; }
-
-// float16 -> float32, exactly (subnormal halves become normal floats).
-SIGN_HD float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0x1fu) return FromBits(sign | 0x7f800000u | (m << 13));
-  if (e == 0) {
-    if (m == 0) return FromBits(sign);
-    e = 113;  // normalise: value = m * 2^-24
-    while ((m & 0x400u) == 0) {
-      m <<= 1;
-      --e;
-    }
-    return FromBits(sign | (e << 23) | ((m & 0x3ffu) << 13));
-  }
-  return FromBits(sign | ((e + 112) << 23) | (m << 13));
-}
-
-// float32 -> float16, round to nearest even (as jnp's astype): NaN -> 0x7e00 with the sign.
-SIGN_HD uint16_t FloatToHalf(float f) {
-  const uint32_t x = Bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (ax < 0x38800000u) {  // below 2^-14: a subnormal half (or zero)
-    if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);  // <= 2^-25 rounds to 0
-    const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e, half = 1u << (shift - 1);
-    uint32_t q = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return static_cast<uint16_t>(sign | q);
-  }
-  const uint32_t v = ax - 0x38000000u;
-  return static_cast<uint16_t>(sign | ((v + 0xfffu + ((v >> 13) & 1u)) >> 13));
-}
-
-// float32 -> bfloat16, round to nearest even; NaN -> quiet NaN with the sign.
-SIGN_HD uint16_t FloatToBf16(float f) {
-  const uint32_t x = Bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-// Element i of a row of dtype `d`, as float32 (exact).
-SIGN_HD float Load(int32_t d, const void* row, int64_t i) {
-  if (d == JCOCCL_DTYPE_F32) return static_cast<const float*>(row)[i];
-  const uint16_t h = static_cast<const uint16_t*>(row)[i];
-  return d == JCOCCL_DTYPE_BF16 ? FromBits(static_cast<uint32_t>(h) << 16) : HalfToFloat(h);
-}
-
-// Stores v rounded to dtype `d` as element i of a row.
-SIGN_HD void Store(int32_t d, void* row, int64_t i, float v) {
-  if (d == JCOCCL_DTYPE_F32) {
-    static_cast<float*>(row)[i] = v;
-  } else {
-    static_cast<uint16_t*>(row)[i] = d == JCOCCL_DTYPE_BF16 ? FloatToBf16(v) : FloatToHalf(v);
-  }
-}
-
-// v rounded to dtype `d` and back (decode_sum_encode encodes the dtype-rounded sum).
-SIGN_HD float RoundTrip(int32_t d, float v) {
-  if (d == JCOCCL_DTYPE_F32) return v;
-  return d == JCOCCL_DTYPE_BF16 ? FromBits(static_cast<uint32_t>(FloatToBf16(v)) << 16)
-                                : HalfToFloat(FloatToHalf(v));
-}
 
 SIGN_HD int Log2(int64_t b) {
   int k = 0;
@@ -122,8 +43,9 @@ SIGN_HD float BlockScale(const Get& get, int64_t B) {
   bool finite = true;
   for (int64_t k = 0; k < B; ++k) {
     const float x = get(BitReverse(k, lg));
-    finite = finite && IsFinite(x);
-    float v = FromBits(Bits(x) & 0x7fffffffu);  // |x|: jnp.abs clears the sign bit
+    finite = finite && jcoccl_is_finite(x);
+    // |x|: jnp.abs clears the sign bit
+    float v = jcoccl_f32_from_bits(jcoccl_f32_bits(x) & 0x7fffffffu);
     int j = 0;
     while ((k >> j) & 1) {
       v = partial[j] + v;
@@ -131,7 +53,7 @@ SIGN_HD float BlockScale(const Get& get, int64_t B) {
     }
     partial[j] = v;
   }
-  if (!finite) return CanonicalNaN();
+  if (!finite) return jcoccl_canonical_nan();
   float s = partial[lg] / static_cast<float>(B);
   return s > FLT_MAX ? FLT_MAX : s;
 }
@@ -140,7 +62,7 @@ SIGN_HD float BlockScale(const Get& get, int64_t B) {
 SIGN_HD float DecodeAt(const uint8_t* payload, int64_t n, int64_t B, int64_t i) {
   float s;
   memcpy(&s, payload + n / 8 + 4 * (i / B), 4);
-  if (IsNaN(s)) return CanonicalNaN();
+  if (jcoccl_is_nan(s)) return jcoccl_canonical_nan();
   return (payload[i >> 3] >> (i & 7)) & 1 ? -s : s;
 }
 
@@ -151,7 +73,7 @@ SIGN_HD float SumAt(const uint8_t* const* rows, const uint8_t* in, int64_t strid
   float acc = DecodeAt(rows != nullptr ? rows[0] : in, n, B, i);
   for (int r = 1; r < nrows; ++r)
     acc = acc + DecodeAt(rows != nullptr ? rows[r] : in + r * stride, n, B, i);
-  return nrows > 1 && IsNaN(acc) ? CanonicalNaN() : acc;
+  return nrows > 1 && jcoccl_is_nan(acc) ? jcoccl_canonical_nan() : acc;
 }
 
 // Encodes codec block b of a row whose values get(i) gives (row-relative): its scale and its
@@ -176,7 +98,7 @@ SIGN_HD void EncodeBlock(const Get& get, int64_t n, int64_t B, int64_t b, uint8_
 struct RowValues {  // an input row of dtype d
   int32_t d;
   const void* row;
-  SIGN_HD float operator()(int64_t i) const { return Load(d, row, i); }
+  SIGN_HD float operator()(int64_t i) const { return jcoccl_load(d, row, i); }
 };
 struct SumValues {  // the dtype-rounded sum of payloads
   const uint8_t* const* rows;
@@ -186,7 +108,7 @@ struct SumValues {  // the dtype-rounded sum of payloads
   int64_t n, B;
   int32_t d;
   SIGN_HD float operator()(int64_t i) const {
-    return RoundTrip(d, SumAt(rows, in, stride, nrows, n, B, i));
+    return jcoccl_round_to(d, SumAt(rows, in, stride, nrows, n, B, i));
   }
 };
 

@@ -35,7 +35,7 @@ int EncodeCpu(const double* params, int32_t dtype, const void* x, int64_t rows, 
               uint8_t* out) {
   int64_t B;
   if (sign1::CheckArgs(params, dtype, n, &B) != 0) return 1;
-  const int64_t p = sign1::PayloadBytes(n, B), eb = dtype == JCOCCL_DTYPE_F32 ? 4 : 2;
+  const int64_t p = sign1::PayloadBytes(n, B), eb = jcoccl_dtype_bytes(dtype);
   for (int64_t r = 0; r < rows; ++r) {
     const sign1::RowValues v{dtype, static_cast<const uint8_t*>(x) + r * n * eb};
     for (int64_t b = 0; b < n / B; ++b) sign1::EncodeBlock(v, n, B, b, out + r * p);
@@ -50,7 +50,7 @@ int DecodeCpu(const double* params, int32_t dtype, const uint8_t* in, int64_t ro
   const int64_t p = sign1::PayloadBytes(n, B);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < n; ++i)
-      sign1::Store(dtype, out, r * n + i, sign1::DecodeAt(in + r * p, n, B, i));
+      jcoccl_store(dtype, out, r * n + i, sign1::DecodeAt(in + r * p, n, B, i));
   return 0;
 }
 
@@ -60,7 +60,7 @@ int DecodeSumCpu(const double* params, int32_t dtype, const uint8_t* const* rows
   if (sign1::CheckArgs(params, dtype, n, &B) != 0) return 1;
   if (nrows < 1) return sign1_fail("sign1: decode_sum needs nrows >= 1");
   for (int64_t i = 0; i < n; ++i)
-    sign1::Store(dtype, out, i, sign1::SumAt(rows, nullptr, 0, nrows, n, B, i));
+    jcoccl_store(dtype, out, i, sign1::SumAt(rows, nullptr, 0, nrows, n, B, i));
   return 0;
 }
 

@@ -17,7 +17,7 @@ int Grid(int64_t work) {
 // One thread per codec block (rows * n / B of them): the scale, then its sign bytes.
 __global__ void EncodeKernel(int32_t d, const void* x, int64_t rows, int64_t n, int64_t B,
                              uint8_t* out) {
-  const int64_t per_row = n / B, eb = d == JCOCCL_DTYPE_F32 ? 4 : 2, p = n / 8 + 4 * per_row;
+  const int64_t per_row = n / B, eb = jcoccl_dtype_bytes(d), p = n / 8 + 4 * per_row;
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < rows * per_row;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = t / per_row;
@@ -44,7 +44,7 @@ __global__ void SumKernel(int32_t d, const uint8_t* in, int nrows, int64_t strid
   for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < outs * n;
        t += int64_t{gridDim.x} * blockDim.x) {
     const int64_t o = t / n, i = t % n;
-    sign1::Store(d, out, t, sign1::SumAt(nullptr, in + o * nrows * stride, stride, nrows, n, B, i));
+    jcoccl_store(d, out, t, sign1::SumAt(nullptr, in + o * nrows * stride, stride, nrows, n, B, i));
   }
 }
 

@@ -49,6 +49,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The layout and meaning of jcoccl_codec_plugin; bumped on any incompatible change. */
 #define JCOCCL_PLUGIN_ABI_VERSION 1
@@ -176,5 +177,123 @@ typedef const jcoccl_codec_plugin* (*jcoccl_codec_plugin_entry_fn)(void);
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+/* ---- helpers: element conversions every plugin needs ----------------------------------------
+ * Bit for bit jnp's astype on XLA:CPU: float16/bfloat16 -> float32 exactly (subnormal halves
+ * become normal floats); float32 -> float16/bfloat16 rounded to nearest even, overflow to
+ * +-Inf, subnormal results kept. NaNs keep their sign and come out quiet: float16 <-> float32
+ * keep the payload's top bits, float32 -> bfloat16 gives 0x7fc0, bfloat16 -> float32 keeps
+ * every bit. Integer arithmetic only, so flush-to-zero modes do not touch them. Callable
+ * from C, C++ and CUDA device code. tests/test_plugin.py checks every float16 and bfloat16
+ * value, the float32 ties around each and NaN payloads against jnp. */
+
+#if defined(__CUDACC__)
+#define JCOCCL_PLUGIN_INLINE static __host__ __device__ inline
+#else
+#define JCOCCL_PLUGIN_INLINE static inline
+#endif
+
+/* The bits of a float32, and the float32 of given bits. */
+JCOCCL_PLUGIN_INLINE uint32_t jcoccl_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+JCOCCL_PLUGIN_INLINE float jcoccl_f32_from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* The canonical NaN 0x7fc00000 (what sums of two or more rows write for any NaN). */
+JCOCCL_PLUGIN_INLINE float jcoccl_canonical_nan(void) { return jcoccl_f32_from_bits(0x7fc00000u); }
+/* NaN / finite tests on the bits: right under -ffast-math and flush-to-zero too. */
+JCOCCL_PLUGIN_INLINE int jcoccl_is_nan(float f) {
+  return (jcoccl_f32_bits(f) & 0x7fffffffu) > 0x7f800000u;
+}
+JCOCCL_PLUGIN_INLINE int jcoccl_is_finite(float f) {
+  return (jcoccl_f32_bits(f) & 0x7fffffffu) < 0x7f800000u;
+}
+
+/* float16 bits -> float32, exactly. */
+JCOCCL_PLUGIN_INLINE float jcoccl_f16_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1fu) /* Inf, or NaN made quiet */
+    return jcoccl_f32_from_bits(sign | 0x7f800000u | (m != 0 ? 0x400000u : 0u) | (m << 13));
+  if (e == 0) {
+    if (m == 0) return jcoccl_f32_from_bits(sign);
+    e = 113; /* normalise: the value is m * 2^-24 */
+    while ((m & 0x400u) == 0) {
+      m <<= 1;
+      --e;
+    }
+    return jcoccl_f32_from_bits(sign | (e << 23) | ((m & 0x3ffu) << 13));
+  }
+  return jcoccl_f32_from_bits(sign | ((e + 112) << 23) | (m << 13));
+}
+
+/* float32 -> float16 bits, round to nearest even; NaN -> quiet NaN, payload's top bits. */
+JCOCCL_PLUGIN_INLINE uint16_t jcoccl_f32_to_f16(float f) {
+  const uint32_t x = jcoccl_f32_bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to Inf */
+  if (ax < 0x38800000u) {                                   /* under 2^-14: subnormal or 0 */
+    uint32_t e, m, shift, half, q, rem;
+    if (ax <= 0x33000000u) return (uint16_t)sign; /* <= 2^-25 rounds to 0 */
+    e = ax >> 23;
+    m = (ax & 0x7fffffu) | 0x800000u;
+    shift = 126 - e;
+    half = 1u << (shift - 1);
+    q = m >> shift;
+    rem = m & ((1u << shift) - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return (uint16_t)(sign | q);
+  }
+  {
+    const uint32_t v = ax - 0x38000000u;
+    return (uint16_t)(sign | ((v + 0xfffu + ((v >> 13) & 1u)) >> 13));
+  }
+}
+
+/* bfloat16 bits -> float32, exactly. */
+JCOCCL_PLUGIN_INLINE float jcoccl_bf16_to_f32(uint16_t h) {
+  return jcoccl_f32_from_bits((uint32_t)h << 16);
+}
+
+/* float32 -> bfloat16 bits, round to nearest even; NaN -> 0x7fc0 with the sign. */
+JCOCCL_PLUGIN_INLINE uint16_t jcoccl_f32_to_bf16(float f) {
+  const uint32_t x = jcoccl_f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((x >> 16) & 0x8000u) | 0x7fc0u);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* Bytes of one element of a JCOCCL_DTYPE_*. */
+JCOCCL_PLUGIN_INLINE int64_t jcoccl_dtype_bytes(int32_t dtype) {
+  return dtype == JCOCCL_DTYPE_F32 ? 4 : 2;
+}
+
+/* Element i of a row of `dtype`, as float32 (exact). */
+JCOCCL_PLUGIN_INLINE float jcoccl_load(int32_t dtype, const void* row, int64_t i) {
+  if (dtype == JCOCCL_DTYPE_F32) return ((const float*)row)[i];
+  if (dtype == JCOCCL_DTYPE_BF16) return jcoccl_bf16_to_f32(((const uint16_t*)row)[i]);
+  return jcoccl_f16_to_f32(((const uint16_t*)row)[i]);
+}
+
+/* Stores v, rounded to `dtype`, as element i of a row. */
+JCOCCL_PLUGIN_INLINE void jcoccl_store(int32_t dtype, void* row, int64_t i, float v) {
+  if (dtype == JCOCCL_DTYPE_F32) {
+    ((float*)row)[i] = v;
+  } else {
+    ((uint16_t*)row)[i] = dtype == JCOCCL_DTYPE_BF16 ? jcoccl_f32_to_bf16(v) : jcoccl_f32_to_f16(v);
+  }
+}
+
+/* v rounded to `dtype` and back (decode_sum_encode encodes the dtype-rounded sum). */
+JCOCCL_PLUGIN_INLINE float jcoccl_round_to(int32_t dtype, float v) {
+  if (dtype == JCOCCL_DTYPE_F32) return v;
+  if (dtype == JCOCCL_DTYPE_BF16) return jcoccl_bf16_to_f32(jcoccl_f32_to_bf16(v));
+  return jcoccl_f16_to_f32(jcoccl_f32_to_f16(v));
+}
 
 #endif /* JCOCCL_CODEC_PLUGIN_H_ */
