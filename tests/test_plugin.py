@@ -9,9 +9,12 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import functools
+import json
+import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -40,25 +43,41 @@ pytestmark = [
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
-def _cmake_build(build: Path, *options: str) -> Path:
-  """Configures and builds the example plugin as its README says (cached in ``build``; one
-  test worker at a time); returns the library's path."""
+def _cmake_build(build: Path, *options: str, source: Path = EXAMPLE, cmake: str = "cmake") -> Path:
+  """Configures and builds a plugin as the example's README says, with no build type
+  (cached in ``build``; one test worker at a time); returns the library's path."""
   build.mkdir(parents=True, exist_ok=True)
   with open(build.parent / f"{build.name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     for cmd in (
-      ["cmake", "-S", str(EXAMPLE), "-B", str(build), f"-Djcoccl_DIR={jcoccl.get_cmake_dir()}",
-       "-DCMAKE_BUILD_TYPE=Release", *options],
-      ["cmake", "--build", str(build)],
+      [cmake, "-S", str(source), "-B", str(build), f"-Djcoccl_DIR={jcoccl.get_cmake_dir()}",
+       "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", *options],
+      [cmake, "--build", str(build)],
     ):  # fmt: skip
       r = subprocess.run(cmd, capture_output=True, text=True)
       assert r.returncode == 0, " ".join(cmd) + "\n" + r.stdout[-3000:] + r.stderr[-3000:]
   return build / "libjcoccl_sign.so"
 
 
+def _assert_optimized(build: Path) -> None:
+  """Every compile command of the build optimizes (-O2/-O3), never -O0, without FP
+  contraction, although no CMAKE_BUILD_TYPE was given."""
+  cache = (build / "CMakeCache.txt").read_text()
+  assert re.search(r"^CMAKE_BUILD_TYPE:\w+=$", cache, re.M), "a build type was set"
+  commands = json.loads((build / "compile_commands.json").read_text())
+  assert commands
+  for c in commands:
+    flags = c["command"].split()
+    assert {"-O3", "-O2"} & set(flags) and "-O0" not in flags, c["command"]
+    assert "-ffp-contract=off" in flags, c["command"]
+
+
 @functools.cache
 def _sign_library() -> str:
-  return str(_cmake_build(BUILD / "sign_cpu", "-DSIGN_CUDA=OFF"))
+  build = BUILD / "sign_default_type"
+  lib = _cmake_build(build, "-DSIGN_CUDA=OFF")
+  _assert_optimized(build)
+  return str(lib)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +131,105 @@ def test_plugin_header_is_plain_c():
     input=src, capture_output=True, text=True,
   )  # fmt: skip
   assert r.returncode == 0, r.stderr
+
+
+def _cmakes() -> list[str]:
+  """The CMake of the Python environment (pip's, 4.x) and the system's (3.2x), where present."""
+  found = [str(Path(sys.executable).parent / "cmake"), shutil.which("cmake", path="/usr/bin")]
+  return list(dict.fromkeys(c for c in found if c and Path(c).is_file()))
+
+
+def test_plugin_doc_cmakelists_builds_as_written():
+  """docs/custom_compressors.md's CMakeLists, copied as it stands next to the example's CPU
+  sources, configures and builds with every CMake here (4.x wants cmake_minimum_required
+  and project()), optimized with no build type given; the library loads."""
+  text = (ROOT / "docs" / "custom_compressors.md").read_text()
+  blocks = [b.split("\n", 1)[1] for b in text.split("```")[1::2] if b.startswith("cmake\n")]
+  assert len(blocks) == 1
+  src = BUILD / "doc_cmakelists"
+  src.mkdir(parents=True, exist_ok=True)
+  (src / "CMakeLists.txt").write_text(blocks[0])
+  for f in ("sign_cpu.cc", "sign.h"):
+    shutil.copy(EXAMPLE / f, src / f)
+  assert _cmakes()
+  for i, cmake in enumerate(_cmakes()):
+    build = BUILD / f"doc_build_{i}"
+    shutil.rmtree(build, ignore_errors=True)  # a fresh configure: no cached build type
+    lib = _cmake_build(build, source=src, cmake=cmake)
+    _assert_optimized(build)
+    info = _ffi.require_module("cpu").plugin_load(str(lib), 62, False)
+    assert info["status"] == "ok" and info["name"] == "sign1", (cmake, info)
+
+
+_HELPERS_C = r"""
+#include <jcoccl/codec_plugin.h>
+void to_f32(const uint16_t* in, float* out, int64_t n, int bf16) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? jcoccl_bf16_to_f32(in[i]) : jcoccl_f16_to_f32(in[i]);
+}
+void from_f32(const float* in, uint16_t* out, int64_t n, int bf16) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16 ? jcoccl_f32_to_bf16(in[i]) : jcoccl_f32_to_f16(in[i]);
+}
+void round_to(const float* in, float* out, int64_t n, int32_t dtype) {
+  for (int64_t i = 0; i < n; ++i) out[i] = jcoccl_round_to(dtype, in[i]);
+}
+"""
+
+
+def _f32_cases() -> np.ndarray:
+  """float32 values for the narrowing conversions: every float16 and bfloat16 value, the
+  midpoints between neighbours (ties) and one ulp either side, NaNs with payloads, +-Inf,
+  float32 subnormals, values around the float16 overflow and underflow thresholds, and
+  random bit patterns."""
+  wide = [np.arange(65536, dtype=np.uint16).view(t).astype(np.float32)
+          for t in (np.float16, jnp.bfloat16)]  # fmt: skip
+  out = []
+  for w in wide:
+    w = np.unique(w[np.isfinite(w)])
+    mid = (w[:-1].astype(np.float64) + w[1:]) / 2
+    m32 = mid.astype(np.float32)
+    out += [w, m32, np.nextafter(m32, np.float32(np.inf)), np.nextafter(m32, np.float32(-np.inf))]
+  bits = np.array([0x7f800001, 0x7fc00000, 0xffc00001, 0x7fbfffff, 0xff800000, 0x7f800000,
+                   0x00000001, 0x807fffff, 0x00400000, 0x477ff000, 0x477fefff, 0x33000000,
+                   0x33000001, 0xb3000001, 0x38800000, 0x387fffff], np.uint32)  # fmt: skip
+  rand = np.random.default_rng(5).integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+  return np.concatenate([*out, bits.view(np.float32), rand.view(np.float32)])
+
+
+def test_plugin_header_conversions_match_jnp_bitwise(tmp_path):
+  """The header's float16/bfloat16 <-> float32 helpers give jnp's bits on XLA:CPU, NaN
+  payloads, Inf and subnormals included, and ml_dtypes'/numpy's away from NaN (numpy keeps
+  a float16 signaling NaN signaling; XLA quiets it)."""
+  src = tmp_path / "helpers.c"
+  src.write_text(_HELPERS_C)
+  so = tmp_path / "libhelpers.so"
+  cc = shutil.which("gcc") or "cc"
+  subprocess.run([cc, "-std=c99", "-O2", "-shared", "-fPIC", f"-I{jcoccl.get_include()}",
+                  str(src), "-o", str(so)], check=True, capture_output=True)  # fmt: skip
+  lib = ctypes.CDLL(str(so))
+  ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
+  every = np.arange(65536, dtype=np.uint16)
+  x = _f32_cases()
+  xla = jax.jit(lambda v, t: v.astype(t), static_argnums=1)
+  u32 = lambda a: np.asarray(a).view(np.uint32)
+  for bf16, dtype, code in ((0, jnp.float16, 2), (1, jnp.bfloat16, 1)):
+    name = jnp.dtype(dtype).name
+    h = every.view(dtype)
+    wide = np.zeros(65536, np.float32)
+    lib.to_f32(ptr(every), ptr(wide), ctypes.c_int64(65536), bf16)
+    np.testing.assert_array_equal(u32(wide), u32(xla(jnp.asarray(h), jnp.float32)), name)
+    ok = ~np.isnan(h)
+    np.testing.assert_array_equal(u32(wide)[ok], u32(h.astype(np.float32))[ok], name)
+    narrow = np.zeros(x.size, np.uint16)
+    lib.from_f32(ptr(x), ptr(narrow), ctypes.c_int64(x.size), bf16)
+    want = np.asarray(xla(jnp.asarray(x), dtype)).view(np.uint16)
+    np.testing.assert_array_equal(narrow, want, err_msg=f"float32 -> {name}")
+    ok = ~np.isnan(x)
+    with np.errstate(over="ignore"):  # numpy warns where it rounds to Inf, as it should
+      np.testing.assert_array_equal(narrow[ok], x[ok].astype(dtype).view(np.uint16), name)
+    back = np.zeros(x.size, np.float32)
+    lib.round_to(ptr(x), ptr(back), ctypes.c_int64(x.size), ctypes.c_int32(code))
+    want = xla(xla(jnp.asarray(x), dtype), jnp.float32)
+    np.testing.assert_array_equal(u32(back), u32(want), f"float32 -> {name} -> float32")
 
 
 # ---- row operations: native == jnp, bit for bit ----------------------------------------------
@@ -262,7 +380,7 @@ static int Fail(void) { return 1; }
 static int Ok(const double* p) { (void)p; return 0; }
 static int Gran(const double* p, int64_t* g) { *g = (int64_t)p[0]; return 0; }
 static int Bytes(const double* p, int64_t n, int32_t d, int64_t* b) {
-  (void)d; *b = n / 8 + 4 * (n / (int64_t)p[0]); return 0; }
+  (void)d; *b = n / 8 + 4 * (n / (int64_t)p[0]) + EXTRA; return 0; }
 static int Enc(const double* p, int32_t d, const void* x, int64_t r, int64_t n, uint8_t* o) {
   (void)p; (void)d; (void)x; (void)r; (void)n; (void)o; return Fail(); }
 static int Dec(const double* p, int32_t d, const uint8_t* i, int64_t r, int64_t n, void* o) {
@@ -286,6 +404,7 @@ def _bad_plugin(tmp_path: Path, tag: str, **defines: str) -> Path:
     "PARAM": '"block"',
     "ENTRY": "jcoccl_codec_plugin_v1",
     "VALIDATE": "Ok",
+    "EXTRA": "0",
     **defines,
   }
   src = tmp_path / f"{tag}.c"
@@ -359,15 +478,65 @@ def test_plugin_codec_under_hadamard_stays_jnp(sign_plugin):
   )
 
 
-def test_plugin_kernel_error_becomes_a_python_exception(tmp_path):
-  jc.load_plugin(_bad_plugin(tmp_path, "failing"))
+def test_plugin_kernel_error_names_the_plugin_and_the_sizes(tmp_path):
+  lib = _bad_plugin(tmp_path, "failing")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", jc.PluginReplacedWarning)  # another test's library
+    jc.load_plugin(lib)
   c = FailingSign(block=32)
   x = jnp.ones((2, 64), jnp.float32)
-  with pytest.raises(Exception, match="sign1_failing' encode: boom: the kernel refused"):
+  head = re.escape(
+    f"jcoccl plugin 'sign1_failing' ({lib}), rows of n=64 float32 (its payload_bytes: 16 bytes per row): "
+  )
+  with pytest.raises(
+    Exception, match=head + r"encode of 2 row\(s\) failed: boom: the kernel refused"
+  ):
     jax.block_until_ready(c.encode_rows(x, impl="native"))
   buf = c.encode_rows(x, impl="jnp")
-  with pytest.raises(Exception, match="decode_sum: boom"):
+  with pytest.raises(Exception, match=head + r"decode_sum of 2 row\(s\) failed: boom"):
     jax.block_until_ready(c.decode_sum(buf, 64, jnp.float32, impl="native"))
+
+
+def test_plugin_payload_size_is_checked_at_load(tmp_path):
+  """A library whose payload_bytes disagrees with the jnp specification's row_nbytes (here
+  for float16 rows only) is refused at load, naming the plugin, codec, n, dtype and sizes."""
+  lib = _bad_plugin(tmp_path, "f16size", EXTRA="(d == 2 ? 4 : 0)")
+  msg = (
+    f"plugin '{lib}' for codec 'sign1_failing' (sign1_failing): payload_bytes gives 40 "
+    "bytes for a row of n=256 float16, but the jnp specification's row_nbytes gives 36"
+  )
+  with pytest.raises(ValueError, match=re.escape(msg)):
+    jc.load_plugin(lib)
+  # Each other configuration is checked at its first use.
+  lib64 = _bad_plugin(tmp_path, "block64", EXTRA="(p[0] == 64 ? 1 : 0)")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", jc.PluginReplacedWarning)
+    jc.load_plugin(lib64)  # the default block (256) agrees
+  with pytest.raises(
+    ValueError,
+    match=re.escape(
+      "(sign1_failing:block=64): payload_bytes gives 13 bytes for a row of n=64 float32"
+    )
+    + ".*row_nbytes gives 12",
+  ):
+    jax.jit(lambda x: FailingSign(block=64).encode_rows(x, impl="native"))(jnp.ones((1, 64)))
+
+
+def test_plugin_replacing_a_loaded_plugin_warns(tmp_path):
+  first, second = _bad_plugin(tmp_path, "first"), _bad_plugin(tmp_path, "second")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", jc.PluginReplacedWarning)
+    jc.load_plugin(first)
+  with pytest.warns(
+    jc.PluginReplacedWarning,
+    match=re.escape(
+      f"{str(second)!r} replaces {str(first)!r} as the kernels of codec 'sign1_failing'"
+    ),
+  ):
+    jc.load_plugin(second)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", jc.PluginReplacedWarning)
+    assert jc.load_plugin(second).path == str(second)  # the same file again: no warning
 
 
 # ---- CUDA kernels: nvcc, and the host shim == the CPU kernels -----------------------------------

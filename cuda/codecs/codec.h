@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "jcoccl/codec_plugin.h"
 
@@ -133,6 +134,30 @@ inline const jcoccl_codec_plugin* PluginOf(const CodecSpec& s) {
 inline const char* PluginError(const jcoccl_codec_plugin* p) {
   const char* m = p != nullptr && p->last_error != nullptr ? p->last_error() : nullptr;
   return m != nullptr && m[0] != '\0' ? m : "plugin kernel failed (it gave no message)";
+}
+
+// The library path of each loaded plugin (written before its table entry is published).
+inline std::string* PluginPaths() {
+  static std::string paths[kMaxPlugins];
+  return paths;
+}
+
+inline const char* DTypeName(DType d) {
+  return d == DType::kF32 ? "float32" : d == DType::kBF16 ? "bfloat16" : "float16";
+}
+
+// For a plugin spec, the start of an error message that names the plugin, its library and
+// the sizes (n, dtype, the plugin's payload bytes per row); "" for a built-in codec.
+inline std::string PluginContext(const CodecSpec& s, DType d, int64_t n) {
+  if (s.kind != Kind::kPlugin) return {};
+  const jcoccl_codec_plugin* p = PluginOf(s);
+  if (p == nullptr) return "jcoccl plugin id " + std::to_string(s.plugin) + " (not loaded): ";
+  int64_t bytes = -1;
+  const bool ok = p->payload_bytes(s.params, n, static_cast<int32_t>(d), &bytes) == 0;
+  return "jcoccl plugin '" + std::string(p->name) + "' (" + PluginPaths()[s.plugin] +
+         "), rows of n=" + std::to_string(n) + " " + DTypeName(d) +
+         " (its payload_bytes: " + (ok ? std::to_string(bytes) + " bytes per row" : "refused") +
+         "): ";
 }
 
 // Validity of a kPlugin spec: loaded, parameters accepted, a granule >= 1.

@@ -124,7 +124,9 @@ inline xla::ffi::Error SumShapeOf(const CodecSpec& s, DType d, const xla::ffi::A
   sh->p = PayloadBytes(s, n, d);
   if (buf.element_type() != xla::ffi::DataType::U8 || dims.size() < 2 || dims.back() != sh->p ||
       dims[dims.size() - 2] < 1) {
-    return BadArg("payload must be uint8[..., nrows >= 1, " + std::to_string(sh->p) + "]");
+    return BadArg(PluginContext(s, d, n) + "payload must be uint8[..., nrows >= 1, " +
+                  std::to_string(sh->p) + "], got a last dimension of " +
+                  std::to_string(dims.size() == 0 ? 0 : dims.back()));
   }
   sh->nrows = dims[dims.size() - 2];
   sh->batch = static_cast<int64_t>(buf.element_count()) / (sh->nrows * sh->p);
@@ -147,7 +149,9 @@ inline xla::ffi::Error SumEncodeArgs(const xla::ffi::Dictionary& attrs, const Co
   if (auto e = SumShapeOf(s, *d, buf, *n, sh); e.failure()) return e;
   if (out.element_type() != xla::ffi::DataType::U8 ||
       static_cast<int64_t>(out.element_count()) != sh->batch * sh->p) {
-    return BadArg("output must be uint8[..., " + std::to_string(sh->p) + "]");
+    return BadArg(PluginContext(s, *d, *n) + "output must be uint8[..., " + std::to_string(sh->p) +
+                  "], got " + std::to_string(out.element_count()) + " bytes for " +
+                  std::to_string(sh->batch) + " payloads");
   }
   return xla::ffi::Error::Success();
 }

@@ -133,7 +133,9 @@ ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
   const int64_t p = jc::PayloadBytes(*spec, n, d);
   if (out->element_type() != ffi::DataType::U8 ||
       static_cast<int64_t>(out->element_count()) != rows * p) {
-    return BadArg("output must be uint8[rows, " + std::to_string(p) + "]");
+    return BadArg(jc::PluginContext(*spec, d, n) + "output must be uint8[rows, " +
+                  std::to_string(p) + "], got " + std::to_string(out->element_count()) +
+                  " bytes for " + std::to_string(rows) + " rows");
   }
   const auto* xp = static_cast<const uint8_t*>(x.untyped_data());
   AdviseHugePages(out);
@@ -160,7 +162,8 @@ ffi::Error DecodeRowsImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
   const int64_t p = jc::PayloadBytes(*spec, n, d);
   if (buf.element_type() != ffi::DataType::U8 || LastDim(buf) != p ||
       static_cast<int64_t>(buf.element_count()) != rows * p) {
-    return BadArg("payload must be uint8[rows, " + std::to_string(p) + "]");
+    return BadArg(jc::PluginContext(*spec, d, n) + "payload must be uint8[rows, " +
+                  std::to_string(p) + "], got uint8[..., " + std::to_string(LastDim(buf)) + "]");
   }
   const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
   AdviseHugePages(out);

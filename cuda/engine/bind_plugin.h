@@ -5,8 +5,10 @@
 #include <dlfcn.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <string>
+#include <vector>
 
 #include "codecs/codec.h"
 
@@ -88,12 +90,40 @@ inline void BindPlugins(nb::module_& m) {
                                       std::to_string(codecs::kMaxPlugins) + ")");
         const jcoccl_codec_plugin* p = nullptr;
         nb::dict d = DescribePlugin(path, &p);
-        if (install && p != nullptr) codecs::PluginTable()[id].store(p, std::memory_order_release);
+        if (install && p != nullptr) {
+          codecs::PluginPaths()[id] = path;
+          codecs::PluginTable()[id].store(p, std::memory_order_release);
+        }
         return d;
       },
       nb::arg("path"), nb::arg("id"), nb::arg("install"),
       "Opens a codec plugin library and describes it (dict with 'status'); with install=True "
       "and status 'ok', its kernels serve plugin id `id` in this module.");
+  m.def(
+      "plugin_shape",
+      [](const std::string& path, const std::vector<double>& params, int64_t n, int dtype) {
+        const jcoccl_codec_plugin* p = nullptr;
+        nb::dict d = DescribePlugin(path, &p);
+        if (p == nullptr) return d;
+        double args[JCOCCL_PLUGIN_MAX_PARAMS] = {};
+        for (size_t i = 0; i < params.size() && i < JCOCCL_PLUGIN_MAX_PARAMS; ++i)
+          args[i] = params[i];
+        int64_t granule = 0, bytes = 0;
+        nb::dict out;
+        const char* step = p->validate(args) != 0                          ? "validate"
+                           : p->granule(args, &granule) != 0               ? "granule"
+                           : p->payload_bytes(args, n, dtype, &bytes) != 0 ? "payload_bytes"
+                                                                           : nullptr;
+        out["status"] = step == nullptr ? "ok" : "refused";
+        out["detail"] =
+            step == nullptr ? std::string() : std::string(step) + ": " + codecs::PluginError(p);
+        out["granule"] = granule;
+        out["bytes"] = bytes;
+        return out;
+      },
+      nb::arg("path"), nb::arg("params"), nb::arg("n"), nb::arg("dtype"),
+      "Calls a plugin library's validate, granule and payload_bytes for one row shape: dict "
+      "with 'status' ('ok', 'refused', or DescribePlugin's), 'detail', 'granule', 'bytes'.");
   m.def(
       "plugin_max", []() { return codecs::kMaxPlugins; },
       "How many plugin libraries a native module can hold.");

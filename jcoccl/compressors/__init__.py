@@ -20,6 +20,7 @@ from jcoccl._src.compressors import IntCompressor as IntCompressor
 from jcoccl._src.compressors import NoneCompressor as NoneCompressor
 from jcoccl._src.compressors import Payload as Payload
 from jcoccl._src.compressors import Plugin as Plugin
+from jcoccl._src.compressors import PluginReplacedWarning as PluginReplacedWarning
 from jcoccl._src.compressors import SpikeCompressor as SpikeCompressor
 from jcoccl._src.compressors import cast as cast
 from jcoccl._src.compressors import check as check

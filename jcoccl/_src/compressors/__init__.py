@@ -63,6 +63,7 @@ from jcoccl._src.compressors.identity import CastCompressor as CastCompressor
 from jcoccl._src.compressors.identity import NoneCompressor as NoneCompressor
 from jcoccl._src.compressors.intq import IntCompressor as IntCompressor
 from jcoccl._src.compressors.plugins import Plugin as Plugin
+from jcoccl._src.compressors.plugins import PluginReplacedWarning as PluginReplacedWarning
 from jcoccl._src.compressors.plugins import load_plugin as load_plugin
 from jcoccl._src.compressors.registry import register as register
 from jcoccl._src.compressors.registry import registered as registered

@@ -19,19 +19,33 @@ import dataclasses
 import os
 import re
 import threading
+import warnings
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from jcoccl._src import _ffi
 from jcoccl._src.compressors import registry
 
 ENTRY_SYMBOL = "jcoccl_codec_plugin_v1"  # JCOCCL_PLUGIN_ENTRY_SYMBOL
+# Rows the payload sizes are compared at: these many granules (3: not a power of two).
+CHECK_GRANULES = (1, 2, 3, 8)
+DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}  # JCOCCL_DTYPE_*
 ABI_VERSION = 1  # JCOCCL_PLUGIN_ABI_VERSION
 _BUILD_HINT = (
   "rebuild the plugin against this installation: cmake -S <plugin dir> -B <build dir> "
   "-Djcoccl_DIR=\"$(python -c 'import jcoccl; print(jcoccl.get_cmake_dir())')\""
 )
+
+
+class PluginReplacedWarning(UserWarning):
+  """:func:`load_plugin` loaded a library for a codec that another loaded library served:
+  the codec now runs the new library's kernels.
+
+  Example:
+    >>> warnings.simplefilter("error", PluginReplacedWarning)  # doctest: +SKIP
+  """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,17 +68,34 @@ class Plugin:
   has_cuda: bool
   jcoccl_version: str
 
+  def params(self, c: Any) -> tuple[float, ...]:
+    """The kernel parameters of compressor ``c``: its fields ``param_names`` as doubles."""
+    return tuple(float(getattr(c, n)) for n in self.param_names)
+
   def fields(self, c: Any) -> dict[str, Any]:
-    """The kernel fields of compressor ``c`` (the family's ``native`` hook)."""
-    return {
-      "kind": "plugin",
-      "plugin": self.id,
-      "params": tuple(float(getattr(c, n)) for n in self.param_names),
-    }
+    """The kernel fields of compressor ``c`` (the family's ``native`` hook); the first use
+    of each configuration checks its payload sizes (:meth:`check_sizes`)."""
+    if (self.id, c) not in _CHECKED:
+      self.check_sizes(c)
+      _CHECKED.add((self.id, c))
+    return {"kind": "plugin", "plugin": self.id, "params": self.params(c)}
+
+  def check_sizes(self, c: Any) -> None:
+    """Compares the library's granule and payload bytes with the jnp specification's, for
+    compressor ``c`` at several row lengths and every dtype.
+
+    Raises:
+      ValueError: naming the plugin, the codec, n, the dtype and both sizes.
+
+    Example:
+      >>> plugin.check_sizes(SignCompressor(block=64))  # doctest: +SKIP
+    """
+    _check_sizes(self.path, self.name, self.params(c), c)
 
 
 _LOADED: dict[str, Plugin] = {}  # resolved path -> plugin
 _LOCK = threading.Lock()
+_CHECKED: set = set()  # (plugin id, compressor) pairs whose payload sizes matched
 
 
 def loaded() -> tuple[Plugin, ...]:
@@ -148,6 +179,42 @@ def _check_params(info: dict[str, Any], fam: registry.Family, path: str) -> tupl
   return names
 
 
+def _check_sizes(path: str, name: str, params: tuple[float, ...], c: Any) -> None:
+  """See :meth:`Plugin.check_sizes`; ``path`` need not be installed yet."""
+  cpu = _ffi.require_module("cpu")
+  what = f"load_plugin: plugin {path!r} for codec {name!r} ({c})"
+  g = int(c.granule)
+  for k in CHECK_GRANULES:
+    n = k * g
+    for dtype, code in DTYPE_CODES.items():
+      got = dict(cpu.plugin_shape(path, list(params), n, code))
+      if got["status"] != "ok":
+        raise ValueError(
+          f"{what} refuses a row of n={n} {dtype} that the jnp specification accepts "
+          f"({got['status']}: {got['detail']}); make validate, granule and payload_bytes "
+          "accept every configuration the class accepts"
+        )
+      if int(got["granule"]) != g:
+        raise ValueError(
+          f"{what}: granule is {got['granule']}, but the jnp specification's granule is {g}; "
+          "make the two agree"
+        )
+      want = int(c.row_nbytes(n, jnp.dtype(dtype)))
+      if int(got["bytes"]) != want:
+        raise ValueError(
+          f"{what}: payload_bytes gives {got['bytes']} bytes for a row of n={n} {dtype}, but "
+          f"the jnp specification's row_nbytes gives {want}; make the two agree"
+        )
+
+
+def _default_instance(fam: registry.Family) -> Any:
+  """The family's compressor with every field at its default, or None if a field has none."""
+  try:
+    return fam.cls()
+  except TypeError:  # a required field: checked at the first use of each compressor instead
+    return None
+
+
 def _cuda_module() -> Any:
   """jcoccl._cuda if importable, else None."""
   return _ffi.native_module("cuda")
@@ -168,6 +235,11 @@ def load_plugin(path: str | os.PathLike, spec: Any = None) -> Plugin:
   plugin's kernels with ``impl="auto"``/``"native"``, ``backend="xla"`` and
   ``backend="fused"``. Loading the same file again returns the same :class:`Plugin`.
 
+  At load, the library's granule and payload bytes are compared with the jnp
+  specification's (the class with its default fields, at several row lengths, every
+  dtype), and again at the first use of each other configuration. A library for a codec
+  that another loaded library serves replaces it, with a :class:`PluginReplacedWarning`.
+
   Args:
     path: the plugin shared library (built with ``find_package(jcoccl CONFIG)``; see
       ``examples/custom_codecs/sign``).
@@ -182,8 +254,9 @@ def load_plugin(path: str | os.PathLike, spec: Any = None) -> Plugin:
     OSError: the file cannot be opened as a shared library.
     ImportError: no entry symbol, another ABI version, or built for another jcoccl.
     ValueError: the codec name is not registered and no ``spec`` was given; the plugin's
-      param names are not fields of the class; no CUDA kernels while the default backend
-      is a GPU.
+      param names are not fields of the class; its granule or payload bytes differ from
+      the specification's (the message names the plugin, codec, n, dtype and both sizes);
+      no CUDA kernels while the default backend is a GPU.
 
   Example:
     >>> plugin = load_plugin("build/sign/libjcoccl_sign.so", spec=Sign1)  # doctest: +SKIP
@@ -225,6 +298,10 @@ def _load(shown: str, real: str, spec: Any) -> Plugin:
       "backend is a GPU; build the plugin with its CUDA kernels (jcoccl_add_codec_plugin "
       "with CUDA_SOURCES, where CMake finds nvcc), or run on CPU"
     )
+  default = _default_instance(fam)
+  if default is not None:
+    _check_sizes(shown, name, tuple(float(getattr(default, p)) for p in params), default)
+  replaced = [p for p in _LOADED.values() if p.name == name]
   cpu.plugin_load(real, plugin_id, True)
   if cuda is not None and info["has_cuda"]:
     cuda.plugin_load(real, plugin_id, True)
@@ -236,6 +313,14 @@ def _load(shown: str, real: str, spec: Any) -> Plugin:
     has_cuda=bool(info["has_cuda"]),
     jcoccl_version=str(info["jcoccl_version"]),
   )
+  if replaced:
+    warnings.warn(
+      f"load_plugin: {shown!r} replaces {replaced[-1].path!r} as the kernels of codec "
+      f"{name!r}; its compressors now run the new library's (programs traced before trace "
+      "again)",
+      PluginReplacedWarning,
+      stacklevel=3,
+    )
   registry.set_native(name, plugin.fields)
   _LOADED[real] = plugin
   return plugin
