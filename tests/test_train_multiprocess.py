@@ -165,10 +165,10 @@ def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path, monkeypa
   monkeypatch.setenv("JCOCCL_TEST_CALIBRATION", "exact")
   r = _launch(WORKER, "99", "0", *ARGS, "--out", str(out), "--resume")
   assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-  assert re.findall(r"^\[(\d)\] resumed with its calibration", r.stdout, re.M) == ["0"]
   ref = _checkpoint(single, STEPS)
   _assert_same_state(_checkpoint(out, STEPS, like=ref), ref)
   assert _losses(out) == want
+  assert re.findall(r"^\[(\d)\] resumed with its calibration", r.stdout, re.M) == ["0"]
   saved = json.loads((out / "calibration.json").read_text())
   assert saved["cost_model"]["source"] == "test: compress wins"
   assert saved["reused_from_step"] == 2
