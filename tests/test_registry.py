@@ -48,3 +48,25 @@ def test_run_config_holds_every_checked_flag(tmp_path):
 def _cfg(**kw):
   """An object with the attributes build_model reads."""
   return type("Cfg", (), kw)
+
+
+def test_codec_flag_takes_a_python_file(tmp_path):
+  """models.train --codec path/to/file.py registers the file's codec before --compress is
+  checked (the rule of jcoccl.compressors.import_codecs)."""
+  from jcoccl import compressors as jc
+
+  (tmp_path / "trunc_cli.py").write_text(
+    "import jcoccl.compressors as jc\n"
+    "from jcoccl._src.compressors.identity import CastCompressor\n"
+    "@jc.register('trunc_cli', keys={})\n"
+    "class TruncCli(CastCompressor):\n"
+    "  pass\n"
+  )
+  try:
+    args = cli.parse_args(
+      ["--size", "tiny", "--codec", str(tmp_path / "trunc_cli.py"),
+       "--compress", "data.all_reduce=trunc_cli", "--out", str(tmp_path / "run")]
+    )  # fmt: skip
+    assert args.codec == [str(tmp_path / "trunc_cli.py")]
+  finally:
+    jc.unregister("trunc_cli")
