@@ -58,10 +58,29 @@ from jcoccl._src.compressors.eager import one_program
 
 def _left_fold(rows: jax.Array) -> jax.Array:
   """``rows[0] + rows[1] + ...`` in row order (the order every native kernel uses)."""
+  rows = _whole_rows(rows)
   acc = rows[0]
   for i in range(1, rows.shape[0]):
     acc = acc + rows[i]
   return acc
+
+
+def _whole_rows(rows: jax.Array) -> jax.Array:
+  """``rows`` with its row axis whole on every device. An explicit mesh axis can split it
+  (the none codec's payload is a bitcast, which keeps its operand's sharding: an int32
+  [2, n] split over a mesh axis of 2 devices, for one), and JAX takes no single row out of
+  a split axis ("slicing on sharded dims ... is not implemented"): the fold's sum runs
+  across those devices, so they first gather the rows.
+
+  Example:
+    >>> _whole_rows(jnp.ones((2, 4))).shape  # no mesh: unchanged
+    (2, 4)
+  """
+  sharding = jax.typeof(rows).sharding
+  spec = getattr(sharding, "spec", None)
+  if not spec or spec[0] is None:
+    return rows
+  return jax.reshard(rows, jax.NamedSharding(sharding.mesh, jax.P(None, *spec[1:])))
 
 
 def _payload_flatten(p: Payload):
