@@ -113,6 +113,9 @@ def test_calibrate_picks_exact_for_the_in_process_axis():
   # Without the opt-in the named codec runs, and the report says so.
   plain = jcoccl.cost_model_choices(models, m, sizes=(16 << 20,), exact=False)
   assert plain["x"]["16MiB"] != "exact"
+  timed = jcoccl.cost_model_choices(models, m, sizes=(16 << 20,), exact=False, times=True)
+  assert timed["x"]["16MiB"].startswith(plain["x"]["16MiB"] + " [exact ")
+  assert " ms, one_shot " in timed["x"]["16MiB"]
   assert _choice(_program(8)[0], jnp.ones((8, 4 << 20), jnp.float32))[0] != "exact"
 
 
@@ -386,11 +389,11 @@ def test_training_start_records_what_it_calibrated():
   policy = Recipe.from_toml(str(CONFIGS / "coccl.toml")).policy
   codecs = calibration.auto_codecs(policy, m)
   assert {a: str(c) for a, c in codecs.items()} == {"data": "hadamard(int4)", "tensor": "fp8"}
-  rec = json.loads(json.dumps(calibration.start(m, True, said.append, codecs)))
-  assert rec["calibrated"] and set(rec["choices"]) == {"data", "tensor"}
+  rec = json.loads(json.dumps(calibration.start(m, "measure", said.append, codecs)))
+  assert rec["calibrated"] and rec["why"] == "measured at start"
   assert set(rec["cost_model"]["codecs"]) == {"hadamard(int4)", "fp8"}
   assert cm.from_json(rec["cost_model"]) == jcoccl.get_config().cost_model
-  assert "all_reduce auto picks" in said[0]
-  assert calibration.start(m, True, said.append)["why"].startswith("cost model given")
+  assert "calibrated the mesh's links and codecs" in said[0]
+  assert calibration.start(m, "measure", said.append)["why"].startswith("cost model given")
   jcoccl.set_config_defaults(reload=True)
-  assert calibration.start(m, False, said.append) == {"calibrated": False, "why": "--no-calibrate"}
+  assert calibration.start(m, "off", said.append) == {"calibrated": False, "why": "--no-calibrate"}
