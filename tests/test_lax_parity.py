@@ -180,6 +180,11 @@ _BAD = {
     lambda v: lax.all_gather(v, "y", axis=-3, tiled=True),
     lambda v, **k: jcoccl.all_gather(v, "y", axis=-3, tiled=True, **k),
   ),
+  "all_gather_to": (
+    "smap",
+    lambda v: lax.all_gather(v, "y", to="replicated"),
+    lambda v, **k: jcoccl.all_gather(v, "y", to="replicated", **k),
+  ),
   "all_gather_float_axis": (
     "smap",
     lambda v: lax.all_gather(v, "y", axis=1.0),
@@ -357,8 +362,9 @@ def test_jax_shard_map_tests_error_text():
 
 
 def test_calls_lax_accepts_run_as_lax(y4):
-  """An empty axis tuple (every op: the lax op over no axis) and ppermute pairs lax reads
-  modulo the group (negative indices), as numpy ints or lists: jcoccl's results are lax's."""
+  """An empty axis tuple (every op: the lax op over no axis), ppermute pairs lax reads
+  modulo the group (negative indices), as numpy ints or lists, and tiled=1: jcoccl's
+  results are lax's."""
   m, x = y4
   perms = ([(-1, 0), (0, -3)], [[np.int64(3), np.int32(0)]], ((0, 1), (1, 2), (2, 3), (3, 0)))
 
@@ -366,25 +372,27 @@ def test_calls_lax_accepts_run_as_lax(y4):
     psum, ag, rs, a2a, pp = ops
     return lambda v: (
       psum(v, ()),
-      ag(v, ()),
-      rs(v, ()),
+      ag(v, (), tiled=True),
+      rs(v, (), tiled=True),
       a2a(v, ()),
       pp(v, (), [(0, 0)]),
       *(pp(v, "y", p) for p in perms),
+      ag(v, "y", tiled=1),
+      rs(v, "y", tiled=1),
     )
 
   lax_ops = (
     lax.psum,
-    lambda v, a: lax.all_gather(v, a, tiled=True),
-    lambda v, a: lax.psum_scatter(v, a, tiled=True),
+    lax.all_gather,
+    lax.psum_scatter,
     lambda v, a: lax.all_to_all(v, a, 0, 0, tiled=True),
     lax.ppermute,
   )
   k = dict(compressor=INT8, min_bytes=0)
   jc_ops = (
     lambda v, a: jcoccl.all_reduce(v, a, **k),
-    lambda v, a: jcoccl.all_gather(v, a, tiled=True, **k),
-    lambda v, a: jcoccl.reduce_scatter(v, a, tiled=True, **k),
+    lambda v, a, tiled: jcoccl.all_gather(v, a, tiled=tiled, **k if a == () else {}),
+    lambda v, a, tiled: jcoccl.reduce_scatter(v, a, tiled=tiled, **k if a == () else {}),
     lambda v, a: jcoccl.all_to_all(v, a, 0, 0, tiled=True, **k),
     lambda v, a, p: jcoccl.ppermute(v, a, p),  # exact: bitwise lax's
   )

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jcoccl._src import _compat, auto_model, layout
@@ -395,7 +396,7 @@ def canonical_args(
     compressor: Compressor, spec string or None.
     grad_compressor: the backward compressor (``SAME`` = ``compressor``).
     chunks: positive int.
-    tiled: must be a bool (ops without ``tiled`` pass the default).
+    tiled: a bool, or 0/1 (ops without ``tiled`` pass the default).
 
   Returns:
     (axes tuple, forward compressor or None, backward compressor or None).
@@ -407,8 +408,9 @@ def canonical_args(
   comp = resolve_compressor(compressor)
   gcomp = resolve_grad_compressor(grad_compressor, comp)
   check_chunks(chunks)
-  if not isinstance(tiled, bool):
-    raise TypeError(f"tiled must be a bool, got {tiled!r}")
+  # lax takes any truth value; 0 and 1 (and numpy's bools) are ones people write.
+  if not (isinstance(tiled, (bool, int, np.bool_, np.integer)) and tiled in (0, 1)):
+    raise TypeError(f"tiled must be a bool (or 0/1, as lax takes them), got {tiled!r}")
   return axes, comp, gcomp
 
 

@@ -13,6 +13,7 @@ from jcoccl._src import _backend
 from jcoccl._src import _common as C
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
+from jcoccl._src.lax_errors import lax_errors
 
 SAME = C.SAME
 
@@ -71,8 +72,9 @@ def all_gather(
     >>> y = jcoccl.all_gather(x, "data", compressor="int8", min_bytes=0)  # doctest: +SKIP
   """
   axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
-  if to not in TOS:
-    raise ValueError(f"to must be one of {TOS}, got {to!r}")
+  with lax_errors("all_gather", lax.all_gather, x, axis_name, axis=axis, tiled=tiled, to=to):
+    if to not in TOS:
+      raise ValueError(f"to must be one of {TOS}, got {to!r}")
   if axis_index_groups is not None or to == "reduced":
     return lax.all_gather(
       x, axes, axis_index_groups=axis_index_groups, axis=axis, tiled=tiled, to=to
