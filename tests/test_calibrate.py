@@ -269,6 +269,32 @@ def test_auto_policy_compiles_once_per_shape():
   assert len(traces) == 2
 
 
+def test_a_policy_codec_is_used_and_auto_prefix_opts_in():
+  """A Policy's plain entry (here a user codec, top-k) is used where the calibrated model
+  predicts the exact op faster; "auto:<spec>" in the same place runs the exact op. Both
+  through jcoccl.compress, which converts a plain lax.psum (traced only)."""
+  pytest.importorskip("examples.custom_codecs.topk")
+  import examples.custom_codecs.topk  # noqa: F401  (registers the family)
+
+  m = mesh((4,), ("x",))
+  x = jnp.ones((4, MiB), jnp.float32)
+
+  def program(spec):
+    pol = jcoccl.Policy.from_dict({"x": {"all_reduce": spec, "min_bytes": 0}})
+    body = jcoccl.compress(lambda v: jax.lax.psum(v, "x"), pol)
+    return jax.shard_map(body, mesh=m, in_specs=jax.P("x"), out_specs=jax.P("x"))
+
+  with jcoccl.config(cost_model=IN_PROCESS):
+    (named,) = wb.choices(program("topk:k=12"), x)
+    assert named["compressor"].startswith("topk") and named["requested"] == "auto"
+    (opted,) = wb.choices(program("auto:topk:k=12"), x)
+    assert (opted["algorithm"], opted["compressor"], opted["requested"]) == (
+      "exact",
+      "none",
+      "auto_exact",
+    )
+
+
 def test_auto_prefix_in_policies():
   pol = jcoccl.Policy.from_dict(
     {"tensor": {"all_reduce": "auto:int4:block=64", "algorithm": "one_shot"}}
