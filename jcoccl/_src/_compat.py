@@ -194,28 +194,6 @@ def trace_closed_jaxpr(fn, in_avals, name: str = "jcoccl_compress"):
   return jaxpr.with_consts(consts)
 
 
-# --- codec registry: a counter in every jit cache key --------------------------------------
-
-# Bumped when a registered codec name changes meaning (jcoccl/_src/compressors/registry.py).
-# A program traced before then holds the old codec, under the same spec string; this
-# state is part of jit's cache key (as x64 is), so the next call traces again.
-_codec_generation = _jax_config.int_state(
-  "jcoccl_codec_generation",
-  0,
-  "jcoccl: changes whenever a codec name is re-registered (part of jit's cache key)",
-  include_in_jit_key=True,
-  include_in_trace_context=True,
-)
-
-
-def bump_codec_generation() -> int:
-  """Makes every jit cache miss once: programs traced before re-trace with the registry
-  as it is now. Returns the new generation."""
-  new = int(_codec_generation.value) + 1
-  _jax.config.update("jcoccl_codec_generation", new)
-  return new
-
-
 # --- collectives as primitives: definition, abstract evaluation, lowering, AD, batching ------
 
 

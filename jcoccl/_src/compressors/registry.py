@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jcoccl._src import _compat
+import jax
 
 Converter = Callable[[str], Any]
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -119,6 +119,9 @@ _FAMILIES: dict[str, Family] = {}  # kind -> family
 _NAMES: dict[str, Family] = {}  # spec name -> family
 _CLASSES: dict[type, Family] = {}  # class -> family
 _GENERATION = [0]  # bumped on every change of the table
+# Part of jit's cache key: a new value when a spec string changes meaning, so a program
+# traced with the old codec (whose key holds only the string) traces again.
+_JIT_KEY = jax.make_user_context(0)
 
 
 def generation() -> int:
@@ -137,7 +140,7 @@ def _changed(rebound: bool) -> None:
   (their jit cache key holds only the string): every jit cache misses once."""
   _GENERATION[0] += 1
   if rebound:
-    _compat.bump_codec_generation()
+    _JIT_KEY.set_global(_GENERATION[0])
 
 
 def _add(family: Family) -> Family:
