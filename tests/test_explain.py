@@ -108,6 +108,9 @@ def test_default_min_bytes_warns_once_per_op_and_axes(m8):
     warnings.simplefilter("always")
     jax.make_jaxpr(f)(jnp.ones((8, 64), jnp.float32))
     jax.make_jaxpr(f)(jnp.ones((8, 32), jnp.float32))  # a second trace: said already
+    C._SKIP_WARNED.clear()
+    with jcoccl.config(min_bytes=1 << 20):  # a threshold the user set: no warning
+      jax.make_jaxpr(f)(jnp.ones((8, 16), jnp.float32))
   got = [w for w in seen if issubclass(w.category, jcoccl.SkippedCompression)]
   assert len(got) == 1, [str(w.message) for w in got]
   msg = str(got[0].message)

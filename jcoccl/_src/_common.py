@@ -296,7 +296,8 @@ def effective_compressor(
 
 class SkippedCompression(UserWarning):
   """A codec the caller named was not applied to a leaf because the leaf is under the
-  default ``min_bytes`` (4 MiB unless configured). Said once per (op, axes) in a process;
+  built-in default ``min_bytes`` (4 MiB; the caller set none: not in the call, a policy,
+  :func:`jcoccl.config` or ``JCOCCL_MIN_BYTES``). Said once per (op, axes) in a process;
   ``warnings.simplefilter("ignore", jcoccl.SkippedCompression)`` silences it, and
   ``min_bytes=0`` (or :func:`jcoccl.config`, a policy's ``min_bytes``) compresses."""
 
@@ -328,8 +329,9 @@ def warn_default_threshold(
   op: str, axes: tuple, x: jax.Array, compressor: Any, min_bytes: Any
 ) -> None:
   """Warns (:class:`SkippedCompression`, once per (op, axes)) when a named codec is
-  dropped for leaf ``x`` only because it is under the DEFAULT ``min_bytes``; a threshold
-  the caller gave is what they asked for and goes unsaid."""
+  dropped for leaf ``x`` only because it is under the built-in default ``min_bytes``; a
+  threshold the caller gave (in the call, a policy, :func:`jcoccl.config` or
+  ``JCOCCL_MIN_BYTES``) is what they asked for and goes unsaid."""
   levels = compressor if isinstance(compressor, tuple) else (compressor,)
   named = next((c for c in levels if c is not None), None)
   if min_bytes is not None or named is None or (op, axes) in _SKIP_WARNED:
@@ -337,15 +339,15 @@ def warn_default_threshold(
   if not named.lossless and not is_float(x.dtype):
     return
   nbytes, threshold = x.size * jnp.dtype(x.dtype).itemsize, default_min_bytes()
-  if nbytes >= threshold:
+  if nbytes >= threshold or threshold != _config.BUILTIN_MIN_BYTES:
     return
   _SKIP_WARNED.add((op, axes))
   import warnings
 
   warnings.warn(
     f"jcoccl.{op} over {axes}: a {jnp.dtype(x.dtype).name}{list(x.shape)} leaf "
-    f"({nbytes} B) goes exactly, without compressor {named}: it is under the default "
-    f"min_bytes of {threshold} B. To compress it pass min_bytes=0 (or a smaller threshold) "
+    f"({nbytes} B) goes exactly, without compressor {named}: it is under the built-in "
+    f"default min_bytes of {threshold} B. To compress it pass min_bytes=0 (or a smaller threshold) "
     "to the call, or set jcoccl.config(min_bytes=...) / jcoccl.set_default_min_bytes(...) "
     "or a policy's min_bytes. Said once per op and axes; jcoccl.explain(fn, ...) lists "
     "every leaf.",
