@@ -235,7 +235,7 @@ def verdict(
     row["exact_s"] += model.cost("exact", nbytes, n)
     row["compressed_s"] += t_comp
     row["auto_exact_keeps"] += int(keeps)
-  return out
+  return {a: out[a] for a in mesh.axis_names if a in out}
 
 
 def verdict_lines(v: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
@@ -268,7 +268,7 @@ def verdict_lines(v: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
   if slower:
     lines.append(
       f"  this run compresses on {', '.join(slower)} although the exact op is predicted "
-      "faster there, because the policy names the codec (inside one process the link is "
+      "faster for some or all of the arrays there, because the policy names the codec (inside one process the link is "
       "memory; across a slow link compression pays). To let auto decide, write "
       f"all_reduce = 'auto:<spec>' in the policy, e.g. --compress "
       f"{slower[0]}.all_reduce=auto:{v[slower[0]]['codec']}"

@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     action="store_true",
     help="skip measuring bytes on the wire (saves two compiles; none are reported)",
   )
+  p.add_argument(
+    "--no-exact-twin",
+    dest="exact_twin",
+    action="store_false",
+    help="do not train the exact policy alongside (on the same batches, to print what "
+    "compression costs in loss and speed; off anyway with --no-hlo-wire or --resume)",
+  )
   p.add_argument("--no-progress", action="store_true")
   calibration.add_flag(p)
   p.add_argument(

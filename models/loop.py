@@ -51,6 +51,8 @@ class Job:
     metrics_path: metrics.jsonl.
     calibration: the cost model's record (``models.calibration.start``), saved with each
       checkpoint.
+    twin: the state of the exact twin, which trains ``exact`` on the same batches from the
+      same initial weights, for the loss and speed compression costs (None: no twin).
   """
 
   par: Parallel3D
@@ -63,6 +65,8 @@ class Job:
   records: list[dict]
   metrics_path: pathlib.Path
   calibration: dict = dataclasses.field(default_factory=dict)
+  twin: State | None = None
+  twin_tokens_per_s: float | None = None
 
 
 def lr_schedule(cfg: Any) -> optax.Schedule:
@@ -92,12 +96,14 @@ def batch_at(
   return par.make_batch(cfg.batch, lambda rows: corpus.windows(split, starts[rows], cfg.seq_len))
 
 
-def evaluate(cfg: Any, job: Job, eval_fn: Any) -> float:
-  """The mean validation loss over ``cfg.eval_batches`` batches drawn for this step."""
+def evaluate(cfg: Any, job: Job, eval_fn: Any, params: Any = None) -> float:
+  """The mean validation loss of ``params`` (default: the run's) over ``cfg.eval_batches``
+  batches drawn for this step."""
+  params = job.state.params if params is None else params
   losses = []
   for i in range(cfg.eval_batches):
     x, y = batch_at(job.corpus, cfg, job.par, "val", job.state.step, i)
-    losses.append(float(eval_fn(job.state.params, x, y)))
+    losses.append(float(eval_fn(params, x, y)))
   return float(np.mean(losses))
 
 
@@ -114,6 +120,10 @@ def train(cfg: RunConfig, job: Job) -> dict:
   state, par = job.state, job.par
   step_fn = par.train_step(job.tx, state.params, clip_norm=cfg.clip)
   eval_fn = jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
+  twin, exact = job.twin, job.exact
+  if twin is not None and exact is not None:
+    exact_step = exact.train_step(job.tx, twin.params, clip_norm=cfg.clip)
+    exact_eval = jax.jit(lambda p, x, y: exact.loss_and_grads(p, x, y)[0])
   start_step = state.step
   _announce(cfg, job)
   from tqdm import tqdm
@@ -127,7 +137,8 @@ def train(cfg: RunConfig, job: Job) -> dict:
   )
   wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(cfg)
   # The step is traced and compiled once, here: the wire report reads that executable.
-  traced = run = auto = None
+  traced = run = auto = ref_traced = ref_run = None
+  t_twin = 0.0
   with open(job.metrics_path if lead() else os.devnull, "a") as log:
     for step in bar:
       x, y = batch_at(job.corpus, cfg, par, "train", step)
@@ -136,17 +147,27 @@ def train(cfg: RunConfig, job: Job) -> dict:
         traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y)
         auto = _auto_verdict(job, par.coll.log[first:])
         run = traced.lower().compile()
+        if twin is not None:
+          ref_traced = exact_step.trace(twin.params, twin.opt_state, twin.ef, x, y)
+          ref_run = ref_traced.lower().compile()
       t0 = time.perf_counter()
       state.params, state.opt_state, state.ef, m = run(
         state.params, state.opt_state, state.ef, x, y
       )
       loss = float(m["loss"])
       dt = time.perf_counter() - t0
+      if twin is not None:
+        t1 = time.perf_counter()
+        twin.params, twin.opt_state, twin.ef, mx = ref_run(
+          twin.params, twin.opt_state, twin.ef, x, y
+        )
+        exact_loss = float(mx["loss"])
+        t_twin += (time.perf_counter() - t1) if wire is not None else 0.0
       if wire is None:
         wire = (
           NO_WIRE
           if job.exact is None
-          else wire_report(par, job.exact, job.tx, traced, state, x, cfg.clip)
+          else wire_report(par, job.exact, job.tx, traced, state, x, cfg.clip, ref_traced)
         )
         log.write(json.dumps({"step": step + 1, "wire": wire}) + "\n")
       else:
@@ -159,10 +180,14 @@ def train(cfg: RunConfig, job: Job) -> dict:
         "lr": float(lr(step)),
         "step_s": dt,
       }
+      if twin is not None:
+        rec["exact_loss"] = exact_loss
       if not np.isfinite(loss):
         raise FloatingPointError(f"loss became {loss} at step {state.step}")
       if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
         rec["val_loss"] = evaluate(cfg, job, eval_fn)
+        if twin is not None:
+          rec["exact_val_loss"] = evaluate(cfg, job, exact_eval, twin.params)
       if state.step % cfg.log_every == 0 or "val_loss" in rec or step == start_step:
         log.write(json.dumps(rec) + "\n")
         log.flush()
@@ -172,8 +197,9 @@ def train(cfg: RunConfig, job: Job) -> dict:
         save(job.mngr, state, job.calibration or None)
   bar.close()
   tps = cfg.batch * cfg.seq_len * n_steady / t_steady if n_steady else None
-  summary = finish(cfg, job, wire or NO_WIRE, tps, start_step, auto)
-  return summary
+  if twin is not None and n_steady:
+    job.twin_tokens_per_s = cfg.batch * cfg.seq_len * n_steady / t_twin
+  return finish(cfg, job, wire or NO_WIRE, tps, start_step, auto)
 
 
 def _auto_verdict(job: Job, log: list) -> dict:
@@ -192,6 +218,19 @@ def _announce(cfg: RunConfig, job: Job) -> None:
     f"({cfg.tokenizer}), mesh data x tensor x pipe = {cfg.mesh} over "
     f"{jax.process_count()} process(es), policy:\n  " + job.recipe.describe().replace("\n", "\n  ")
   )
+
+
+def _twin_summary(job: Job) -> dict | None:
+  """The exact twin's last train and validation losses and its speed (None: no twin)."""
+  if job.twin is None:
+    return None
+  losses = [r["exact_loss"] for r in job.records if "exact_loss" in r]
+  vals = [r["exact_val_loss"] for r in job.records if "exact_val_loss" in r]
+  return {
+    "loss_end": losses[-1] if losses else None,
+    "val_loss_end": vals[-1] if vals else None,
+    "tokens_per_s": job.twin_tokens_per_s,
+  }
 
 
 def final_sample(cfg: Any, params: dict, corpus: data.Corpus) -> str:
@@ -240,6 +279,7 @@ def finish(
     "tokens_per_s": tps,
     "wire": wire,
     "auto": auto or {},
+    "exact_twin": _twin_summary(job),
     "sample": None,
   }
   if cfg.sample_tokens and state.step > start_step:

@@ -59,13 +59,15 @@ def wire_report(
   state: State,
   x,
   clip: float | None,
+  ref_traced: jax.stages.Traced | None = None,
 ) -> dict:
   """Bytes each device sends per train step, by mesh axis, read from the compiled HLO.
 
   ``traced`` is the train step as traced for the run (``step.trace(...)``): its executable,
   the one the run executes, is read, not compiled again. The uncompressed reference is the
   run itself when ``exact is par``; otherwise the same step compiled with ``exact`` (the
-  same model and mesh under the exact policy: about 3 s on CPU for the default run), so
+  same model and mesh under the exact policy: about 3 s on CPU for the default run; none
+  when ``ref_traced``, that step as the exact twin traced and compiled it, is given), so
   both columns count what XLA actually sends, including the algorithms jcoccl picks
   (one_shot = all_gather of payloads, two_shot = all_to_all + all_gather).
 
@@ -80,7 +82,9 @@ def wire_report(
   program = "compiled" if par.dtype == jnp.float32 else "lowered"
   got = jcoccl.wire_bytes(traced, mesh=par.mesh, program=program)
   ref = got
-  if exact is not par:  # traced and compiled only: the state's arrays are not consumed
+  if exact is not par and ref_traced is not None:
+    ref = jcoccl.wire_bytes(ref_traced, mesh=exact.mesh, program=program)
+  elif exact is not par:  # traced and compiled only: the state's arrays are not consumed
     ref_step = exact.train_step(tx, state.params, clip_norm=clip)
     args = (state.params, state.opt_state, None, x, x)
     ref = jcoccl.wire_bytes(ref_step, *args, mesh=exact.mesh, program=program)
@@ -125,7 +129,8 @@ def _axis_order(key: str) -> tuple:
 
 
 def plot(records: list[dict], path: pathlib.Path) -> None:
-  """loss.png: the train loss of the logged steps and the validation losses, by step."""
+  """loss.png: the train loss of the logged steps and the validation losses, by step (and
+  the exact twin's train loss, when it ran)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -133,14 +138,17 @@ def plot(records: list[dict], path: pathlib.Path) -> None:
 
   tr = [(r["step"], r["loss"]) for r in records if "loss" in r]
   va = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+  ex = [(r["step"], r["exact_loss"]) for r in records if "exact_loss" in r]
   fig, ax = plt.subplots(figsize=(6, 4))
   if tr:
     ax.plot(*zip(*tr), label="train")
   if va:
     ax.plot(*zip(*va), "o-", label="validation")
+  if ex:
+    ax.plot(*zip(*ex), "--", alpha=0.7, label="train, exact twin")
   ax.set_xlabel("step")
   ax.set_ylabel("cross entropy (nats/token)")
-  if tr or va:
+  if tr or va or ex:
     ax.legend()
   ax.grid(alpha=0.3)
   fig.tight_layout()
@@ -221,6 +229,25 @@ def _num(v: float | None) -> str:
   return "n/a" if v is None else f"{v:.4f}"
 
 
+def _print_twin(summary: dict, val: float | None) -> None:
+  """The exact twin's lines: what compression cost in loss and speed in this run."""
+  twin = summary.get("exact_twin")
+  if not twin:
+    return
+  ev, tps, etps = twin["val_loss_end"], summary["tokens_per_s"], twin["tokens_per_s"]
+  print(
+    f"exact twin (same initial weights and batches, exact policy): loss -> "
+    f"{_num(twin['loss_end'])}" + (f" (val {ev:.4f})" if ev is not None else "")
+  )
+  cost = []
+  if ev is not None and val is not None:
+    cost.append(f"{val - ev:+.4f} val loss ({(val / ev - 1) * 100:+.2f}%, one seed)")
+  if tps and etps:
+    cost.append(f"{tps:,.0f} tokens/s vs {etps:,.0f} exact on this machine")
+  if cost:
+    print("  what compression cost in this run: " + "; ".join(cost))
+
+
 def print_summary(cfg: Any, summary: dict, start_step: int, sampling: tuple[float, int]) -> None:
   """The end-of-run lines: the loss over the steps run, throughput, the sample (drawn at
   ``sampling`` = (temperature, seed)), the wire table and where the outputs are."""
@@ -235,6 +262,7 @@ def print_summary(cfg: Any, summary: dict, start_step: int, sampling: tuple[floa
       f"{steps}, "
       + (f"{tps:,.0f} tokens/s (steady state)" if tps else "no steady-state steps timed")
     )
+    _print_twin(summary, val)
     if summary["sample"] is not None:
       temperature, seed = sampling
       print(

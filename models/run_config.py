@@ -83,6 +83,7 @@ class RunConfig:
   sample_tokens: int
   calibrate: bool = True  # models.calibration: jcoccl.calibrate on the mesh at start
   recalibrate: bool = False  # with resume: measure again instead of reusing the saved one
+  exact_twin: bool = True  # train the exact policy alongside (models.loop.Job.twin)
   dtype: str = "float32"  # the compute dtype (models.parallel.Parallel3D)
 
   @classmethod

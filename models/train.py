@@ -159,7 +159,14 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   if lead():
     (cfg.out / "calibration.json").write_text(json.dumps(calibrated, indent=1))
   records = start_metrics(metrics_path, state.step if cfg.resume else None)
-  return loop.Job(par, exact, tx, state, corpus, recipe, mngr, records, metrics_path, calibrated)
+  twin = None
+  if cfg.exact_twin and exact is not None and exact is not par and not cfg.resume:
+    # Its own buffers: each train step donates the arrays it is given.
+    same = jax.tree.map(lambda a: a.copy(), params)
+    twin = State(same, exact.init_opt(tx, same), exact.init_ef(same))
+  return loop.Job(
+    par, exact, tx, state, corpus, recipe, mngr, records, metrics_path, calibrated, twin
+  )
 
 
 def _saved_calibration(mngr, step: int, cfg: RunConfig) -> dict | None:

@@ -62,8 +62,16 @@ def test_loss_drops_and_outputs_written(tmp_path, capsys):
     sum(r["compressed"] for r in wire["by_axis"].values())
   )
   assert [r["wire"] for r in recs if "wire" in r] == [wire]
+  # The exact twin trained alongside on the same batches: what compression cost.
+  twin = summary["exact_twin"]
+  assert twin["val_loss_end"] == next(
+    r["exact_val_loss"] for r in reversed(recs) if "val_loss" in r
+  )
+  assert twin["loss_end"] < summary["loss_start"] - 0.8 and twin["tokens_per_s"] > 0
+  assert all("exact_loss" in r for r in recs if "loss" in r)
   text = capsys.readouterr().out
   assert "tokens/s" in text and "by mesh axis (measured" in text
+  assert "what compression cost in this run: " in text
 
 
 @pytest.fixture
@@ -124,6 +132,41 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, no_cost_mode
     assert fake.calls == ["compress"]  # run a measured; the resumed run did not
     assert ca["cost_model"]["source"] == "test: compress wins"
     assert sa["auto"]["data"]["auto_exact_keeps"] == 0 and sa["auto"]["data"]["opted_in"]
+
+
+def test_calibration_modes_and_verdict():
+  """--resume reuses the saved calibration unless --recalibrate or --no-calibrate; the
+  verdict compares the exact op with compression per axis under the run's table and says
+  how to let auto decide where the policy named the codec."""
+  from jcoccl import compressors as jc
+  from models import calibration, parallel
+
+  mode = calibration.mode
+  assert [mode(True, False, False), mode(True, True, False), mode(True, True, True)] == [
+    "measure",
+    "reuse",
+    "measure",
+  ]
+  assert mode(False, True, False) == "off"
+  mesh = parallel.make_mesh(2, 1, 2)
+  record = {"calibrated": True, "cost_model": mp_train_worker.crafted("exact", mesh).to_json()}
+  policy = jcoccl.Policy.from_dict(
+    {"data": {"all_reduce": "int8"}, "pipe": {"all_reduce": "auto:int8"}}
+  )
+  f32 = np.dtype(np.float32)
+  log = [("data", "all_reduce", (256,), f32, jc.int8())] * 2
+  log += [("pipe", "all_reduce", (4096,), f32, jc.int8()), ("data", "ppermute", (8,), f32, None)]
+  v = calibration.verdict(record, log, policy, mesh)
+  assert set(v) == {"data", "pipe"}
+  assert v["data"]["messages"] == 2 and v["data"]["bytes"] == [1024, 1024]
+  assert v["data"]["auto_exact_keeps"] == 2 and not v["data"]["opted_in"]
+  assert v["pipe"]["opted_in"] and v["pipe"]["exact_s"] < v["pipe"]["compressed_s"]
+  text = "\n".join(calibration.verdict_lines(v, record))
+  assert "'auto:int8' would keep the exact op for all" in text
+  assert "compresses on data although" in text and "--compress data.all_reduce=auto:int8" in text
+  none = {"calibrated": False, "why": "--no-calibrate"}
+  assert calibration.verdict(none, log, policy, mesh) == {}
+  assert "(--no-calibrate)" in calibration.verdict_lines({}, none)[0]
 
 
 def test_zero_loss_drops(tmp_path):
