@@ -83,6 +83,22 @@ def _whole_rows(rows: jax.Array) -> jax.Array:
   return jax.reshard(rows, jax.NamedSharding(sharding.mesh, jax.P(None, *spec[1:])))
 
 
+def _as_one_op(fn: Any, arg: jax.Array, *rest: Any) -> jax.Array:
+  """``fn(arg, *rest)``, a codec's jnp row operation, behind optimization barriers.
+
+  A native kernel is a custom call, which XLA never fuses with the ops around it; the
+  barriers give the jnp specification the same boundaries. Without them XLA:CPU fused the
+  tail of a jnp ``decode_sum`` into AdamW's moment update ``0.1 * g + 0.9 * mu`` and made
+  an FMA of the other product than in the native program: the code around the codec
+  rounded differently, and native and jnp training split (docs/numerics.md).
+
+  Example:
+    >>> _as_one_op(lambda x, k: x * k, jnp.ones(2), 3.0)
+    Array([3., 3.], dtype=float32)
+  """
+  return barrier(fn(barrier(arg), *rest))
+
+
 def _payload_flatten(p: Payload):
   return (p.data,), (p.shape, p.dtype)
 
@@ -295,7 +311,7 @@ class Compressor:
 
       return native.encode_rows(self, x2d)
     self._check_key(key)
-    return self._encode_jnp(x2d, key)
+    return _as_one_op(self._encode_jnp, x2d, key)
 
   def _check_buf(self, buf: jax.Array, n: int, dtype: Any, ndim: int = 2) -> jnp.dtype:
     d = self._check_dtype(dtype)
@@ -322,7 +338,7 @@ class Compressor:
       from jcoccl._src.compressors import native
 
       return native.decode_rows(self, buf, n, d)
-    return self._decode_rows_jnp(buf, n, d)
+    return _as_one_op(self._decode_rows_jnp, buf, n, d)
 
   def _decode_rows_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
     return self._decode_wide(buf, n, d).astype(d)
@@ -341,7 +357,7 @@ class Compressor:
       from jcoccl._src.compressors import native
 
       return native.decode_sum(self, buf, n, d)
-    return self._decode_sum_jnp(buf, n, d)
+    return _as_one_op(self._decode_sum_jnp, buf, n, d)
 
   def _decode_sum_jnp(self, buf: jax.Array, n: int, d: jnp.dtype) -> jax.Array:
     if d in FLOAT_DTYPES and type(self).decode_sum_f32 is not Compressor.decode_sum_f32:
@@ -370,7 +386,7 @@ class Compressor:
 
       return native.decode_sum_encode(self, buf, n, d)
     self._check_key(key)
-    return self._decode_sum_encode_jnp(buf, n, d, key)
+    return _as_one_op(self._decode_sum_encode_jnp, buf, n, d, key)
 
   def _decode_sum_encode_jnp(self, buf: jax.Array, n: int, d: jnp.dtype, key: Any) -> jax.Array:
     return self._encode_jnp(self._decode_sum_jnp(buf, n, d)[None], key)[0]
