@@ -229,3 +229,125 @@ def test_bench_subcommands_import_a_codec_file(tmp_path, monkeypatch, capsys):
   with pytest.raises(SystemExit):
     bench_main.main(["calibrate", "--codec", "codecs/nothing.py"])
   assert "--codec: no codec module file at 'codecs/nothing.py'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# bench predict: speed-ups from a crafted results file (no compile, no GPU).
+
+_G = 500e9  # input float32 bytes per second of every crafted kernel
+_R = 0.25  # payload / input bytes of the crafted codec
+
+
+def _results(path, ops=("encode", "decode"), mib=64.0):
+  """A results file as tools/gpu_codecs.py writes it: one codec whose kernels all run at
+  _G input bytes per second, r = _R, and a copy row."""
+  ms = mib * 2**20 / _G * 1e3
+  moved = mib * 2**20 * (1 + _R)
+  rows = [{"codec": "copy", "mib": mib, "op": "copy(cupy, CUDA events)", "gbs": 4000.0}]
+  rows += [
+    {"codec": "q8", "mib": mib, "op": op, "ms": ms, "gbs": moved / (ms * 1e-3) / 1e9} for op in ops
+  ]
+  path.write_text(json.dumps({"device": "crafted", "bench": rows}))
+  return str(path)
+
+
+def test_predict_prints_the_table(tmp_path, capsys):
+  res = _results(tmp_path / "r.json")
+  out = tmp_path / "p.json"
+  argv = ["predict", "--results", res, "--gpus", "8,32", "--links", "ib400,eth100"]
+  assert bench_main.main([*argv, "--sizes", "64MiB", "--json", str(out)]) == 0
+  text = capsys.readouterr().out
+  assert "q8: r = 0.2500" in text and "decode_sum not measured: decode stands in" in text
+  lines = [ln.split() for ln in text.splitlines() if not ln.startswith("#")]
+  # 4 ops at 8 GPUs (one node) + 4 ops x 2 links at 32 GPUs
+  assert len(lines) == 12 and {ln[1] for ln in lines} == {"nvlink", "ib400", "eth100"}
+  rows = json.loads(out.read_text())["rows"]
+  assert [float(ln[-2]) for ln in lines] == [round(r["speedup"], 2) for r in rows]
+  assert {r["algorithm"] for r in rows if r["op"] == "all_reduce"} <= {
+    "one_shot",
+    "two_shot",
+    "hierarchical",
+  }
+
+
+def test_predict_matches_a_hand_computation(tmp_path):
+  """8 GPUs on NVLink and 16 GPUs (2 nodes) on 400 Gb/s IB, worked out by hand."""
+  from jcoccl.bench import predict as P
+
+  codec = P.load_results([_results(tmp_path / "r.json")])["q8"]
+  s, notes = 64 * 2**20, set()
+  nvl, ib = 450e9, 45e9
+  one = P.Topology(8, P.LINKS["ib400"])  # one node: the network is unused
+  # all_gather: NCCL 7 steps + 7/8 S; jcoccl the same of r S, encode S/8, decode S.
+  want = 7 * 2e-6 + 7 / 8 * _R * s / nvl + (1 / 8 + 1) * s / _G
+  assert P.jcoccl_s("all_gather", s, one, codec, notes) == ("compressed", pytest.approx(want))
+  assert P.exact_s("all_gather", s, one) == pytest.approx(7 * 2e-6 + 7 / 8 * s / nvl)
+  # 16 GPUs: NCCL's all_reduce at min(450, 8 x 45) = 360 GB/s, a tree's 8 steps at the
+  # hops' mean latency (14 NVLink at 2 us, 2 IB at 5 us).
+  two = P.Topology(16, P.LINKS["ib400"])
+  alpha = (14 * 2e-6 + 2 * 5e-6) / 16
+  assert P.exact_s("all_reduce", s, two) == pytest.approx(8 * alpha + 2 * 15 / 16 * s / 360e9)
+  # hierarchical: two_shot in the node, then one_shot of S/8 between the 2 nodes.
+  inner = 14 * 2e-6 + 2 * 7 / 8 * _R * s / nvl + (3 + 1 / 8) * s / _G
+  outer = 5e-6 + _R * s / 8 / ib + 3 * (s / 8) / _G
+  got = dict(P._all_reduce(s, two, codec, notes))
+  assert got["hierarchical"] == pytest.approx(inner + outer)
+
+
+def test_predict_composes_cost_model(tmp_path):
+  """The codec passes sum to cost_model's codec terms, and on one node reduce_scatter +
+  all_gather is cost_model's two_shot."""
+  from jcoccl._src.cost_model import CostModel
+  from jcoccl.bench import predict as P
+
+  s = 1 << 26
+  for algo in ("one_shot", "two_shot"):
+    for n in (2, 8, 32):
+      codec_only = CostModel(1e-30, 1e30, 1.0).cost(algo, s, n, _R)
+      assert codec_only == pytest.approx(sum(P.passes(algo, n)) * s)
+  codec = P.load_results([_results(tmp_path / "r.json")])["q8"]
+  node, notes = P.Topology(8, P.LINKS["eth100"]), set()
+  rs = P.jcoccl_s("reduce_scatter", s, node, codec, notes)[1]
+  ag = P.jcoccl_s("all_gather", s, node, codec, notes)[1]
+  assert rs + ag == pytest.approx(CostModel(2e-6, 450e9, _G).cost("two_shot", s, 8, _R))
+
+
+@pytest.mark.parametrize(
+  "argv,match",
+  [
+    (["--results", "nowhere.json"], "--results: cannot read 'nowhere.json'"),
+    (["--results", "bad.json"], "--results: 'bad.json' is not valid JSON"),
+    (["--results", "empty.json"], "--results: no codec timings in 'empty.json'"),
+    (["--results", "r.json", "--links", "ib400,token"], "--links: unknown link 'token'"),
+    (["--results", "r.json", "--compressors", "int4"], "--compressors: 'int4' is not measured"),
+    (["--results", "r.json", "--gpus", "12"], "--gpus: 12 is not 2-8 GPUs"),
+    (["--results", "r.json", "--ring-busbw", "0"], "--ring-busbw: must be a positive"),
+  ],
+)
+def test_predict_bad_input_names_the_flag(tmp_path, monkeypatch, capsys, argv, match):
+  monkeypatch.chdir(tmp_path)
+  _results(tmp_path / "r.json")
+  (tmp_path / "bad.json").write_text('{"bench": [')
+  (tmp_path / "empty.json").write_text('{"bench": []}')
+  with pytest.raises(SystemExit) as e:
+    bench_main.main(["predict", *argv])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and match in err and "Traceback" not in err, err
+
+
+def test_predict_uses_measured_decode_sum(tmp_path, capsys):
+  """decode_sum rows, where the results have them, time the decode_sum passes (no stand-in)."""
+  from jcoccl.bench import predict as P
+
+  path = tmp_path / "r.json"
+  _results(path, ops=("encode", "decode", "decode_sum"))
+  data = json.loads(path.read_text())
+  for r in data["bench"]:
+    if r["op"] == "decode_sum":
+      r["ms"] *= 2  # half the rate of the other kernels
+  path.write_text(json.dumps(data))
+  codec, notes, s = P.load_results([str(path)])["q8"], set(), 1 << 26
+  assert P.codec_s(codec, "one_shot", s, 8, notes) == pytest.approx(s / _G + 8 * s / (_G / 2))
+  assert notes == set()
+  assert bench_main.main(["predict", "--results", str(path), "--gpus", "8"]) == 0
+  assert "not measured" not in capsys.readouterr().out

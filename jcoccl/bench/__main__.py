@@ -11,6 +11,7 @@ SUBCOMMANDS: dict[str, str] = {
   "codecs": "jcoccl.bench.codecs",
   "collectives": "jcoccl.bench.collectives",
   "calibrate": "jcoccl.bench.calibrate",
+  "predict": "jcoccl.bench.predict",
 }
 
 

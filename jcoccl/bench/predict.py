@@ -1,0 +1,548 @@
+"""``python -m jcoccl.bench predict``: speed-ups at 8, 32 and 256 GPUs from measured codecs.
+
+Predicts how much faster jcoccl's compressed all_reduce, reduce_scatter, all_gather and
+all_to_all would be than NCCL's exact (float32) op, from the codec throughputs one GPU
+measured (the JSON that ``tools/gpu_codecs.py`` writes, e.g. ``codec_bench_r1.json`` in
+benchmarks/results/2026-12-04-h200/run4-df9e660/logs.tgz) and a model of the links. No
+GPU and nothing compiled: the all_reduce algorithms are timed with the alpha-beta-gamma
+formulas of :mod:`jcoccl._src.cost_model` (``CostModel.cost``), the other ops and the
+two-level network composed from the same terms.
+
+Model constants (all stated in the output's header, and in
+benchmarks/results/2026-12-05-predict/README.md):
+  nvlink: 450 GB/s per GPU, alpha 2 us per step. NCCL's published all_reduce bus bandwidth
+    on 8x H100/H200 (NVLink 4, NVSwitch) is about 370-480 GB/s for large messages
+    (nccl-tests, NVIDIA's DGX H100/H200 figures); 450 is inside that range. The exact op
+    and jcoccl's payload transfers (NCCL all_to_all / all_gather) both get it.
+  ib400: 400 Gb/s InfiniBand per GPU (one NDR NIC per GPU, rail-optimised) = 50 GB/s
+    line rate, 90% of it usable (45 GB/s, NCCL's usual efficiency on NDR), alpha 5 us.
+  eth100: 100 Gb/s Ethernet per GPU = 12.5 GB/s, 90% usable (11.25 GB/s), alpha 10 us.
+  The alphas are order-of-magnitude choices. A step over all N GPUs costs the mean of a
+  ring's hops (N - m on NVLink, m on the network, m nodes). The JSON output gives NCCL's
+  latency share (nccl_alpha_ms); it matters at 64 MiB on 256 GPUs (reduce_scatter and
+  all_gather: 255 ring steps), little at 1 GiB.
+  Nodes of 8 GPUs on NVLink. Up to 8 GPUs is one node (the network is unused).
+
+Beyond one node (N = 8 m GPUs, m nodes, one NIC per GPU):
+  NCCL's ring ops (all_reduce, reduce_scatter, all_gather) run one ring per NIC and
+  pipeline its NVLink and network hops, so a rank's bus bandwidth is
+  min(nvlink, 8 x NIC) (``--ring-busbw`` sets another): T = steps alpha + bus bytes / that
+  (all_reduce: cost_model's exact formula over N ranks, with the latency of the fewer of
+  a ring's 2(N-1) and a tree's 2 log2 N steps, as NCCL picks; reduce_scatter and
+  all_gather: N-1 steps). A point-to-point all_to_all of X bytes per GPU sends (8-1)/N X
+  over NVLink and (N-8)/N X over its NIC: T = (N-1) alpha + max of the two.
+  jcoccl's all_reduce takes the least time among hierarchical (cost_model two_shot inside
+  the node over NVLink + cost_model one_shot of the 1/8 shard across nodes over each GPU's
+  NIC, as ``all_reduce._hierarchical_cost`` composes them), flat two_shot (its
+  all_to_all point to point, its all_gather a ring) and flat one_shot (a ring
+  all_gather), each with the bandwidth those patterns give. reduce_scatter sends its
+  payloads with an all_to_all (each GPU's unreduced piece crosses the network, where
+  NCCL's ring sends one partial sum per node boundary), all_gather with a ring, all_to_all
+  point to point.
+
+Codec time: the measured throughput of each kernel, input float32 bytes per second
+(``mib`` / ``ms`` of the results' rows), at the measured size nearest the message (in
+log scale), median over the files given. Passes per op (in message bytes S, n ranks):
+one_shot encode 1, decode n; two_shot encode 1 + 1/n, decode 2; reduce_scatter encode 1,
+decode 1; all_gather encode 1/n, decode 1; all_to_all encode 1, decode 1 (their sums are
+cost_model's codec terms). decode_sum and decode_sum_encode run at their measured rate
+where the file has them; otherwise decode's rate per decoded element stands in (and for
+decode_sum_encode, decode's then encode's), which the table's notes say. Nothing of the
+codec overlaps the link (jcoccl's engine runs them one after another).
+
+Example:
+  tar xzf benchmarks/results/2026-12-04-h200/run4-df9e660/logs.tgz -C /tmp/run4
+  python -m jcoccl.bench predict --results /tmp/run4/codec_bench_r{1,2,3}.json
+  python -m jcoccl.bench predict --results r.json --links ib400 --gpus 32 \\
+      --compressors int8,int4 --sizes 64MiB --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from jcoccl._src.cost_model import CostModel
+from jcoccl.bench import _harness as H
+
+NAME = "predict"
+HELP = "predict compressed vs NCCL speed-ups at 8-256 GPUs from measured codec throughputs"
+NODE_GPUS = 8
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+KERNELS = ("encode", "decode", "decode_sum", "decode_sum_encode")
+DEFAULT_SIZES = (64 << 20, 1 << 30)
+DEFAULT_GPUS = (8, 32, 256)
+ROOFLINE = 0.8  # the "at 80% of copy" column: kernels at this fraction of copy bandwidth
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+  """One level of the network, per GPU.
+
+  Attributes:
+    name: the --links name. beta_Bps: usable bytes per second per GPU.
+    alpha_s: seconds per collective step. source: where the numbers come from.
+  """
+
+  name: str
+  beta_Bps: float
+  alpha_s: float
+  source: str
+
+
+NVLINK = Link("nvlink", 450e9, 2e-6, "NCCL all_reduce busbw 8x H100/H200, published ~370-480 GB/s")
+LINKS: dict[str, Link] = {
+  "nvlink": NVLINK,
+  "ib400": Link("ib400", 0.9 * 50e9, 5e-6, "400 Gb/s InfiniBand per GPU, 90% usable"),
+  "eth100": Link("eth100", 0.9 * 12.5e9, 10e-6, "100 Gb/s Ethernet per GPU, 90% usable"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """N GPUs in nodes of :data:`NODE_GPUS` on NVLink, ``net`` between nodes.
+
+  Example:
+    >>> t = Topology(32, LINKS["ib400"])
+    >>> t.nodes, t.ring_Bps / 1e9
+    (4, 360.0)
+    >>> round(t.alpha_s * 1e6, 3)  # 28 NVLink hops at 2 us, 4 network hops at 5 us
+    2.375
+  """
+
+  gpus: int
+  net: Link
+  ring_busbw: float | None = None  # bytes/s: overrides ring_Bps across nodes
+
+  @property
+  def nodes(self) -> int:
+    return max(1, math.ceil(self.gpus / NODE_GPUS))
+
+  @property
+  def local(self) -> int:
+    """GPUs per node that take part."""
+    return min(self.gpus, NODE_GPUS)
+
+  @property
+  def alpha_s(self) -> float:
+    """Seconds per step of a collective over all N GPUs: of a ring's N hops, one per node
+    crosses the network and the others are NVLink, so the hops' mean."""
+    m, n = self.nodes, self.gpus
+    return ((n - m) * NVLINK.alpha_s + m * self.net.alpha_s) / n if m > 1 else NVLINK.alpha_s
+
+  @property
+  def ring_Bps(self) -> float:
+    """A rank's bus bandwidth in NCCL's rings: one ring per NIC, NVLink and network hops
+    pipelined, so the slower of NVLink and the node's NICs together bounds it."""
+    if self.nodes == 1:
+      return NVLINK.beta_Bps
+    if self.ring_busbw is not None:
+      return self.ring_busbw
+    return min(NVLINK.beta_Bps, self.local * self.net.beta_Bps)
+
+  def ring_s(self, bus_bytes: float, steps: int) -> float:
+    """Seconds of a ring collective that moves ``bus_bytes`` per rank in ``steps``."""
+    return steps * self.alpha_s + bus_bytes / self.ring_Bps
+
+  def p2p_s(self, nbytes: float) -> float:
+    """Seconds of a point-to-point all_to_all of ``nbytes`` per GPU: the NVLink and the
+    network shares go at once, the slower bounds it."""
+    n = self.gpus
+    inside = (self.local - 1) / n * nbytes / NVLINK.beta_Bps
+    across = (n - self.local) / n * nbytes / self.net.beta_Bps if self.nodes > 1 else 0.0
+    return (n - 1) * self.alpha_s + max(inside, across)
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+  """A codec's measured kernels.
+
+  Attributes:
+    spec: the codec as the results name it (e.g. "int8").
+    ratio: payload bytes / float32 input bytes (r).
+    rates: (kernel, input MiB) -> input float32 bytes per second, median over files.
+    copy_Bps: the device copy bandwidth measured with it (bytes read + written).
+  """
+
+  spec: str
+  ratio: float
+  rates: tuple[tuple[tuple[str, float], float], ...]
+  copy_Bps: float
+
+  def rate(self, kernel: str, nbytes: float) -> tuple[float, str]:
+    """(input bytes per second, note) of ``kernel`` at the measured size nearest
+    ``nbytes``; a kernel not measured gets its stand-in and a note saying so."""
+    have = dict(self.rates)
+    stand_in = {"decode_sum": "decode", "decode_sum_encode": "decode"}
+    k, note = kernel, ""
+    if not any(kk == kernel for kk, _ in have):
+      k = stand_in.get(kernel, kernel)
+      note = f"{kernel} not measured: {k} stands in"
+    sizes = [mib for kk, mib in have if kk == k]
+    if not sizes:
+      raise ValueError(f"--results: {self.spec} has no {k} timing")
+    mib = min(sizes, key=lambda m: abs(math.log(m * 2**20 / nbytes)))
+    return have[(k, mib)], note
+
+
+def passes(op: str, n: int) -> tuple[float, float]:
+  """(encode, decode) passes over the message of ``op`` ("one_shot", "two_shot", or a
+  non-all_reduce op) on ``n`` ranks; the decodes of one_shot and two_shot's first are
+  decode_sums. Their sum is :mod:`jcoccl._src.cost_model`'s codec coefficient.
+
+  Example:
+    >>> passes("two_shot", 8)
+    (1.125, 2.0)
+  """
+  table = {
+    "one_shot": (1.0, float(n)),
+    "two_shot": (1.0 + 1.0 / n, 2.0),
+    "reduce_scatter": (1.0, 1.0),
+    "all_gather": (1.0 / n, 1.0),
+    "all_to_all": (1.0, 1.0),
+  }
+  if op not in table:
+    raise ValueError(f"no codec passes for {op!r}")
+  return table[op]
+
+
+def codec_s(codec: Codec, op: str, nbytes: float, n: int, notes: set[str]) -> float:
+  """Seconds of codec work of ``op`` on a message of ``nbytes`` over ``n`` ranks, from the
+  measured kernels (decode_sum and decode_sum_encode where measured)."""
+  enc, dec = passes(op, n)
+  g_enc, _ = codec.rate("encode", nbytes)
+  g_dec, _ = codec.rate("decode", nbytes)
+  if op == "two_shot" and any(k == "decode_sum_encode" for (k, _), _ in codec.rates):
+    g_dse, _ = codec.rate("decode_sum_encode", nbytes)  # decodes S, encodes S/n
+    return nbytes / g_enc + nbytes / g_dse + nbytes / g_dec
+  if op in ("one_shot", "two_shot", "reduce_scatter"):
+    g_sum, note = codec.rate("decode_sum", nbytes)
+    if note:
+      notes.add(note)
+    first = n if op == "one_shot" else 1.0  # the decode_sum passes
+    return nbytes * (enc / g_enc + first / g_sum + (dec - first) / g_dec)
+  return nbytes * (enc / g_enc + dec / g_dec)
+
+
+def _gamma(codec: Codec, op: str, nbytes: float, n: int, notes: set[str]) -> float:
+  """The single gamma that gives cost_model's codec term (sum of passes x S / gamma) the
+  measured kernels' time."""
+  return sum(passes(op, n)) * nbytes / codec_s(codec, op, nbytes, n, notes)
+
+
+def exact_s(op: str, nbytes: float, topo: Topology) -> float:
+  """Seconds of NCCL's float32 ``op`` of ``nbytes`` per GPU (all_gather: its output)."""
+  n = topo.gpus
+  if op == "all_reduce":
+    m = CostModel(
+      topo.alpha_s,
+      topo.ring_Bps,
+      1e18,
+      exact_alpha_s=_steps(op, n) * topo.alpha_s,
+      exact_beta_Bps=topo.ring_Bps,
+    )
+    return m.cost("exact", int(nbytes), n)
+  if op in ("reduce_scatter", "all_gather"):
+    return topo.ring_s((n - 1) / n * nbytes, n - 1)
+  if op == "all_to_all":
+    return topo.p2p_s(nbytes)
+  raise ValueError(f"--ops: unknown op {op!r}; known: {', '.join(OPS)}")
+
+
+def jcoccl_s(
+  op: str, nbytes: float, topo: Topology, codec: Codec, notes: set[str], roofline: bool = False
+) -> tuple[str, float]:
+  """(algorithm, seconds) of jcoccl's compressed ``op``: for all_reduce the least
+  predicted time among its algorithms. ``roofline``: every kernel at :data:`ROOFLINE` of
+  the copy bandwidth instead of as measured."""
+  if roofline:
+    g = ROOFLINE * codec.copy_Bps / (1 + codec.ratio)
+    rates = tuple(((k, 1.0), g) for k in ("encode", "decode"))
+    codec = dataclasses.replace(codec, rates=rates)
+    notes = set()
+  n, r, s = topo.gpus, codec.ratio, float(nbytes)
+  if op == "all_reduce":
+    return min(_all_reduce(s, topo, codec, notes), key=lambda c: c[1])
+  link = {
+    "reduce_scatter": lambda: topo.p2p_s(r * s),
+    "all_gather": lambda: topo.ring_s((n - 1) / n * r * s, n - 1),
+    "all_to_all": lambda: topo.p2p_s(r * s),
+  }
+  return "compressed", link[op]() + codec_s(codec, op, s, n, notes)
+
+
+def _all_reduce(s: float, topo: Topology, codec: Codec, notes: set[str]) -> list[tuple[str, float]]:
+  """(algorithm, seconds) of each all_reduce candidate, by cost_model's formulas."""
+  n, r, a = topo.gpus, codec.ratio, topo.alpha_s
+  wire_two = 2 * (n - 1) / n * r * s
+  link_two = topo.p2p_s((n - 1) / n * r * s) + topo.ring_s((n - 1) / n * r * s, 0)
+  link_two -= (n - 1) * a  # the steps are cost_model's alpha term
+  out = [
+    ("one_shot", _cost("one_shot", s, n, r, a, topo.ring_Bps, codec, notes)),
+    ("two_shot", _cost("two_shot", s, n, r, a, wire_two / link_two, codec, notes)),
+  ]
+  if topo.nodes > 1:
+    g, m = topo.local, topo.nodes
+    inner = _cost("two_shot", s, g, r, NVLINK.alpha_s, NVLINK.beta_Bps, codec, notes)
+    outer = _cost("one_shot", s / g, m, r, topo.net.alpha_s, topo.net.beta_Bps, codec, notes)
+    out.append(("hierarchical", inner + outer))
+  return out
+
+
+def _cost(
+  algo: str, s: float, n: int, r: float, alpha: float, beta: float, codec: Codec, notes: set
+) -> float:
+  model = CostModel(alpha, beta, _gamma(codec, algo, s, n, notes))
+  return model.cost(algo, int(s), n, r)
+
+
+# ---------------------------------------------------------------------------------------
+# Results files.
+
+
+def load_results(paths: Sequence[str]) -> dict[str, Codec]:
+  """The codecs measured in the GPU script's JSON files ``paths`` (``{"bench": [rows]}``,
+  rows with codec, mib, op, ms and gbs = bytes read + written / s); rates are medians over
+  the files.
+
+  Raises:
+    ValueError: a file is missing, not JSON, or holds no codec timings (names --results).
+  """
+  rates: dict[tuple[str, str, float], list[float]] = {}
+  ratios: dict[str, list[float]] = {}
+  copies: list[float] = []
+  for path in paths:
+    rows = _rows(path)
+    copies += [float(r["gbs"]) * 1e9 for r in rows if r.get("codec") == "copy" and "gbs" in r]
+    for i, r in enumerate(rows):
+      if r.get("codec") == "copy" or r.get("op") not in KERNELS:
+        continue
+      try:
+        mib, ms, gbs = float(r["mib"]), float(r["ms"]), float(r["gbs"])
+        spec = str(r["codec"])
+      except (KeyError, TypeError, ValueError):
+        raise ValueError(
+          f"--results: {path!r} bench[{i}] needs codec, mib, op, ms and gbs, got {r!r}"
+        ) from None
+      if not (mib > 0 and ms > 0 and gbs > 0):
+        raise ValueError(f"--results: {path!r} bench[{i}] has a non-positive value: {r!r}")
+      inp = mib * 2**20
+      rates.setdefault((spec, r["op"], mib), []).append(inp / (ms * 1e-3))
+      if r["op"] in ("encode", "decode"):  # moved = input + payload
+        ratios.setdefault(spec, []).append(gbs * 1e9 * ms * 1e-3 / inp - 1)
+  if not rates:
+    raise ValueError(
+      f"--results: no codec timings in {', '.join(map(repr, paths))} (expected the GPU "
+      "script's JSON: {'bench': [{codec, mib, op, ms, gbs}, ...]})"
+    )
+  if not copies:
+    raise ValueError("--results: no copy bandwidth row (codec 'copy') in the files")
+  out = {}
+  for spec in sorted({k[0] for k in rates}):
+    if spec not in ratios:
+      raise ValueError(f"--results: {spec} has no encode or decode row to size its payload")
+    mine = tuple(
+      ((op, mib), statistics.median(v)) for (c, op, mib), v in sorted(rates.items()) if c == spec
+    )
+    out[spec] = Codec(spec, statistics.median(ratios[spec]), mine, max(copies))
+  return out
+
+
+def _rows(path: str) -> list[dict[str, Any]]:
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except OSError as e:
+    raise ValueError(f"--results: cannot read {path!r}: {e.strerror or e}") from None
+  except json.JSONDecodeError as e:
+    raise ValueError(f"--results: {path!r} is not valid JSON: {e}") from None
+  rows = data.get("bench") if isinstance(data, dict) else data
+  if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+    raise ValueError(f"--results: {path!r} must hold {{'bench': [row objects]}} or a list of rows")
+  return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Command line.
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+  """Registers the ``predict`` subcommand."""
+  p = subparsers.add_parser(
+    NAME, help=HELP, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument(
+    "--results",
+    nargs="+",
+    required=True,
+    metavar="FILE",
+    help="JSON written by tools/gpu_codecs.py (codec_bench*.json); several: medians",
+  )
+  p.add_argument(
+    "--links",
+    type=lambda t: H.parse_list(t, what="--links"),
+    default=list(LINKS),
+    help=f"between-node links, comma-separated, of {', '.join(LINKS)} (default: all)",
+  )
+  p.add_argument(
+    "--gpus",
+    type=lambda t: H.parse_list(t, H.positive_int, "--gpus"),
+    default=list(DEFAULT_GPUS),
+    help="GPU counts (default 8,32,256; over 8: nodes of 8)",
+  )
+  p.add_argument(
+    "--compressors",
+    type=lambda t: H.parse_list(t, what="--compressors"),
+    default=None,
+    help="codecs as the results name them, e.g. int8,int4,fp8 (default: all measured)",
+  )
+  p.add_argument(
+    "--ops",
+    type=lambda t: H.parse_list(t, what="--ops"),
+    default=list(OPS),
+    help=f"of {', '.join(OPS)} (default: all)",
+  )
+  p.add_argument(
+    "--sizes",
+    type=H.size_list,
+    default=list(DEFAULT_SIZES),
+    help="message bytes per GPU (default 64MiB,1GiB); " + H.SIZE_HELP,
+  )
+  p.add_argument(
+    "--ring-busbw",
+    type=float,
+    default=None,
+    metavar="GBPS",
+    help="bus bandwidth (GB/s) of NCCL's rings across nodes, for the exact ops and "
+    "jcoccl's all_gathers (default: min(nvlink, 8 x the link): one ring per NIC)",
+  )
+  p.add_argument("--json", default=None, metavar="OUT", help="also write the rows to OUT")
+  return p
+
+
+def predict(
+  codecs: dict[str, Codec],
+  links: Sequence[str],
+  gpus: Sequence[int],
+  ops: Sequence[str],
+  sizes: Sequence[int],
+  ring_busbw: float | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+  """The table's rows and notes: one row per (GPUs, link, op, size, codec).
+
+  Up to 8 GPUs is one NVLink node (one row, link "nvlink"); more are nodes of 8 joined by
+  each network link of ``links``.
+  """
+  bad = [name for name in links if name not in LINKS]
+  if bad:
+    raise ValueError(f"--links: unknown link {bad[0]!r}; known: {', '.join(LINKS)}")
+  bad = [op for op in ops if op not in OPS]
+  if bad:
+    raise ValueError(f"--ops: unknown op {bad[0]!r}; known: {', '.join(OPS)}")
+  bad_n = [n for n in gpus if n < 2 or (n > NODE_GPUS and n % NODE_GPUS)]
+  if bad_n:
+    raise ValueError(
+      f"--gpus: {bad_n[0]} is not 2-{NODE_GPUS} GPUs (one node) or whole nodes of {NODE_GPUS}"
+    )
+  rows, notes = [], set()
+  for n in gpus:
+    nets = ["nvlink"] if n <= NODE_GPUS else [x for x in links if x != "nvlink"]
+    if n > NODE_GPUS and not nets:
+      notes.add(f"{n} GPUs need a network link (--links ib400 or eth100): skipped")
+    for net in nets:
+      topo = Topology(n, LINKS[net], ring_busbw)
+      for op in ops:
+        for size in sizes:
+          for codec in codecs.values():
+            rows.append(_row(op, size, topo, codec, notes))
+  return rows, sorted(notes)
+
+
+def _row(op: str, size: int, topo: Topology, codec: Codec, notes: set[str]) -> dict[str, Any]:
+  t_exact = exact_s(op, size, topo)
+  algo, t = jcoccl_s(op, size, topo, codec, notes)
+  _, t_roof = jcoccl_s(op, size, topo, codec, notes, roofline=True)
+  return {
+    "gpus": topo.gpus,
+    "link": topo.net.name if topo.nodes > 1 else "nvlink",
+    "op": op,
+    "bytes": size,
+    "codec": codec.spec,
+    "algorithm": algo,
+    "nccl_ms": t_exact * 1e3,
+    "nccl_alpha_ms": _steps(op, topo.gpus) * topo.alpha_s * 1e3,
+    "jcoccl_ms": t * 1e3,
+    "speedup": t_exact / t,
+    "speedup_roofline": t_exact / t_roof,
+  }
+
+
+def _steps(op: str, n: int) -> int:
+  """Latency steps of NCCL's ``op`` on ``n`` ranks: all_reduce takes the fewer of a ring's
+  2(n-1) and a tree's 2 log2(n) (NCCL picks between them); the other ops ring, n-1."""
+  if op == "all_reduce":
+    return min(2 * (n - 1), 2 * math.ceil(math.log2(n)))
+  return n - 1
+
+
+COLUMNS = (
+  "gpus",
+  "link",
+  "op",
+  "bytes",
+  "codec",
+  "algorithm",
+  "nccl_ms",
+  "jcoccl_ms",
+  "speedup",
+  "speedup_roofline",
+)
+HEADERS = {"speedup": "x (measured)", "speedup_roofline": f"x ({ROOFLINE:.0%} copy)"}
+
+
+def _select(codecs: dict[str, Codec], names: Sequence[str] | None) -> dict[str, Codec]:
+  if names is None:
+    return codecs
+  missing = [c for c in names if c not in codecs]
+  if missing:
+    raise ValueError(
+      f"--compressors: {missing[0]!r} is not measured in --results; measured: {', '.join(codecs)}"
+    )
+  return {c: codecs[c] for c in names}
+
+
+def run(args: argparse.Namespace) -> int:
+  """Runs ``predict``; returns the exit code."""
+  codecs = _select(load_results(args.results), args.compressors)
+  busbw = args.ring_busbw
+  if busbw is not None and not (busbw > 0 and math.isfinite(busbw)):
+    raise ValueError(f"--ring-busbw: must be a positive number of GB/s, got {busbw!r}")
+  ring = None if busbw is None else busbw * 1e9
+  rows, notes = predict(codecs, args.links, args.gpus, args.ops, args.sizes, ring)
+  print("# jcoccl predict: NCCL float32 time / jcoccl compressed time (alpha-beta-gamma)")
+  for link in LINKS.values():
+    print(
+      f"# {link.name}: {link.beta_Bps / 1e9:g} GB/s per GPU, alpha {link.alpha_s * 1e6:g} us"
+      f" ({link.source})"
+    )
+  ring = "min(nvlink, 8 x link)" if busbw is None else f"{busbw:g} GB/s (--ring-busbw)"
+  print(f"# nodes of {NODE_GPUS} GPUs on nvlink; NCCL ring busbw across nodes: {ring}")
+  print(f"# results: {' '.join(args.results)}")
+  for c in codecs.values():
+    rates = ", ".join(f"{k}@{mib:g}MiB {g / 1e9:.0f}" for (k, mib), g in c.rates)
+    print(f"# {c.spec}: r = {c.ratio:.4f}; input GB/s: {rates}")
+  print(f"# copy bandwidth {max(c.copy_Bps for c in codecs.values()) / 1e9:.0f} GB/s")
+  for note in notes:
+    print(f"# note: {note}")
+  formats = {"nccl_ms": ".3f", "jcoccl_ms": ".3f", "speedup": ".2f", "speedup_roofline": ".2f"}
+  H.print_table(rows, COLUMNS, headers=HEADERS, formats=formats)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"notes": notes, "rows": rows}, f, indent=1)
+      f.write("\n")
+  return 0
