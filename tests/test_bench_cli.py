@@ -292,6 +292,13 @@ def test_predict_matches_a_hand_computation(tmp_path):
   outer = 5e-6 + _R * s / 8 / ib + 3 * (s / 8) / _G
   got = dict(P._all_reduce(s, two, codec, notes))
   assert got["hierarchical"] == pytest.approx(inner + outer)
+  # 2 NICs per node: NCCL's rings at 2 x 45 GB/s; a GPU's share of the network is 2/8.
+  shared = P.Topology(16, P.LINKS["ib400"], nics=2)
+  assert P.exact_s("all_reduce", s, shared) == pytest.approx(8 * alpha + 2 * 15 / 16 * s / 90e9)
+  outer = 5e-6 + _R * s / 8 / (ib / 4) + 3 * (s / 8) / _G
+  assert dict(P._all_reduce(s, shared, codec, notes))["hierarchical"] == pytest.approx(
+    inner + outer
+  )
 
 
 def test_predict_composes_cost_model(tmp_path):
@@ -321,7 +328,7 @@ def test_predict_composes_cost_model(tmp_path):
     (["--results", "r.json", "--links", "ib400,token"], "--links: unknown link 'token'"),
     (["--results", "r.json", "--compressors", "int4"], "--compressors: 'int4' is not measured"),
     (["--results", "r.json", "--gpus", "12"], "--gpus: 12 is not 2-8 GPUs"),
-    (["--results", "r.json", "--ring-busbw", "0"], "--ring-busbw: must be a positive"),
+    (["--results", "r.json", "--nics-per-node", "9"], "--nics-per-node: must be 1-8"),
   ],
 )
 def test_predict_bad_input_names_the_flag(tmp_path, monkeypatch, capsys, argv, match):

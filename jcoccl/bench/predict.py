@@ -22,11 +22,12 @@ benchmarks/results/2026-12-05-predict/README.md):
   latency share (nccl_alpha_ms); it matters at 64 MiB on 256 GPUs (reduce_scatter and
   all_gather: 255 ring steps), little at 1 GiB.
   Nodes of 8 GPUs on NVLink. Up to 8 GPUs is one node (the network is unused).
+  ``--nics-per-node K`` (default 8) gives a node K such links, shared by its GPUs.
 
 Beyond one node (N = 8 m GPUs, m nodes, one NIC per GPU):
   NCCL's ring ops (all_reduce, reduce_scatter, all_gather) run one ring per NIC and
   pipeline its NVLink and network hops, so a rank's bus bandwidth is
-  min(nvlink, 8 x NIC) (``--ring-busbw`` sets another): T = steps alpha + bus bytes / that
+  min(nvlink, 8 x NIC): T = steps alpha + bus bytes / that
   (all_reduce: cost_model's exact formula over N ranks, with the latency of the fewer of
   a ring's 2(N-1) and a tree's 2 log2 N steps, as NCCL picks; reduce_scatter and
   all_gather: N-1 steps). A point-to-point all_to_all of X bytes per GPU sends (8-1)/N X
@@ -117,7 +118,7 @@ class Topology:
 
   gpus: int
   net: Link
-  ring_busbw: float | None = None  # bytes/s: overrides ring_Bps across nodes
+  nics: int = NODE_GPUS  # network links per node (one per GPU: the rated case)
 
   @property
   def nodes(self) -> int:
@@ -141,9 +142,12 @@ class Topology:
     pipelined, so the slower of NVLink and the node's NICs together bounds it."""
     if self.nodes == 1:
       return NVLINK.beta_Bps
-    if self.ring_busbw is not None:
-      return self.ring_busbw
-    return min(NVLINK.beta_Bps, self.local * self.net.beta_Bps)
+    return min(NVLINK.beta_Bps, self.nics * self.net.beta_Bps)
+
+  @property
+  def net_Bps(self) -> float:
+    """A GPU's share of its node's network links."""
+    return self.nics / self.local * self.net.beta_Bps
 
   def ring_s(self, bus_bytes: float, steps: int) -> float:
     """Seconds of a ring collective that moves ``bus_bytes`` per rank in ``steps``."""
@@ -154,7 +158,7 @@ class Topology:
     network shares go at once, the slower bounds it."""
     n = self.gpus
     inside = (self.local - 1) / n * nbytes / NVLINK.beta_Bps
-    across = (n - self.local) / n * nbytes / self.net.beta_Bps if self.nodes > 1 else 0.0
+    across = (n - self.local) / n * nbytes / self.net_Bps if self.nodes > 1 else 0.0
     return (n - 1) * self.alpha_s + max(inside, across)
 
 
@@ -289,7 +293,7 @@ def _all_reduce(s: float, topo: Topology, codec: Codec, notes: set[str]) -> list
   if topo.nodes > 1:
     g, m = topo.local, topo.nodes
     inner = _cost("two_shot", s, g, r, NVLINK.alpha_s, NVLINK.beta_Bps, codec, notes)
-    outer = _cost("one_shot", s / g, m, r, topo.net.alpha_s, topo.net.beta_Bps, codec, notes)
+    outer = _cost("one_shot", s / g, m, r, topo.net.alpha_s, topo.net_Bps, codec, notes)
     out.append(("hierarchical", inner + outer))
   return out
 
@@ -414,12 +418,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     help="message bytes per GPU (default 64MiB,1GiB); " + H.SIZE_HELP,
   )
   p.add_argument(
-    "--ring-busbw",
-    type=float,
-    default=None,
-    metavar="GBPS",
-    help="bus bandwidth (GB/s) of NCCL's rings across nodes, for the exact ops and "
-    "jcoccl's all_gathers (default: min(nvlink, 8 x the link): one ring per NIC)",
+    "--nics-per-node",
+    type=H.positive_int,
+    default=NODE_GPUS,
+    help=f"network links per node of {NODE_GPUS} GPUs (default {NODE_GPUS}: one per GPU, "
+    "as the links are rated); fewer: the GPUs of a node share them",
   )
   p.add_argument("--json", default=None, metavar="OUT", help="also write the rows to OUT")
   return p
@@ -431,7 +434,7 @@ def predict(
   gpus: Sequence[int],
   ops: Sequence[str],
   sizes: Sequence[int],
-  ring_busbw: float | None = None,
+  nics: int = NODE_GPUS,
 ) -> tuple[list[dict[str, Any]], list[str]]:
   """The table's rows and notes: one row per (GPUs, link, op, size, codec).
 
@@ -455,7 +458,7 @@ def predict(
     if n > NODE_GPUS and not nets:
       notes.add(f"{n} GPUs need a network link (--links ib400 or eth100): skipped")
     for net in nets:
-      topo = Topology(n, LINKS[net], ring_busbw)
+      topo = Topology(n, LINKS[net], nics)
       for op in ops:
         for size in sizes:
           for codec in codecs.values():
@@ -519,19 +522,20 @@ def _select(codecs: dict[str, Codec], names: Sequence[str] | None) -> dict[str, 
 def run(args: argparse.Namespace) -> int:
   """Runs ``predict``; returns the exit code."""
   codecs = _select(load_results(args.results), args.compressors)
-  busbw = args.ring_busbw
-  if busbw is not None and not (busbw > 0 and math.isfinite(busbw)):
-    raise ValueError(f"--ring-busbw: must be a positive number of GB/s, got {busbw!r}")
-  ring = None if busbw is None else busbw * 1e9
-  rows, notes = predict(codecs, args.links, args.gpus, args.ops, args.sizes, ring)
+  if not 1 <= args.nics_per_node <= NODE_GPUS:
+    raise ValueError(f"--nics-per-node: must be 1-{NODE_GPUS}, got {args.nics_per_node}")
+  rows, notes = predict(codecs, args.links, args.gpus, args.ops, args.sizes, args.nics_per_node)
   print("# jcoccl predict: NCCL float32 time / jcoccl compressed time (alpha-beta-gamma)")
   for link in LINKS.values():
     print(
       f"# {link.name}: {link.beta_Bps / 1e9:g} GB/s per GPU, alpha {link.alpha_s * 1e6:g} us"
       f" ({link.source})"
     )
-  ring = "min(nvlink, 8 x link)" if busbw is None else f"{busbw:g} GB/s (--ring-busbw)"
-  print(f"# nodes of {NODE_GPUS} GPUs on nvlink; NCCL ring busbw across nodes: {ring}")
+  k = args.nics_per_node
+  print(
+    f"# nodes of {NODE_GPUS} GPUs on nvlink, {k} link(s) per node; NCCL's ring busbw across "
+    f"nodes: min(nvlink, {k} x link); a GPU's network share: {k}/{NODE_GPUS} of a link"
+  )
   print(f"# results: {' '.join(args.results)}")
   for c in codecs.values():
     rates = ", ".join(f"{k}@{mib:g}MiB {g / 1e9:.0f}" for (k, mib), g in c.rates)
