@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -78,6 +79,18 @@ def fingerprint(params: Any) -> int:
   return int(jax.jit(lambda b: sum(b))(bits))
 
 
+def _on_mesh(mesh: Any, abstract: Any) -> Any:
+  """Each leaf's NamedSharding, replicated over ``mesh`` where it has none."""
+  return jax.tree.map(
+    lambda a: (
+      a.sharding
+      if isinstance(getattr(a, "sharding", None), NamedSharding)
+      else NamedSharding(mesh, P())
+    ),
+    abstract,
+  )
+
+
 def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
   mesh = jax.make_mesh(
     (cfg.data, cfg.model), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto)
@@ -95,7 +108,11 @@ def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
     specs = nnx.get_partition_spec(abstract)
     params = jax.jit(lambda: nnx.split(TransformerLM(mcfg, nnx.Rngs(cfg.seed)))[1])()
   tx = optax.adamw(cfg.lr)
-  opt_state = jax.jit(tx.init)(params)
+  # Every leaf on the mesh (the step count too), so that a restored state has the same
+  # shardings as a fresh one and the step program is the same executable.
+  opt_state = jax.jit(tx.init, out_shardings=_on_mesh(mesh, jax.eval_shape(tx.init, params)))(
+    params
+  )
 
   def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
     logits = nnx.merge(graphdef, params)(x)
@@ -118,7 +135,11 @@ def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
     )  # jcoccl
     ef = grad_fn.init(params)  # jcoccl
 
-  @jax.jit
+  # The outputs keep the inputs' shardings: one executable for every step, a resumed run's too.
+  loss_sharding = NamedSharding(mesh, P())
+  keep = (_on_mesh(mesh, params), _on_mesh(mesh, opt_state), _on_mesh(mesh, ef), loss_sharding)
+
+  @functools.partial(jax.jit, out_shardings=keep)
   def train_step(params: Any, opt_state: Any, ef: Any, x: jax.Array, y: jax.Array) -> tuple:
     if ef is None:
       loss, grads = grad_fn(params, x, y)

@@ -568,10 +568,11 @@ def _plans(
   """Each op's compressor and options: from ``policy`` (per axis and op) or the arguments."""
   if policy is None:
     given = {k: v for k, v in options.items() if v is not None}
+    # ``algorithm`` names all_reduce's (two_shot...); the other ops keep their own default.
     gather = {k: v for k, v in given.items() if k != "algorithm"}
     return (
       ("all_reduce", _OpPlan(compressor, tuple(sorted(given.items())))),
-      ("reduce_scatter", _OpPlan(compressor, tuple(sorted(given.items())))),
+      ("reduce_scatter", _OpPlan(compressor, tuple(sorted(gather.items())))),
       ("all_gather", _OpPlan(gather_compressor, tuple(sorted(gather.items())))),
     )
   if not isinstance(policy, Policy):
@@ -642,7 +643,8 @@ def value_and_grad(
     batch_argnums: the positional arguments whose leaves are split over ``axes`` on their
       first dimension; default: all that are not differentiated. Others pass whole.
     mesh: the mesh; default: the one set by ``jax.set_mesh``.
-    algorithm: all_reduce / reduce_scatter algorithm (default: the ops' own, "auto").
+    algorithm: the all_reduce algorithm (default: its own, "auto"); reduce_scatter and
+      all_gather keep theirs.
     min_bytes: leaves smaller than this go exactly (default: the ops' own, 4 MiB).
     chunks: as in :func:`jcoccl.all_reduce`.
 
