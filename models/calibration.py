@@ -105,7 +105,12 @@ def start(
   if how == "reuse" and saved is not None:
     rec = dict(saved)
     _install(rec.get("cost_model"))
-    what = "its calibration" if rec.get("calibrated") else f"its cost model ({rec.get('why')})"
+    if rec.get("calibrated"):
+      what = "its calibration"
+    elif rec.get("cost_model"):
+      what = f"its cost model ({rec.get('why')})"
+    else:
+      what = f"no cost model, as it started ({rec.get('why')})"
     say(
       f"resumed with {what}, saved with the checkpoint: the same choices as before "
       "(--recalibrate measures again)"
@@ -244,8 +249,9 @@ def verdict_lines(v: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
     why = record.get("why") or "no calibrated cost model"
     return [f"no calibrated cost model ({why}): auto compresses with the codecs as named"]
   lines = [
-    "calibration's prediction for this step's compressed all_reduce arrays "
-    "(auto decides per array; times summed; error feedback's codec passes counted):"
+    "calibration's prediction for this step's compressed all_reduce arrays (times summed; "
+    "error feedback's codec passes counted; 'auto:<spec>' decides per array and compresses "
+    "where that is predicted 1.25x faster than the exact op):"
   ]
   for axis, r in v.items():
     ef = " with error feedback" if r["error_feedback"] else ""
