@@ -24,14 +24,14 @@ benchmarks/results/2026-12-05-predict/README.md):
   Nodes of 8 GPUs on NVLink. Up to 8 GPUs is one node (the network is unused).
   ``--nics-per-node K`` (default 8) gives a node K such links, shared by its GPUs.
 
-Beyond one node (N = 8 m GPUs, m nodes, one NIC per GPU):
+Beyond one node (N = 8 m GPUs, m nodes, K = 8 NICs per node unless --nics-per-node):
   NCCL's ring ops (all_reduce, reduce_scatter, all_gather) run one ring per NIC and
   pipeline its NVLink and network hops, so a rank's bus bandwidth is
-  min(nvlink, 8 x NIC): T = steps alpha + bus bytes / that
+  min(nvlink, K x NIC); a GPU's own share of the network is K/8 of a NIC. T = steps alpha + bus bytes / that
   (all_reduce: cost_model's exact formula over N ranks, with the latency of the fewer of
   a ring's 2(N-1) and a tree's 2 log2 N steps, as NCCL picks; reduce_scatter and
   all_gather: N-1 steps). A point-to-point all_to_all of X bytes per GPU sends (8-1)/N X
-  over NVLink and (N-8)/N X over its NIC: T = (N-1) alpha + max of the two.
+  over NVLink and (N-8)/N X over its share: T = (N-1) alpha + max of the two.
   jcoccl's all_reduce takes the least time among hierarchical (cost_model two_shot inside
   the node over NVLink + cost_model one_shot of the 1/8 shard across nodes over each GPU's
   NIC, as ``all_reduce._hierarchical_cost`` composes them), flat two_shot (its
@@ -182,7 +182,7 @@ class Codec:
     """(input bytes per second, note) of ``kernel`` at the measured size nearest
     ``nbytes``; a kernel not measured gets its stand-in and a note saying so."""
     have = dict(self.rates)
-    stand_in = {"decode_sum": "decode", "decode_sum_encode": "decode"}
+    stand_in = {"decode_sum": "decode"}  # decode_sum_encode: see codec_s
     k, note = kernel, ""
     if not any(kk == kernel for kk, _ in have):
       k = stand_in.get(kernel, kernel)
