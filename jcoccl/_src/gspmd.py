@@ -46,6 +46,11 @@ from jcoccl.policy import Policy
 _OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
+def _up_to(treedef: Any, tree: Any) -> list:
+  """The subtrees of ``tree`` at the leaves of ``treedef`` (a prefix of it)."""
+  return treedef.flatten_up_to(tree)
+
+
 @dataclasses.dataclass(frozen=True)
 class _OpPlan:
   """What one data-axis op runs with: its compressor and keyword options."""
@@ -374,8 +379,8 @@ class _Local:
     """Argument ``argnums[k]`` whole on every data shard (FSDP leaves all-gathered)."""
     dims = self.dims[k]
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    dim_leaves = treedef.flatten_up_to(dims)
-    rest = None if self.rest[0] is None else treedef.flatten_up_to(self.rest[k])
+    dim_leaves = _up_to(treedef, dims)
+    rest = None if self.rest[0] is None else _up_to(treedef, self.rest[k])
     sharded = [i for i, d in enumerate(dim_leaves) if d is not None]
     out = [self._gather(x, None) if d is None else x for x, d in zip(leaves, dim_leaves)]
     if sharded:
@@ -396,7 +401,7 @@ class _Local:
     plan = self.g._plan("all_gather")
     return all_gather(p, self.g.axes, axis=dim, tiled=True, compressor=plan.compressor, **plan.kw())
 
-  def _fun(self, args: tuple, full: tuple) -> Callable[..., Any]:
+  def _fun(self, args: tuple) -> Callable[..., Any]:
     g = self.g
 
     def f(*params: Any) -> tuple:
@@ -421,7 +426,7 @@ class _Local:
     g = self.g
     batch = g._batch_argnums(self.nargs)
     vg = jax.value_and_grad(
-      lambda a, *ps: self._fun(a, full)(*ps), argnums=tuple(range(1, len(full) + 1)), has_aux=True
+      lambda a, *ps: self._fun(a)(*ps), argnums=tuple(range(1, len(full) + 1)), has_aux=True
     )
     if g.accumulate == 1:
       return vg(args, *full)
@@ -452,7 +457,15 @@ class _Local:
       return jax.tree_util.tree_map(add, carry, (loss, aux, grads)), None
 
     (loss, aux, grads), _ = lax.scan(body, init, jnp.arange(k))
-    cast = lambda t, like: jax.tree_util.tree_map(lambda x, s: (x / k).astype(s.dtype), t, like)
+
+    def cast(t: Any, like: Any) -> Any:
+      # Means over the micro-batches; integer aux leaves (counts) stay sums.
+      return jax.tree_util.tree_map(
+        lambda x, s: (x if jnp.issubdtype(s.dtype, jnp.integer) else x / k).astype(s.dtype),
+        t,
+        like,
+      )
+
     return (cast(loss, loss0), cast(aux, aux0)), cast(grads, grads0)
 
   def _reduce_aux(self, x: Any) -> Any:
@@ -464,16 +477,16 @@ class _Local:
     """Sum over the data axes (all_reduce, or reduce_scatter per scatter dimension), / n."""
     g = self.g
     leaves, treedef = jax.tree_util.tree_flatten(grads)
-    dims = treedef.flatten_up_to(self.dims)
+    dims = _up_to(treedef, self.dims)
     if g.error_feedback:
-      states = [e[0] for e in treedef.flatten_up_to((state,) if len(g.argnums) == 1 else state)]
+      states = [e[0] for e in _up_to(treedef, (state,) if len(g.argnums) == 1 else state)]
     else:
       states = [None] * len(leaves)
     out, new_states = [None] * len(leaves), [None] * len(leaves)
     groups: dict[int | None, list[int]] = {}
     for i, d in enumerate(dims):
       groups.setdefault(d, []).append(i)
-    rest = None if self.rest[0] is None else treedef.flatten_up_to(self.rest)
+    rest = None if self.rest[0] is None else _up_to(treedef, self.rest)
     for d, idx in groups.items():
       op = "all_reduce" if d is None else "reduce_scatter"
       summed, kept = self._blockwise(
