@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +45,11 @@ from jcoccl._src.reduce_scatter import reduce_scatter
 from jcoccl.policy import Policy
 
 _OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def _spec_entry(axes: tuple[str, ...]) -> Any:
+  """How a PartitionSpec names ``axes`` on one dimension: the name, or the tuple."""
+  return axes[0] if len(axes) == 1 else axes
 
 
 def _up_to(treedef: Any, tree: Any) -> list:
@@ -277,6 +283,7 @@ class DataParallelGrad:
       raise ValueError("state: given, but error_feedback is off (pass error_feedback=True)")
     mesh = self._mesh()
     n = self._size(mesh)
+    self._say_replicated(mesh)
     diff = self._diff(args)
     data_specs = self._data_specs(self._grad_tree(diff))
     batch = self._batch_argnums(len(args))
@@ -302,6 +309,19 @@ class DataParallelGrad:
     )
     value, grads, new_state = mapped(args, state if self.error_feedback else ())
     return ((value, grads), new_state) if self.error_feedback else (value, grads)
+
+  def _say_replicated(self, mesh: Any) -> None:
+    """Says what happens to parameters sharded over other axes when no specs are given."""
+    others = tuple(a for a in mesh.axis_names if a not in self.axes and mesh.shape[a] > 1)
+    if self.param_specs is None and others:
+      warnings.warn(
+        f"jcoccl.value_and_grad: no param_specs, so every parameter is taken as replicated "
+        f"over {self.axes} and the data-axis sums see whole gradients: the compiler gathers "
+        f"parameters sharded over {others} for them. Pass param_specs= (the PartitionSpecs "
+        f"the parameters are sharded with, e.g. nnx.get_partition_spec(state)) to keep "
+        f"each device on its own block.",
+        stacklevel=3,
+      )
 
   def _batch_argnums(self, nargs: int) -> tuple[int, ...]:
     if self.batch_argnums is None:
@@ -335,7 +355,7 @@ class DataParallelGrad:
         if spec is not None and tuple(a for a in first if a in self.axes) != self.axes:
           raise ValueError(
             f"batch {where} is sharded as {spec}, not over {self.axes} on its first "
-            f"dimension: put it with NamedSharding(mesh, P({self.axes!r}))"
+            f"dimension: put it with NamedSharding(mesh, P({_spec_entry(self.axes)!r}))"
           )
 
 
