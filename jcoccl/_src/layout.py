@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Each slice is its own encode -> collective -> decode in the compiled program (unrolled on
 # the xla backend, one engine round per slice on the fused one), so compile time and launch
@@ -400,6 +401,9 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
   or draws random bits by position does not have this property: the caller packs only
   codecs that are block-wise.
 
+  The padded row is one gather from the leaves laid end to end (and one zero), not a pad
+  per leaf: XLA:CPU compiles each pad as its own kernel (200 leaves: 200 kernels).
+
   Args:
     members: the leaves, sharing ``unit``, ``block``, ``call`` (up to closures over equal
       parameters), the rows' leading shape and dtype.
@@ -415,21 +419,30 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
     >>> [y.tolist() for y in run_packed([a, b], 1)]
     [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]]
   """
-  parts, spans = [], []
+  parts, spans, index, start = [], [], [], 0
   for m in members:
-    padded = padded_len(m.length, m.block)
-    rows = rows_in(lambda v, m=m, padded=padded: pad_last(m.pre(v), padded), m.x, m.nb)
-    b = rows.shape[0]  # messages of this leaf, laid end to end
-    parts.append(jnp.moveaxis(rows, 0, -2).reshape(rows.shape[1:-1] + (b * padded,)))
+    rows = rows_in(m.pre, m.x, m.nb)  # [B, *mid, length]
+    b, padded = rows.shape[0], padded_len(m.length, m.block)
+    parts.append(jnp.moveaxis(rows, 0, -2).reshape(rows.shape[1:-1] + (b * m.length,)))
+    at = start + np.arange(b * m.length).reshape(b, m.length)
+    index.append(np.pad(at, ((0, 0), (0, padded - m.length)), constant_values=-1).ravel())
     spans.append((b, padded))
-  row = jnp.concatenate(parts, axis=-1)
+    start += b * m.length
+  zero = jnp.zeros(parts[0].shape[:-1] + (1,), parts[0].dtype)
   first = members[0]
-  lay = RowLayout.of(row.shape[-1], first.unit, min(chunks, MAX_SLICES))
-  out = first.call(lay.pad(row), lay.slices)
-  results, start = [], 0
+  lay = RowLayout.of(sum(b * p for b, p in spans), first.unit, min(chunks, MAX_SLICES))
+  idx = pad_index(np.concatenate(index), lay.padded)
+  row = jnp.concatenate(parts + [zero], axis=-1)[..., np.where(idx < 0, start, idx)]
+  out = first.call(row, lay.slices)
+  results, at = [], 0
   for m, (b, padded) in zip(members, spans):
-    part = out[..., start : start + b * padded]
-    start += b * padded
+    part = out[..., at : at + b * padded]
+    at += b * padded
     part = jnp.moveaxis(part.reshape(part.shape[:-1] + (b, padded)), -2, 0)
     results.append(rows_out(m.post, part[..., : m.length], m.x.shape[: m.nb]))
   return results
+
+
+def pad_index(index: np.ndarray, size: int) -> np.ndarray:
+  """``index`` padded with -1 (a zero element) to ``size`` entries, as int32."""
+  return np.pad(index, (0, size - index.size), constant_values=-1).astype(np.int32)
