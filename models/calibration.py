@@ -71,11 +71,13 @@ def auto_codecs(policy: jcoccl.Policy, mesh: jax.sharding.Mesh) -> dict[str, Any
 
 
 def mode(calibrate: bool, resume: bool, recalibrate: bool) -> str:
-  """What :func:`start` does: "off" (--no-calibrate), "measure" (a new run, or
-  --recalibrate) or "reuse" (--resume)."""
+  """What :func:`start` does: "off" (--no-calibrate), "measure" (a new run), "reuse"
+  (--resume) or "remeasure" (--resume --recalibrate)."""
   if not calibrate:
     return "off"
-  return "reuse" if resume and not recalibrate else "measure"
+  if resume:
+    return "remeasure" if recalibrate else "reuse"
+  return "measure"
 
 
 def start(
@@ -118,14 +120,15 @@ def start(
     return rec
   if how == "reuse":
     say("--resume: no calibration was saved with the checkpoint; measuring the mesh again")
-  if how == "off":
-    _install(None)
-    return {"calibrated": False, "why": "--no-calibrate"}
   given = jcoccl.get_config().cost_model
-  if given is not None:
-    table = given if isinstance(given, jcoccl.CostModels) else jcoccl.CostModels.of(given)
+  # A table given from outside is used as it is, and recorded so that a resume reuses it.
+  table = None if given is None else jcoccl.CostModels.of(given).to_json()
+  if how == "off":
+    rec: dict[str, Any] = {"calibrated": False, "why": "--no-calibrate"}
+    return rec if table is None else {**rec, "cost_model": table}
+  if table is not None:
     why = "cost model given (JCOCCL_COST_MODEL or jcoccl.set_cost_model)"
-    return {"calibrated": False, "why": why, "cost_model": table.to_json()}
+    return {"calibrated": False, "why": why, "cost_model": table}
   if all(mesh.shape[a] < 2 for a in mesh.axis_names):
     return {"calibrated": False, "why": "no mesh axis of size > 1"}
   t0 = time.perf_counter()
@@ -133,13 +136,14 @@ def start(
   models = jcoccl.calibrate(mesh, sizes=SIZES, iters=3, codecs=list(codecs.values()))
   took = time.perf_counter() - t0
   names = ", ".join(sorted({str(c) for c in codecs.values()})) or "int8"
+  again = " (--recalibrate: the choices may differ from the run's so far)"
   say(
     f"calibrated the mesh's links and codecs ({names}) in {took:.1f} s"
-    + (" (--recalibrate)" if how == "reuse" else "")
+    + (again if how == "remeasure" else "")
   )
   return {
     "calibrated": True,
-    "why": "measured at start" + (" (--recalibrate)" if how == "reuse" else ""),
+    "why": "measured at start" + (" (--recalibrate)" if how == "remeasure" else ""),
     "seconds": round(took, 2),
     "cost_model": models.to_json(),
   }

@@ -145,7 +145,7 @@ def test_calibration_modes_and_verdict():
   assert [mode(True, False, False), mode(True, True, False), mode(True, True, True)] == [
     "measure",
     "reuse",
-    "measure",
+    "remeasure",
   ]
   assert mode(False, True, False) == "off"
   mesh = parallel.make_mesh(2, 1, 2)
