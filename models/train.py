@@ -20,7 +20,12 @@ continues from the newest checkpoint that restores; damaged newer ones are named
 moved to ckpt-skipped/, and a torn last line of metrics.jsonl is dropped. Bytes on the
 wire per step and device, by mesh axis, are measured on the compiled train step with
 ``jcoccl.wire_bytes(..., mesh=mesh)``, next to the same step compiled with the exact policy
-(summary.json "wire", with its "source"); ``--no-hlo-wire`` skips them. Without an accelerator and
+(summary.json "wire", with its "source"); ``--no-hlo-wire`` skips them. That exact
+step also trains alongside, from the same weights on the same batches (the exact twin,
+summary.json "exact_twin"), so the run prints what compression cost in validation loss and
+tokens/s (``--no-exact-twin`` skips it; a resumed run has none). Before the first step the
+run prints what its cost model predicts for the step's compressed all_reduce arrays
+(summary.json "auto", ``models.calibration.verdict``). Without an accelerator and
 without XLA_FLAGS, :func:`main` asks XLA for 8 host CPU devices before jax starts.
 
 The jobs live in their own modules: ``models.cli`` (flags and their checks),
