@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import shutil
 import sys
@@ -70,7 +71,14 @@ def _write_small_arrays_whole() -> None:
     )
   except (ImportError, TypeError):
     return
-  ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+  # orbax logs a WARNING for every override; this one is deliberate, so it is not shown.
+  absl = logging.getLogger("absl")
+  level = absl.level
+  absl.setLevel(logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+  finally:
+    absl.setLevel(level)
 
 
 def checkpointer(out: pathlib.Path) -> Any:
