@@ -335,18 +335,24 @@ def test_programs_survive_shutdown_and_reinit_of_the_same_mesh():
   jcoccl.init(mesh)
   x = _data(mesh, jnp.float32)
   f = _program(mesh, "x", jc.int8(block_size=32), "fused", 1, ("one_shot",))
+  compiled = f.lower(x).compile()
   # Finished before shutdown: a program still in flight then fails (see the next test).
   first = jax.block_until_ready(f(x))
   jcoccl.shutdown()
-  # Compiled program, communicators gone: a clean error on every device. Each device's
-  # shard is waited for, so that no device is still running the failed program when the
-  # communicators come back (the first error alone returns while others may still run).
-  y = f(x)
+  # The jitted function traces again (the backend registry is part of jit's key) and is
+  # refused; the compiled program, communicators gone, fails cleanly on every device.
+  # Each device's shard is waited for, so that no device is still running the failed
+  # program when the communicators come back (the first error alone returns while others
+  # may still run).
+  with pytest.raises(ValueError, match=r"jcoccl\.init"):
+    f(x)
+  y = compiled(x)
   for shard in (s for out in jax.tree.leaves(y) for s in out.addressable_shards):
     with pytest.raises(Exception, match=r"jcoccl\.init"):
       jax.block_until_ready(shard.data)
   jcoccl.init(mesh)
   np.testing.assert_array_equal(_bits(f(x)[0]), _bits(first[0]))
+  np.testing.assert_array_equal(_bits(compiled(x)[0]), _bits(first[0]))
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=str)
@@ -576,8 +582,9 @@ _ORDERS = {
 @pytest.mark.parametrize("case", sorted(_ORDERS))
 def test_mesh_with_other_device_order(case):
   """init(mesh) then a shard_map over a mesh with the same axis names and sizes but other
-  devices or order: auto runs xla and equals lax; fused raises a clear error; after init
-  with that mesh, fused equals lax too."""
+  devices or order: auto runs xla and equals lax; fused raises a clear error when lowered
+  (under jit the devices are known only then); after init with that mesh, fused equals
+  lax too."""
   init_ids, ids, shape, names, axes_list = _ORDERS[case]
   seen, mesh = _mesh_of(init_ids, shape, names), _mesh_of(ids, shape, names)
   x = _exact_data(mesh, seed=len(case))
@@ -587,7 +594,7 @@ def test_mesh_with_other_device_order(case):
     assert "jcoccl_fused_" not in _hlo(fn, x), axes
     _assert_equals_lax(fn, x)
     with pytest.raises(ValueError, match=r"not the mesh given to jcoccl\.init"):
-      _vs_lax(mesh, axes, "fused").trace(x)
+      _vs_lax(mesh, axes, "fused").trace(x).lower()
   jcoccl.init(mesh)
   for axes in axes_list:
     for backend in ("fused", "auto"):
@@ -596,15 +603,16 @@ def test_mesh_with_other_device_order(case):
       _assert_equals_lax(fn, x)
 
 
-def test_reused_trace_under_another_device_order_fails_to_compile():
+@pytest.mark.parametrize("backend", ["auto", "fused"])
+def test_reused_trace_under_another_device_order(backend):
   """JAX reuses an inner jit's trace between shard_maps whose meshes differ only in their
-  devices; the fused call it holds must then fail to compile, never run on the wrong
-  communicator."""
+  devices; the fused call it holds must then never run on the wrong communicator: auto
+  lowers it as xla (equal to lax), fused fails to compile."""
   seen, other = _mesh_of(range(8), (8,), ("x",)), _mesh_of(range(7, -1, -1), (8,), ("x",))
   comp = jc.int8(block_size=32)
   inner = jax.jit(
     lambda v: jcoccl.all_gather(
-      v, "x", axis=0, tiled=True, compressor=comp, backend="auto", min_bytes=0
+      v, "x", axis=0, tiled=True, compressor=comp, backend=backend, min_bytes=0
     )
   )
   jcoccl.init(seen)
@@ -614,12 +622,18 @@ def test_reused_trace_under_another_device_order_fails_to_compile():
     return jax.jit(jax.shard_map(inner, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x")))(x)
 
   run(seen)
-  with pytest.raises(ValueError, match="traced for the mesh given to jcoccl.init"):
-    run(other)
+  if backend == "fused":
+    with pytest.raises(ValueError, match=r"not the mesh given to jcoccl\.init"):
+      run(other)
+    return
+  x = _exact_data(other)
+  lax_gather = lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True)
+  ref = jax.jit(jax.shard_map(lax_gather, mesh=other, in_specs=jax.P("x"), out_specs=jax.P("x")))
+  np.testing.assert_array_equal(np.asarray(run(other)), np.asarray(ref(x)))
 
 
 def test_fused_needs_a_concrete_mesh():
-  """shard_map over an abstract mesh (devices unknown at trace time): fused refuses,
+  """shard_map over an abstract mesh (devices unknown when lowered too): fused refuses,
   auto runs xla; with jax.set_mesh the devices are known and fused runs."""
   mesh = _mesh_of(range(8), (8,), ("x",))
   jcoccl.init(mesh)
@@ -635,7 +649,7 @@ def test_fused_needs_a_concrete_mesh():
 
   ref = prog("xla")(x)
   with pytest.raises(ValueError, match="cannot tell which devices"):
-    prog("fused").trace(x)
+    prog("fused").trace(x).lower()
   assert "jcoccl_fused_" not in _hlo(prog("auto"), x)
   with jax.set_mesh(mesh):
     fn = prog("fused")

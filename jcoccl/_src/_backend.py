@@ -57,11 +57,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
 BACKENDS = ("auto", "xla", "fused")
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {op: {} for op in OPS}
 _fused_check: Callable[..., str | None] | None = None
+# Part of jit's cache key (as jcoccl's config is): a new value whenever the table or the
+# fused check changes, so a program traced before jcoccl.init (or shutdown) traces again
+# and picks its backend from the registry as it is now.
+_JIT_KEY = jax.make_user_context(0)
+
+
+def _changed() -> None:
+  _JIT_KEY.set_global(_JIT_KEY.get_global() + 1)
 
 
 def register(backend: str, op: str, fn: Callable[..., Any]) -> None:
@@ -77,11 +87,13 @@ def register(backend: str, op: str, fn: Callable[..., Any]) -> None:
   if backend == "auto":
     raise ValueError("backend name 'auto' is reserved")
   _REGISTRY[op][backend] = fn
+  _changed()
 
 
 def unregister(backend: str, op: str) -> None:
   """Removes ``backend``'s implementation of ``op`` if present."""
-  _REGISTRY.get(op, {}).pop(backend, None)
+  if _REGISTRY.get(op, {}).pop(backend, None) is not None:
+    _changed()
 
 
 def registered(op: str) -> tuple[str, ...]:
@@ -98,6 +110,7 @@ def set_fused_check(fn: Callable[..., str | None] | None) -> None:
   """
   global _fused_check
   _fused_check = fn
+  _changed()
 
 
 def validate(op: str, backend: Any) -> None:
@@ -148,6 +161,36 @@ def resolve(
     if reason is not None:
       raise ValueError(reason)
   return backend, impls[backend]
+
+
+def at_lowering(op: str, params: dict[str, Any], **call: Any) -> dict[str, Any]:
+  """``params`` of a leaf, with an automatic "fused" choice checked again while lowering.
+
+  At trace time the devices of a ``jax.shard_map`` under ``jax.jit`` are not known (only
+  its axis names and sizes); the lowering knows them. A leaf for which ``backend="auto"``
+  chose "fused" runs "xla" where the fused check now gives a reason (e.g. a mesh with
+  other devices than ``jcoccl.init``'s); an explicit "fused" raises ValueError with it.
+
+  Args:
+    op: one of :data:`OPS`.
+    params: the leaf's primitive params (``backend``, ``backend_arg``, ``axes``).
+    **call: as :func:`resolve`'s.
+
+  Returns:
+    ``params``, or a copy with ``backend="xla"``.
+
+  Example:
+    >>> at_lowering("all_gather", {"backend": "xla"})["backend"]
+    'xla'
+  """
+  if params.get("backend") != "fused":
+    return params
+  reason = _fused_reason(op, params["axes"], call)
+  if reason is None:
+    return params
+  if params.get("backend_arg") == "fused":
+    raise ValueError(reason)
+  return {**params, "backend": "xla"}
 
 
 def implementation(op: str, name: str) -> Callable[..., Any]:

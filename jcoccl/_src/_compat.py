@@ -51,35 +51,45 @@ def shape_dtype_with_vma(shape, dtype, vma) -> _jax.ShapeDtypeStruct:
 
 
 def shard_map_mesh():
-  """The concrete ``jax.sharding.Mesh`` of the innermost ``jax.shard_map`` being traced.
+  """The concrete ``jax.sharding.Mesh`` of the innermost ``jax.shard_map``, where JAX's own
+  context holds it.
 
-  Under jit, JAX's trace context holds only the abstract mesh (axis names and sizes); the
-  devices are a parameter of shard_map's trace rules (staging, eager, jvp, batching, ...),
-  all in ``jax._src.shard_map`` and all taking ``mesh``, so the innermost such frame on
-  the stack is read. An abstract mesh there resolves to the concrete one set with
-  ``jax.set_mesh``, as shard_map's lowering does.
+  In order: the mesh of the shard_map being lowered (its lowering context); the mesh of an
+  eager shard_map (its trace, the current one); the mesh set with ``jax.set_mesh`` when its
+  axis names and sizes are those of the abstract mesh in context. Under ``jax.jit`` a
+  shard_map over an explicit mesh stages its body with the abstract mesh only (axis names
+  and sizes): the devices are then unknown until lowering, and None is returned.
 
   Returns:
-    The Mesh, or None outside shard_map or when its devices are unknown at trace time.
+    The Mesh, or None.
   """
-  import sys
-
+  from jax._src import core as _core
   from jax._src import mesh as _mesh
 
   lowering = _lowering_mesh.get()
   if isinstance(lowering, _mesh.Mesh) and not lowering.empty:
     return lowering
-  frame = sys._getframe(1)
-  while frame is not None:
-    if frame.f_globals.get("__name__") == "jax._src.shard_map":
-      mesh = frame.f_locals.get("mesh")
-      if isinstance(mesh, _mesh.Mesh) and not mesh.empty:
-        return mesh
-      if isinstance(mesh, _mesh.AbstractMesh):
-        ctx = _mesh.get_concrete_mesh()
-        return None if ctx is None or ctx.empty else ctx
-    frame = frame.f_back
-  return None
+  trace_mesh = getattr(_core.trace_ctx.trace, "mesh", None)
+  if isinstance(trace_mesh, _mesh.Mesh) and not trace_mesh.empty:
+    return trace_mesh
+  ctx = _mesh.get_concrete_mesh()
+  if ctx is None or ctx.empty:
+    return None
+  return ctx if same_axes(ctx, _mesh.get_abstract_mesh()) else None
+
+
+def context_abstract_mesh():
+  """The abstract mesh in context (axis names and sizes), or None outside any mesh."""
+  m = _jax.sharding.get_abstract_mesh()
+  return None if m is None or m.empty else m
+
+
+def same_axes(a, b) -> bool:
+  """True when meshes ``a`` and ``b`` (concrete or abstract) have the same axis names and
+  sizes, in order."""
+  if a is None or b is None:
+    return False
+  return tuple(a.axis_names) == tuple(b.axis_names) and tuple(a.axis_sizes) == tuple(b.axis_sizes)
 
 
 _mesh_guard_p = None
@@ -204,9 +214,21 @@ _lowering_mesh: _contextvars.ContextVar = _contextvars.ContextVar(
 )
 
 
+# The platforms ("cpu", "cuda", ...) that collective is being lowered for.
+_lowering_platforms: _contextvars.ContextVar = _contextvars.ContextVar(
+  "jcoccl_lowering_platforms", default=None
+)
+
+
 def lowering_collective() -> bool:
   """True while one of jcoccl's collective primitives is being lowered."""
   return _lowering_mesh.get() is not None
+
+
+def lowering_platforms() -> tuple[str, ...] | None:
+  """The platforms the collective primitive being lowered is lowered for (one, except for
+  a multi-platform export), or None outside such a lowering."""
+  return _lowering_platforms.get()
 
 
 def new_primitive(name: str):
@@ -317,10 +339,13 @@ def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None
 
   def lowering(ctx, *args, **params):
     mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    platforms = tuple(ctx.platforms or ctx.module_context.platforms)
     token = _lowering_mesh.set(mesh if mesh is not None else False)
+    token_p = _lowering_platforms.set(platforms)
     try:
       return lowered(ctx, *args, **params)
     finally:
+      _lowering_platforms.reset(token_p)
       _lowering_mesh.reset(token)
 
   mlir.register_lowering(p, lowering)

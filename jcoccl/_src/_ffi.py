@@ -14,6 +14,8 @@ from types import ModuleType
 
 import jax
 
+from jcoccl._src import config as _config
+
 _PLATFORMS = {"cpu": "jcoccl._cpu", "cuda": "jcoccl._cuda"}
 # The platform names jax.ffi.register_ffi_target files handlers under. The CUDA PJRT plugin
 # collects its handlers under "CUDA" (xla_client maps only "gpu" to it): a handler filed
@@ -22,12 +24,13 @@ _PLATFORMS = {"cpu": "jcoccl._cpu", "cuda": "jcoccl._cuda"}
 _XLA_PLATFORMS = {"cpu": "cpu", "cuda": "CUDA"}
 
 
-@functools.cache
 def native_module(platform: str) -> ModuleType | None:
   """Returns the native module for ``platform`` ("cpu" or "cuda"), or None if absent.
 
-  Set ``JCOCCL_DISABLE_NATIVE=1`` to ignore both modules (every codec then runs its jnp
-  specification).
+  None too where jcoccl's config says ``native=False`` (``JCOCCL_DISABLE_NATIVE=1``, read
+  once into the config's defaults, or ``with jcoccl.config(native=False)``): every codec
+  then runs its jnp specification. The config is part of ``jax.jit``'s cache key, so a
+  program traced under one setting is traced again under the other.
 
   Example:
     >>> native_module("cpu") is not None
@@ -35,8 +38,13 @@ def native_module(platform: str) -> ModuleType | None:
   """
   if platform not in _PLATFORMS:
     raise ValueError(f"platform must be one of {sorted(_PLATFORMS)}, got {platform!r}")
-  if os.environ.get("JCOCCL_DISABLE_NATIVE", "") not in ("", "0"):
+  if not _config.current().native:
     return None
+  return _import(platform)
+
+
+@functools.cache
+def _import(platform: str) -> ModuleType | None:
   if platform == "cuda":
     _preload_nccl()
   try:
@@ -50,7 +58,7 @@ def codes(table: str) -> dict[str, int]:
   """Name -> value of a C++ enum that crosses the FFI boundary, as the native module exports it.
 
   Tables: "CODEC_KINDS", "DTYPES" (by dtype name), "FP8_FORMATS" and "OPS" (fused engine).
-  They are read from ``jcoccl._cpu`` even under ``JCOCCL_DISABLE_NATIVE`` (they are constants,
+  They are read from ``jcoccl._cpu`` even under ``native=False`` (they are constants,
   not kernels), so Python never keeps its own copy of the C++ values.
 
   Args:
@@ -83,9 +91,16 @@ def require_module(platform: str) -> ModuleType:
   """
   mod = native_module(platform)
   if mod is None:
-    why = native_import_error(platform) or "disabled by JCOCCL_DISABLE_NATIVE"
+    why = unavailable_reason(platform)
     raise ImportError(f"jcoccl's native module for {platform!r} is unavailable: {why}")
   return mod
+
+
+def unavailable_reason(platform: str) -> str:
+  """Why :func:`native_module` gives None for ``platform``: its ImportError, or the config."""
+  return native_import_error(platform) or (
+    "disabled by jcoccl.config(native=False) or JCOCCL_DISABLE_NATIVE=1"
+  )
 
 
 def native_import_error(platform: str) -> str | None:
@@ -97,13 +112,18 @@ def native_import_error(platform: str) -> str | None:
   return None
 
 
-@functools.cache
 def register(platform: str) -> frozenset[str]:
   """Registers every FFI target of ``platform``'s native module; returns their names.
 
-  Returns an empty set when the module is absent. Safe to call many times.
+  Returns an empty set when the module is absent or not to be used (``native=False``).
+  Safe to call many times.
   """
-  mod = native_module(platform)
+  return _register(platform) if _config.current().native else frozenset()
+
+
+@functools.cache
+def _register(platform: str) -> frozenset[str]:
+  mod = _import(platform)
   if mod is None:
     return frozenset()
   names = []

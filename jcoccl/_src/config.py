@@ -1,7 +1,8 @@
 """jcoccl's settings: one immutable :class:`Config`, read while a program is traced.
 
 The settings that decide what a traced program does (the size threshold, how payloads are
-gathered, the cost model behind ``algorithm="auto"``, the fused engine's timeout) live in
+gathered, the cost model behind ``algorithm="auto"``, the fused engine's timeout, whether
+codecs may run their native kernels) live in
 one frozen, hashable :class:`Config`. The collectives read :func:`current` while tracing
 and bind it into each ``jcoccl_<op>`` primitive's params (``config=...``), so lowering and
 the gradient passes see the same settings as the trace did.
@@ -19,6 +20,11 @@ them again):
   JCOCCL_TIMEOUT_S   seconds a fused collective waits for its peers (see
                      :func:`jcoccl._src._env.seconds`; built in: 300)
   JCOCCL_COST_MODEL  a cost model JSON file (:mod:`jcoccl._src.cost_model`)
+  JCOCCL_NCCL_WAIT   GPU only: 1 (default) a fused call waits for its NCCL work (a lost
+                     peer fails it after timeout_s); 0 it returns once the work is queued
+  JCOCCL_DISABLE_NATIVE  1: codecs run their jnp specification, never a native kernel,
+                     and the fused engine is unavailable (``native=False``; 0 or unset:
+                     native kernels where they exist)
 
 Example:
   >>> with config(min_bytes=0):
@@ -35,6 +41,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
 from jcoccl._src import _env
 
@@ -53,12 +60,18 @@ class Config:
     timeout_s: seconds a fused collective waits for its peers, in (0, 1e8].
     cost_model: the :class:`jcoccl._src.cost_model.CostModels` behind ``algorithm="auto"``,
       or None: the platform's default model (one_shot or two_shot, never exact).
+    nccl_wait: GPU only: a fused call waits for its NCCL work (False: returns once it is
+      queued, with no protection against a lost peer).
+    native: False: jcoccl's native modules are not used (codecs run their jnp
+      specification; no fused engine).
   """
 
   min_bytes: int = BUILTIN_MIN_BYTES
   gather: str = "all_gather"
   timeout_s: float = _env.DEFAULT_TIMEOUT_S
   cost_model: Any = None
+  nccl_wait: bool = True
+  native: bool = True
 
   def __post_init__(self):
     m = self.min_bytes
@@ -72,6 +85,11 @@ class Config:
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
       raise ValueError(f"config timeout_s must be a positive number of seconds, got {t!r}")
     object.__setattr__(self, "timeout_s", min(float(t), _env.MAX_TIMEOUT_S))
+    for name in ("nccl_wait", "native"):
+      value = getattr(self, name)
+      if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"config {name} must be a bool, got {value!r}")
+      object.__setattr__(self, name, bool(value))
     from jcoccl._src import cost_model as cm
 
     if self.cost_model is not None and not isinstance(self.cost_model, cm.CostModels):
@@ -81,7 +99,8 @@ class Config:
     model = "default" if self.cost_model is None else self.cost_model.name()
     return (
       f"config(min_bytes={self.min_bytes} gather={self.gather} timeout_s={self.timeout_s:g} "
-      f"cost_model={model})"
+      f"cost_model={model}{'' if self.nccl_wait else ' nccl_wait=False'}"
+      f"{'' if self.native else ' native=False'})"
     )
 
   __repr__ = __str__
@@ -105,12 +124,22 @@ def from_environment() -> Config:
   if gather not in GATHERS:
     raise ValueError(f"JCOCCL_GATHER must be one of {GATHERS}, got {gather!r}")
   path = os.environ.get("JCOCCL_COST_MODEL", "")
+  disable, wait = _flag("JCOCCL_DISABLE_NATIVE", "0"), _flag("JCOCCL_NCCL_WAIT", "1")
   return Config(
     min_bytes=_env.integer("JCOCCL_MIN_BYTES", BUILTIN_MIN_BYTES, 0),
     gather=gather,
     timeout_s=_env.seconds("JCOCCL_TIMEOUT_S", _env.DEFAULT_TIMEOUT_S),
     cost_model=cm.read(path) if path else None,
+    nccl_wait=wait,
+    native=not disable,
   )
+
+
+def _flag(name: str, default: str) -> bool:
+  text = os.environ.get(name, "") or default
+  if text not in ("0", "1"):
+    raise ValueError(f"{name} must be 0 or 1, got {text!r}")
+  return text == "1"
 
 
 def _load_defaults() -> None:
@@ -159,7 +188,8 @@ def config(**settings: Any) -> Iterator[Config]:
   jitted function called inside and outside is traced (and compiled) once for each.
 
   Args:
-    **settings: any of ``min_bytes``, ``gather``, ``timeout_s``, ``cost_model``.
+    **settings: any of ``min_bytes``, ``gather``, ``timeout_s``, ``cost_model``,
+      ``nccl_wait``, ``native``.
 
   Yields:
     The config in effect inside the block.

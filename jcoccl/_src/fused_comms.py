@@ -207,6 +207,18 @@ def _mesh_reason(axes: tuple[str, ...]) -> str | None:
       "(or use backend='xla' / 'auto')"
     )
   mesh = _compat.shard_map_mesh()
+  if mesh is None and not _compat.lowering_collective():
+    # Under jit the devices are known only when the program is lowered, where this check
+    # runs again (jcoccl._src._backend.at_lowering); the axis names and sizes match now.
+    seen = _compat.context_abstract_mesh()
+    if _compat.same_axes(st.mesh, seen):
+      return None
+    if seen is not None:
+      return (
+        f"backend='fused': this shard_map's mesh (axes {dict(zip(seen.axis_names, seen.axis_sizes))}) "
+        f"is not the mesh given to jcoccl.init ({_describe(st.mesh)}); call jcoccl.init "
+        "with this shard_map's mesh (or use backend='xla' / 'auto')"
+      )
   if mesh is None:
     return (
       f"backend='fused' cannot tell which devices the collective over {axes} runs on: "
@@ -274,13 +286,13 @@ def _platform_of(mesh: Any) -> str:
         f"'auto' does) or a mesh of this process's devices"
       )
     if _ffi.native_module("cpu") is None:
-      raise RuntimeError(f"the fused engine needs jcoccl._cpu: {_ffi.native_import_error('cpu')}")
+      raise RuntimeError(f"the fused engine needs jcoccl._cpu: {_ffi.unavailable_reason('cpu')}")
     return "cpu"
   if p in ("gpu", "cuda"):
     if _ffi.native_module("cuda") is None:
       raise RuntimeError(
         "the fused engine on GPU needs jcoccl._cuda (build with "
-        f"JCOCCL_CUDA=ON): {_ffi.native_import_error('cuda')}"
+        f"JCOCCL_CUDA=ON): {_ffi.unavailable_reason('cuda')}"
       )
     return "cuda"
   raise ValueError(f"mesh platform must be cpu or gpu for the fused engine, got {p!r}")

@@ -469,6 +469,16 @@ def bucket_key(x: jax.Array, params: dict, rows: Any) -> tuple:
   )
 
 
+def _at_lowering(o: Op, x: jax.Array, lp: dict) -> dict:
+  """Leaf parameters with auto's "fused" checked against the lowering's concrete mesh
+  (:func:`jcoccl._src._backend.at_lowering`)."""
+  if lp.get("backend") != "fused":
+    return lp
+  algo = {"algorithm": lp["algorithm"]} if "algorithm" in lp else {}
+  c = load(lp["compressor"])
+  return _backend.at_lowering(o.name, lp, compressor=c, dtype=x.dtype, **algo)
+
+
 def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) -> list:
   """The forward of every leaf of one equation (``lps[i]``: leaf i's parameters), the
   leaves bucketed: those with equal :func:`bucket_key` run as ONE chain
@@ -482,6 +492,7 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   """
   outs: list = [None] * len(xs)
   buckets: dict[tuple, list[tuple[int, Any]]] = {}
+  lps = [_at_lowering(o, x, lp) for x, lp in zip(xs, lps)]
   for i, (x, lp) in enumerate(zip(xs, lps)):
     rows = None
     if o.rows is not None and key is None and len(xs) > 1 and blockwise(load(lp["compressor"])):

@@ -26,11 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src import _ffi
+from jcoccl._src import _compat, _ffi
 from jcoccl._src.compressors import registry
 
 PLUGIN_MAX_PARAMS = 8  # JCOCCL_PLUGIN_MAX_PARAMS (jcoccl/include/jcoccl/codec_plugin.h)
 _NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# jax's lowering platform names -> the native module that has kernels for them.
+_NATIVE_PLATFORMS = {"cpu": "cpu", "cuda": "cuda"}
 _OPS = ("encode", "decode", "decode_sum", "decode_sum_encode")
 _TARGETS = {
   "encode": "jcoccl_encode_rows",
@@ -41,7 +43,19 @@ _TARGETS = {
 
 
 def _platform() -> str | None:
-  """The native platform of the default backend ("cpu" or "cuda"), or None."""
+  """The native platform ("cpu" or "cuda") whose kernels the program uses, or None.
+
+  Inside a jcoccl collective's lowering (where the codecs of every collective run) it is
+  the platform the program is lowered for: a program lowered for CPU on a GPU machine uses
+  the CPU kernels, and one lowered for several platforms at once runs the jnp
+  specification. A codec method called directly in a user's function is traced before
+  the lowering platform is known: it uses the default backend's kernels.
+  """
+  lowering = _compat.lowering_platforms()
+  if lowering is not None:
+    if len(lowering) != 1:
+      return None
+    return _NATIVE_PLATFORMS.get(lowering[0])
   backend = jax.default_backend()
   if backend == "cpu":
     return "cpu"
@@ -209,7 +223,8 @@ def _call(
 ) -> jax.Array:
   platform = _platform()
   if platform is None or not _ffi.has_target(_TARGETS[op], platform):
-    raise ValueError(f"no native kernel for op {op!r} on backend {jax.default_backend()!r}")
+    where = _compat.lowering_platforms() or (jax.default_backend(),)
+    raise ValueError(f"no native kernel for op {op!r} on platform {'/'.join(where)!r}")
   fn = jax.ffi.ffi_call(_TARGETS[op], _result(arg, shape, out_dtype), vmap_method="broadcast_all")
   return _vary_like(fn(arg, **codec_attrs(c), **extra), arg, invariant_over)
 
