@@ -181,11 +181,10 @@ def test_cuda_ext_delay_mode_keeps_results(ext, kinds):
 
 
 @pytest.mark.parametrize("wait", ["1", "0"])
-def test_cuda_ext_two_axis_mesh_under_every_delay(ext, monkeypatch, wait):
+def test_cuda_ext_two_axis_mesh_under_every_delay(ext, wait):
   # Hierarchical all_reduce (two communicators on one comm lane, the outer level fed from
   # the decode lane), two_shot on one axis and a partial ppermute on the other, bfloat16,
   # 3 slices, with every kind of queued work stretched; waiting and asynchronous handlers.
-  monkeypatch.setenv("JCOCCL_NCCL_WAIT", wait)
   mesh = _mesh((2, 2), ("node", "gpu"))
   axes = ("node", "gpu")
   x = _data(mesh, jnp.bfloat16, seed=5)
@@ -204,7 +203,7 @@ def test_cuda_ext_two_axis_mesh_under_every_delay(ext, monkeypatch, wait):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))(x)
 
   want = _cpu_path(mesh, "fused", make)
-  with cuda_ext.use(ext):
+  with cuda_ext.use(ext), jcoccl.config(nccl_wait=wait == "1"):
     jcoccl.init(mesh)
     ext.set_delay(
       cuda_ext.KERNELS | cuda_ext.COPIES | cuda_ext.COLLECTIVES | cuda_ext.XLA_INPUTS, 2000
@@ -214,15 +213,14 @@ def test_cuda_ext_two_axis_mesh_under_every_delay(ext, monkeypatch, wait):
     np.testing.assert_array_equal(_bits(g), _bits(w))
 
 
-def test_cuda_ext_asynchronous_mode_keeps_results(ext, monkeypatch):
-  # JCOCCL_NCCL_WAIT=0: the fused handler returns once its work is queued; XLA's stream
-  # (joined to every lane) alone orders what follows.
-  monkeypatch.setenv("JCOCCL_NCCL_WAIT", "0")
+def test_cuda_ext_asynchronous_mode_keeps_results(ext):
+  # nccl_wait=False (JCOCCL_NCCL_WAIT=0): the fused handler returns once its work is
+  # queued; XLA's stream (joined to every lane) alone orders what follows.
   mesh = _mesh((2,), ("x",))
   x = _data(mesh, jnp.float32, seed=6)
   comp = jc.int8(block_size=32)
   want = _cpu_path(mesh, "fused", lambda: _program(mesh, "x", comp, "fused", 2, ALL_OPS)(x))
-  with cuda_ext.use(ext):
+  with cuda_ext.use(ext), jcoccl.config(nccl_wait=False):
     jcoccl.init(mesh)
     ext.set_delay(cuda_ext.COLLECTIVES, 3000)
     got = jax.block_until_ready(_program(mesh, "x", comp, "fused", 2, ALL_OPS)(x))

@@ -123,16 +123,12 @@ class GpuCodec final : public Codec {
   static cudaStream_t St(void* s) { return static_cast<cudaStream_t>(s); }
 };
 
-// JCOCCL_NCCL_WAIT=0 returns as soon as the work is enqueued (fully asynchronous, but a
-// lost peer then hangs the stream); the default waits for completion, polling NCCL's
-// asynchronous error, and aborts the communicator after the call's timeout_s.
-bool WaitForCompletion() {
-  const char* v = std::getenv("JCOCCL_NCCL_WAIT");
-  return v == nullptr || std::string(v) != "0";
-}
-
+// `wait` is the call's nccl_wait attribute (jcoccl.config's nccl_wait, JCOCCL_NCCL_WAIT):
+// true (the default) waits for completion, polling NCCL's asynchronous error, and aborts
+// the communicator after the call's timeout_s; false returns as soon as the work is
+// enqueued (fully asynchronous, but a lost peer then hangs the stream).
 Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
-              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws) {
+              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws, bool wait) {
   JCOCCL_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "set device"));
   DeviceStreams* ds = nullptr;
   JCOCCL_RETURN_IF_ERROR(StreamsFor(device, &ds));
@@ -158,7 +154,7 @@ Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
     Status j = StreamWait(ds, l, ds->s[l], xla);
     if (s.ok()) s = j;
   }
-  if (!s.ok() || !WaitForCompletion()) return s;
+  if (!s.ok() || !wait) return s;
   {
     std::lock_guard<std::mutex> lk(ds->mu);
     s = Cuda(cudaEventRecord(ds->done, xla), "event record");
@@ -182,8 +178,10 @@ ffi::Error FusedGpuImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device, 
           Resolve(attrs, device, x.element_type(), x.element_count(), out->element_count(), &r);
       e.failure())
     return e;
+  auto wait = Attr<bool>(attrs, "nccl_wait");
+  if (wait.has_error()) return wait.error();
   r.call.ctx.run_id = run_id.run_id;
-  Status s = RunGpu(stream, r, device, x, out, ws);
+  Status s = RunGpu(stream, r, device, x, out, ws, *wait);
   if (!s.ok()) return Fail(s.msg);
   return ffi::Error::Success();
 }
