@@ -37,11 +37,11 @@ def test_cuda_targets_are_filed_under_the_cuda_plugins_platform(monkeypatch):
       return {"jcoccl_fake_target": object()}
 
   filed = []
-  monkeypatch.setattr(_ffi, "native_module", lambda platform: FakeCuda)
+  monkeypatch.setattr(_ffi, "_import", lambda platform: FakeCuda)
   monkeypatch.setattr(
     _ffi.jax.ffi, "register_ffi_target", lambda name, fn, platform: filed.append(platform)
   )
-  assert _ffi.register.__wrapped__("cuda") == {"jcoccl_fake_target"}
+  assert _ffi._register.__wrapped__("cuda") == {"jcoccl_fake_target"}
   assert [xla_client.xla_platform_names.get(p, p) for p in filed] == ["CUDA"]
 
 
