@@ -143,7 +143,9 @@ def start(
   )
   return {
     "calibrated": True,
-    "why": "measured at start" + (" (--recalibrate)" if how == "remeasure" else ""),
+    "why": "measured again on resume (--recalibrate)"
+    if how == "remeasure"
+    else "measured at start",
     "seconds": round(took, 2),
     "cost_model": models.to_json(),
   }
