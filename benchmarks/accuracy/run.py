@@ -157,6 +157,8 @@ def common_argv(args: argparse.Namespace) -> list[str]:
       "--no-progress",
       # The study compares policies' bytes and losses: auto must not turn them off.
       "--no-calibrate",
+      # The study trains exact as a policy of its own (and its seeds): no twin per run.
+      "--no-exact-twin",
     ]
     + sizing
     + list(args.train_arg)
