@@ -14,7 +14,7 @@ from collectives_util import P, bits, mesh, rand
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi, fused_comms, primitives
+from jcoccl._src import _ffi, fused_comms, layout, primitives
 
 N = 4  # ranks of axis "d"
 CODECS = {
@@ -193,3 +193,13 @@ def test_fused_backend_one_call_per_group():
     assert _chains(alone, *xs, op="custom_call") == 3
   finally:
     fused_comms.shutdown()
+
+
+def test_large_packs_pad_each_leaf_with_the_same_bits(monkeypatch):
+  """Above layout.GATHER_MAX elements the row is built by a pad per leaf, not one gather
+  (whose index is a program constant): the same row, so the same bits."""
+  monkeypatch.setattr(layout, "GATHER_MAX", 0)
+  xs = _leaves(((N, 2 * N, 3), (N, N, 7), (N, 3 * N)), (jnp.float32,) * 3, seed=50)
+  for name in ("all_reduce", "reduce_scatter"):
+    got = jax.jit(_both(name, 3, compressor=CODECS["int4"], min_bytes=0))(*xs)
+    _assert_bitwise(got, 3)

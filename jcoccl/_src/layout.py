@@ -402,7 +402,9 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
   codecs that are block-wise.
 
   The padded row is one gather from the leaves laid end to end (and one zero), not a pad
-  per leaf: XLA:CPU compiles each pad as its own kernel (200 leaves: 200 kernels).
+  per leaf: XLA:CPU compiles each pad as its own kernel (200 leaves: 200 kernels). The
+  gather's index is a constant of the program, so above :data:`GATHER_MAX` elements each
+  leaf is padded by its own op instead (the same row).
 
   Args:
     members: the leaves, sharing ``unit``, ``block``, ``call`` (up to closures over equal
@@ -428,11 +430,19 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
     index.append(np.pad(at, ((0, 0), (0, padded - m.length)), constant_values=-1).ravel())
     spans.append((b, padded))
     start += b * m.length
-  zero = jnp.zeros(parts[0].shape[:-1] + (1,), parts[0].dtype)
   first = members[0]
   lay = RowLayout.of(sum(b * p for b, p in spans), first.unit, min(chunks, MAX_SLICES))
-  idx = pad_index(np.concatenate(index), lay.padded)
-  row = jnp.concatenate(parts + [zero], axis=-1)[..., np.where(idx < 0, start, idx)]
+  if lay.padded <= GATHER_MAX:
+    zero = jnp.zeros(parts[0].shape[:-1] + (1,), parts[0].dtype)
+    idx = pad_index(np.concatenate(index), lay.padded)
+    row = jnp.concatenate(parts + [zero], axis=-1)[..., np.where(idx < 0, start, idx)]
+  else:
+    padded_parts = []
+    for m, part, (b, padded) in zip(members, parts, spans):
+      lead = part.shape[:-1]
+      grid = pad_last(part.reshape(lead + (b, m.length)), padded)
+      padded_parts.append(grid.reshape(lead + (b * padded,)))
+    row = lay.pad(jnp.concatenate(padded_parts, axis=-1))
   out = first.call(row, lay.slices)
   results, at = [], 0
   for m, (b, padded) in zip(members, spans):
@@ -441,6 +451,11 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
     part = jnp.moveaxis(part.reshape(part.shape[:-1] + (b, padded)), -2, 0)
     results.append(rows_out(m.post, part[..., : m.length], m.x.shape[: m.nb]))
   return results
+
+
+# Elements of a packed row up to which it is built by one gather (its int32 index, a
+# constant of the compiled program, is then at most 16 MiB).
+GATHER_MAX = 1 << 22
 
 
 def pad_index(index: np.ndarray, size: int) -> np.ndarray:
