@@ -426,8 +426,8 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
     rows = rows_in(m.pre, m.x, m.nb)  # [B, *mid, length]
     b, padded = rows.shape[0], padded_len(m.length, m.block)
     parts.append(jnp.moveaxis(rows, 0, -2).reshape(rows.shape[1:-1] + (b * m.length,)))
-    at = start + np.arange(b * m.length).reshape(b, m.length)
-    index.append(np.pad(at, ((0, 0), (0, padded - m.length)), constant_values=-1).ravel())
+    pos = start + np.arange(b * m.length).reshape(b, m.length)
+    index.append(np.pad(pos, ((0, 0), (0, padded - m.length)), constant_values=-1).ravel())
     spans.append((b, padded))
     start += b * m.length
   first = members[0]
