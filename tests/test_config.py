@@ -129,3 +129,23 @@ def test_timeout_is_clamped_and_nested_blocks_restore():
       assert jcoccl.get_config().timeout_s == 2.5
     assert jcoccl.get_config() is outer
   assert jcoccl.get_config().timeout_s == 300.0
+
+
+def test_first_program_of_a_process_traces_once():
+  # The defaults enter jit's key. Were they filled in while the first program traced, its
+  # second call would miss the cache and trace (and compile) again: a fresh process shows it.
+  import subprocess
+  import sys
+
+  script = (
+    "import jax, jax.numpy as jnp, jcoccl\n"
+    "n = []\n"
+    "def f(x):\n"
+    "  n.append(1)\n"
+    "  return x * jcoccl.get_config().timeout_s\n"
+    "g = jax.jit(f)\n"
+    "g(jnp.ones(2)); g(jnp.ones(2))\n"
+    "print(len(n))\n"
+  )
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+  assert out.stdout.strip().splitlines()[-1] == "1"

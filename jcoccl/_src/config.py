@@ -12,8 +12,8 @@ key, so changing it (``with jcoccl.config(...)``, :func:`set_defaults`) retraces
 recompiles; a jitted function never keeps settings it saw earlier.
 
 Environment variables give the process defaults and are parsed once, by
-:func:`from_environment` (on first use; :func:`set_defaults` with ``reload=True`` reads
-them again):
+:func:`from_environment` (when this module is imported; :func:`set_defaults` with
+``reload=True`` reads them again):
 
   JCOCCL_MIN_BYTES   default ``min_bytes`` (int >= 0; built in: 4 MiB)
   JCOCCL_GATHER      how payload rows are all-gathered: auto | all_gather | all_to_all
@@ -238,3 +238,9 @@ def set_defaults(*, reload: bool = False, **settings: Any) -> Config:
   new = _replaced(base, settings)
   _CONTEXT.set_global(new)
   return new
+
+
+# Read when jcoccl is imported, not at the first trace: the defaults are part of jit's key,
+# and filling them in while the first program traces would make its next call miss the
+# cache and trace again. A bad variable is raised at the first use (current()).
+_load_defaults()
