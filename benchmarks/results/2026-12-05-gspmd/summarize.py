@@ -1,6 +1,6 @@
 """Prints the tables of README.md from the JSON files next to it.
 
-    python benchmarks/results/2026-12-05-gspmd/summarize.py
+python benchmarks/results/2026-12-05-gspmd/summarize.py
 """
 
 from __future__ import annotations
@@ -57,11 +57,18 @@ def timing() -> None:
   print("|---|---|---|---|")
   ratios = []
   for r in (1, 2, 3):
+    if not (d / f"orig-{r}.json").exists() or not (d / f"int8ef-{r}.json").exists():
+      print(f"| {r} | missing | missing | - |")
+      continue
     o = statistics.median(load(d / f"orig-{r}.json")["step_s"][5:])
     i = statistics.median(load(d / f"int8ef-{r}.json")["step_s"][5:])
     ratios.append(i / o)
     print(f"| {r} | {o:.3f} | {i:.3f} | {i / o:.3f} |")
-  print(f"\nratio median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
+  if ratios:
+    print(
+      f"\nratio median {statistics.median(ratios):.3f}, "
+      f"range {min(ratios):.3f}-{max(ratios):.3f} ({len(ratios)} repeats)"
+    )
 
 
 if __name__ == "__main__":
