@@ -71,12 +71,19 @@ def batch_at(corpus: Any, cfg: TrainConfig, step: int, sharding: NamedSharding) 
 
 
 def fingerprint(params: Any) -> int:
-  """A checksum of the parameters' bits (order-free integer sum, the same in any process)."""
-  bits = [
-    jnp.sum(jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32))
-    for x in jax.tree.leaves(params)
-  ]
-  return int(jax.jit(lambda b: sum(b))(bits))
+  """A checksum of the parameters' bits (order-free integer sum, the same in any process).
+
+  One jitted program for all leaves: across processes, eager per-leaf sums are separate
+  programs whose collectives each process may issue in another order.
+  """
+
+  def total(tree: Any) -> jax.Array:
+    return sum(
+      jnp.sum(jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32))
+      for x in jax.tree.leaves(tree)
+    )
+
+  return int(jax.jit(total)(params))
 
 
 def _on_mesh(mesh: Any, abstract: Any) -> Any:
