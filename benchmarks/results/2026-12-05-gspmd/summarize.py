@@ -49,10 +49,11 @@ def resume() -> None:
     )
 
 
-def timing() -> None:
-  d = HERE / "timing"
+def timing(folder: str) -> None:
+  d = HERE / folder
   if not d.exists():
     return
+  print(f"\n{folder}/:")
   print("| repeat | original s/step | int8 + EF s/step | ratio |")
   print("|---|---|---|---|")
   ratios = []
@@ -74,4 +75,5 @@ def timing() -> None:
 if __name__ == "__main__":
   accuracy()
   resume()
-  timing()
+  timing("timing")  # the shared machine's runs
+  timing("timing-quiet")  # rerun alone on the machine
