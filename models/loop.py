@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -145,7 +146,8 @@ def train(cfg: RunConfig, job: Job) -> dict:
       if run is None:
         first = len(par.coll.log)
         traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y)
-        auto = _auto_verdict(job, par.coll.log[first:])
+        # Through the bar, which is on screen by now: a plain print would land on its line.
+        auto = _auto_verdict(job, par.coll.log[first:], lambda t: lead() and bar.write(t))
         run = traced.lower().compile()
         if twin is not None:
           ref_traced = exact_step.trace(twin.params, twin.opt_state, twin.ef, x, y)
@@ -202,12 +204,12 @@ def train(cfg: RunConfig, job: Job) -> dict:
   return finish(cfg, job, wire or NO_WIRE, tps, start_step, auto)
 
 
-def _auto_verdict(job: Job, log: list) -> dict:
-  """Prints (process 0) and returns what the run's cost model predicts for the compressed
-  all_reduce calls of the step just traced (``models.calibration.verdict``)."""
+def _auto_verdict(job: Job, log: list, write: Callable[[str], Any] = say) -> dict:
+  """Prints (with ``write``: process 0) and returns what the run's cost model predicts for
+  the compressed all_reduce calls of the step just traced (``models.calibration.verdict``)."""
   ef = tuple(job.par.grad_sync.ef_levels()) if job.par.uses_error_feedback() else ()
   v = calibration.verdict(job.calibration, log, job.recipe.policy, job.par.mesh, ef)
-  say("\n".join(calibration.verdict_lines(v, job.calibration)))
+  write("\n".join(calibration.verdict_lines(v, job.calibration)))
   return v
 
 
