@@ -7,6 +7,7 @@
 //
 // JCOCCL_EXT_CODECS, JCOCCL_EXT_FUSED and JCOCCL_EXT_NCCL name the sources to include (the
 // codec kernels after tools/gpu_shim.py's launch rewrite; mutant copies in a mutant build).
+// The codec handlers (gpu/codec_handlers.cu) launch no kernel: they are included as they are.
 #ifndef __CUDACC__
 #define __CUDACC__ 1
 #endif
@@ -36,6 +37,7 @@ inline void* OpenNccl(const char* file, int mode) {
 }  // namespace jcoccl_emul
 
 #include JCOCCL_EXT_CODECS
+#include "gpu/codec_handlers.cu"
 #include JCOCCL_EXT_FUSED
 #define dlopen ::jcoccl_emul::OpenNccl
 #include JCOCCL_EXT_NCCL
