@@ -140,22 +140,16 @@ def test_native_setting_retraces_and_is_read_once(monkeypatch):
     jcoccl.config(native="no").__enter__()
 
 
-def test_nccl_wait_is_a_config_setting_sent_as_an_attribute(monkeypatch):
-  """JCOCCL_NCCL_WAIT is read once into the config and reaches the engine as each fused
-  call's nccl_wait attribute: changing it retraces."""
+def test_nccl_wait_was_removed_with_a_message_that_says_why(monkeypatch):
+  """The GPU engine no longer waits on the host (its watchdog replaced nccl_wait): the setting
+  raises TypeError saying so, the variable is ignored with a warning, and no fused call
+  carries the attribute."""
   m = mesh((8,), ("x",))
   jcoccl.init(m)
-  traces: list = []
-  f, x = _gather(m, "fused", traces), _x(m)
-  f(x)
-  assert "nccl_wait = true" in _hlo(f, x)
-  with jcoccl.config(nccl_wait=False):
-    f(x)
-    assert len(traces) == 2 and "nccl_wait = false" in _hlo(f, x)
-  monkeypatch.setenv("JCOCCL_NCCL_WAIT", "0")
-  assert config_mod.current().nccl_wait
-  jcoccl.set_config_defaults(reload=True)
-  assert "nccl_wait = false" in _hlo(f, x)
-  monkeypatch.setenv("JCOCCL_NCCL_WAIT", "2")
-  with pytest.raises(ValueError, match="JCOCCL_NCCL_WAIT must be 0 or 1"):
+  f, x = _gather(m, "fused", []), _x(m)
+  assert "nccl_wait" not in _hlo(f, x)
+  with pytest.raises(TypeError, match="nccl_wait was removed: .*watchdog"):
+    jcoccl.config(nccl_wait=False).__enter__()
+  monkeypatch.setenv("JCOCCL_NCCL_WAIT", "1")
+  with pytest.warns(UserWarning, match="JCOCCL_NCCL_WAIT is ignored"):
     jcoccl.set_config_defaults(reload=True)

@@ -75,6 +75,13 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "return r.arena.used();",
     "return r.arena.used() - 1;",
   ),
+  # The handler waits on the host until its collective has finished (what it did before
+  # the watchdog): the return gate's held NCCL work then outlives the handler's call.
+  "host_wait": (
+    "cuda/gpu/fused.cu",
+    "if (s.ok()) s = w;",
+    'if (s.ok()) s = w;\n    if (s.ok()) s = Cuda(cudaStreamSynchronize(xla), "synchronize");',
+  ),
   # A failed send returns from inside ncclGroupStart / ncclGroupEnd.
   "group_unbalanced": (
     "cuda/transport/nccl.cc",
@@ -239,6 +246,8 @@ class CudaExt:
     ]
     lib.jce_workspace_bytes.restype = i64
     lib.jce_findings.restype = c
+    lib.jce_nccl_gate.argtypes = [i32, i32]
+    lib.jce_set_capturing.argtypes = [i32, i32]
     self.registered = False
 
   def handlers(self) -> dict[str, int]:
@@ -304,6 +313,16 @@ class CudaExt:
     if not self.lib.jce_nccl_inject(op.encode(), count):
       raise ValueError(f"op must be an emulated NCCL entry point, got {op!r}")
 
+  def gate(self, on: bool, timeout_ms: int = 3000) -> int:
+    """Return gate of the NCCL emulation: while on, NCCL work a fused handler queues runs
+    only once that handler has returned (a handler still in its call after ``timeout_ms``
+    is reported as a finding). Returns how many operations it held since last set."""
+    return int(self.lib.jce_nccl_gate(int(on), timeout_ms))
+
+  def set_capturing(self, device: int, on: bool) -> None:
+    """XLA's stream of ``device`` reports a CUDA graph capture under way (or not)."""
+    self.lib.jce_set_capturing(device, int(on))
+
   def nccl_version(self) -> int:
     return int(self.lib.jce_nccl_version())
 
@@ -364,6 +383,7 @@ def use(ext: CudaExt) -> Iterator[CudaExt]:
     _ffi.has_target, _ffi.require_module = saved[2], saved[3]
     fused_comms._create_host, fused_comms._destroy = saved[4], saved[5]
     ext.set_delay(0, 0)
+    ext.gate(False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -143,13 +143,15 @@ def scenario_join_on_error(ext: CudaExt) -> None:
 
 
 def scenario_workspace(ext: CudaExt) -> None:
-  """The engine writes only inside the workspace Python sized for it (identity codec:
-  the last payload block ends on the 256-byte arena alignment, so no padding hides it)."""
+  """The engine writes only inside the workspace Python sized for it (a bfloat16 cast of
+  64 float32 values on 4 ranks: the gathered payloads end on the 256-byte arena alignment,
+  so no padding hides a short workspace; the identity codec needs no workspace at all)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
   import jcoccl
+  from jcoccl import compressors as jc
   from jcoccl._src import fused_comms, fused_ffi
 
   mesh, n, m = _mesh(4), 4, 64
@@ -160,7 +162,16 @@ def scenario_workspace(ext: CudaExt) -> None:
 
     def body(v):
       out = fused_ffi.engine_call(
-        "all_gather", "all_gather", v, (1, n, m), cid, n, None, 1, m, platform="cpu"
+        "all_gather",
+        "all_gather",
+        v,
+        (1, n, m),
+        cid,
+        n,
+        jc.cast(jnp.bfloat16),
+        1,
+        m,
+        platform="cpu",
       )
       return out.reshape(1, n * m)
 
@@ -168,9 +179,10 @@ def scenario_workspace(ext: CudaExt) -> None:
       jax.shard_map(body, mesh=mesh, in_specs=jax.P("x"), out_specs=jax.P("x"), check_vma=False)
     )
     got = np.asarray(jax.block_until_ready(f(x)))
-  want = np.tile(np.asarray(x).reshape(1, n * m), (n, 1))
-  if not np.array_equal(got.view(np.uint32), want.astype(jnp.float32).view(np.uint32)):
-    raise AssertionError("identity all_gather differs from the input")
+  rounded = np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32))
+  want = np.tile(rounded.reshape(1, n * m), (n, 1))
+  if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+    raise AssertionError("bfloat16-cast all_gather differs from the rounded input")
 
 
 def scenario_group(ext: CudaExt) -> None:
@@ -190,12 +202,110 @@ def scenario_group(ext: CudaExt) -> None:
     _same_bits(_run(mesh, body, x), want, "ppermute after a failed one")
 
 
+def _identity_ops(n: int, k: int, m: int, cid: int, v):
+  """The identity codec's engine calls (NCCL's own collectives) on one rank's (k, n, m)."""
+  import numpy as np
+
+  from jcoccl._src import fused_ffi
+
+  def call(op, algo, x, shape, perm=None):
+    return fused_ffi.engine_call(op, algo, x, shape, cid, n, None, k, m, platform="cpu", perm=perm)
+
+  ring = np.array([(i + 1) % n if i < n - 1 else -1 for i in range(n)], np.int32)
+  return (
+    call("all_reduce", "one_shot", v[:, 0], (k, m)),
+    call("all_reduce", "two_shot", v, (k, n, m)),
+    call("reduce_scatter", "reduce_scatter", v, (k, m)),
+    call("all_gather", "all_gather", v[:, 0], (k, n, m)),
+    call("all_to_all", "all_to_all", v, (k, n, m)),
+    call("ppermute", "ppermute", v[:, 0], (k, m), perm=ring),
+  )
+
+
+def _identity_want(xs, n: int):
+  """numpy's answers for _identity_ops: float32 sums folded in rank order."""
+  import numpy as np
+
+  def fold(parts):
+    acc = parts[0].copy()
+    for p in parts[1:]:
+      acc = acc + p
+    return acc
+
+  want = []
+  for me in range(n):
+    want.append(
+      (
+        fold([x[:, 0] for x in xs]),
+        fold(list(xs)),
+        fold([x[:, me] for x in xs]),
+        np.stack([x[:, 0] for x in xs], axis=1),
+        np.stack([x[:, me] for x in xs], axis=1),
+        xs[me - 1][:, 0] if me > 0 else np.zeros_like(xs[0][:, 0]),
+      )
+    )
+  return [np.concatenate([w[i] for w in want]) for i in range(6)]
+
+
+def scenario_no_host_wait(ext: CudaExt) -> None:
+  """Every fused handler returns before its NCCL work runs: the emulation's return gate holds
+  that work until the handler has returned (a handler that waits for its collective is
+  reported). int8 collectives stay bit-identical to the CPU path, and the identity codec's
+  (NCCL's own all_reduce, reduce_scatter, all_gather, send/recv) to numpy."""
+  import jax
+  import numpy as np
+
+  import jcoccl
+  from jcoccl import compressors as jc
+  from jcoccl._src import fused_comms
+
+  n, k, m = 4, 2, 64
+  mesh, comp = _mesh(n), jc.int8(block_size=32)
+  x = _data(mesh, seed=3)
+  rng = np.random.default_rng(3)
+  xs = [rng.standard_normal((k, n, m)).astype(np.float32) for _ in range(n)]
+  y = jax.device_put(np.concatenate(xs), jax.NamedSharding(mesh, jax.P("x")))
+  kw = dict(compressor=comp, backend="fused", chunks=2, min_bytes=0)
+
+  def coded(v):
+    return (
+      *_collectives(v, comp),
+      jcoccl.reduce_scatter(v, "x", scatter_dimension=0, tiled=True, **kw),
+      jcoccl.all_to_all(v, "x", 0, 0, tiled=True, **kw),
+      jcoccl.ppermute(v, "x", [(0, 1), (1, 2)], **kw),
+    )
+
+  want = _reference(mesh, coded, x)
+  with use(ext):
+    jcoccl.init(mesh)
+    cid = fused_comms._state.comms[("x",)]
+    spec = jax.P("x")
+    ident = jax.jit(
+      jax.shard_map(
+        lambda v: _identity_ops(n, k, m, cid, v),
+        mesh=mesh,
+        in_specs=spec,
+        out_specs=spec,
+        check_vma=False,
+      )
+    )
+    ext.gate(True)
+    got = _run(mesh, coded, x)
+    got_identity = jax.block_until_ready(ident(y))
+    held = ext.gate(False)
+  _same_bits(got, want, "gated collectives")
+  _same_bits(got_identity, _identity_want(xs, n), "gated identity collectives")
+  if held == 0:
+    raise AssertionError("the return gate held no NCCL work: the check proved nothing")
+
+
 SCENARIOS = {
   "stream_wait": scenario_stream_wait,
   "event_reuse": scenario_event_reuse,
   "join_on_error": scenario_join_on_error,
   "workspace": scenario_workspace,
   "group": scenario_group,
+  "no_host_wait": scenario_no_host_wait,
 }
 
 
@@ -270,6 +380,7 @@ def check(out: Path | None, quick: bool) -> int:
     "join_on_error": "no_join_on_error",
     "workspace": "workspace_short",
     "group": "group_unbalanced",
+    "no_host_wait": "host_wait",
   }
   caught = {}
   for scenario, mutation in pairs.items():

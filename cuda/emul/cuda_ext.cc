@@ -106,6 +106,22 @@ JCE_API int jce_handlers(const char** names, void** fns, int cap) {
 // Queued work of the kinds in `kinds` (jcoccl_shim::WorkKind bits) sleeps `us` first.
 JCE_API void jce_set_delay(unsigned kinds, int us) { jcoccl_shim::SetDelay(kinds, us); }
 
+// Return gate (nccl_emul.h): on, NCCL work runs only after the fused handler that queued it
+// returned (a handler still in its call after `timeout_ms` is reported); returns how many
+// operations the gate held back since it was last set.
+JCE_API int jce_nccl_gate(int on, int timeout_ms) {
+  jcoccl_emul::g_gate_timeout_ms = timeout_ms;
+  jcoccl_emul::g_gate_on = on != 0;
+  return jcoccl_emul::g_gate_held.exchange(0);
+}
+
+// Marks XLA's stream of `device` as capturing a CUDA graph (cudaStreamIsCapturing), or not.
+JCE_API void jce_set_capturing(int device, int on) {
+  cudaStream_t s = jcoccl_emul::XlaStream(device);
+  std::lock_guard<std::mutex> lk(jcoccl_shim::Rt().mu);
+  s->capturing = on != 0;
+}
+
 // Selects one of tools/cuda_ext.py's deliberate defects in a mutant build (0: none).
 JCE_API void jce_set_mutation(int id) { jcoccl_shim::g_mutation = id; }
 

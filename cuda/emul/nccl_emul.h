@@ -15,9 +15,11 @@
 // Sums (ncclSum on ncclFloat32) fold in rank order, (((x0 + x1) + x2) + ...), like jcoccl's
 // host transport, so the two transports give identical bits (real NCCL's order differs).
 //
-// For tests: InjectFailure makes the next `count` calls of one entry point fail at once with
-// ncclInternalError (an operation NCCL refuses to queue); GroupDepth tells whether a thread
-// left a group open. ncclGetVersion reports kEmulatedVersion, which no real NCCL has.
+// For tests: the return gate (ReturnGate below) holds queued NCCL work until the fused
+// handler that queued it has returned; InjectFailure makes the next `count` calls of one entry
+// point fail at once with ncclInternalError (an operation NCCL refuses to queue); GroupDepth tells
+// whether a thread left a group open. ncclGetVersion reports kEmulatedVersion, which no real NCCL
+// has.
 #pragma once
 
 #include <atomic>
@@ -218,8 +220,53 @@ inline void RunP2P(const std::vector<Op>& ops) {
   }
 }
 
+// Return gate (for tests): while on, NCCL work that a fused handler queues runs only after
+// that handler has returned, so a handler that waits on the host for its own collective
+// stalls until the gate gives up (after g_gate_timeout_ms) and reports it. The XLA adaptor
+// (xla_adaptor.h) numbers each handler call of a device and says when it returned.
+struct ReturnGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, uint64_t> started, returned;  // per device: handler calls begun / returned
+};
+inline ReturnGate& Gate() {
+  static auto* g = new ReturnGate();
+  return *g;
+}
+inline std::atomic<bool> g_gate_on{false};
+inline std::atomic<int> g_gate_timeout_ms{3000};
+inline std::atomic<int> g_gate_held{0};   // operations the gate held back until their return
+inline thread_local uint64_t g_call = 0;  // the handler call this thread is in (0: none)
+
+inline uint64_t BeginCall(int device) {
+  std::lock_guard<std::mutex> lk(Gate().mu);
+  return g_call = ++Gate().started[device];
+}
+
+inline void EndCall(int device, uint64_t call) {
+  g_call = 0;
+  std::lock_guard<std::mutex> lk(Gate().mu);
+  Gate().returned[device] = call;
+  Gate().cv.notify_all();
+}
+
+// On a stream's worker: holds the operation until handler call `call` of `device` returned.
+inline void HoldUntilReturned(int device, uint64_t call) {
+  std::unique_lock<std::mutex> lk(Gate().mu);
+  if (Gate().returned[device] >= call) return;
+  ++g_gate_held;
+  const auto limit = std::chrono::milliseconds(g_gate_timeout_ms.load());
+  if (!Gate().cv.wait_for(lk, limit, [&] { return Gate().returned[device] >= call; }))
+    jcoccl_shim::Report("NCCL emulation: device " + std::to_string(device) +
+                        "'s fused handler had not returned " + std::to_string(limit.count()) +
+                        " ms after queueing its NCCL work (the gate held that work until the "
+                        "handler returned): the handler waits on the host for its collective");
+}
+
 // Queues a group's operations: one unit per stream, collectives first, in issue order.
 inline void Launch(std::vector<Op> ops) {
+  const bool gated = g_gate_on.load() && g_call != 0;
+  const uint64_t call = g_call;
   std::vector<cudaStream_t> streams;
   for (const Op& op : ops) {
     bool seen = false;
@@ -230,7 +277,8 @@ inline void Launch(std::vector<Op> ops) {
     std::vector<Op> mine;
     for (const Op& op : ops)
       if (op.stream == s) mine.push_back(op);
-    jcoccl_shim::Enqueue(s, jcoccl_shim::kCollectiveWork, [mine] {
+    jcoccl_shim::Enqueue(s, jcoccl_shim::kCollectiveWork, [mine, gated, call] {
+      if (gated) HoldUntilReturned(mine[0].comm->device, call);
       for (const Op& op : mine)
         if (op.kind != kSend && op.kind != kRecv) RunCollective(op);
       RunP2P(mine);

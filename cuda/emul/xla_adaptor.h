@@ -8,6 +8,8 @@
 //                  zone; results start filled with 0xff bytes; arguments are copied in by
 //                  work queued on XLA's stream (as if an earlier op produced them there), so
 //                  a handler that reads them without waiting on XLA's stream reads 0xff.
+//   the return    the NCCL emulation's return gate (nccl_emul.h) learns when the handler
+//                  returned;
 //   the call's end results are copied back by work queued on XLA's stream after the handler
 //                  returns, and the adaptor synchronises XLA's stream: what XLA sees.
 //
@@ -156,7 +158,9 @@ inline XLA_FFI_Error* Adapt(XLA_FFI_Handler* inner, XLA_FFI_CallFrame* frame) {
   call.rets.rets = ret_ptrs.data();
 
   g_platform_stream = xla;
+  const uint64_t call_no = BeginCall(device);
   XLA_FFI_Error* err = inner(&call);
+  EndCall(device, call_no);
   g_platform_stream = nullptr;
 
   for (DeviceBuffer& d : rets) {

@@ -131,8 +131,72 @@ inline Status PpermuteSlice(Runner& r, const void* x, int64_t m, void* out) {
 inline const float* F32(const uint8_t* p) { return reinterpret_cast<const float*>(p); }
 inline float* F32(uint8_t* p) { return reinterpret_cast<float*>(p); }
 
+// The identity codec (kind none) through the transport's own collectives: no encode, no
+// workspace, no decode, so the call costs what the transport's op costs (on GPU: NCCL's
+// ncclAllReduce / ncclReduceScatter / ncclAllGather / grouped send-recv). Sums take this
+// path for float32 only: a 16-bit NCCL sum rounds at every hop, where the engine's fold
+// rounds once. The host transport folds in rank order, as DecodeSum does, so on CPU the
+// bits are those of the codec path; NCCL sums in its own order (the same bits on every rank).
+inline bool IdentityFastPath(const Call& c) {
+  const CodecSpec& sp = c.codec->spec();
+  if (sp.kind != codecs::Kind::kNone || sp.hadamard != 0 || sp.spike != 0) return false;
+  switch (c.op) {
+    case Op::kAllReduceOneShot:
+    case Op::kAllReduceTwoShot:
+    case Op::kReduceScatter:
+      return c.codec->dtype() == DType::kF32;
+    case Op::kAllGather:
+    case Op::kAllToAll:
+    case Op::kPpermute:
+      return true;
+    default:
+      return false;
+  }
+}
+
+inline Status RunIdentity(Runner& r) {
+  const Call& c = r.c;
+  const int n = c.comm->size();
+  const int64_t eb = c.codec->ElemBytes();
+  switch (c.op) {
+    case Op::kAllReduceOneShot:  // the k slices are contiguous: one call
+    case Op::kAllReduceTwoShot: {
+      const int64_t count = c.k * (c.op == Op::kAllReduceTwoShot ? n : 1) * c.m;
+      JCOCCL_STEP(c.comm->AllReduceSum(r.Ctx(), F32(At(c.x, 0)), count, F32(At(c.out, 0))));
+      return Status::Ok();
+    }
+    default:
+      break;
+  }
+  for (int64_t s = 0; s < c.k; ++s) {
+    switch (c.op) {
+      case Op::kReduceScatter:
+        JCOCCL_STEP(c.comm->ReduceScatterSum(r.Ctx(), F32(At(c.x, s * n * c.m * eb)), c.m,
+                                             F32(At(c.out, s * c.m * eb))));
+        break;
+      case Op::kAllGather:
+        JCOCCL_STEP(c.comm->AllGather(r.Ctx(), At(c.x, s * c.m * eb), c.m * eb,
+                                      At(c.out, s * n * c.m * eb)));
+        break;
+      case Op::kAllToAll:
+        JCOCCL_STEP(c.comm->AllToAll(r.Ctx(), At(c.x, s * n * c.m * eb), c.m * eb,
+                                     At(c.out, s * n * c.m * eb)));
+        break;
+      case Op::kPpermute:
+        JCOCCL_STEP(c.comm->SendRecv(r.Ctx(), At(c.x, s * c.m * eb), c.send_to,
+                                     At(c.out, s * c.m * eb), c.recv_from, c.m * eb));
+        if (c.recv_from < 0) JCOCCL_STEP(r.lanes->Zero(kComm, At(c.out, s * c.m * eb), c.m * eb));
+        break;
+      default:
+        return Status::Error("jcoccl fused: no identity path for op " + std::to_string(int(c.op)));
+    }
+  }
+  return Status::Ok();
+}
+
 inline Status RunAll(Runner& r) {
   const Call& c = r.c;
+  if (IdentityFastPath(c)) return RunIdentity(r);
   const int n = c.comm->size();
   const int64_t eb = c.codec->ElemBytes();
   for (int64_t s = 0; s < c.k; ++s) {

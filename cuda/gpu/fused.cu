@@ -5,7 +5,15 @@
 // for in-flight payloads is an extra output of the custom call: FFI scratch memory would be
 // released when the handler returns, before the streams are done with it.
 //
-// Not command-buffer compatible (NCCL must not be captured into XLA's CUDA graphs).
+// The handler never waits on the host: it joins XLA's stream into the lanes, enqueues the
+// engine's work, joins the lanes back into XLA's stream and returns. A lost peer is the
+// communicator's watchdog's business (transport/nccl.h: NcclTransport::Watch), and the next
+// call on that communicator reports it.
+//
+// CUDA graphs: not capture-safe, and XLA is told so (no kCmdBufferCompatible trait, so XLA
+// never records the call into a command buffer): NCCL calls inside XLA's CUDA graphs fail,
+// and the watchdog needs an event per executed call, which a replayed graph would not give.
+// A handler that finds XLA's stream capturing anyway refuses with an error saying so.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -40,7 +48,6 @@ constexpr int kXlaSource = 3;  // ev[] slot of XLA's stream (after the three lan
 struct DeviceStreams {
   cudaStream_t s[3] = {nullptr, nullptr, nullptr};
   cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};  // one per source stream
-  cudaEvent_t done = nullptr;                                // completion of a call
   std::mutex mu;
 };
 
@@ -59,7 +66,7 @@ Status StreamsFor(int device, DeviceStreams** out) {
         Cuda(cudaStreamCreateWithPriority(&ds->s[kComm], cudaStreamNonBlocking, hi), "stream"));
     JCOCCL_RETURN_IF_ERROR(
         Cuda(cudaStreamCreateWithPriority(&ds->s[kDecode], cudaStreamNonBlocking, lo), "stream"));
-    for (cudaEvent_t* e : {&ds->ev[0], &ds->ev[1], &ds->ev[2], &ds->ev[3], &ds->done}) {
+    for (cudaEvent_t* e : {&ds->ev[0], &ds->ev[1], &ds->ev[2], &ds->ev[3]}) {
       JCOCCL_RETURN_IF_ERROR(Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "event"));
     }
     table[device] = std::move(ds);
@@ -123,18 +130,28 @@ class GpuCodec final : public Codec {
   static cudaStream_t St(void* s) { return static_cast<cudaStream_t>(s); }
 };
 
-// `wait` is the call's nccl_wait attribute (jcoccl.config's nccl_wait, JCOCCL_NCCL_WAIT):
-// true (the default) waits for completion, polling NCCL's asynchronous error, and aborts
-// the communicator after the call's timeout_s; false returns as soon as the work is
-// enqueued (fully asynchronous, but a lost peer then hangs the stream).
 Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
-              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws, bool wait) {
+              ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws) {
   JCOCCL_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "set device"));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  JCOCCL_RETURN_IF_ERROR(Cuda(cudaStreamIsCapturing(xla, &capture), "capture status"));
+  if (capture != cudaStreamCaptureStatusNone)
+    return Status::Error(
+        "jcoccl fused: XLA's stream is being captured into a CUDA graph; the fused engine is "
+        "not capture-safe (NCCL inside XLA's command buffers, per-call watchdog events). Run "
+        "it outside CUDA graphs (XLA_FLAGS=--xla_gpu_enable_command_buffer= disables XLA's)");
+  Call& c = r.call;
+  std::vector<transport::NcclTransport*> comms;
+  for (Transport* t : {c.comm, c.outer_comm}) {
+    if (t == nullptr) continue;
+    comms.push_back(static_cast<transport::NcclTransport*>(t));
+    // A communicator the watchdog aborted fails here, before anything is enqueued.
+    JCOCCL_RETURN_IF_ERROR(comms.back()->Healthy());
+  }
   DeviceStreams* ds = nullptr;
   JCOCCL_RETURN_IF_ERROR(StreamsFor(device, &ds));
   GpuCodec codec(r.spec, r.dtype);
   GpuCodec outer(r.outer_spec, r.dtype);
-  Call& c = r.call;
   c.x = x.untyped_data();
   c.out = out->untyped_data();
   c.codec = &codec;
@@ -154,16 +171,11 @@ Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
     Status j = StreamWait(ds, l, ds->s[l], xla);
     if (s.ok()) s = j;
   }
-  if (!s.ok() || !wait) return s;
-  {
-    std::lock_guard<std::mutex> lk(ds->mu);
-    s = Cuda(cudaEventRecord(ds->done, xla), "event record");
-  }
-  // Another call on this device may re-record `done` meanwhile: this one then waits for
-  // later work too, which is longer but never wrong.
-  for (Transport* t : {c.comm, c.outer_comm}) {
-    if (s.ok() && t != nullptr)
-      s = static_cast<transport::NcclTransport*>(t)->Wait(ds->done, c.ctx.timeout_s);
+  // Each communicator's watchdog learns when this call's work is done (a failed call's too:
+  // what it queued before failing may wait for peers); nothing waits here.
+  for (transport::NcclTransport* t : comms) {
+    Status w = t->Watch(xla, c.ctx.timeout_s);
+    if (s.ok()) s = w;
   }
   return s;
 }
@@ -178,10 +190,8 @@ ffi::Error FusedGpuImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device, 
           Resolve(attrs, device, x.element_type(), x.element_count(), out->element_count(), &r);
       e.failure())
     return e;
-  auto wait = Attr<bool>(attrs, "nccl_wait");
-  if (wait.has_error()) return wait.error();
   r.call.ctx.run_id = run_id.run_id;
-  Status s = RunGpu(stream, r, device, x, out, ws, *wait);
+  Status s = RunGpu(stream, r, device, x, out, ws);
   if (!s.ok()) return Fail(s.msg);
   return ffi::Error::Success();
 }
@@ -197,7 +207,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclFusedGpu, jcoccl::engine::FusedGpuImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attrs());
+                                  .Attrs(),
+                              /*traits=*/{});  // not kCmdBufferCompatible (see the top)
 // One handler, one target name per collective (the "op" attribute picks the algorithm).
 JCOCCL_REGISTER_HANDLER(JcocclFusedGpu, "jcoccl_fused_all_reduce", "jcoccl_fused_reduce_scatter",
                         "jcoccl_fused_all_gather", "jcoccl_fused_all_to_all",

@@ -14,6 +14,8 @@
 //     for it (a record on the same stream covers the earlier one: waiting is longer, never
 //     wrong, so it is not reported);
 //   - a kernel that fails on a worker (warp divergence, ...) makes the stream's error sticky.
+// Capture: cudaStreamIsCapturing reports a stream's `capturing` flag, which only tests set
+// (nothing is recorded into a graph).
 // Delay mode (SetDelay): queued work of the chosen kinds sleeps a fixed time before it runs,
 // so a missing wait turns into a wrong result every time instead of once in a while.
 #pragma once
@@ -36,6 +38,7 @@ struct CUstream_st {
   uint64_t enqueued = 0;   // items ever queued
   uint64_t completed = 0;  // items finished (in order)
   cudaError_t error = cudaSuccess;
+  bool capturing = false;  // as if a CUDA graph capture were under way (tests set it)
 };
 
 struct CUevent_st {
@@ -45,6 +48,11 @@ struct CUevent_st {
 };
 
 enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2
+};
 enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
 
 namespace jcoccl_shim {
@@ -268,5 +276,11 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     target = e->target;
   }
   if (src != nullptr) ::jcoccl_shim::WaitFor(src, target);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+  *status =
+      s != nullptr && s->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }

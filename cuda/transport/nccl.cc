@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -62,13 +63,27 @@ const NcclApi* Nccl(std::string* error) {
   return api;
 }
 
+NcclTransport::NcclTransport(ncclComm_t comm, int rank, int size, int device)
+    : comm_(comm), rank_(rank), size_(size), device_(device) {
+  watchdog_ = std::thread([this] { WatchdogLoop(); });
+}
+
 NcclTransport::~NcclTransport() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  watchdog_.join();
   const NcclApi* api = Nccl(nullptr);
-  if (api == nullptr || aborted_) return;
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(device_);
-  api->CommDestroy(comm_);
+  // jcoccl.shutdown aborts work still in flight first (CommRegistry::Remove -> Abort), so
+  // this destroy does not wait for peers.
+  if (api != nullptr && !aborted_) api->CommDestroy(comm_);
+  for (const Pending& p : pending_) cudaEventDestroy(p.done);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   cudaSetDevice(prev);
 }
 
@@ -79,8 +94,21 @@ Status NcclTransport::Check(ncclResult_t r, const char* what) {
                        " failed: " + (api ? api->GetErrorString(r) : "?"));
 }
 
+Status NcclTransport::UsableLocked() const { return aborted_ ? Status::Error(why_) : Status::Ok(); }
+
+Status NcclTransport::Healthy() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return UsableLocked();
+}
+
+bool NcclTransport::aborted() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return aborted_;
+}
+
 Status NcclTransport::AllGather(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) {
-  if (aborted_) return Status::Error("jcoccl NCCL communicator was aborted; re-run jcoccl.init");
+  std::lock_guard<std::mutex> lk(mu_);
+  JCOCCL_RETURN_IF_ERROR(UsableLocked());
   const NcclApi* api = Nccl(nullptr);
   return Check(api->AllGather(send, recv, static_cast<size_t>(bytes), ncclUint8, comm_,
                               static_cast<cudaStream_t>(ctx.stream)),
@@ -88,7 +116,8 @@ Status NcclTransport::AllGather(const CallCtx& ctx, const void* send, int64_t by
 }
 
 Status NcclTransport::AllToAll(const CallCtx& ctx, const void* send, int64_t bytes, void* recv) {
-  if (aborted_) return Status::Error("jcoccl NCCL communicator was aborted; re-run jcoccl.init");
+  std::lock_guard<std::mutex> lk(mu_);
+  JCOCCL_RETURN_IF_ERROR(UsableLocked());
   const NcclApi* api = Nccl(nullptr);
   auto s = static_cast<cudaStream_t>(ctx.stream);
   JCOCCL_RETURN_IF_ERROR(Check(api->GroupStart(), "ncclGroupStart"));
@@ -106,7 +135,8 @@ Status NcclTransport::AllToAll(const CallCtx& ctx, const void* send, int64_t byt
 
 Status NcclTransport::SendRecv(const CallCtx& ctx, const void* send, int dst, void* recv, int src,
                                int64_t bytes) {
-  if (aborted_) return Status::Error("jcoccl NCCL communicator was aborted; re-run jcoccl.init");
+  std::lock_guard<std::mutex> lk(mu_);
+  JCOCCL_RETURN_IF_ERROR(UsableLocked());
   if (dst < 0 && src < 0) return Status::Ok();
   const NcclApi* api = Nccl(nullptr);
   auto s = static_cast<cudaStream_t>(ctx.stream);
@@ -120,7 +150,8 @@ Status NcclTransport::SendRecv(const CallCtx& ctx, const void* send, int dst, vo
 
 Status NcclTransport::AllReduceSum(const CallCtx& ctx, const float* send, int64_t count,
                                    float* recv) {
-  if (aborted_) return Status::Error("jcoccl NCCL communicator was aborted; re-run jcoccl.init");
+  std::lock_guard<std::mutex> lk(mu_);
+  JCOCCL_RETURN_IF_ERROR(UsableLocked());
   const NcclApi* api = Nccl(nullptr);
   return Check(api->AllReduce(send, recv, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_,
                               static_cast<cudaStream_t>(ctx.stream)),
@@ -129,56 +160,93 @@ Status NcclTransport::AllReduceSum(const CallCtx& ctx, const float* send, int64_
 
 Status NcclTransport::ReduceScatterSum(const CallCtx& ctx, const float* send,
                                        int64_t count_per_rank, float* recv) {
-  if (aborted_) return Status::Error("jcoccl NCCL communicator was aborted; re-run jcoccl.init");
+  std::lock_guard<std::mutex> lk(mu_);
+  JCOCCL_RETURN_IF_ERROR(UsableLocked());
   const NcclApi* api = Nccl(nullptr);
   return Check(api->ReduceScatter(send, recv, static_cast<size_t>(count_per_rank), ncclFloat32,
                                   ncclSum, comm_, static_cast<cudaStream_t>(ctx.stream)),
                "ncclReduceScatter");
 }
 
-Status NcclTransport::Wait(cudaEvent_t done, double timeout) {
+Status NcclTransport::Watch(cudaStream_t stream, double timeout) {
+  std::lock_guard<std::mutex> lk(mu_);
+  JCOCCL_RETURN_IF_ERROR(UsableLocked());
+  cudaEvent_t e = nullptr;
+  if (!free_events_.empty()) {
+    e = free_events_.back();
+    free_events_.pop_back();
+  } else if (cudaError_t c = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+             c != cudaSuccess) {
+    return Status::Error(std::string("jcoccl CUDA event create: ") + cudaGetErrorString(c));
+  }
+  if (cudaError_t c = cudaEventRecord(e, stream); c != cudaSuccess) {
+    free_events_.push_back(e);
+    return Status::Error(std::string("jcoccl CUDA event record: ") + cudaGetErrorString(c));
+  }
+  pending_.push_back({e, Clock::now(), timeout});
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void NcclTransport::AbortLocked(const std::string& why) {
+  if (aborted_) return;
   const NcclApi* api = Nccl(nullptr);
-  const auto start = std::chrono::steady_clock::now();
-  for (int spin = 0;; ++spin) {
-    cudaError_t q = cudaEventQuery(done);
-    if (q == cudaSuccess) return Status::Ok();
-    if (q != cudaErrorNotReady)
-      return Status::Error(std::string("jcoccl: CUDA error while waiting: ") +
-                           cudaGetErrorString(q));
-    ncclResult_t async = ncclSuccess;
-    api->CommGetAsyncError(comm_, &async);
-    if (async != ncclSuccess && async != ncclInProgress) {
-      api->CommAbort(comm_);
-      aborted_ = true;
-      return Status::Error(std::string("jcoccl NCCL asynchronous error: ") +
-                           api->GetErrorString(async) + "; the communicator was aborted");
+  api->CommAbort(comm_);
+  aborted_ = true;
+  why_ = why;
+  // The aborted calls' events complete as their streams drain; nobody waits for them.
+  for (const Pending& p : pending_) free_events_.push_back(p.done);
+  pending_.clear();
+}
+
+void NcclTransport::PollLocked() {
+  while (!pending_.empty()) {
+    cudaError_t q = cudaEventQuery(pending_.front().done);
+    if (q == cudaErrorNotReady) break;
+    if (q != cudaSuccess)
+      return AbortLocked(std::string("jcoccl: CUDA error in a collective's stream: ") +
+                         cudaGetErrorString(q) + "; the NCCL communicator was aborted");
+    free_events_.push_back(pending_.front().done);
+    pending_.pop_front();
+    // The next call's wait for its peers starts now, not when it was enqueued behind this one.
+    if (!pending_.empty()) pending_.front().since = std::max(pending_.front().since, Clock::now());
+  }
+  if (pending_.empty()) return;
+  const NcclApi* api = Nccl(nullptr);
+  ncclResult_t async = ncclSuccess;
+  api->CommGetAsyncError(comm_, &async);
+  if (async != ncclSuccess && async != ncclInProgress)
+    return AbortLocked(std::string("jcoccl NCCL asynchronous error: ") +
+                       api->GetErrorString(async) +
+                       "; the communicator was aborted (the outputs of the call in flight are "
+                       "undefined): call jcoccl.shutdown() and jcoccl.init(mesh)");
+  const Pending& p = pending_.front();
+  const double waited = std::chrono::duration<double>(Clock::now() - p.since).count();
+  if (waited > p.timeout)
+    AbortLocked("jcoccl NCCL: a collective did not finish within " + std::to_string(p.timeout) +
+                " s (jcoccl.config timeout_s / JCOCCL_TIMEOUT_S); a peer is probably lost. The "
+                "communicator was aborted (the outputs of the call in flight are undefined): "
+                "call jcoccl.shutdown() and jcoccl.init(mesh).");
+}
+
+void NcclTransport::WatchdogLoop() {
+  cudaSetDevice(device_);
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stop_) {
+    if (pending_.empty() || aborted_) {
+      cv_.wait(lk, [&] { return stop_ || (!pending_.empty() && !aborted_); });
+      continue;
     }
-    if (abort_requested_.load()) {
-      api->CommAbort(comm_);
-      aborted_ = true;
-      std::lock_guard<std::mutex> lk(abort_mu_);
-      return Status::Error(abort_why_);
-    }
-    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited > timeout) {
-      api->CommAbort(comm_);
-      aborted_ = true;
-      return Status::Error("jcoccl NCCL: collective did not finish within " +
-                           std::to_string(timeout) +
-                           " s (jcoccl.config timeout_s / JCOCCL_TIMEOUT_S); a peer is probably "
-                           "lost. The communicator "
-                           "was aborted: call jcoccl.shutdown() and jcoccl.init(mesh).");
-    }
-    if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    PollLocked();
+    // Off the critical path: a late check costs only detection latency.
+    cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stop_; });
   }
 }
 
 void NcclTransport::Abort(const std::string& why) {
-  {
-    std::lock_guard<std::mutex> lk(abort_mu_);
-    abort_why_ = why;
-  }
-  abort_requested_ = true;
+  std::lock_guard<std::mutex> lk(mu_);
+  PollLocked();
+  if (!pending_.empty()) AbortLocked(why);
 }
 
 Status NcclUniqueId(std::string* out) {

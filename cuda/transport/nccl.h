@@ -6,9 +6,12 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transport/transport.h"
@@ -40,10 +43,16 @@ struct NcclApi {
 // Loads NCCL once; null with `*error` set if it cannot (message names the library).
 const NcclApi* Nccl(std::string* error);
 
+// One rank's NCCL communicator. Collectives are enqueued on the caller's stream and the
+// call returns: nothing here waits on the host for the GPU. Peer loss is watched off the
+// critical path: Watch() hands each fused call's completion event to this communicator's
+// watchdog thread, which polls it together with ncclCommGetAsyncError and aborts the
+// communicator (ncclCommAbort, which ends the blocked NCCL kernels) on an asynchronous
+// error or when a call has waited longer than its timeout. The aborted call's outputs are
+// undefined; the next call on the communicator fails with the reason (Healthy()).
 class NcclTransport final : public Transport {
  public:
-  NcclTransport(ncclComm_t comm, int rank, int size, int device)
-      : comm_(comm), rank_(rank), size_(size), device_(device) {}
+  NcclTransport(ncclComm_t comm, int rank, int size, int device);
   ~NcclTransport() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -55,23 +64,38 @@ class NcclTransport final : public Transport {
   Status AllReduceSum(const CallCtx& ctx, const float* send, int64_t count, float* recv) override;
   Status ReduceScatterSum(const CallCtx& ctx, const float* send, int64_t count_per_rank,
                           float* recv) override;
-  // Waits for `done` (an event recorded after this call's work) while polling NCCL's
-  // asynchronous error; aborts the communicator after `timeout` seconds (the call's
-  // timeout_s, already checked by the handler), or at once once Abort() was called.
-  Status Wait(cudaEvent_t done, double timeout);
-  // The communicator is being destroyed (jcoccl.shutdown / init): a Wait in progress ends
-  // now, aborting the communicator, and fails with `why` instead of waiting out the timeout.
+  // Ok, or why the communicator was aborted (a lost peer, an NCCL error, destruction).
+  Status Healthy();
+  // Records an event on `stream` after a call's work and gives it to the watchdog: the call
+  // may take `timeout` seconds from the moment the communicator's previous call finished
+  // (or from now, if later). Never waits.
+  Status Watch(cudaStream_t stream, double timeout);
+  // The communicator is being destroyed (jcoccl.shutdown / init): work still in flight on
+  // it is aborted at once (its streams drain instead of waiting for the timeout).
   void Abort(const std::string& why) override;
-  bool aborted() const { return aborted_; }
+  bool aborted();
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {
+    cudaEvent_t done;
+    Clock::time_point since;  // when its wait began (enqueue, or the previous call's end)
+    double timeout;
+  };
   Status Check(ncclResult_t r, const char* what);
+  Status UsableLocked() const;
+  void PollLocked();  // retires finished calls; aborts on an error or a late call
+  void AbortLocked(const std::string& why);
+  void WatchdogLoop();
   ncclComm_t comm_;
   int rank_, size_, device_;
-  bool aborted_ = false;
-  std::atomic<bool> abort_requested_{false};  // set by Abort from another thread
-  std::mutex abort_mu_;
-  std::string abort_why_;
+  std::mutex mu_;  // everything below; held while enqueueing, so an abort never races a call
+  std::condition_variable cv_;
+  bool aborted_ = false, stop_ = false;
+  std::string why_;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  std::thread watchdog_;
 };
 
 // ncclGetUniqueId as 128 raw bytes.

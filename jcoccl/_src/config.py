@@ -20,8 +20,6 @@ Environment variables give the process defaults and are parsed once, by
   JCOCCL_TIMEOUT_S   seconds a fused collective waits for its peers (see
                      :func:`jcoccl._src._env.seconds`; built in: 300)
   JCOCCL_COST_MODEL  a cost model JSON file (:mod:`jcoccl._src.cost_model`)
-  JCOCCL_NCCL_WAIT   GPU only: 1 (default) a fused call waits for its NCCL work (a lost
-                     peer fails it after timeout_s); 0 it returns once the work is queued
   JCOCCL_DISABLE_NATIVE  1: codecs run their jnp specification, never a native kernel,
                      and the fused engine is unavailable (``native=False``; 0 or unset:
                      native kernels where they exist)
@@ -37,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,6 +45,13 @@ import numpy as np
 from jcoccl._src import _env
 
 BUILTIN_MIN_BYTES = 4 * 1024 * 1024
+# Said to whoever still sets the setting or its variable (both are gone).
+NCCL_WAIT_REMOVED = (
+  "the GPU fused engine never waits on the host for its NCCL work; a watchdog thread per "
+  "communicator aborts a collective that waits longer than timeout_s (JCOCCL_TIMEOUT_S) "
+  "for a lost peer, and the next call on that communicator raises the reason. Drop "
+  "nccl_wait / JCOCCL_NCCL_WAIT."
+)
 GATHERS = ("auto", "all_gather", "all_to_all")
 
 
@@ -60,8 +66,6 @@ class Config:
     timeout_s: seconds a fused collective waits for its peers, in (0, 1e8].
     cost_model: the :class:`jcoccl._src.cost_model.CostModels` behind ``algorithm="auto"``,
       or None: the platform's default model (one_shot or two_shot, never exact).
-    nccl_wait: GPU only: a fused call waits for its NCCL work (False: returns once it is
-      queued, with no protection against a lost peer).
     native: False: jcoccl's native modules are not used (codecs run their jnp
       specification; no fused engine).
   """
@@ -70,7 +74,6 @@ class Config:
   gather: str = "all_gather"
   timeout_s: float = _env.DEFAULT_TIMEOUT_S
   cost_model: Any = None
-  nccl_wait: bool = True
   native: bool = True
 
   def __post_init__(self):
@@ -85,11 +88,9 @@ class Config:
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
       raise ValueError(f"config timeout_s must be a positive number of seconds, got {t!r}")
     object.__setattr__(self, "timeout_s", min(float(t), _env.MAX_TIMEOUT_S))
-    for name in ("nccl_wait", "native"):
-      value = getattr(self, name)
-      if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"config {name} must be a bool, got {value!r}")
-      object.__setattr__(self, name, bool(value))
+    if not isinstance(self.native, (bool, np.bool_)):
+      raise ValueError(f"config native must be a bool, got {self.native!r}")
+    object.__setattr__(self, "native", bool(self.native))
     from jcoccl._src import cost_model as cm
 
     if self.cost_model is not None and not isinstance(self.cost_model, cm.CostModels):
@@ -99,7 +100,7 @@ class Config:
     model = "default" if self.cost_model is None else self.cost_model.name()
     return (
       f"config(min_bytes={self.min_bytes} gather={self.gather} timeout_s={self.timeout_s:g} "
-      f"cost_model={model}{'' if self.nccl_wait else ' nccl_wait=False'}"
+      f"cost_model={model}"
       f"{'' if self.native else ' native=False'})"
     )
 
@@ -124,13 +125,14 @@ def from_environment() -> Config:
   if gather not in GATHERS:
     raise ValueError(f"JCOCCL_GATHER must be one of {GATHERS}, got {gather!r}")
   path = os.environ.get("JCOCCL_COST_MODEL", "")
-  disable, wait = _flag("JCOCCL_DISABLE_NATIVE", "0"), _flag("JCOCCL_NCCL_WAIT", "1")
+  disable = _flag("JCOCCL_DISABLE_NATIVE", "0")
+  if "JCOCCL_NCCL_WAIT" in os.environ:
+    warnings.warn(f"JCOCCL_NCCL_WAIT is ignored: {NCCL_WAIT_REMOVED}", stacklevel=2)
   return Config(
     min_bytes=_env.integer("JCOCCL_MIN_BYTES", BUILTIN_MIN_BYTES, 0),
     gather=gather,
     timeout_s=_env.seconds("JCOCCL_TIMEOUT_S", _env.DEFAULT_TIMEOUT_S),
     cost_model=cm.read(path) if path else None,
-    nccl_wait=wait,
     native=not disable,
   )
 
@@ -174,6 +176,8 @@ def defaults() -> Config:
 
 
 def _replaced(base: Config, overrides: dict[str, Any]) -> Config:
+  if "nccl_wait" in overrides:
+    raise TypeError(f"config nccl_wait was removed: {NCCL_WAIT_REMOVED}")
   unknown = sorted(set(overrides) - set(FIELDS))
   if unknown:
     raise TypeError(f"config got unknown settings {unknown}; accepted: {', '.join(FIELDS)}")
@@ -189,7 +193,7 @@ def config(**settings: Any) -> Iterator[Config]:
 
   Args:
     **settings: any of ``min_bytes``, ``gather``, ``timeout_s``, ``cost_model``,
-      ``nccl_wait``, ``native``.
+      ``native``.
 
   Yields:
     The config in effect inside the block.

@@ -17,12 +17,10 @@ text) is rejected with ValueError naming the variable. The value travels to the 
 the call's ``timeout_s`` attribute, captured when the program is traced. On timeout the
 communicator is marked broken (NCCL: aborted); call shutdown and init again.
 
-Waiting (GPU only): ``jcoccl.config(nccl_wait=...)``, default ``JCOCCL_NCCL_WAIT`` (read
-once, by :mod:`jcoccl._src.config`), travels as the call's ``nccl_wait`` attribute. True
-("1", the default): each fused call waits for its NCCL work while polling
-ncclCommGetAsyncError, so a lost peer fails the call after the timeout instead of hanging
-the stream. False ("0"): return once the work is enqueued (fully asynchronous; no hang
-protection).
+On GPU a fused call returns once its work is enqueued on XLA's stream; each communicator's
+watchdog thread polls the calls' completion and ncclCommGetAsyncError, aborts the
+communicator when a call waited longer than ``timeout_s`` (a lost peer) or NCCL reports an
+error, and the next call on that communicator raises the reason (cuda/transport/nccl.h).
 
 Example:
   >>> op_code("all_reduce", "one_shot", None, jnp.float32) in _ffi.codes("OPS").values()  # doctest: +SKIP
@@ -216,7 +214,6 @@ def engine_call(
     comm=np.int64(comm),
     outer_comm=np.int64(outer_comm),
     timeout_s=np.float64(timeout_seconds()),
-    nccl_wait=np.bool_(_config.current().nccl_wait),
     perm=np.full((n,), -1, np.int32) if perm is None else perm,
   )
   attrs.update(codec_attrs(compressor))
