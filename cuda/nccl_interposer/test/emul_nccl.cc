@@ -1,0 +1,77 @@
+// The "real NCCL" of the interposer's tests: the NCCL emulation (cuda/emul/nccl_emul.h) as a
+// shared library of its own with SONAME libnccl.so.2, built with g++ against the host shim
+// (cuda/nccl_interposer/test/emul_build.py). Besides the emulation's nccl* calls it exports
+// the few communicator queries the interposer needs that the emulation lacks, and C controls
+// for the tests: devices, streams and memory of the shim, failure injection, delays.
+//
+// The shim's state (streams, the current device) lives in inline variables, which g++ emits
+// as unique symbols: this library, libjcoccl_nccl.so and the test program share one copy as
+// long as all are built with default visibility.
+#include <cstdlib>
+
+#include "cuda_runtime.h"
+#include "nccl.h"
+#include "nccl_emul.h"
+
+#define JCT_API extern "C" __attribute__((visibility("default")))
+
+JCT_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  *count = comm->nranks;
+  return ncclSuccess;
+}
+JCT_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+JCT_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  *device = comm->device;
+  return ncclSuccess;
+}
+
+// ---- controls ---------------------------------------------------------------------------------
+JCT_API void emul_set_device(int d) { cudaSetDevice(d); }
+JCT_API void* emul_stream() {
+  cudaStream_t s = nullptr;
+  cudaStreamCreate(&s);
+  return s;
+}
+JCT_API int emul_sync(void* s) { return cudaStreamSynchronize(static_cast<cudaStream_t>(s)); }
+JCT_API void* emul_alloc(size_t bytes) { return std::calloc(bytes + 64, 1); }
+JCT_API void emul_free(void* p) { std::free(p); }
+// Queues a copy on `s` (a producer of the collective's input, as XLA's kernels are).
+JCT_API int emul_copy(void* dst, const void* src, size_t bytes, void* s) {
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s));
+}
+// Queued work of `kinds` (jcoccl_shim::WorkKind bits) sleeps `us` before it runs.
+JCT_API void emul_set_delay(unsigned kinds, int us) { jcoccl_shim::SetDelay(kinds, us); }
+// The next `count` calls of entry point `op` fail with ncclInternalError; 0 if unknown.
+JCT_API int emul_inject(const char* op, int count) {
+  return jcoccl_emul::InjectFailure(op, count) ? 1 : 0;
+}
+// This thread's open ncclGroupStart calls in the emulation.
+JCT_API int emul_group_depth() { return jcoccl_emul::GroupDepth(); }
+JCT_API void emul_reset_group() { jcoccl_emul::ResetGroup(); }
+
+// The pnccl* profiling aliases a real libnccl.so.2 exports next to every nccl* name.
+#define JCT_ALIAS(name) \
+  asm(".globl p" #name "\n.type p" #name ",@function\n.set p" #name ", " #name);
+JCT_ALIAS(ncclGetVersion)
+JCT_ALIAS(ncclGetUniqueId)
+JCT_ALIAS(ncclCommInitRank)
+JCT_ALIAS(ncclCommDestroy)
+JCT_ALIAS(ncclCommAbort)
+JCT_ALIAS(ncclCommGetAsyncError)
+JCT_ALIAS(ncclGetErrorString)
+JCT_ALIAS(ncclGroupStart)
+JCT_ALIAS(ncclGroupEnd)
+JCT_ALIAS(ncclAllGather)
+JCT_ALIAS(ncclAllReduce)
+JCT_ALIAS(ncclReduceScatter)
+JCT_ALIAS(ncclSend)
+JCT_ALIAS(ncclRecv)
+JCT_ALIAS(ncclCommCount)
+JCT_ALIAS(ncclCommUserRank)
+JCT_ALIAS(ncclCommCuDevice)

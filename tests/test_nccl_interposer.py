@@ -1,0 +1,681 @@
+"""libjcoccl_nccl.so on the CPU: the interposer built against the NCCL emulation and the host
+shim (cuda/nccl_interposer/test/emul_build.py), driven in-process over ctypes as NCCL's
+callers drive it, and once as XLA's CUDA plugin loads it (a C++ program, in a subprocess).
+
+Checked: every NCCL entry point of the pinned headers and of the plugin's strings is
+exported and forwarded; taken-over all_reduce (one_shot, two_shot), reduce_scatter and
+all_gather are bit-identical to jcoccl's fused engine (the CPU build, over jcoccl.init);
+forwarded calls are the emulation's own; groups, the asynchronous error, a lost peer and
+stream capture behave as NCCL's; the policy and the launcher; seeded bugs are caught."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "cuda" / "nccl_interposer" / "test"))
+sys.path.insert(0, str(ROOT / "tools"))
+import emul_build  # noqa: E402
+import gen_nccl_api  # noqa: E402
+import gpu_shim  # noqa: E402
+
+from jcoccl._src import nccl_interposer as ni  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+  gpu_shim.compiler() is None or not sys.platform.startswith("linux"),
+  reason="needs a C++ compiler on Linux",
+)
+
+PLUGIN_SYMBOLS = ROOT / "cuda" / "nccl_interposer" / "test" / "plugin_symbols.txt"
+F32, BF16, F16, U8 = 7, 9, 6, 1  # ncclDataType_t
+SUM, MAX = 0, 2  # ncclRedOp_t
+SUCCESS, INTERNAL, INVALID_ARG, INVALID_USAGE, SYSTEM = 0, 3, 4, 5, 2
+COPIES, COLLECTIVES = 2, 4  # jcoccl_shim::WorkKind bits
+
+
+class UniqueId(ctypes.Structure):
+  _fields_ = [("internal", ctypes.c_char * 128)]  # passed by value, as ncclUniqueId is
+
+
+class Nccl:
+  """The interposer (and the emulation behind it) loaded into this process over ctypes."""
+
+  def __init__(self, built: emul_build.Built, lib: Path):
+    os.environ["JCOCCL_NCCL_REAL"] = str(built.emul)
+    os.environ.pop("JCOCCL_NCCL_POLICY", None)
+    self.emul = ctypes.CDLL(str(built.emul), mode=ctypes.RTLD_LOCAL)
+    self.lib = ctypes.CDLL(str(lib), mode=ctypes.RTLD_LOCAL)
+    vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    for name in ("ncclAllReduce", "ncclReduceScatter", "pncclAllReduce"):
+      getattr(self.lib, name).argtypes = [vp, vp, sz, i32, i32, vp, vp]
+    for name in ("ncclAllGather", "pncclAllGather"):
+      getattr(self.lib, name).argtypes = [vp, vp, sz, i32, vp, vp]
+    self.lib.ncclCommInitRank.argtypes = [ctypes.POINTER(vp), i32, UniqueId, i32]
+    self.lib.ncclCommGetAsyncError.argtypes = [vp, ctypes.POINTER(i32)]
+    self.lib.ncclCommAbort.argtypes = [vp]
+    self.lib.jcoccl_nccl_load_policy.argtypes = [ctypes.c_char_p]
+    self.emul.emul_stream.restype = vp
+    self.emul.emul_sync.argtypes = [vp]
+    self.emul.emul_copy.argtypes = [vp, vp, sz, vp]
+    self.emul.emul_inject.argtypes = [ctypes.c_char_p, i32]
+    self.emul.ncclAllReduce.argtypes = [vp, vp, sz, i32, i32, vp, vp]
+    self.emul.ncclCommInitRank.argtypes = self.lib.ncclCommInitRank.argtypes
+
+  def comms(self, n: int, via=None) -> list[tuple[int, int]]:
+    """n ranks on devices 0..n-1: [(communicator, stream)], made through ``via``."""
+    via = via or self.lib
+    uid = UniqueId()
+    via.ncclGetUniqueId(ctypes.byref(uid))
+    out = []
+    for r in range(n):
+      self.emul.emul_set_device(r)
+      c = ctypes.c_void_p()
+      assert via.ncclCommInitRank(ctypes.byref(c), n, uid, r) == SUCCESS
+      out.append((c.value, self.emul.emul_stream()))
+    return out
+
+  def policy(self, rules: list[ni.Rule] | None, path: Path | None = None) -> None:
+    if rules is None:
+      self.lib.jcoccl_nccl_load_policy(None)
+      return
+    p = ni.write_rules(rules, str(path) if path else None)
+    self.lib.jcoccl_nccl_load_policy(p.encode())
+
+  def status(self) -> dict[str, str]:
+    self.lib.jcoccl_nccl_status.restype = ctypes.c_char_p
+    return dict(l.partition("=")[::2] for l in self.lib.jcoccl_nccl_status().decode().splitlines())
+
+  def counters(self) -> list[dict]:
+    self.lib.jcoccl_nccl_counters.restype = ctypes.c_char_p
+    return ni.parse_counters(self.lib.jcoccl_nccl_counters().decode())
+
+  def run(self, op: str, xs: list[np.ndarray], comms, fn_lib=None, dtype=F32, red=SUM, fn=None):
+    """One call per rank (issued from this thread, as NCCL allows), then waits; (codes, outs)."""
+    lib = fn_lib or self.lib
+    n = len(xs)
+    count = xs[0].size
+    if op == "all_reduce":
+      outs = [np.zeros_like(x) for x in xs]
+    elif op == "reduce_scatter":
+      count //= n
+      outs = [np.zeros(count, x.dtype) for x in xs]
+    else:
+      outs = [np.zeros(n * count, x.dtype) for x in xs]
+    codes = []
+    f = getattr(
+      lib,
+      fn
+      or {
+        "all_reduce": "ncclAllReduce",
+        "reduce_scatter": "ncclReduceScatter",
+        "all_gather": "ncclAllGather",
+      }[op],
+    )
+    for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+      self.emul.emul_set_device(r)
+      args = (x.ctypes.data, o.ctypes.data, count, dtype)
+      codes.append(f(*args, c, s) if op == "all_gather" else f(*args, red, c, s))
+    for _, s in comms:
+      self.emul.emul_sync(s)
+    return codes, outs
+
+
+@pytest.fixture(scope="module")
+def built() -> emul_build.Built:
+  return emul_build.build()
+
+
+@pytest.fixture(scope="module")
+def nccl(built) -> Nccl:
+  return Nccl(built, built.interposer)
+
+
+@pytest.fixture(scope="module")
+def mutant(built) -> Nccl:
+  return Nccl(built, emul_build.build(mutants=True).interposer)
+
+
+@pytest.fixture(autouse=True)
+def _reset(request):
+  yield
+  for name in ("nccl", "mutant"):
+    if name in request.fixturenames:
+      lib = request.getfixturevalue(name)
+      lib.emul.emul_set_delay(0, 0)
+      lib.emul.emul_inject(b"ncclSend", 0)
+      lib.emul.emul_reset_group()
+      lib.policy(None)
+
+
+def _rule(comp, op="all_reduce", size=0, algorithm="auto", chunks=1, min_bytes=0) -> ni.Rule:
+  from jcoccl._src.compressors import native
+
+  attrs = native.codec_attrs(comp)
+  fields = {
+    k: float(v) if k == "abs_error" else int(v)
+    for k, v in attrs.items()
+    if k not in ("plugin", "params")
+  }
+  return ni.Rule("t", size, op, ni.DTYPES, min_bytes, algorithm, chunks, str(comp), fields)
+
+
+def _bits(a) -> np.ndarray:
+  return np.asarray(a).view(np.uint8).reshape(-1)
+
+
+def _names_file(tmp_path: Path, names: list[str]) -> Path:
+  p = tmp_path / "names.txt"
+  p.write_text("\n".join(names) + "\n")
+  return p
+
+
+def _plugin_names() -> list[str]:
+  return [
+    line.strip()
+    for line in PLUGIN_SYMBOLS.read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+  ]
+
+
+def _load(built, mode: str, names: Path, lib: Path, env: dict | None = None) -> str:
+  e = {**os.environ, "JCOCCL_NCCL_REAL": str(built.emul), **(env or {})}
+  e.pop("JCOCCL_NCCL_POLICY", None) if not env or "JCOCCL_NCCL_POLICY" not in env else None
+  if mode == "preload":
+    e["LD_PRELOAD"] = str(lib)
+  r = subprocess.run(
+    [str(built.program), mode, str(lib), str(built.emul), str(names)],
+    capture_output=True,
+    text=True,
+    env=e,
+    timeout=120,
+  )
+  assert r.returncode == 0, r.stdout + r.stderr
+  return r.stdout
+
+
+# ---- the generated API and the exported names ---------------------------------------------------
+
+
+def test_nccl_interposer_generated_api_is_up_to_date():
+  try:
+    inc = gen_nccl_api.include_dir()
+  except SystemExit:
+    pytest.skip("nvidia-nccl-cu13 is not installed")
+  assert gen_nccl_api.OUT.read_text() == gen_nccl_api.generate(inc), (
+    "run python tools/gen_nccl_api.py"
+  )
+
+
+def test_nccl_interposer_generator_reads_declarations():
+  d = gen_nccl_api.declarations(
+    "/* c */ ncclResult_t  ncclAllReduce(const void* s,\n void* r, size_t n);\n"
+    "NCCL_EXTERN_C ncclTeam_t ncclTeamCft(ncclComm_t comm, ncclCftTeamMode_t mode = X);\n"
+    "typedef ncclResult_t (*ncclFn)(int);\nconst char* pncclGetErrorString(ncclResult_t r);"
+  )
+  assert d == {
+    "ncclAllReduce": ("ncclResult_t", "const void* s, void* r, size_t n"),
+    "ncclTeamCft": ("ncclTeam_t", "ncclComm_t comm, ncclCftTeamMode_t mode"),
+    "pncclGetErrorString": ("const char*", "ncclResult_t r"),
+  }
+  assert [gen_nccl_api.kind(t) for t in ("ncclResult_t", "const char*", "int")] == ["R", "S", "V"]
+
+
+def test_nccl_interposer_exports_every_generated_and_plugin_name(nccl):
+  generated = re.findall(r"JCN_(?:API|TAKEN)\((p?nccl\w+)", gen_nccl_api.OUT.read_text())
+  assert len(generated) > 150
+  missing = [n for n in generated + _plugin_names() if not hasattr(nccl.lib, n)]
+  assert missing == []
+
+
+def test_nccl_interposer_exports_the_installed_plugins_names(nccl):
+  import importlib.util
+
+  try:
+    spec = importlib.util.find_spec("jax_plugins.xla_cuda13")
+  except ModuleNotFoundError:
+    spec = None
+  if spec is None or not spec.submodule_search_locations:
+    pytest.skip("jax-cuda13-pjrt is not installed (the committed list is checked above)")
+  so = Path(list(spec.submodule_search_locations)[0]) / "xla_cuda_plugin.so"
+  names = set(re.findall(rb"\x00(p?nccl[A-Z][A-Za-z0-9]+)\x00", so.read_bytes()))
+  listed = set(_plugin_names())
+  # Strings that are no symbol of libnccl.so.2 (a prefix of a message) are left out.
+  exported = {n.decode() for n in names if hasattr(nccl.emul, n.decode()) or n.decode() in listed}
+  assert [n for n in sorted(exported) if not hasattr(nccl.lib, n)] == []
+
+
+def test_nccl_interposer_loads_as_xla_does_and_forwards(built, tmp_path):
+  names = _names_file(tmp_path, _plugin_names())
+  for mode in ("enable", "preload"):
+    out = _load(built, mode, names, built.interposer)
+    assert "missing" not in out and "elsewhere" not in out, out
+    assert f"checked {len(_plugin_names())}" in out
+    assert "version 99999" in out  # pncclGetVersion reached the emulation
+    assert "ncclAllReduce result 0 0 maxerr 0 ranks_identical 1" in out  # forwarded
+    assert "pncclAllReduce result 0 0 maxerr 0 ranks_identical 1" in out
+
+
+def test_nccl_interposer_loaded_as_xla_does_takes_over_per_policy(built, tmp_path):
+  from jcoccl import compressors as jc
+
+  rules = ni.write_rules([_rule(jc.int8(block_size=32), size=2)], str(tmp_path / "p.rules"))
+  out = _load(
+    built,
+    "enable",
+    _names_file(tmp_path, ["ncclAllReduce"]),
+    built.interposer,
+    {"JCOCCL_NCCL_POLICY": rules},
+  )
+  for fn in ("ncclAllReduce", "pncclAllReduce"):
+    m = re.search(fn + r" result 0 0 maxerr (\S+) ranks_identical 1", out)
+    assert m and 0 < float(m.group(1)) < 0.05, out  # int8: close, not exact
+  assert out.count("taken_calls=2") == 2, out  # each rank: both entry points taken over
+
+
+# ---- taken over: bit-identical to jcoccl's fused engine ------------------------------------------
+
+
+def _fused_reference(comp, dtype, chunks, x, n):
+  """jcoccl's fused engine on CPU (host transport): one_shot, two_shot, reduce_scatter,
+  all_gather of x ([n * 8, 44], 8 rows per rank), per rank."""
+  import jax
+  import jax.numpy as jnp
+  from test_fused import _program
+
+  import jcoccl
+  from jcoccl._src import fused_comms
+
+  mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+  xs = jax.device_put(jnp.asarray(x), jax.NamedSharding(mesh, jax.P("x")))
+  jcoccl.init(mesh)
+  try:
+    ops = ("one_shot", "two_shot", "reduce_scatter", "all_gather")
+    outs = jax.block_until_ready(_program(mesh, "x", comp, "fused", chunks, ops)(xs))
+  finally:
+    fused_comms.shutdown()
+  return {op: np.split(np.asarray(o), n) for op, o in zip(ops, outs)}
+
+
+_CASES = {
+  "int8_f32": ("int8", np.float32, 1),
+  "int4_asym_bf16_chunks2": ("int4a", ml_dtypes.bfloat16, 2),
+  "fp8_f16": ("fp8", np.float16, 1),
+  "hadamard_int4_f32_chunks2": ("hadamard", np.float32, 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_nccl_interposer_taken_over_is_bit_identical_to_fused_engine(nccl, case):
+  from jcoccl import compressors as jc
+
+  name, dtype, chunks = _CASES[case]
+  comp = {
+    "int8": jc.int8(block_size=32),
+    "int4a": jc.int4(block_size=32, symmetric=False),
+    "fp8": jc.fp8("e4m3", block_size=32),
+    "hadamard": jc.hadamard(jc.int4(block_size=32)),
+  }[name]
+  n = 4
+  rng = np.random.default_rng(7)
+  x = rng.standard_normal((n * 8, 44)).astype(np.float32)
+  x[rng.random(x.shape) < 0.01] *= 300.0
+  x = x.astype(dtype)
+  want = _fused_reference(comp, dtype, chunks, x, n)
+  per_rank = [np.ascontiguousarray(b).reshape(-1) for b in np.split(x, n)]
+  code = {np.float32: F32, ml_dtypes.bfloat16: BF16, np.float16: F16}[dtype]
+  comms = nccl.comms(n)
+  got = {}
+  for algorithm, ops in (
+    ("one_shot", ("all_reduce", "reduce_scatter", "all_gather")),
+    ("two_shot", ("all_reduce",)),
+  ):
+    nccl.policy([_rule(comp, op, size=n, algorithm=algorithm, chunks=chunks) for op in ops])
+    for op in ops:
+      codes, outs = nccl.run(op, per_rank, comms, dtype=code)
+      assert codes == [SUCCESS] * n, (op, codes)
+      got[
+        "one_shot"
+        if op == "all_reduce" and algorithm == "one_shot"
+        else "two_shot"
+        if op == "all_reduce"
+        else op
+      ] = outs
+  for op, outs in got.items():
+    for r in range(n):
+      np.testing.assert_array_equal(_bits(outs[r]), _bits(want[op][r]), err_msg=f"{op} rank {r}")
+  c = [d for d in nccl.counters() if d.get("size") == n and d.get("op") == "all_reduce"]
+  assert c and all(d["taken_calls"] >= 2 and d["forwarded_calls"] == 0 for d in c)
+
+
+# ---- forwarded ------------------------------------------------------------------------------------
+
+
+def test_nccl_interposer_forwards_small_messages_bit_identical_to_the_emulation(nccl):
+  from jcoccl import compressors as jc
+
+  n = 3
+  rng = np.random.default_rng(1)
+  xs = [rng.standard_normal(1000).astype(np.float32) for _ in range(n)]
+  nccl.policy([_rule(jc.int8(block_size=32), min_bytes=4001)])  # 4000 bytes: under
+  _, got = nccl.run("all_reduce", xs, nccl.comms(n))
+  _, want = nccl.run("all_reduce", xs, nccl.comms(n, via=nccl.emul), fn_lib=nccl.emul)
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(_bits(g), _bits(w))
+  c = [d for d in nccl.counters() if d.get("size") == n]
+  assert c[0]["forwarded_calls"] == 1 and c[0]["taken_calls"] == 0
+  assert c[0]["forwarded_bytes"] == 4000
+
+
+def test_nccl_interposer_forwards_other_ops_and_dtypes_unchanged(nccl):
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  comms = nccl.comms(2)
+  before = nccl.counters()[-1]["forwarded"]["other_type"]
+  xs = [np.ones(64, np.float32) for _ in range(2)]
+  # The emulation refuses max and int8 sums: the interposer returns its very answer.
+  assert nccl.run("all_reduce", xs, comms, red=MAX)[0] == [INVALID_ARG] * 2
+  ys = [np.ones(64, np.int8) for _ in range(2)]
+  codes, outs = nccl.run("all_gather", ys, comms, dtype=0)
+  assert codes == [SUCCESS] * 2 and all((o == 1).all() for o in outs)  # int8 all_gather forwarded
+  assert nccl.counters()[-1]["forwarded"]["other_type"] == before + 4
+
+
+def test_nccl_interposer_forwards_inside_groups_as_nccl_batches_them(nccl):
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n = 2
+  comms = nccl.comms(n)
+  xs = [np.arange(256, dtype=np.float32) * (r + 1) for r in range(n)]
+  outs = [np.zeros(256, np.float32) for _ in range(n)]
+  assert nccl.lib.ncclGroupStart() == SUCCESS
+  assert nccl.lib.jcoccl_nccl_group_depth() == 1
+  for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+    nccl.emul.emul_set_device(r)
+    assert nccl.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 256, F32, SUM, c, s) == SUCCESS
+  assert nccl.lib.ncclGroupEnd() == SUCCESS
+  for _, s in comms:
+    nccl.emul.emul_sync(s)
+  np.testing.assert_array_equal(outs[0], xs[0] + xs[1])  # exact: forwarded, not compressed
+  assert nccl.lib.jcoccl_nccl_group_depth() == 0
+  assert nccl.counters()[-1]["forwarded"]["in_group"] >= 2
+
+
+def test_nccl_interposer_group_end_without_start_is_invalid_usage(nccl):
+  assert nccl.lib.ncclGroupEnd() == INVALID_USAGE
+  assert nccl.lib.jcoccl_nccl_group_depth() == 0
+  assert nccl.lib.pncclGroupStart() == SUCCESS and nccl.lib.pncclGroupEnd() == SUCCESS
+  assert nccl.lib.jcoccl_nccl_group_depth() == 0 and nccl.emul.emul_group_depth() == 0
+
+
+# ---- errors, lost peers, capture ------------------------------------------------------------------
+
+
+def _async(nccl, comm) -> int:
+  err = ctypes.c_int(-1)
+  assert nccl.lib.ncclCommGetAsyncError(comm, ctypes.byref(err)) == SUCCESS
+  return err.value
+
+
+def test_nccl_interposer_lost_peer_never_blocks_and_reports_as_nccl(nccl):
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32), algorithm="two_shot")])
+  comms = nccl.comms(3)
+  x, o = np.ones(4096, np.float32), np.zeros(4096, np.float32)
+  t = time.monotonic()
+  nccl.emul.emul_set_device(0)
+  (c, s) = comms[0]
+  assert nccl.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 4096, F32, SUM, c, s) == SUCCESS
+  assert time.monotonic() - t < 2.0  # the host is not held while peers 1 and 2 never come
+  assert _async(nccl, c) == SUCCESS
+  assert nccl.lib.ncclCommAbort(c) == SUCCESS
+  nccl.emul.emul_sync(s)  # the aborted collective ends the stream's wait
+  assert _async(nccl, c) == SYSTEM
+
+
+def test_nccl_interposer_failed_call_is_an_async_error_and_closes_its_group(nccl):
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32), algorithm="two_shot")])
+  comms = nccl.comms(2)
+  assert nccl.emul.emul_inject(b"ncclSend", 1)
+  x, o = np.ones(512, np.float32), np.zeros(512, np.float32)
+  nccl.emul.emul_set_device(0)
+  c, s = comms[0]
+  assert nccl.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 512, F32, SUM, c, s) == INTERNAL
+  assert nccl.emul.emul_group_depth() == 0 and nccl.lib.jcoccl_nccl_group_depth() == 0
+  assert _async(nccl, c) == INTERNAL  # peers may wait for the rest: XLA polls this and aborts
+  nccl.lib.ncclCommAbort(c)
+  nccl.lib.ncclCommAbort(comms[1][0])
+
+
+def test_nccl_interposer_forwards_under_capture_until_it_has_a_workspace(nccl):
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n = 2
+  comms = nccl.comms(n)
+  xs = [np.arange(512, dtype=np.float32) for _ in range(n)]
+  before = nccl.counters()[-1]["forwarded"]["capture"]
+  nccl.lib.jcoccl_nccl_test_capturing(1)
+  try:
+    _, outs = nccl.run("all_reduce", xs, comms)  # would allocate: forwarded
+    np.testing.assert_array_equal(outs[0], 2 * xs[0])
+    assert nccl.counters()[-1]["forwarded"]["capture"] == before + n
+    nccl.lib.jcoccl_nccl_test_capturing(0)
+    _, want = nccl.run("all_reduce", xs, comms)  # allocates the workspace
+    nccl.lib.jcoccl_nccl_test_capturing(1)
+    _, got = nccl.run("all_reduce", xs, comms)  # captured: no allocation needed, taken over
+  finally:
+    nccl.lib.jcoccl_nccl_test_capturing(0)
+  np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+  assert nccl.counters()[-1]["forwarded"]["capture"] == before + n
+
+
+def test_nccl_interposer_delays_keep_results(nccl):
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.fp8("e5m2", block_size=32), chunks=2)])
+  n = 2
+  comms = nccl.comms(n)
+  xs = [np.linspace(-3, 3, 1000, dtype=np.float32) * (r + 1) for r in range(n)]
+  _, want = nccl.run("all_reduce", xs, comms)
+  nccl.emul.emul_set_delay(COLLECTIVES, 3000)
+  _, got = nccl.run("all_reduce", xs, comms)
+  np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+  np.testing.assert_array_equal(_bits(got[1]), _bits(want[0]))
+
+
+def test_nccl_interposer_counts_bytes_taken_and_forwarded(nccl):
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=256), op="all_gather")])
+  n = 4
+  comms = nccl.comms(n)
+  xs = [np.ones(4096, np.float32) for _ in range(n)]
+  nccl.run("all_gather", xs, comms)
+  nccl.run("all_reduce", xs, comms)  # no rule: forwarded
+  mine = [d for d in nccl.counters() if "comm" in d and int(d["comm"], 16) == comms[0][0]]
+  ag = next(d for d in mine if d["op"] == "all_gather")
+  ar = next(d for d in mine if d["op"] == "all_reduce")
+  assert ag["taken_calls"] == 1 and ag["taken_bytes"] == 4096 * 4
+  # int8 with 256-blocks: 4096 codes + 16 scales, to each of 3 peers (raw: 3 x 16384).
+  assert ag["taken_wire"] == 3 * (4096 + 16 * 4)
+  assert ar["forwarded_calls"] == 1 and ar["forwarded_wire"] == 2 * 16384 * 3 // 4
+
+
+# ---- the policy -----------------------------------------------------------------------------------
+
+
+def test_nccl_interposer_bad_policy_file_forwards_everything(nccl, tmp_path):
+  p = tmp_path / "bad.rules"
+  p.write_text("rule size=2 ops=all_reduce dtypes=float32 kind=2 bits=9 block=32\n")
+  nccl.lib.jcoccl_nccl_load_policy(str(p).encode())
+  st = nccl.status()
+  assert st["rules"] == "0" and "bits" in st["policy_error"] and st["active"] == "0", st
+  xs = [np.arange(300, dtype=np.float32) for _ in range(2)]
+  _, outs = nccl.run("all_reduce", xs, nccl.comms(2))
+  np.testing.assert_array_equal(outs[0], 2 * xs[0])
+
+
+def _toml(tmp_path: Path, text: str) -> str:
+  p = tmp_path / "p.toml"
+  p.write_text(text)
+  return str(p)
+
+
+def test_nccl_interposer_policy_resolves_sizes_ops_and_defaults(tmp_path):
+  rules = ni.resolve(
+    _toml(
+      tmp_path,
+      '[nccl]\naxes = {data = 4}\ndtypes = ["bfloat16"]\nchunks = 2\n'
+      '[data]\nall_reduce = "int8"\nreduce_scatter = "int4"\nmin_bytes = 0\n'
+      'algorithm = "one_shot"\n["*"]\nall_gather = "fp8"\n',
+    )
+  )
+  assert [(r.size, r.op, r.min_bytes, r.algorithm) for r in rules] == [
+    (4, "all_reduce", 0, "one_shot"),
+    (4, "reduce_scatter", 0, "one_shot"),
+    (0, "all_gather", 4 * 1024 * 1024, "auto"),  # jcoccl's default min_bytes
+  ]
+  assert rules[0].dtypes == ("bfloat16",) and rules[0].chunks == 2
+  assert rules[0].line().startswith("rule size=4 ops=all_reduce dtypes=bfloat16 min_bytes=0")
+  assert "any size all_gather: fp8 (bfloat16, min_bytes 4194304" in ni.describe(rules)
+
+
+@pytest.mark.parametrize(
+  "text,needle",
+  [
+    ('[data]\nall_reduce = "int8"\n', "axes = {data = N}"),
+    ('["*"]\nppermute = "int8"\n', "send/recv"),
+    ('["*"]\nall_reduce = "auto:int8"\n', "cost model"),
+    ("[nccl]\nsizes = {data = 2}\n", "unknown key 'sizes'"),
+    ('[nccl]\ndtypes = ["float64"]\n', "'float64' is not one of"),
+    ('["*"]\nall_reduce = "int9"\n', "all_reduce"),
+  ],
+)
+def test_nccl_interposer_bad_policy_is_a_clear_error(tmp_path, text, needle):
+  with pytest.raises(ValueError, match=re.escape(needle)) as e:
+    ni.resolve(_toml(tmp_path, text))
+  assert "p.toml" in str(e.value)
+
+
+def test_nccl_interposer_launcher_preloads_or_runs_uncompressed(built, tmp_path):
+  names = _names_file(tmp_path, ["ncclAllReduce"])
+  env = {**os.environ, "JCOCCL_NCCL_REAL": str(built.emul)}
+  cmd = [str(built.program), "preload", str(built.interposer), str(built.emul), str(names)]
+  good = _toml(tmp_path, '["*"]\nall_reduce = "int8"\nmin_bytes = 0\n')
+  run = [sys.executable, "-m", "jcoccl.nccl", "--library", str(built.interposer), "--report"]
+  r = subprocess.run(
+    [*run, "--policy", good, "--", *cmd], capture_output=True, text=True, env=env, timeout=120
+  )
+  assert r.returncode == 0, r.stderr
+  assert "any size all_reduce: int8" in r.stderr and "taken_calls=2" in r.stdout, r.stdout
+  assert "jcoccl nccl report" in r.stderr  # --report: the counters at exit
+  bad = tmp_path / "bad.toml"
+  bad.write_text('[data]\nall_reduce = "int8"\n')
+  r = subprocess.run(
+    [
+      *run,
+      "--policy",
+      str(bad),
+      "--",
+      sys.executable,
+      "-c",
+      "import os; print(os.environ.get('LD_PRELOAD', 'none'))",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=120,
+  )
+  assert r.returncode == 0 and "running the command uncompressed" in r.stderr
+  assert "libjcoccl_nccl" not in r.stdout
+
+
+def test_nccl_interposer_enable_refuses_when_a_real_nccl_is_loaded(built, tmp_path):
+  good = _toml(tmp_path, '["*"]\nall_reduce = "int8"\n')
+  code = (
+    "import ctypes, sys; from jcoccl._src import nccl_interposer as ni\n"
+    f"ctypes.CDLL({str(built.emul)!r})\n"
+    "try:\n"
+    f"  ni.enable({good!r}, library={str(built.interposer)!r}, real={str(built.emul)!r})\n"
+    "except RuntimeError as e:\n  print('refused', e)\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert "refused a libnccl.so.2 is already loaded" in r.stdout, r.stdout + r.stderr
+  with pytest.raises(RuntimeError, match="not found"):
+    ni.enable(good, library=str(tmp_path / "none.so"))
+
+
+# ---- seeded bugs ----------------------------------------------------------------------------------
+
+
+def test_nccl_interposer_seeded_missing_fork_wait_is_caught(mutant):
+  # The caller's stream writes the input (a slow copy, as an XLA kernel before the
+  # collective); without the lanes' wait for that stream the encode reads the old input.
+  from jcoccl import compressors as jc
+
+  def once(mutation: int) -> list[np.ndarray]:
+    ctypes.c_int.in_dll(mutant.lib, "jcn_test_mutation").value = mutation
+    mutant.policy([_rule(jc.int8(block_size=32))])
+    n = 2
+    comms = mutant.comms(n)
+    src = [np.full(1024, 3.0, np.float32) for _ in range(n)]
+    xs = [np.zeros(1024, np.float32) for _ in range(n)]
+    outs = [np.zeros(1024, np.float32) for _ in range(n)]
+    mutant.emul.emul_set_delay(COPIES, 20000)
+    for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+      mutant.emul.emul_set_device(r)
+      mutant.emul.emul_copy(x.ctypes.data, src[r].ctypes.data, 4096, s)
+      mutant.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 1024, F32, SUM, c, s)
+    for _, s in comms:
+      mutant.emul.emul_sync(s)
+    mutant.emul.emul_set_delay(0, 0)
+    return outs
+
+  try:
+    assert (once(0)[0] == 6.0).all()
+    assert not (once(emul_build.MUTATION_IDS["no_fork_wait"])[0] == 6.0).all()
+  finally:
+    ctypes.c_int.in_dll(mutant.lib, "jcn_test_mutation").value = 0
+
+
+def test_nccl_interposer_seeded_group_left_open_is_caught(mutant):
+  from jcoccl import compressors as jc
+
+  mutant.policy([_rule(jc.int8(block_size=32), algorithm="two_shot")])
+  ctypes.c_int.in_dll(mutant.lib, "jcn_test_mutation").value = emul_build.MUTATION_IDS[
+    "group_left_open"
+  ]
+  try:
+    comms = mutant.comms(2)
+    mutant.emul.emul_inject(b"ncclSend", 1)
+    x, o = np.ones(512, np.float32), np.zeros(512, np.float32)
+    mutant.emul.emul_set_device(0)
+    c, s = comms[0]
+    assert mutant.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 512, F32, SUM, c, s) == INTERNAL
+    assert mutant.emul.emul_group_depth() == 1  # what the clean build's test sees as 0
+  finally:
+    ctypes.c_int.in_dll(mutant.lib, "jcn_test_mutation").value = 0
+    mutant.emul.emul_reset_group()
+    for c, _ in comms:
+      mutant.lib.ncclCommAbort(c)
+
+
+def test_nccl_interposer_seeded_dropped_symbol_is_caught(mutant, built, tmp_path):
+  assert not hasattr(mutant.lib, "ncclSend")  # the export check above would fail
+  out = _load(built, "enable", _names_file(tmp_path, _plugin_names()), mutant.lib._name)
+  assert "missing ncclSend" in out or "elsewhere ncclSend" in out
