@@ -32,6 +32,7 @@ export JAX_COMPILATION_CACHE_DIR=$cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 start=$(date +%s)
 rc=0
-"$VENV/bin/python" -m pytest -q "${xdist[@]}" "$@" || rc=$?
+# The slowest tests are listed at the end of every run: that is where the suite's time goes.
+"$VENV/bin/python" -m pytest -q --durations=30 "${xdist[@]}" "$@" || rc=$?
 echo "tools/test.sh: pytest exited $rc after $(( $(date +%s) - start )) s"
 exit "$rc"
