@@ -42,7 +42,7 @@ def test_grid_stride_paths_match():
     "2",
     "--only",
     r"^(none|cast_bf16|int8_B32|int4_asym_B64|"
-    r"fp8_e5m2_B32|eb_1e-2_B32|had256_int4_B128|had64_cast_f16|spike3_int3_asym_B64)$",
+    r"fp8_e5m2_B32|int8_asym_B1024|eb_1e-2_B32|had256_int4_B128|had64_cast_f16|spike3_int3_asym_B64)$",
   )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -50,8 +50,9 @@ def test_grid_stride_paths_match():
 @pytest.mark.parametrize(
   "mutation, cases",
   [
-    ("fp8_byte_order", r"^fp8_e4m3_B32$"),
-    ("int_code_order", r"^int4_B64$"),
+    # The warp-per-block encode: Hadamard and spike inner codecs, int2 with 32-element blocks.
+    ("fp8_byte_order", r"^spike2_fp8_e4m3_B64$"),
+    ("int_code_order", r"^(int2_B32|spike1_int4_B32)$"),
     ("odd_width_code_order", r"^(int3_B32|int7_asym_B256)$"),
     ("round_half_away", r"^(int2_B64|eb_0.25_B32)$"),
     ("eb_last_word", r"^eb_1e-2_B32$"),
@@ -59,6 +60,13 @@ def test_grid_stride_paths_match():
     ("sum_order", r"^cast_bf16$"),
     ("spike_fill", r"^spike1_int4_B32$"),
     ("spike_unused_slot", r"^spike31_int4_asym_B32$"),
+    # The chunk kernels (int 2/4/8 bits, fp8): packing, unpacking, the sum's row order, and
+    # the statistics of a block spread over lanes and over warps.
+    ("chunk_code_order", r"^(int4_B64|fp8_e4m3_B32)$"),
+    ("chunk_decode_order", r"^int8_B32$"),
+    ("chunk_sum_order", r"^int8_B32$"),
+    ("group_stats_lanes", r"^int8_B256$"),
+    ("group_stats_warps", r"^int8_B1024$"),
   ],
 )
 def test_broken_packing_or_rounding_is_caught(mutation, cases):

@@ -89,6 +89,31 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "idx[r] = used ? static_cast<uint16_t>(j) : kSpikeUnused;",
     "idx[r] = static_cast<uint16_t>(j);",
   ),
+  "chunk_code_order": (
+    "cuda/gpu/codecs.cu",
+    "w.w[e * BITS / 32] |= code << (e * BITS % 32);",
+    "w.w[e * BITS / 32] |= code << ((e ^ 1) * BITS % 32);",
+  ),
+  "chunk_decode_order": (
+    "cuda/gpu/codecs.cu",
+    "return (w.w[e * BITS / 32] >> (e * BITS % 32)) & ((1u << BITS) - 1u);",
+    "return (w.w[e * BITS / 32] >> ((e ^ 1) * BITS % 32)) & ((1u << BITS) - 1u);",
+  ),
+  "chunk_sum_order": (
+    "cuda/gpu/codecs.cu",
+    "DecodeChunk<K, BITS, SYM>(c, lut, row0 + r * stride, ci, v);",
+    "DecodeChunk<K, BITS, SYM>(c, lut, row0 + (nrows - r) * stride, ci, v);",
+  ),
+  "group_stats_lanes": (
+    "cuda/gpu/codecs.cu",
+    "amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));",
+    "amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o & 1));",
+  ),
+  "group_stats_warps": (
+    "cuda/gpu/codecs.cu",
+    "amax = fmaxf(amax, red[kWarps + w]);",
+    "amax = fmaxf(amax, red[kWarps + w0]);",
+  ),
   "sum_order": (
     "cuda/gpu/codecs.cu",
     "for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);",
