@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU verification of jcoccl (one H200, about 8 minutes, run once). Steps, most valuable first:
+# GPU verification of jcoccl (one H200, at most 6 minutes, run once). Steps, most valuable first:
 #   build        tools/gpu_build.py: finds nvcc, pip install -e (offline), else plain CMake
 #   import       jcoccl._cuda loads, NCCL version, jax sees the GPU
 #   codecs       CUDA codecs vs the jnp spec run on the CPU, bit for bit (tools/gpu_codecs.py)
@@ -10,9 +10,13 @@
 #                jnp spec, NCCL's plain ops vs numpy (tools/gpu_collectives.py launch)
 #   world4       the same with 4 processes
 #   xla_comm     does XLA hand an FFI handler its own communicator (tools/xla_comm_probe.py)
-#   codec_bench  codec throughput vs the device copy bandwidth    } JCOCCL_GPU_ROUNDS rounds
+#   codec_bench  codec throughput vs the device copy bandwidth:   } JCOCCL_GPU_ROUNDS rounds
+#                jitted calls, and the kernels alone timed with  }
+#                CUDA events (decode_sum, decode_sum_encode too)  }
 #   bench2       compressed vs NCCL collectives at world 2         } (default 3), steps
 #                (nccl-tests algbw/busbw)                          } named *_r1, *_r2, ...
+#   fp8_probe    fp8 at 256 MiB and 1 GiB with XLA's preallocation on and off (the 1 GiB
+#                fp8 decode anomaly of the first H200 run)
 #   ncu          Nsight Compute on the codec kernels (throughput, occupancy, launch shape)
 #   cuda_ext     (--cpu only) the CUDA handlers, fused engine and NCCL transport built against
 #                the host shim and an NCCL emulation: op matrix vs the CPU paths, seeded
@@ -21,7 +25,8 @@
 #                spread over rounds of every timing
 # Every step writes its JSON as it goes (a step cut short keeps what it finished), prints a
 # one-line `=== VERDICT [step] ...`, and runs under its own time limit, clipped so that the
-# whole run stays within JCOCCL_GPU_BUDGET_S (default 470 s) with 20 s kept for the report.
+# whole run stays within JCOCCL_GPU_BUDGET_S (default 340 s) with 20 s kept for the report,
+# so that with the report and the packing the script ends within 6 minutes.
 # Step limits: see benchmarks/README.md for the CPU dry-run times they were set from.
 #
 # Usage: tools/gpu_check.sh [--cpu] [OUT]   (OUT defaults to $OUT, else ./gpu_out)
@@ -43,7 +48,7 @@ mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 STATUS=0
 declare -a STEPS=()
-BUDGET="${JCOCCL_GPU_BUDGET_S:-470}"
+BUDGET="${JCOCCL_GPU_BUDGET_S:-340}"
 RESERVE=20
 START=$SECONDS
 
@@ -106,20 +111,23 @@ import jax; print(jax.devices())"
   # Timings in rounds, each round timing every codec and collective once: the report gives
   # each figure's median and its spread over the rounds.
   for r in $(seq 1 "${JCOCCL_GPU_ROUNDS:-3}"); do
-    step "codec_bench_r$r" 30 "$PY" tools/gpu_codecs.py --skip-check --sizes-mib 256,1024 \
+    step "codec_bench_r$r" 45 "$PY" tools/gpu_codecs.py --skip-check --sizes-mib 256,1024 \
       --iters 10 --out "$OUT/codec_bench_r$r.json"
     step "bench2_r$r" 40 "$PY" "$GC" launch --world 2 --no-checks --bench --sizes-mib 1 16 64 \
       --iters 5 --timeout 20 --deadline 32 --dir "$OUT/bench2_r$r" --out "$OUT/bench2_r$r.json"
   done
+  step fp8_probe 60 "$PY" tools/gpu_codecs.py --skip-check --prealloc-probe 256,1024 --iters 5 \
+    --out "$OUT/fp8_probe.json"
   # Where each codec kernel spends its time (throughput against the chip's limits,
   # occupancy, launch shape): the first 16 codec launches of one 256 MiB round.
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null \
     | tail -n 1)
   if [ -n "$NCU" ]; then
     mkdir -p "$OUT/ncu"
-    step ncu 90 "$NCU" --clock-control none -k "regex:EncodeBlocks|Elementwise|Hadamard" -c 16 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats \
-      "$PY" tools/gpu_codecs.py --skip-check --sizes-mib 256 --iters 1 --out "$OUT/ncu/bench.json"
+    step ncu 90 "$NCU" --clock-control none -k "regex:Chunks|EncodeBlocks|Elementwise|Hadamard" \
+      -c 16 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      "$PY" tools/gpu_codecs.py --skip-check --no-events --sizes-mib 256 --iters 1 \
+      --out "$OUT/ncu/bench.json"
   else
     skip ncu "no ncu on this machine"
   fi
@@ -146,6 +154,8 @@ print('jcoccl._cpu', m); import jax; print(jax.devices())"
   skip world4 "needs a GPU (the host transport is in-process)"
   step codec_bench 60 "$PY" tools/gpu_codecs.py --platform cpu --skip-check --sizes-mib 1 \
     --iters 2 --out "$OUT/codec_bench.json"
+  step fp8_probe 60 "$PY" tools/gpu_codecs.py --platform cpu --skip-check --prealloc-probe 0.25 \
+    --iters 1 --out "$OUT/fp8_probe.json"
   step bench1 60 "$PY" "$GC" launch --world 1 --platform cpu --no-checks --bench \
     --sizes-mib 0.25 --iters 1 --timeout 30 --deadline 55 --dir "$OUT/bench1" \
     --out "$OUT/bench1.json"

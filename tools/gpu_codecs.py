@@ -19,6 +19,13 @@ Run on a machine with a CUDA GPU after building jcoccl (tools/gpu_build.py, or
 (2) encode/decode time for int8, int4, fp8, hadamard(int4) and spike(int4) against a
     device-to-device copy of the same bytes (cupy's copy timed with CUDA events when cupy is
     installed, and `x + 0` in a jit). GB/s counts bytes read + written; `vs_copy` = codec GB/s / copy GB/s.
+    Two timings of each: the jitted call, wall clock over --iters calls (op `encode`, `decode`:
+    what a jax program sees, XLA's allocator included), and the kernels alone with CUDA events
+    (op `... [events]`: jcoccl_codec_time in cuda/gpu/codec_bench.cu, the median of --iters
+    launches on buffers of its own), which also times decode_sum and decode_sum_encode of 2 rows.
+(3) --prealloc-probe: the fp8 jitted encode/decode at 256 MiB and 1 GiB again in two child
+    processes, with XLA_PYTHON_CLIENT_PREALLOCATE=true and =false (the H200 run's fp8 decode
+    took 8-9 ms at 1 GiB against 0.4 ms at 256 MiB, with preallocation off).
 
 The JSON file is rewritten after every case, so a run cut short keeps what it finished; the
 last line printed for each part is a `VERDICT ...` line.
@@ -29,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -52,6 +60,19 @@ def _parse() -> argparse.Namespace:
   p.add_argument("--skip-bench", action="store_true", help="only run the bit-exact checks")
   p.add_argument("--skip-check", action="store_true", help="only run the timings")
   p.add_argument("--only", default=None, help="check only the codecs whose name matches this regex")
+  p.add_argument(
+    "--bench-codecs", default=None, help="time only the codecs whose name matches this regex"
+  )
+  p.add_argument(
+    "--no-events", action="store_true", help="skip the kernel timings with CUDA events"
+  )
+  p.add_argument(
+    "--prealloc-probe",
+    default=None,
+    metavar="MIB",
+    help="instead of the bench: fp8 at these sizes (comma separated) in two child processes, "
+    "with XLA's preallocation on and off",
+  )
   return p.parse_args()
 
 
@@ -278,11 +299,119 @@ def _cupy_copy_gbs(nbytes: int, iters: int) -> float | None:
     return None
 
 
+# The kernel timings' operations: (name, jcoccl_codec_time op code, payload rows per output).
+EVENT_OPS = (("encode", 0, 1), ("decode", 1, 1), ("decode_sum", 2, 2), ("decode_sum_encode", 3, 2))
+
+
+def event_timer():
+  """jcoccl_codec_time (cuda/gpu/codec_bench.cu) from jcoccl._cuda through ctypes, or None.
+
+  Returns None where the CUDA extension is missing or lacks the symbol (the CPU dry run).
+
+  Example:
+    t = event_timer(); ms = kernel_ms(t, native.codec_attrs(jc.int8()), "decode", 256, 2**20, 5)
+  """
+  import ctypes
+
+  from jcoccl import native
+
+  m = native.module("cuda")
+  if m is None:
+    return None
+  try:
+    fn = ctypes.CDLL(m.__file__).jcoccl_codec_time
+  except (OSError, AttributeError):
+    return None
+  c = ctypes
+  fn.restype = c.c_int
+  fn.argtypes = [
+    c.c_void_p, c.c_float, c.c_int32, c.c_int64, c.c_int64, c.c_int32, c.c_int32, c.c_void_p
+  ]  # fmt: skip
+  return fn
+
+
+def kernel_ms(timer, attrs: dict, op: str, rows: int, n: int, iters: int) -> list[float]:
+  """Device times (ms) of `iters` launches of one codec op on float32 rows x n, CUDA events.
+
+  Args:
+    timer: event_timer()'s function.
+    attrs: the codec's FFI attributes (jcoccl.native.codec_attrs).
+    op: a name of EVENT_OPS; decode_sum and decode_sum_encode read 2 payload rows per output.
+    rows, n: the float32 rows (rows x n values in, or out).
+    iters: timed launches (after one untimed).
+
+  Returns:
+    The launches' times in milliseconds.
+  """
+  import ctypes
+
+  import numpy as np
+
+  code, nrows = {name: (c, k) for name, c, k in EVENT_OPS}[op]
+  fields = np.array(
+    [
+      attrs[k]
+      for k in ("kind", "bits", "block", "symmetric", "fp8", "cast_dtype", "hadamard", "spike")
+    ],
+    np.int32,
+  )
+  ms = np.zeros(iters, np.float32)
+  rc = timer(
+    fields.ctypes.data, ctypes.c_float(float(attrs["abs_error"])), code, rows, n, nrows, iters,
+    ms.ctypes.data,
+  )  # fmt: skip
+  if rc != 0:
+    raise RuntimeError(f"jcoccl_codec_time({op}) failed: cudaError_t {rc}")
+  return [float(v) for v in ms]
+
+
+def event_bytes(op: str, rows: int, n: int, p: int) -> int:
+  """Bytes an op reads + writes on float32 rows x n with p-byte payloads (EVENT_OPS)."""
+  x, pay = 4 * rows * n, rows * p
+  return {"encode": x + pay, "decode": x + pay, "decode_sum": 2 * pay + x}.get(op, 3 * pay)
+
+
+def bench_codecs(jc, pattern: str | None = None) -> list:
+  """The timed codecs, those whose name matches `pattern` (a regex) when given."""
+  import re
+
+  cs = [
+    jc.int8(block_size=256),
+    jc.int4(block_size=256),
+    jc.fp8("e4m3", block_size=128),
+    jc.hadamard(jc.int4(block_size=128), size=256),
+    jc.spike(jc.int4(block_size=128), k=2),
+  ]
+  return [c for c in cs if pattern is None or re.search(pattern, str(c))]
+
+
 def bench(
-  jax, jnp, jc, sizes_mib: list[float], iters: int, results: Results | None = None
+  jax,
+  jnp,
+  jc,
+  sizes_mib: list[float],
+  iters: int,
+  results: Results | None = None,
+  codecs: str | None = None,
+  events: bool = True,
 ) -> list[dict]:
-  """Codec encode/decode throughput against the device copy bandwidth, per size."""
+  """Codec encode/decode throughput against the device copy bandwidth, per size.
+
+  Args:
+    jax, jnp, jc: the modules (jcoccl.compressors as jc).
+    sizes_mib: float32 input sizes.
+    iters: timed calls (launches) per measurement.
+    results: where each row is added as it is measured.
+    codecs: a regex over the codec names to time (bench_codecs); all when None.
+    events: also time the kernels alone with CUDA events (GPU only).
+
+  Returns:
+    The rows: {"codec", "mib", "op", "gbs", "vs_copy", ...}.
+  """
+  from jcoccl import native
+
   rows = []
+  timer = event_timer() if events and jax.default_backend() == "gpu" else None
 
   def add(row: dict) -> None:
     rows.append(row)
@@ -305,13 +434,7 @@ def bench(
       f"{'' if cupy_gbs is None else f' (cupy {cupy_gbs:.1f})'}",
       flush=True,
     )
-    for c in (
-      jc.int8(block_size=256),
-      jc.int4(block_size=256),
-      jc.fp8("e4m3", block_size=128),
-      jc.hadamard(jc.int4(block_size=128), size=256),
-      jc.spike(jc.int4(block_size=128), k=2),
-    ):
+    for c in bench_codecs(jc, codecs):
       enc = jax.jit(lambda v, c=c: c.encode_rows(v, impl="native"))
       buf = enc(x)
       dec = jax.jit(lambda b, c=c, n=ncols: c.decode_rows(b, n, jnp.float32, impl="native"))
@@ -336,8 +459,56 @@ def bench(
           f"({100 * gbs / copy_gbs:5.1f}% of copy)",
           flush=True,
         )
+      if timer is not None:
+        for op, _, _ in EVENT_OPS:
+          ms = kernel_ms(timer, native.codec_attrs(c), op, x.shape[0], ncols, iters)
+          t = statistics.median(ms) * 1e-3
+          gbs = event_bytes(op, x.shape[0], ncols, buf.shape[1]) / t / 1e9
+          row = {"codec": str(c), "mib": mib, "op": f"{op} [events]", "ms": t * 1e3}
+          add({**row, "ms_min": min(ms), "ms_max": max(ms), "gbs": gbs, "vs_copy": gbs / copy_gbs})
+          print(
+            f"{mib:7.2f} MiB {c!s:28s} {op + ' [events]':26s} {t * 1e3:8.3f} ms "
+            f"[{min(ms):.3f}, {max(ms):.3f}] {gbs:8.1f} GB/s ({100 * gbs / copy_gbs:5.1f}% of copy)",
+            flush=True,
+          )
       del buf
     del x
+  return rows
+
+
+def prealloc_probe(
+  sizes_mib: str, iters: int, platform: str, results: Results | None = None
+) -> list[dict]:
+  """fp8's jitted encode/decode in child processes with XLA's preallocation on, then off.
+
+  XLA_PYTHON_CLIENT_PREALLOCATE must be set before the backend starts, hence the children;
+  each runs this script's bench for fp8 alone at `sizes_mib`. Rows come back with the setting
+  in their op ("decode (XLA_PYTHON_CLIENT_PREALLOCATE=true)").
+  """
+  import subprocess
+  import tempfile
+
+  rows = []
+  for pre in ("true", "false"):
+    with tempfile.TemporaryDirectory() as d:
+      out = os.path.join(d, "probe.json")
+      cmd = [sys.executable, os.path.abspath(__file__), "--skip-check", "--no-events"]
+      cmd += ["--bench-codecs", "^fp8", "--sizes-mib", sizes_mib, "--iters", str(iters)]
+      cmd += ["--out", out, "--platform", platform]
+      env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": pre}
+      r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+      if r.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"prealloc probe ({pre}) failed: {r.stdout[-1000:]}{r.stderr[-2000:]}")
+      with open(out) as f:
+        child = json.load(f)["bench"]
+    for row in child:
+      if row["codec"] == "copy":
+        continue
+      row = {**row, "op": f"{row['op']} (XLA_PYTHON_CLIENT_PREALLOCATE={pre})"}
+      rows.append(row)
+      if results is not None:
+        results.add("bench", row)
+      print(f"{row['mib']:7.2f} MiB {row['codec']:28s} {row['op']:48s} {row['ms']:8.3f} ms")
   return rows
 
 
@@ -372,7 +543,11 @@ def main() -> int:
       flush=True,
     )
   if not args.skip_bench:
-    rows = bench(jax, jnp, jc, [float(s) for s in args.sizes_mib.split(",")], args.iters, results)
+    if args.prealloc_probe:  # the timings run in the child processes alone
+      rows = prealloc_probe(args.prealloc_probe, args.iters, args.platform, results)
+    else:
+      sizes = [float(s) for s in args.sizes_mib.split(",")]
+      rows = bench(jax, jnp, jc, sizes, args.iters, results, args.bench_codecs, not args.no_events)
     print(f"VERDICT codec-bench: {len(rows)} rows", flush=True)
   return 1 if bad else 0
 
