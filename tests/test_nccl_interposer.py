@@ -158,14 +158,7 @@ def _reset(request):
 
 
 def _rule(comp, op="all_reduce", size=0, algorithm="auto", chunks=1, min_bytes=0) -> ni.Rule:
-  from jcoccl._src.compressors import native
-
-  attrs = native.codec_attrs(comp)
-  fields = {
-    k: float(v) if k == "abs_error" else int(v)
-    for k, v in attrs.items()
-    if k not in ("plugin", "params")
-  }
+  fields = ni.codec_fields(comp)
   return ni.Rule("t", size, op, ni.DTYPES, min_bytes, algorithm, chunks, str(comp), fields)
 
 
@@ -679,3 +672,21 @@ def test_nccl_interposer_seeded_dropped_symbol_is_caught(mutant, built, tmp_path
   assert not hasattr(mutant.lib, "ncclSend")  # the export check above would fail
   out = _load(built, "enable", _names_file(tmp_path, _plugin_names()), mutant.lib._name)
   assert "missing ncclSend" in out or "elsewhere ncclSend" in out
+
+
+def test_nccl_interposer_enable_loads_it_and_jcoccl_info_says_so(built, tmp_path):
+  good = _toml(tmp_path, '[nccl]\naxes = {data = 2}\n[data]\nall_reduce = "int8"\n')
+  code = (
+    "from jcoccl._src import info, nccl_interposer as ni\n"
+    "print('before', ni.summary())\n"
+    f"rules = ni.enable({good!r}, library={str(built.interposer)!r}, real={str(built.emul)!r})\n"
+    "print('rules', len(rules), ni.status()['active'])\n"
+    "print('after', ni.summary())\n"
+    "print('counters', ni.counters())\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert "before not loaded" in r.stdout
+  assert "rules 1 1" in r.stdout  # one rule, active
+  assert "after active: 1 rules from " in r.stdout and str(built.emul) in r.stdout
+  assert "counters [{'forwarded': {'no_rule': 0," in r.stdout

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   OUT.parent.mkdir(parents=True, exist_ok=True)
   OUT.write_text(text)
-  print(f"{OUT}: {text.count('JCN_API(') + text.count('JCN_TAKEN(')} entry points")
+  print(f"{OUT}: {len(re.findall(r'^JCN_(?:API|TAKEN)', text, flags=re.M))} entry points")
   return 0
 
 

@@ -10,6 +10,9 @@
 #                jnp spec, NCCL's plain ops vs numpy (tools/gpu_collectives.py launch)
 #   world4       the same with 4 processes
 #   xla_comm     does XLA hand an FFI handler its own communicator (tools/xla_comm_probe.py)
+#   nccl_interposer  a GSPMD jit program that never imports jcoccl, 2 processes, with and
+#                without libjcoccl_nccl.so: NCCL bytes, step-time ratio, loss difference
+#                (tools/gpu_nccl_interposer.py; --cpu: 1 process, the emulation-built library)
 #   codec_bench  codec throughput vs the device copy bandwidth:   } JCOCCL_GPU_ROUNDS rounds
 #                jitted calls, and the kernels alone timed with  }
 #                CUDA events (decode_sum, decode_sum_encode too)  }
@@ -108,6 +111,8 @@ import jax; print(jax.devices())"
   step world4 60 "$PY" "$GC" launch --world 4 --timeout 20 --deadline 50 --dir "$OUT/world4" \
     --out "$OUT/world4.json"
   step xla_comm 30 "$PY" tools/xla_comm_probe.py --platform cuda --out "$OUT/xla_comm.json"
+  step nccl_interposer 90 "$PY" tools/gpu_nccl_interposer.py --timeout 40 \
+    --dir "$OUT/nccl_interposer" --out "$OUT/nccl_interposer.json"
   # Timings in rounds, each round timing every codec and collective once: the report gives
   # each figure's median and its spread over the rounds.
   for r in $(seq 1 "${JCOCCL_GPU_ROUNDS:-3}"); do
@@ -162,6 +167,8 @@ print('jcoccl._cpu', m); import jax; print(jax.devices())"
   QUICK=()
   if [ "${JCOCCL_GPU_QUICK:-0}" = 1 ]; then QUICK=(--quick); fi
   step cuda_ext 240 "$PY" tools/cuda_ext_check.py check "${QUICK[@]}" --out "$OUT/cuda_ext.json"
+  step nccl_interposer 90 "$PY" tools/gpu_nccl_interposer.py --platform cpu \
+    --dir "$OUT/nccl_interposer" --out "$OUT/nccl_interposer.json"
 fi
 
 step report 20 "$PY" "$GC" report --dir "$OUT"

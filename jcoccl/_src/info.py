@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jaxlib
 
-from jcoccl._src import _ffi
+from jcoccl._src import _ffi, nccl_interposer
 
 # The source tree's version (pyproject.toml's); an installed distribution reports its own.
 __version__ = "0.1.0"
@@ -76,7 +76,8 @@ def info() -> dict[str, Any]:
 
   Returns:
     A dict with keys ``jcoccl``, ``jax``, ``jaxlib``, ``nccl``, ``extensions`` (module ->
-    {"loaded": bool, "targets": [...], "error": str | None}) and ``devices``.
+    {"loaded": bool, "targets": [...], "error": str | None}), ``devices`` and
+    ``nccl_interposer`` (whether libjcoccl_nccl.so answers for libnccl.so.2, docs/nccl.md).
 
   Example:
     >>> import jcoccl
@@ -99,6 +100,7 @@ def info() -> dict[str, Any]:
     "nccl": _nccl_version(),
     "extensions": exts,
     "devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+    "nccl_interposer": nccl_interposer.summary(),
   }
 
 
@@ -116,4 +118,5 @@ def format_info(d: dict[str, Any]) -> str:
       state += f" ({e['error']})"
     lines.append(f"_{platform:<7} {state}")
   lines.append(f"devices  {', '.join(d['devices'])}")
+  lines.append(f"nccl interposer  {d.get('nccl_interposer', 'not loaded')}")
   return "\n".join(lines)

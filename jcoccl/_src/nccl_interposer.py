@@ -113,6 +113,30 @@ def _nccl_section(entry: Any, where: str) -> tuple[dict[str, int], tuple[str, ..
   return dict(axes), tuple(dtypes), chunks
 
 
+# The codec descriptor's fields that interposer.cc's rules carry (plugin codecs excluded).
+CODEC_FIELDS = ("kind", "bits", "block", "symmetric", "fp8", "cast_dtype", "hadamard", "spike")
+
+
+def codec_fields(comp: Any) -> dict[str, float]:
+  """The kernel fields of compressor ``comp`` as a rule carries them.
+
+  Raises:
+    ValueError: ``comp`` has no native kernel, or is a plugin's codec.
+
+  Example:
+    >>> codec_fields(jc.int8(block_size=32))["block"]   # doctest: +SKIP
+    32
+  """
+  from jcoccl._src.compressors import native
+
+  attrs = native.codec_attrs(comp)
+  if int(attrs["plugin"]) >= 0:
+    raise ValueError("plugin codecs cannot be used inside NCCL calls")
+  out: dict[str, float] = {k: int(attrs[k]) for k in CODEC_FIELDS}
+  out["abs_error"] = float(attrs["abs_error"])
+  return out
+
+
 def resolve(path: str) -> list[Rule]:
   """Reads and checks a policy TOML file (see the module docstring).
 
@@ -132,7 +156,6 @@ def resolve(path: str) -> list[Rule]:
     >>> [r.line() for r in resolve("p.toml")]   # doctest: +SKIP
   """
   from jcoccl._src import config as _config
-  from jcoccl._src.compressors import native
   from jcoccl.policy import Policy, load_toml
 
   table = dict(load_toml(path))
@@ -158,19 +181,12 @@ def resolve(path: str) -> list[Rule]:
           "NCCL calls; write the codec itself"
         )
       try:
-        attrs = native.codec_attrs(comp)
+        fields = codec_fields(comp)
       except ValueError as e:
         raise ValueError(f"{where} {op}: {e}") from None
-      if int(attrs["plugin"]) >= 0:
-        raise ValueError(f"{where} {op}: plugin codecs cannot be used inside NCCL calls")
       algorithm = axis.algorithm if axis.algorithm in _ALGORITHMS else None
       if algorithm is None:
         raise ValueError(f"{where} algorithm: one of {list(_ALGORITHMS)} inside NCCL calls")
-      fields = {
-        k: (float(v) if k == "abs_error" else int(v))
-        for k, v in attrs.items()
-        if k not in ("plugin", "params")
-      }
       rules.append(
         Rule(
           table=name,
@@ -217,12 +233,24 @@ def describe(rules: Sequence[Rule]) -> str:
 
 
 def library_path() -> str | None:
-  """libjcoccl_nccl.so: ``JCOCCL_NCCL_INTERPOSER``, else the one installed in the package."""
+  """libjcoccl_nccl.so: ``JCOCCL_NCCL_INTERPOSER``, else the one installed in the package,
+  else the one built next to jcoccl._cuda (an editable install's build directory)."""
+  import importlib.util
+
   env = os.environ.get("JCOCCL_NCCL_INTERPOSER")
   if env:
     return env
-  here = Path(__file__).resolve().parents[1] / LIBRARY_NAME
-  return str(here) if here.exists() else None
+  places = [Path(__file__).resolve().parents[1]]
+  try:
+    spec = importlib.util.find_spec("jcoccl._cuda")
+  except ImportError:
+    spec = None
+  if spec is not None and spec.origin:
+    places.append(Path(spec.origin).parent)
+  for d in places:
+    if (d / LIBRARY_NAME).exists():
+      return str(d / LIBRARY_NAME)
+  return None
 
 
 def real_nccl_path() -> str | None:
@@ -275,6 +303,24 @@ def status() -> dict[str, str]:
     k, _, v = line.partition("=")
     out[k] = v
   return out
+
+
+def summary() -> str:
+  """One line for ``jcoccl info``: whether libjcoccl_nccl.so answers for libnccl.so.2 here.
+
+  Example:
+    >>> summary()
+    'not loaded (python -m jcoccl.nccl or jcoccl.nccl.enable turn it on)'
+  """
+  st = status()
+  if st.get("loaded") == "0":
+    return "not loaded (python -m jcoccl.nccl or jcoccl.nccl.enable turn it on)"
+  state = "active" if st.get("active") == "1" else "loaded, forwarding only"
+  why = st.get("error") or st.get("policy_error") or ""
+  return (
+    f"{state}: {st.get('rules', '0')} rules from {st.get('policy')}, real NCCL {st.get('real')}"
+    + (f" ({why})" if why else "")
+  )
 
 
 def counters() -> list[dict[str, Any]]:
