@@ -224,13 +224,11 @@ struct OpCounters {
 enum Reason : int {
   kNoRule = 0,  // no rule for this size / op / dtype / size of message
   kOtherType,   // not a sum, or not float32 / bfloat16 / float16
-  kInGroup,     // inside ncclGroupStart / ncclGroupEnd
   kCapture,     // would allocate while the stream is being captured
   kDisabled,    // no policy, or the real NCCL is not one this was built for
   kNumReasons
 };
-const char* const kReasonNames[kNumReasons] = {"no_rule", "other_type", "in_group", "capture",
-                                               "disabled"};
+const char* const kReasonNames[kNumReasons] = {"no_rule", "other_type", "capture", "disabled"};
 uint64_t g_reasons[kNumReasons] = {};
 
 // ---- per communicator ------------------------------------------------------------------------
@@ -397,6 +395,13 @@ class Transport final : public jcoccl::transport::Transport {
  private:
   static cudaStream_t St(const CallCtx& c) { return static_cast<cudaStream_t>(c.stream); }
   Status Check(ncclResult_t r, const char* what) {
+    // A nonblocking communicator: the call is being queued; NCCL wants no other call on the
+    // communicator until its state leaves ncclInProgress (host time of the enqueue only).
+    while (r == ncclInProgress) {
+      ncclResult_t state = ncclSuccess;
+      if (JCN_REAL(AsyncFn, ncclCommGetAsyncError)(c_->comm, &state) != ncclSuccess) break;
+      r = state;
+    }
     if (r == ncclSuccess) return Status::Ok();
     if (code_ == ncclSuccess) code_ = r;
     return Status::Error(std::string("jcoccl nccl: ") + what + ": " + ErrorString(r));
@@ -559,28 +564,35 @@ void Forwarded(Comm* c, OpKind op, int64_t bytes, Reason why) {
   k.fwd_wire += PlainWire(op, c->size, bytes);
 }
 
-// Runs the call with the engine where the policy says; false: forward it (`*res` unset).
-bool Take(OpKind op, const void* send, void* recv, size_t count, ncclDataType_t type,
-          ncclRedOp_t red, ncclComm_t comm, cudaStream_t stream, ncclResult_t* res) {
-  const int dt = DTypeOf(type);
+// One collective as its caller issued it.
+struct Args {
+  OpKind op;
+  const void* send;
+  void* recv;
+  size_t count;
+  ncclDataType_t type;
+  ncclRedOp_t red;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+
+ncclResult_t ForwardReal(const Args& a) {
+  if (a.op == kAllGather)
+    return JCN_REAL(AllGatherFn, ncclAllGather)(a.send, a.recv, a.count, a.type, a.comm, a.stream);
+  void* fn = a.op == kAllReduce ? jcn_real_ncclAllReduce : jcn_real_ncclReduceScatter;
+  return reinterpret_cast<AllReduceFn>(fn)(a.send, a.recv, a.count, a.type, a.red, a.comm,
+                                           a.stream);
+}
+
+// Runs a matched call with the engine; false: it must be forwarded (`*res` unset).
+bool Execute(Comm* c, const Rule& rule, const Args& a, ncclResult_t* res) {
+  const int dt = DTypeOf(a.type);
   const int64_t eb = dt == 0 ? 4 : 2;
-  if (!g_takeover_ok) return Forwarded(nullptr, op, 0, kDisabled), false;
-  if (dt < 0 || (op != kAllGather && red != ncclSum))
-    return Forwarded(nullptr, op, 0, kOtherType), false;
-  std::string err;
-  Comm* c = CommOf(comm, &err);
-  if (c == nullptr) return Forwarded(nullptr, op, 0, kDisabled), false;
-  // The message: what one rank contributes (all_reduce, all_gather) or receives (reduce_scatter).
-  const int64_t bytes = static_cast<int64_t>(count) * eb;
-  if (g_group_depth > 0) return Forwarded(c, op, bytes, kInGroup), false;
-  Rule found;
-  if (c->size < 2 || !Match(c->size, op, dt, bytes, &found))
-    return Forwarded(c, op, bytes, kNoRule), false;
-  const Rule* rule = &found;
+  const int64_t bytes = static_cast<int64_t>(a.count) * eb;
   std::lock_guard<std::mutex> lk(c->mu);
   const jc::DType dtype = static_cast<jc::DType>(dt);
-  const Plan p = MakePlan(op, *rule, c->size, static_cast<int64_t>(count), eb);
-  Codec sizing(rule->spec, dtype);
+  const Plan p = MakePlan(a.op, rule, c->size, static_cast<int64_t>(a.count), eb);
+  Codec sizing(rule.spec, dtype);
   je::SizeOnlyTransport st(c->size);
   je::Call call;
   call.op = p.op;
@@ -591,23 +603,23 @@ bool Take(OpKind op, const void* send, void* recv, size_t count, ncclDataType_t 
   const int64_t ws_bytes = je::WorkspaceBytes(call);
   const int64_t need = Align(ws_bytes) + Align(p.in_bytes) + Align(p.out_bytes);
   Status s = Status::Ok();
-  if (!Reserve(c, need, stream, &s)) {
+  if (!Reserve(c, need, a.stream, &s)) {
     if (!s.ok()) {
       std::fprintf(stderr, "%s; the call is forwarded\n", s.msg.c_str());
-      return Forwarded(c, op, bytes, kDisabled), false;
+      return Forwarded(c, a.op, bytes, kDisabled), false;
     }
-    return Forwarded(c, op, bytes, kCapture), false;
+    return Forwarded(c, a.op, bytes, kCapture), false;
   }
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(c->device);
   Transport t(c);
-  s = RunTaken(c, op, *rule, send, recv, static_cast<int64_t>(count), dtype, stream, p, ws_bytes,
-               &t);
+  s = RunTaken(c, a.op, rule, a.send, a.recv, static_cast<int64_t>(a.count), dtype, a.stream, p,
+               ws_bytes, &t);
   cudaSetDevice(prev);
   {
     std::lock_guard<std::mutex> g(g_mu);
-    OpCounters& k = c->ops[op];
+    OpCounters& k = c->ops[a.op];
     ++k.taken_calls;
     k.taken_bytes += bytes;
     k.taken_wire += t.sent();
@@ -623,6 +635,57 @@ bool Take(OpKind op, const void* send, void* recv, size_t count, ncclDataType_t 
     std::fprintf(stderr, "%s\n", s.msg.c_str());
   }
   return true;
+}
+
+// Calls taken over inside ncclGroupStart / ncclGroupEnd, run when the outermost group ends.
+struct Deferred {
+  Comm* comm;
+  Rule rule;
+  Args args;
+};
+thread_local std::vector<Deferred> g_deferred;
+uint64_t g_grouped = 0;  // calls taken over at their group's end
+
+// Decides a call: forwarded (false), run now, or (inside a group) queued for the group's end.
+// XLA issues every collective inside a group, so the group is where the calls are.
+bool Take(const Args& a, ncclResult_t* res) {
+  const int dt = DTypeOf(a.type);
+  if (!g_takeover_ok) return Forwarded(nullptr, a.op, 0, kDisabled), false;
+  if (dt < 0 || (a.op != kAllGather && a.red != ncclSum))
+    return Forwarded(nullptr, a.op, 0, kOtherType), false;
+  std::string err;
+  Comm* c = CommOf(a.comm, &err);
+  if (c == nullptr) return Forwarded(nullptr, a.op, 0, kDisabled), false;
+  // The message: what one rank contributes (all_reduce, all_gather) or receives (reduce_scatter).
+  const int64_t bytes = static_cast<int64_t>(a.count) * (dt == 0 ? 4 : 2);
+  Rule rule;
+  if (c->size < 2 || !Match(c->size, a.op, dt, bytes, &rule))
+    return Forwarded(c, a.op, bytes, kNoRule), false;
+  if (g_group_depth > 0) {
+    // NCCL would start it at the group's end too; every rank defers the same calls (the rule
+    // depends only on what all ranks pass), so they stay in step.
+    g_deferred.push_back({c, rule, a});
+    *res = ncclSuccess;
+    return true;
+  }
+  return Execute(c, rule, a, res);
+}
+
+// The group's own calls went to the real NCCL with its ncclGroupEnd; the deferred ones run
+// now, in issue order, each as its own engine call. The first failure is the group's result.
+ncclResult_t RunDeferred(ncclResult_t r) {
+  std::vector<Deferred> todo;
+  todo.swap(g_deferred);
+  for (const Deferred& d : todo) {
+    ncclResult_t x = ncclSuccess;
+    if (!Execute(d.comm, d.rule, d.args, &x)) x = ForwardReal(d.args);
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      ++g_grouped;
+    }
+    if ((r == ncclSuccess || r == ncclInProgress) && x != ncclSuccess && x != ncclInProgress) r = x;
+  }
+  return r;
 }
 
 void DropComm(ncclComm_t comm) {
@@ -651,6 +714,7 @@ std::string CountersText() {
         << " forwarded_wire=" << k.fwd_wire << "\n";
     }
   }
+  o << "grouped taken_at_group_end=" << g_grouped << "\n";
   o << "forwarded";
   for (int r = 0; r < kNumReasons; ++r) o << " " << kReasonNames[r] << "=" << g_reasons[r];
   o << "\n";
@@ -717,21 +781,21 @@ const char* Text(std::string s) {
 // ---- the exported calls it defines -------------------------------------------------------------
 ncclResult_t AllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+  const Args a{kAllReduce, send, recv, count, type, op, comm, s};
   ncclResult_t r;
-  if (Take(kAllReduce, send, recv, count, type, op, comm, s, &r)) return r;
-  return JCN_REAL(AllReduceFn, ncclAllReduce)(send, recv, count, type, op, comm, s);
+  return Take(a, &r) ? r : ForwardReal(a);
 }
 ncclResult_t ReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+  const Args a{kReduceScatter, send, recv, count, type, op, comm, s};
   ncclResult_t r;
-  if (Take(kReduceScatter, send, recv, count, type, op, comm, s, &r)) return r;
-  return JCN_REAL(AllReduceFn, ncclReduceScatter)(send, recv, count, type, op, comm, s);
+  return Take(a, &r) ? r : ForwardReal(a);
 }
 ncclResult_t AllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
                        ncclComm_t comm, cudaStream_t s) {
+  const Args a{kAllGather, send, recv, count, type, ncclSum, comm, s};
   ncclResult_t r;
-  if (Take(kAllGather, send, recv, count, type, ncclSum, comm, s, &r)) return r;
-  return JCN_REAL(AllGatherFn, ncclAllGather)(send, recv, count, type, comm, s);
+  return Take(a, &r) ? r : ForwardReal(a);
 }
 ncclResult_t GroupStart() {
   ncclResult_t r = JCN_REAL(GroupFn, ncclGroupStart)();
@@ -741,7 +805,7 @@ ncclResult_t GroupStart() {
 ncclResult_t GroupEnd() {
   ncclResult_t r = JCN_REAL(GroupFn, ncclGroupEnd)();
   if (g_group_depth > 0 && r != ncclInvalidUsage) --g_group_depth;
-  return r;
+  return g_group_depth == 0 && !g_deferred.empty() ? RunDeferred(r) : r;
 }
 ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {
   ncclResult_t r = JCN_REAL(AsyncFn, ncclCommGetAsyncError)(comm, err);

@@ -327,8 +327,10 @@ def counters() -> list[dict[str, Any]]:
   """What the library did in this process: one dict per communicator and op (``comm``,
   ``size``, ``rank``, ``op``, ``taken_calls``, ``taken_bytes``, ``taken_wire``,
   ``forwarded_calls``, ``forwarded_bytes``, ``forwarded_wire``; bytes are the messages' own,
-  wire bytes what this rank handed to NCCL, for forwarded calls those of NCCL's ring), and a
-  last one ``{"forwarded": {reason: calls}}``. Empty when the library is not loaded.
+  wire bytes what this rank handed to NCCL, for forwarded calls those of NCCL's ring), then
+  ``{"grouped": {"taken_at_group_end": calls}}`` (calls issued inside ncclGroupStart /
+  ncclGroupEnd, as XLA issues them) and ``{"forwarded": {reason: calls}}``. Empty when the
+  library is not loaded.
 
   Example:
     >>> counters()
@@ -345,8 +347,8 @@ def parse_counters(text: str) -> list[dict[str, Any]]:
     words = line.split()
     if not words:
       continue
-    if words[0] == "forwarded":
-      out.append({"forwarded": {k: int(v) for k, v in (w.split("=") for w in words[1:])}})
+    if words[0] in ("forwarded", "grouped"):
+      out.append({words[0]: {k: int(v) for k, v in (w.split("=") for w in words[1:])}})
       continue
     d: dict[str, Any] = {}
     for w in words:
