@@ -237,8 +237,20 @@ uint64_t g_reasons[kNumReasons] = {};
 std::atomic<int> g_test_capturing{0};
 void* DeviceAlloc(size_t b) { return std::aligned_alloc(256, (b + 255) / 256 * 256); }
 bool Capturing(cudaStream_t) { return g_test_capturing.load() != 0; }
+// Stream and event creation need no guard.
+struct RelaxedCapture {};
 #else
+// Another stream of this thread may be capturing (XLA records command buffers while other
+// work runs): under the global or thread-local capture modes cudaMalloc would then fail and
+// invalidate that capture, so this thread switches to the relaxed mode around it, as NCCL
+// does for its own allocations.
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+};
 void* DeviceAlloc(size_t b) {
+  RelaxedCapture relaxed;
   void* p = nullptr;
   return cudaMalloc(&p, b) == cudaSuccess ? p : nullptr;
 }
@@ -289,6 +301,7 @@ Comm* CommOf(ncclComm_t comm, std::string* err) {
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(c->device);
+  RelaxedCapture relaxed;
   int lo = 0, hi = 0;
   Status s = Cuda(cudaDeviceGetStreamPriorityRange(&lo, &hi), "priority range");
   for (int l = 0; l < 3 && s.ok(); ++l)
@@ -659,7 +672,7 @@ bool Take(const Args& a, ncclResult_t* res) {
   // The message: what one rank contributes (all_reduce, all_gather) or receives (reduce_scatter).
   const int64_t bytes = static_cast<int64_t>(a.count) * (dt == 0 ? 4 : 2);
   Rule rule;
-  if (c->size < 2 || !Match(c->size, a.op, dt, bytes, &rule))
+  if (c->size < 2 || a.count == 0 || !Match(c->size, a.op, dt, bytes, &rule))
     return Forwarded(c, a.op, bytes, kNoRule), false;
   if (g_group_depth > 0) {
     // NCCL would start it at the group's end too; every rank defers the same calls (the rule
