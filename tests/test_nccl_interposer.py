@@ -256,6 +256,7 @@ def test_nccl_interposer_loads_as_xla_does_and_forwards(built, tmp_path):
     assert "version 99999" in out  # pncclGetVersion reached the emulation
     assert "ncclAllReduce result 0 0 maxerr 0 ranks_identical 1" in out  # forwarded
     assert "pncclAllReduce result 0 0 maxerr 0 ranks_identical 1" in out
+    assert "grouped_ncclAllReduce result 0 0 maxerr 0 ranks_identical 1" in out
 
 
 def test_nccl_interposer_loaded_as_xla_does_takes_over_per_policy(built, tmp_path):
@@ -269,10 +270,11 @@ def test_nccl_interposer_loaded_as_xla_does_takes_over_per_policy(built, tmp_pat
     built.interposer,
     {"JCOCCL_NCCL_POLICY": rules},
   )
-  for fn in ("ncclAllReduce", "pncclAllReduce"):
-    m = re.search(fn + r" result 0 0 maxerr (\S+) ranks_identical 1", out)
+  for fn in ("ncclAllReduce", "pncclAllReduce", "grouped_ncclAllReduce"):
+    m = re.search("\n" + fn + r" result 0 0 maxerr (\S+) ranks_identical 1", out)
     assert m and 0 < float(m.group(1)) < 0.05, out  # int8: close, not exact
-  assert out.count("taken_calls=2") == 2, out  # each rank: both entry points taken over
+  assert out.count("taken_calls=3") == 2, out  # each rank: every call taken over
+  assert "taken_at_group_end=2" in out  # the grouped one, on each rank
 
 
 # ---- taken over: bit-identical to jcoccl's fused engine ------------------------------------------

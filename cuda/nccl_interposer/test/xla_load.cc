@@ -6,7 +6,8 @@
 //   3. dlopen("libnccl.so.2") by name and dlsym every name of `names` (the plugin's strings),
 //      as xla_cuda_plugin.so does: each must resolve inside the interposer;
 //   4. call through those pointers: ncclGetVersion is forwarded (the emulation's 99999), and a
-//      2-rank ncclAllReduce and pncclAllReduce of float32 run (taken over if the policy says).
+//      2-rank ncclAllReduce and pncclAllReduce of float32 run (taken over if the policy says),
+//      the first also inside ncclGroupStart / ncclGroupEnd, as XLA issues it.
 // Prints one "key value" line per fact; the test reads them.
 //
 //   xla_load MODE INTERPOSER REAL NAMES_FILE
@@ -82,7 +83,8 @@ int main(int argc, char** argv) {
       dlsym(h, "ncclCommInitRank"));
   auto group_start = reinterpret_cast<ncclResult_t (*)()>(dlsym(h, "ncclGroupStart"));
   auto group_end = reinterpret_cast<ncclResult_t (*)()>(dlsym(h, "ncclGroupEnd"));
-  const char* fns[2] = {"ncclAllReduce", "pncclAllReduce"};
+  // The last as XLA issues it: ncclGroupStart, the collective, ncclGroupEnd (RunAllReduce).
+  const char* fns[3] = {"ncclAllReduce", "pncclAllReduce", "grouped_ncclAllReduce"};
   if (!uid || !init || !group_start || !group_end) {
     std::printf("error entry points missing\n");
     return 1;
@@ -100,7 +102,8 @@ int main(int argc, char** argv) {
   group_end();
   const size_t n = 1000;
   for (const char* fn_name : fns) {
-    auto fn = reinterpret_cast<AllReduceFn>(dlsym(h, fn_name));
+    const bool grouped = std::strncmp(fn_name, "grouped_", 8) == 0;
+    auto fn = reinterpret_cast<AllReduceFn>(dlsym(h, grouped ? fn_name + 8 : fn_name));
     std::vector<float> x[2], y[2];
     for (int r = 0; r < 2; ++r) {
       x[r].resize(n);
@@ -110,7 +113,9 @@ int main(int argc, char** argv) {
     ncclResult_t res[2];
     for (int r = 0; r < 2; ++r) {
       cudaSetDevice(r);
+      if (grouped) group_start();
       res[r] = fn(x[r].data(), y[r].data(), n, ncclFloat32, ncclSum, comms[r], streams[r]);
+      if (grouped && res[r] == ncclSuccess) res[r] = group_end();
     }
     for (int r = 0; r < 2; ++r) cudaStreamSynchronize(streams[r]);
     double err = 0;
