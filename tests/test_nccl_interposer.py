@@ -68,6 +68,7 @@ class Nccl:
     self.emul.emul_sync.argtypes = [vp]
     self.emul.emul_copy.argtypes = [vp, vp, sz, vp]
     self.emul.emul_inject.argtypes = [ctypes.c_char_p, i32]
+    self.emul.emul_set_capturing.argtypes = [vp, i32]
     self.emul.ncclAllReduce.argtypes = [vp, vp, sz, i32, i32, vp, vp]
     self.emul.ncclCommInitRank.argtypes = self.lib.ncclCommInitRank.argtypes
 
@@ -475,18 +476,24 @@ def test_nccl_interposer_forwards_under_capture_until_it_has_a_workspace(nccl):
   comms = nccl.comms(n)
   xs = [np.arange(512, dtype=np.float32) for _ in range(n)]
   before = nccl.counters()[-1]["forwarded"]["capture"]
-  nccl.lib.jcoccl_nccl_test_capturing(1)
+
+  def capturing(on: bool) -> None:
+    for _, s in comms:
+      nccl.emul.emul_set_capturing(s, int(on))
+
+  capturing(True)
   try:
     _, outs = nccl.run("all_reduce", xs, comms)  # would allocate: forwarded
     np.testing.assert_array_equal(outs[0], 2 * xs[0])
     assert nccl.counters()[-1]["forwarded"]["capture"] == before + n
-    nccl.lib.jcoccl_nccl_test_capturing(0)
+    capturing(False)
     _, want = nccl.run("all_reduce", xs, comms)  # allocates the workspace
-    nccl.lib.jcoccl_nccl_test_capturing(1)
+    capturing(True)
     _, got = nccl.run("all_reduce", xs, comms)  # captured: no allocation needed, taken over
   finally:
-    nccl.lib.jcoccl_nccl_test_capturing(0)
+    capturing(False)
   np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+  assert not (want[0] == 2 * xs[0]).all()  # compressed, not the exact sum
   assert nccl.counters()[-1]["forwarded"]["capture"] == before + n
 
 

@@ -232,11 +232,13 @@ const char* const kReasonNames[kNumReasons] = {"no_rule", "other_type", "capture
 uint64_t g_reasons[kNumReasons] = {};
 
 // ---- per communicator ------------------------------------------------------------------------
+bool Capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone;
+}
 #ifdef JCN_HOST_SHIM
-// The host shim has no allocator or capture: host memory, and a flag the tests set.
-std::atomic<int> g_test_capturing{0};
+// The host shim has no device allocator: host memory.
 void* DeviceAlloc(size_t b) { return std::aligned_alloc(256, (b + 255) / 256 * 256); }
-bool Capturing(cudaStream_t) { return g_test_capturing.load() != 0; }
 // Stream and event creation need no guard.
 struct RelaxedCapture {};
 #else
@@ -253,10 +255,6 @@ void* DeviceAlloc(size_t b) {
   RelaxedCapture relaxed;
   void* p = nullptr;
   return cudaMalloc(&p, b) == cudaSuccess ? p : nullptr;
-}
-bool Capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone;
 }
 #endif
 
@@ -872,7 +870,3 @@ JCN_EXPORT const char* jcoccl_nccl_counters() { return jcn::Text(jcn::CountersTe
 JCN_EXPORT void jcoccl_nccl_load_policy(const char* path) { jcn::LoadPolicy(path); }
 // This thread's depth of ncclGroupStart calls not yet ended.
 JCN_EXPORT int jcoccl_nccl_group_depth() { return jcn::g_group_depth; }
-#ifdef JCN_HOST_SHIM
-// Tests only (the host shim has no stream capture): whether streams count as captured.
-JCN_EXPORT void jcoccl_nccl_test_capturing(int on) { jcn::g_test_capturing = on; }
-#endif

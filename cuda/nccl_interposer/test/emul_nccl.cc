@@ -45,6 +45,11 @@ JCT_API void emul_free(void* p) { std::free(p); }
 JCT_API int emul_copy(void* dst, const void* src, size_t bytes, void* s) {
   return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s));
 }
+// Whether `s` counts as being captured into a CUDA graph (the shim records nothing).
+JCT_API void emul_set_capturing(void* s, int on) {
+  std::lock_guard<std::mutex> lk(jcoccl_shim::Rt().mu);
+  static_cast<cudaStream_t>(s)->capturing = on != 0;
+}
 // Queued work of `kinds` (jcoccl_shim::WorkKind bits) sleeps `us` before it runs.
 JCT_API void emul_set_delay(unsigned kinds, int us) { jcoccl_shim::SetDelay(kinds, us); }
 // The next `count` calls of entry point `op` fail with ncclInternalError; 0 if unknown.
