@@ -31,7 +31,7 @@ def _compare(*args: str) -> subprocess.CompletedProcess:
 def test_cuda_kernels_match_cpu_codecs_for_every_family_dtype_and_block():
   r = _compare()
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-  assert "378 cases" in r.stdout and " 0 mismatches" in r.stdout, r.stdout[-500:]
+  assert "384 cases" in r.stdout and " 0 mismatches" in r.stdout, r.stdout[-500:]
 
 
 def test_grid_stride_paths_match():
@@ -42,7 +42,8 @@ def test_grid_stride_paths_match():
     "2",
     "--only",
     r"^(none|cast_bf16|int8_B32|int4_asym_B64|"
-    r"fp8_e5m2_B32|int8_asym_B1024|eb_1e-2_B32|had256_int4_B128|had64_cast_f16|spike3_int3_asym_B64)$",
+    r"fp8_e5m2_B32|int8_asym_B1024|eb_1e-2_B32|had256_int4_B128|had256_fp8_e5m2_B64|had64_cast_f16|"
+    r"spike3_int3_asym_B64)$",
   )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -56,7 +57,7 @@ def test_grid_stride_paths_match():
     ("odd_width_code_order", r"^(int3_B32|int7_asym_B256)$"),
     ("round_half_away", r"^(int2_B64|eb_0.25_B32)$"),
     ("eb_last_word", r"^eb_1e-2_B32$"),
-    ("hadamard_stage", r"^had256_int4_B128$"),
+    ("hadamard_stage", r"^had64_fp8_e4m3_B128$"),  # the block-wide transform (granule 128)
     ("sum_order", r"^cast_bf16$"),
     ("spike_fill", r"^spike1_int4_B32$"),
     ("spike_unused_slot", r"^spike31_int4_asym_B32$"),
@@ -67,6 +68,12 @@ def test_grid_stride_paths_match():
     ("chunk_sum_order", r"^int8_B32$"),
     ("group_stats_lanes", r"^int8_B256$"),
     ("group_stats_warps", r"^int8_B1024$"),
+    # The register (warp) Hadamard transform: butterflies across and within lanes, the inner
+    # codes it packs and unpacks.
+    ("warp_hadamard_lanes", r"^had256_int4_B128$"),
+    ("warp_hadamard_in_lane", r"^had16_int8_asym_B256$"),
+    ("warp_hadamard_codes", r"^had256_fp8_e5m2_B64$"),
+    ("warp_hadamard_decode", r"^had32_int2_asym_B256$"),
   ],
 )
 def test_broken_packing_or_rounding_is_caught(mutation, cases):

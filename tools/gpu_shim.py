@@ -114,6 +114,22 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "amax = fmaxf(amax, red[kWarps + w]);",
     "amax = fmaxf(amax, red[kWarps + w0]);",
   ),
+  "warp_hadamard_lanes": (
+    "cuda/gpu/codecs.cu",
+    "v[j] = upper ? other - v[j] : v[j] + other;",
+    "v[j] = upper ? v[j] - other : v[j] + other;",
+  ),
+  "warp_hadamard_in_lane": ("cuda/gpu/codecs.cu", "v[j + LEN] = x - y;", "v[j + LEN] = y - x;"),
+  "warp_hadamard_codes": (
+    "cuda/gpu/codecs.cu",
+    "w |= static_cast<uint64_t>(Quantize<K, BITS, SYM>(c, v[e], sc, mn)) << (e * BITS);",
+    "w |= static_cast<uint64_t>(Quantize<K, BITS, SYM>(c, v[e], sc, mn)) << ((e ^ 1) * BITS);",
+  ),
+  "warp_hadamard_decode": (
+    "cuda/gpu/codecs.cu",
+    "return static_cast<uint32_t>(w >> (e * BITS)) & ((1u << BITS) - 1u);",
+    "return static_cast<uint32_t>(w >> ((e ^ 1) * BITS)) & ((1u << BITS) - 1u);",
+  ),
   "sum_order": (
     "cuda/gpu/codecs.cu",
     "for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);",
@@ -430,6 +446,9 @@ def specs() -> list[Spec]:
     Spec("had128_int3_B128", gc.INT, bits=3, block=128, hadamard=128),
     Spec("had64_fp8_e4m3_B128", gc.FP8, block=128, hadamard=64),
     Spec("had128_eb_B32", gc.ERROR_BOUNDED, block=32, abs_error=1e-2, hadamard=128),
+    # Granule 256: rows of whole 256-element tiles, the register (warp) transform.
+    Spec("had256_fp8_e5m2_B64", gc.FP8, block=64, fp8=1, hadamard=256),
+    Spec("had16_int8_asym_B256", gc.INT, bits=8, block=256, symmetric=0, hadamard=16),
   ]
   # Spike reserving around each inner family; k from 1 to block - 1 (every slot used, and
   # blocks with fewer finite values than k).

@@ -7,7 +7,10 @@
 // - the other codecs: error_bounded and int of 3, 5, 6, 7 bits encode with one warp per codec
 //   block (two passes over the block: statistics, then codes); elementwise decode and
 //   decode-sum (also cast and none, and buffers the chunk kernels cannot take);
-// - Hadamard and spike variants with one CUDA block per granule staged in shared memory.
+// - Hadamard around int of 2, 4, 8 bits or fp8 (H and inner block <= 256): one warp per 256
+//   elements, the transform in registers and shuffles;
+// - the other Hadamard and all spike codecs: one CUDA block per granule staged in shared
+//   memory.
 // cuda/gpu/codec_bench.cu times these launches with CUDA events.
 #include <cuda_runtime.h>
 
@@ -295,6 +298,11 @@ constexpr int kChunkBytes = 16;
 template <int BITS>
 constexpr int kChunkElems = 8 * kChunkBytes / BITS;
 
+__host__ __device__ __forceinline__ bool Aligned(const void* p, uintptr_t a) {
+  return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0;
+}
+__device__ __forceinline__ bool Aligned8(const void* p) { return Aligned(p, 8); }
+
 struct alignas(16) Words4 {
   uint32_t w[4];
 };
@@ -494,6 +502,48 @@ __device__ __forceinline__ void GroupStats(int group_shift, bool& finite, float&
   finite = fin != 0;
 }
 
+// A thread's share of its codec block's statistics (EncodeBlockWarp's): all finite, max |v|,
+// min and max.
+template <int E>
+__device__ __forceinline__ void LaneStats(const float* v, bool& finite, float& amax, float& lo,
+                                          float& hi) {
+  finite = true;
+  amax = 0.0f;
+  lo = 3.4028235e38f;
+  hi = -3.4028235e38f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    finite = finite && IsFinite(v[e]);
+    amax = fmaxf(amax, fabsf(v[e]));
+    lo = MinZ(lo, v[e]);
+    hi = fmaxf(hi, v[e]);
+  }
+}
+
+// A codec block's scale (and, int asymmetric, minimum) from its statistics (WIRE_FORMAT.md).
+template <Kind K, int BITS, bool SYM>
+__device__ __forceinline__ void BlockScale(const ChunkCodec& c, bool finite, float amax, float lo,
+                                           float hi, float& sc, float& mn) {
+  const float qnan = BitsFloat(0x7fc00000u);
+  mn = 0.0f;
+  if constexpr (K == Kind::kFp8) {
+    sc = finite ? amax * c.fp8.r : qnan;
+  } else {
+    const float R = IntR(BITS, SYM);
+    sc = finite ? (SYM ? amax * R : (PlusZero(hi) - PlusZero(lo)) * R) : qnan;
+    mn = finite ? PlusZero(lo) : qnan;
+  }
+}
+
+// The code of value v in a block of scale sc and minimum mn.
+template <Kind K, int BITS, bool SYM>
+__device__ __forceinline__ uint32_t Quantize(const ChunkCodec& c, float v, float sc, float mn) {
+  if constexpr (K == Kind::kFp8)
+    return sc > 0.0f ? F32ToFp8(ClampF(v / sc, -c.fp8.fmax, c.fp8.fmax), c.fp8) : 0u;
+  else
+    return SYM ? IntCodeSym(v, sc, BITS) : IntCodeAsym(v, mn, sc, BITS);
+}
+
 // Encode of `blocks` codec blocks (nb per row) of codec kind K (int of BITS bits, or fp8),
 // each by a group of 2^group_shift threads holding one chunk of E elements in registers: one
 // read of the input, statistics over the group, then each thread packs its chunk's codes into
@@ -513,7 +563,6 @@ __global__ void __launch_bounds__(kThreads)
                  lane = threadIdx.x & ((1u << group_shift) - 1u);
   const uint32_t per_tile = kThreads >> group_shift;
   const uint32_t tiles = (blocks + per_tile - 1) / per_tile;
-  const float qnan = BitsFloat(0x7fc00000u);
   for (uint32_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const uint32_t gb = t * per_tile + group;  // the group's codec block, over all rows
     const bool active = gb < blocks;
@@ -531,34 +580,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < E; ++e) v[e] = RoundTrip(d, v[e]);
     }
-    bool finite = true;
-    float amax = 0.0f, lo = 3.4028235e38f, hi = -3.4028235e38f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      finite = finite && IsFinite(v[e]);
-      amax = fmaxf(amax, fabsf(v[e]));
-      lo = MinZ(lo, v[e]);
-      hi = fmaxf(hi, v[e]);
-    }
+    bool finite;
+    float amax, lo, hi, sc, mn;
+    LaneStats<E>(v, finite, amax, lo, hi);
     GroupStats(group_shift, finite, amax, lo, hi, red);
     if (!active) continue;
     uint8_t* orow = out + static_cast<int64_t>(r) * p;
-    float sc, mn = 0.0f;
-    if constexpr (K == Kind::kFp8) {
-      sc = finite ? amax * c.fp8.r : qnan;
-    } else {
-      const float R = IntR(BITS, SYM);
-      sc = finite ? (SYM ? amax * R : (PlusZero(hi) - PlusZero(lo)) * R) : qnan;
-      mn = finite ? PlusZero(lo) : qnan;
-    }
+    BlockScale<K, BITS, SYM>(c, finite, amax, lo, hi, sc, mn);
     Words4 w{{0u, 0u, 0u, 0u}};
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      uint32_t code;
-      if constexpr (K == Kind::kFp8)
-        code = sc > 0.0f ? F32ToFp8(ClampF(v[e] / sc, -c.fp8.fmax, c.fp8.fmax), c.fp8) : 0u;
-      else
-        code = SYM ? IntCodeSym(v[e], sc, BITS) : IntCodeAsym(v[e], mn, sc, BITS);
+      const uint32_t code = Quantize<K, BITS, SYM>(c, v[e], sc, mn);
       w.w[e * BITS / 32] |= code << (e * BITS % 32);
     }
     if (lane == 0) {
@@ -572,32 +604,26 @@ __global__ void __launch_bounds__(kThreads)
 template <Kind K, int BITS, bool SYM>
 struct ChunkKind {};
 
-// Returns f(ChunkKind<K, BITS, SYM>{}) for the codecs the chunk kernels take (int of 2, 4 or
-// 8 bits and fp8, without Hadamard or spike, blocks a multiple of the chunk); false for every
-// other codec (the kernels above serve those).
+// Returns f(ChunkKind<K, BITS, SYM>{}) for the inner codecs the chunk and warp-Hadamard
+// kernels take (int of 2, 4 or 8 bits, fp8; no spike), false for every other codec (the
+// kernels above serve those). f returns false where its kernel does not apply.
 template <class F>
 bool WithChunkKind(const CodecSpec& s, F&& f) {
-  if (s.hadamard > 0 || s.spike > 0) return false;
-  if (s.kind == Kind::kFp8)
-    return s.block % kChunkElems<8> == 0 && f(ChunkKind<Kind::kFp8, 8, true>{});
+  if (s.spike > 0) return false;
+  if (s.kind == Kind::kFp8) return f(ChunkKind<Kind::kFp8, 8, true>{});
   if (s.kind != Kind::kInt) return false;
   const bool sym = s.symmetric;
   switch (s.bits) {
     case 8:
-      return s.block % kChunkElems<8> == 0 &&
-             (sym ? f(ChunkKind<Kind::kInt, 8, true>{}) : f(ChunkKind<Kind::kInt, 8, false>{}));
+      return sym ? f(ChunkKind<Kind::kInt, 8, true>{}) : f(ChunkKind<Kind::kInt, 8, false>{});
     case 4:
-      return s.block % kChunkElems<4> == 0 &&
-             (sym ? f(ChunkKind<Kind::kInt, 4, true>{}) : f(ChunkKind<Kind::kInt, 4, false>{}));
+      return sym ? f(ChunkKind<Kind::kInt, 4, true>{}) : f(ChunkKind<Kind::kInt, 4, false>{});
     case 2:
-      return s.block % kChunkElems<2> == 0 &&
-             (sym ? f(ChunkKind<Kind::kInt, 2, true>{}) : f(ChunkKind<Kind::kInt, 2, false>{}));
+      return sym ? f(ChunkKind<Kind::kInt, 2, true>{}) : f(ChunkKind<Kind::kInt, 2, false>{});
     default:
       return false;
   }
 }
-
-bool Aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
 
 constexpr int64_t kMaxChunkWork = int64_t{1}
                                   << 31;  // the kernels index chunks and blocks in 32 bits
@@ -608,7 +634,7 @@ bool LaunchDecodeChunks(ChunkKind<K, BITS, SYM>, const CodecSpec& s, DType d, co
                         cudaStream_t stream) {
   constexpr int E = kChunkElems<BITS>;
   const int64_t chunks = outs * (n / E);
-  if (chunks >= kMaxChunkWork) return false;
+  if (s.hadamard > 0 || s.block % E != 0 || chunks >= kMaxChunkWork) return false;
   const size_t smem = K == Kind::kFp8 ? 256 * sizeof(float) : 0;
   const auto k = DecodeChunksKernel<K, BITS, SYM>;
   k<<<GridFor(chunks, kThreads), kThreads, smem, stream>>>(ChunkCodecOf(s, d, n, E), d, in, nrows,
@@ -623,7 +649,7 @@ bool LaunchEncodeChunks(ChunkKind<K, BITS, SYM>, const CodecSpec& s, DType d, co
                         uint8_t* out, int64_t p, cudaStream_t stream) {
   constexpr int E = kChunkElems<BITS>;
   const int64_t nb = n / s.block, blocks = rows * nb;
-  if (blocks >= kMaxChunkWork) return false;
+  if (s.hadamard > 0 || s.block % E != 0 || blocks >= kMaxChunkWork) return false;
   int group_shift = 0;  // threads per codec block: block / E, at most 4096 / 16 = kThreads
   while ((E << group_shift) < s.block) ++group_shift;
   const int64_t tiles = (blocks + (kThreads >> group_shift) - 1) / (kThreads >> group_shift);
@@ -636,8 +662,9 @@ bool LaunchEncodeChunks(ChunkKind<K, BITS, SYM>, const CodecSpec& s, DType d, co
 }
 
 // The chunk kernels' launches for a codec; each returns false (nothing launched) where they
-// do not apply: another codec, payload rows or strides not 4-byte aligned, x or decoded rows
-// not 16-byte aligned, 2^31 chunks or blocks or more.
+// do not apply: another codec, Hadamard, blocks not a multiple of the chunk, payload rows or
+// strides not 4-byte aligned, x or decoded rows not 16-byte aligned, 2^31 chunks or blocks or
+// more.
 bool DecodeSumChunks(const CodecSpec& s, DType d, const uint8_t* in, int nrows, int64_t stride,
                      int64_t outs, int64_t n, void* out, cudaStream_t stream) {
   if (!Aligned(in, 4) || stride % 4 != 0 || !Aligned(out, 16)) return false;
@@ -661,6 +688,195 @@ bool DecodeSumEncodeChunks(const CodecSpec& s, DType d, const uint8_t* in, int n
   return WithChunkKind(s, [&](auto kind) {
     return LaunchEncodeChunks<false>(kind, s, d, nullptr, in, nrows, stride, outs, n, out, p,
                                      stream);
+  });
+}
+
+// ---- Hadamard in registers: one warp per tile of 256 elements ----------------------------------
+// Lane l holds elements [8l, 8l + 8) of its warp's tile. The butterflies of a stage pair
+// elements len apart: within a lane in registers for len < 8, across lanes through one shuffle
+// per element for len >= 8, in the spec's stage order (WIRE_FORMAT.md), so the arithmetic is
+// BlockHadamard's operation for operation. The block-wide kernel needed a barrier per stage and
+// ran the Hadamard codecs at 2-3% of the copy bandwidth on an H200.
+constexpr int kTile = 256;
+constexpr int kPerLane = kTile / 32;
+
+template <int LEN>
+__device__ __forceinline__ void LaneStage(float* v) {
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    if ((j & LEN) == 0) {
+      const float x = v[j], y = v[j + LEN];
+      v[j] = x + y;
+      v[j + LEN] = x - y;
+    }
+  }
+}
+
+// The normalised transform of every run of h (2..256) values of the warp's tile: times pre,
+// the butterflies, times post, NaNs made canonical.
+__device__ __forceinline__ void WarpHadamard(float* v, int h, float pre, float post, int lane) {
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) v[j] = v[j] * pre;
+  if (h > 1) LaneStage<1>(v);
+  if (h > 2) LaneStage<2>(v);
+  if (h > 4) LaneStage<4>(v);
+  for (int m = 1; m < h / kPerLane; m <<= 1) {  // len = 8m: the partner is lane ^ m
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[j], m);
+      v[j] = upper ? other - v[j] : v[j] + other;  // (x, y) -> (x + y, x - y)
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) v[j] = CanonNaN(v[j] * post);
+}
+
+// The BITS bytes of 8 codes at p (4-byte aligned for 4 and 8 bits, 2-byte for 2), and back.
+template <int BITS>
+__device__ __forceinline__ uint64_t LoadCodes8(const uint8_t* p) {
+  if constexpr (BITS == 2) return *reinterpret_cast<const uint16_t*>(p);
+  if constexpr (BITS == 4) return *reinterpret_cast<const uint32_t*>(p);
+  if (Aligned8(p)) return *reinterpret_cast<const uint64_t*>(p);
+  const uint32_t* q = reinterpret_cast<const uint32_t*>(p);
+  return q[0] | (static_cast<uint64_t>(q[1]) << 32);
+}
+
+template <int BITS>
+__device__ __forceinline__ void StoreCodes8(uint8_t* p, uint64_t w) {
+  if constexpr (BITS == 2) {
+    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(w);
+  } else if constexpr (BITS == 4) {
+    *reinterpret_cast<uint32_t*>(p) = static_cast<uint32_t>(w);
+  } else if (Aligned8(p)) {
+    *reinterpret_cast<uint64_t*>(p) = w;
+  } else {
+    uint32_t* q = reinterpret_cast<uint32_t*>(p);
+    q[0] = static_cast<uint32_t>(w);
+    q[1] = static_cast<uint32_t>(w >> 32);
+  }
+}
+
+// Code e of a lane's 8 codes (a little-endian bit stream).
+template <int BITS>
+__device__ __forceinline__ uint32_t LaneCode(uint64_t w, int e) {
+  return static_cast<uint32_t>(w >> (e * BITS)) & ((1u << BITS) - 1u);
+}
+
+// Decodes the 8 values from element e0 of one payload row (c.chunk_shift: log2 of the block).
+template <Kind K, int BITS, bool SYM>
+__device__ __forceinline__ void DecodeLane(const ChunkCodec& c, const float* lut,
+                                           const uint8_t* row, uint32_t e0, float* v) {
+  const uint64_t w = LoadCodes8<BITS>(row + e0 / 8 * BITS);
+  const uint32_t b = e0 >> c.chunk_shift;
+  const float sc = reinterpret_cast<const float*>(row + c.scales)[b];
+  float mn = 0.0f;
+  if constexpr (K == Kind::kInt && !SYM) mn = reinterpret_cast<const float*>(row + c.mins)[b];
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) {
+    const uint32_t u = LaneCode<BITS>(w, e);
+    if constexpr (K == Kind::kFp8)
+      v[e] = CanonNaN(lut[u] * sc);
+    else if constexpr (SYM)
+      v[e] = CanonNaN(IntDecodeSym(u, sc, BITS));
+    else
+      v[e] = CanonNaN(IntDecodeAsym(u, mn, sc));
+  }
+}
+
+// Hadamard codecs whose inner codec is int of 2, 4, 8 bits or fp8 (blocks of at most 256),
+// H <= 256, rows a multiple of 256: one warp per tile of 256 elements, as HadamardKernel's
+// modes: 0 encode (x rows -> payloads), 1 decode-sum (nrows payloads per output row -> d
+// values), 2 decode-sum-encode. A block of the inner codec spans 2^group_shift lanes.
+template <Kind K, int BITS, bool SYM>
+__global__ void __launch_bounds__(kThreads)
+    HadamardWarpKernel(int mode, ChunkCodec c, int h, float pre, float post, int group_shift,
+                       DType d, const void* x, const uint8_t* in, int nrows, int64_t stride,
+                       uint32_t tiles_per_row, uint32_t tiles, void* out, int64_t out_row_bytes) {
+  extern __shared__ float lut[];  // fp8: the 256 code values
+  if constexpr (K == Kind::kFp8) FillFp8Lut(lut, c.fp8);
+  const int lane = threadIdx.x & 31;
+  const uint32_t warp0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5;
+  for (uint32_t t = warp0; t < tiles; t += nwarps) {
+    const uint32_t o = t / tiles_per_row;
+    const uint32_t e0 = (t - o * tiles_per_row) * kTile + lane * kPerLane;  // in row o
+    float v[kPerLane];
+    if (mode == 0) {
+      LoadChunkX<kPerLane>(d, x, static_cast<int64_t>(o) * tiles_per_row * kTile + e0, v);
+      WarpHadamard(v, h, pre, post, lane);
+    } else {
+      const uint8_t* row0 = in + static_cast<int64_t>(o) * nrows * stride;
+      DecodeLane<K, BITS, SYM>(c, lut, row0, e0, v);
+      WarpHadamard(v, h, pre, post, lane);
+      for (int r = 1; r < nrows; ++r) {
+        float u[kPerLane];
+        DecodeLane<K, BITS, SYM>(c, lut, row0 + r * stride, e0, u);
+        WarpHadamard(u, h, pre, post, lane);
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+          const float s = v[j] + u[j];
+          v[j] = r == nrows - 1 ? CanonNaN(s) : s;  // a sum's NaN is the canonical one
+        }
+      }
+      if (mode == 1) {
+        StoreChunk<kPerLane>(d, static_cast<uint8_t*>(out) + o * out_row_bytes + e0 * DTypeBytes(d),
+                             v);
+        continue;
+      }
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) v[j] = RoundTrip(d, v[j]);
+      WarpHadamard(v, h, pre, post, lane);
+    }
+    bool finite;
+    float amax, lo, hi, sc, mn;
+    LaneStats<kPerLane>(v, finite, amax, lo, hi);
+    GroupStats(group_shift, finite, amax, lo, hi, nullptr);
+    BlockScale<K, BITS, SYM>(c, finite, amax, lo, hi, sc, mn);
+    uint64_t w = 0;
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e)
+      w |= static_cast<uint64_t>(Quantize<K, BITS, SYM>(c, v[e], sc, mn)) << (e * BITS);
+    uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
+    StoreCodes8<BITS>(orow + e0 / 8 * BITS, w);
+    if ((lane & ((1 << group_shift) - 1)) == 0) {
+      reinterpret_cast<float*>(orow + c.scales)[e0 >> c.chunk_shift] = sc;
+      if (K == Kind::kInt && !SYM)
+        reinterpret_cast<float*>(orow + c.mins)[e0 >> c.chunk_shift] = mn;
+    }
+  }
+}
+
+// HadamardWarpKernel's launch, or false (nothing launched) where it does not apply: H or the
+// inner block above 256, rows not a multiple of 256, x or decoded rows not 16-byte aligned,
+// payload rows or strides not 4-byte aligned, 2^31 tiles or more.
+template <Kind K, int BITS, bool SYM>
+bool LaunchHadamardWarp(ChunkKind<K, BITS, SYM>, int mode, const CodecSpec& s, DType d,
+                        const void* x, const uint8_t* in, int nrows, int64_t stride, int64_t rows,
+                        int64_t n, void* out, int64_t out_row_bytes, cudaStream_t stream) {
+  const int64_t tiles = rows * (n / kTile);
+  if (s.hadamard > kTile || s.block > kTile || n % kTile != 0 || tiles >= kMaxChunkWork)
+    return false;
+  if (mode == 0 ? !Aligned(x, 16) : (!Aligned(in, 4) || stride % 4 != 0)) return false;
+  if (mode == 1 ? !Aligned(out, 16) : (!Aligned(out, 4) || out_row_bytes % 4 != 0)) return false;
+  int group_shift = 0;  // lanes per inner block: block / 8, 4 to 32
+  while ((kPerLane << group_shift) < s.block) ++group_shift;
+  const size_t smem = K == Kind::kFp8 ? 256 * sizeof(float) : 0;
+  const auto k = HadamardWarpKernel<K, BITS, SYM>;
+  k<<<GridFor(tiles, kWarps), kThreads, smem, stream>>>(
+      mode, ChunkCodecOf(s, d, n, 1), s.hadamard, HadamardPre(s.hadamard), HadamardPost(s.hadamard),
+      group_shift, d, x, in, nrows, stride, static_cast<uint32_t>(n / kTile),
+      static_cast<uint32_t>(tiles), out, out_row_bytes);
+  return true;
+}
+
+bool HadamardWarp(int mode, const CodecSpec& s, DType d, const void* x, const uint8_t* in,
+                  int nrows, int64_t stride, int64_t rows, int64_t n, void* out,
+                  int64_t out_row_bytes, cudaStream_t stream) {
+  if (s.hadamard == 0) return false;
+  return WithChunkKind(s, [&](auto kind) {
+    return LaunchHadamardWarp(kind, mode, s, d, x, in, nrows, stride, rows, n, out, out_row_bytes,
+                              stream);
   });
 }
 
@@ -941,7 +1157,9 @@ cudaError_t DecodeSumBatch(const CodecSpec& s, DType d, const uint8_t* in, int n
   if (cudaError_t e = CheckArgs(s, n); e != cudaSuccess) return e;
   if (nrows < 1 || outs < 1) return cudaErrorInvalidValue;
   const int64_t ob = n * DTypeBytes(d);
-  if (s.hadamard > 0) {
+  if (HadamardWarp(1, s, d, nullptr, in, nrows, stride, outs, n, out, ob, stream)) {
+    // launched: inner int (2, 4, 8 bits) or fp8, H and block <= 256
+  } else if (s.hadamard > 0) {
     const int64_t tiles = outs * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         1, s, d, nullptr, in, nrows, stride, outs, n, out, ob, HadamardPost(s.hadamard));
@@ -966,7 +1184,9 @@ cudaError_t DecodeSumEncodeBatch(const CodecSpec& s, DType d, const uint8_t* in,
   if (cudaError_t e = CheckArgs(s, n); e != cudaSuccess) return e;
   if (nrows < 1 || outs < 1) return cudaErrorInvalidValue;
   const int64_t p = PayloadBytes(s, n, d);
-  if (s.hadamard > 0) {
+  if (HadamardWarp(2, s, d, nullptr, in, nrows, stride, outs, n, out, p, stream)) {
+    // launched
+  } else if (s.hadamard > 0) {
     const int64_t tiles = outs * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         2, s, d, nullptr, in, nrows, stride, outs, n, out, p, HadamardPost(s.hadamard));
@@ -991,7 +1211,9 @@ cudaError_t EncodeRowsCuda(const CodecSpec& s, DType d, const void* x, int64_t r
   if (cudaError_t e = CheckArgs(s, n); e != cudaSuccess) return e;
   if (rows < 1) return cudaSuccess;
   const int64_t p = PayloadBytes(s, n, d);
-  if (s.hadamard > 0) {
+  if (HadamardWarp(0, s, d, x, nullptr, 1, 0, rows, n, out, p, stream)) {
+    // launched
+  } else if (s.hadamard > 0) {
     const int64_t tiles = rows * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         0, s, d, x, nullptr, 1, 0, rows, n, out, p, HadamardPost(s.hadamard));
