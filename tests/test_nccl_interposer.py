@@ -595,7 +595,7 @@ def test_nccl_interposer_launcher_preloads_or_runs_uncompressed(built, tmp_path)
     [*run, "--policy", good, "--", *cmd], capture_output=True, text=True, env=env, timeout=120
   )
   assert r.returncode == 0, r.stderr
-  assert "any size all_reduce: int8" in r.stderr and "taken_calls=2" in r.stdout, r.stdout
+  assert "any size all_reduce: int8" in r.stderr and "taken_calls=3" in r.stdout, r.stdout
   assert "jcoccl nccl report" in r.stderr  # --report: the counters at exit
   bad = tmp_path / "bad.toml"
   bad.write_text('[data]\nall_reduce = "int8"\n')
