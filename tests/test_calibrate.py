@@ -342,9 +342,9 @@ def _ef_program(n, algorithm="auto_exact"):
 
 
 def test_error_feedback_follows_the_calibrated_choice():
-  """Where calibrated auto_exact keeps the exact op, error feedback sends exactly and keeps
-  a zero residual; on a slow link it compresses and keeps what its encoding lost. Plain
-  auto compresses in both."""
+  """Where calibrated auto_exact keeps the exact op, error feedback sends exactly and
+  carries its residual forward (zero from init); on a slow link it compresses and keeps
+  what its encoding lost. Plain auto compresses in both."""
   f, n = _ef_program(4)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((n, MiB // 4)), jnp.float32)
@@ -366,9 +366,10 @@ def test_error_feedback_follows_the_calibrated_choice():
 
 
 def test_error_feedback_counts_its_round_trip():
-  """Error feedback encodes and decodes its residual: two codec passes the plain op does
-  not make. At 2.7 GB/s that is 3.1 ms on 4 MiB, enough to tip the plain op's modelled
-  two_shot (8.6 ms x 1.25 margin = 10.8 ms, under the exact op's 12.6 ms) past it."""
+  """Error feedback decodes the payload it sent to get its residual: one codec pass the
+  plain op does not make. At 2.7 GB/s that is 1.55 ms on 4 MiB, enough to tip the plain
+  op's modelled two_shot (8.6 ms x 1.25 margin = 10.8 ms, under the exact op's 12.6 ms)
+  past it ((8.6 + 1.55) x 1.25 = 12.7 ms)."""
   table = _model(5e8, 5e8, 2.7e9)
   x = jnp.ones((4, MiB), jnp.float32)
   f, _ = _ef_program(4)

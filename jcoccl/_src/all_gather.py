@@ -10,12 +10,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src import _backend
-from jcoccl._src import _common as C
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
+from jcoccl._src.axes import group_size, rank_key
+from jcoccl._src.compressor_args import SAME, canonical_args, is_lone_array
 from jcoccl._src.lax_errors import lax_errors
-
-SAME = C.SAME
+from jcoccl._src.payloads import encode_rows, gather_decode
 
 
 def all_gather(
@@ -71,7 +71,7 @@ def all_gather(
   Example:
     >>> y = jcoccl.all_gather(x, "data", compressor="int8", min_bytes=0)  # doctest: +SKIP
   """
-  axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
+  axes, comp, gcomp = canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
   with lax_errors("all_gather", lax.all_gather, x, axis_name, axis=axis, tiled=tiled, to=to):
     if to not in TOS:
       raise ValueError(f"to must be one of {TOS}, got {to!r}")
@@ -89,7 +89,7 @@ def all_gather(
     backend=backend,
     chunks=chunks,
     min_bytes=min_bytes,
-    strict=C.is_lone_array(x),
+    strict=is_lone_array(x),
     axis=axis,
     tiled=tiled,
     to=to,
@@ -116,7 +116,7 @@ def _exact(x: jax.Array, axes: tuple, *, axis: int, tiled: bool, to: str) -> jax
 
 
 def _out_shape(shape: tuple, params: dict) -> tuple:
-  n, axis = C.group_size(params["axes"]), params["axis"]
+  n, axis = group_size(params["axes"]), params["axis"]
   if params["tiled"]:
     return shape[:axis] + (n * shape[axis],) + shape[axis + 1 :]
   return shape[:axis] + (n,) + shape[axis:]
@@ -140,7 +140,7 @@ def _rows(
   comp = P.load(compressor)
   if comp is None:
     return None
-  n = C.group_size(axes)
+  n = group_size(axes)
   shape = x.shape[batch:]
   impl = _backend.implementation("all_gather", backend)
 
@@ -181,7 +181,7 @@ def arrange(stacked: jax.Array, axis: int, tiled: bool) -> jax.Array:
 def _own_block(ct: jax.Array, params: dict) -> jax.Array:
   """This rank's block of an invariant cotangent (all_gather to="invarying")."""
   axes, axis = params["axes"], params["axis"]
-  size = ct.shape[axis] // C.group_size(axes) if params["tiled"] else 1
+  size = ct.shape[axis] // group_size(axes) if params["tiled"] else 1
   out = lax.dynamic_slice_in_dim(ct, lax.axis_index(axes) * size, size, axis)
   return out if params["tiled"] else jnp.squeeze(out, axis)
 
@@ -221,8 +221,8 @@ def gather_rows(
   def one(xs: jax.Array, i: int) -> jax.Array:
     if compressor is None:
       return lax.all_gather(xs, axes, axis=0, tiled=False, to=to)
-    buf = C.encode_rows(compressor, xs[None], key=C.rank_key(key, axes, i))
-    return C.gather_decode(
+    buf = encode_rows(compressor, xs[None], key=rank_key(key, axes, i))
+    return gather_decode(
       compressor, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=False, invariant=invariant
     )
 

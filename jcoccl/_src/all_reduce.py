@@ -11,12 +11,23 @@ import jax
 from jax import lax
 
 from jcoccl._src import _backend, _compat, auto_model, cost_model
-from jcoccl._src import _common as C
 from jcoccl._src import all_gather as _ag
 from jcoccl._src import explain as _explain
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
 from jcoccl._src import reduce_scatter as _rs
+from jcoccl._src import residual as R
+from jcoccl._src.axes import canonical_axes, group_size, rank_key
+from jcoccl._src.compressor_args import (
+  SAME,
+  check_chunks,
+  compression_ratio,
+  grad_for,
+  is_lone_array,
+  resolve_compressor,
+)
+from jcoccl._src.payloads import decode_rows, decode_sum_encode, encode_rows, gather_decode
+from jcoccl._src.threshold import effective_compressor
 
 ALGORITHMS = ("auto", "auto_exact", "one_shot", "two_shot", "hierarchical")
 AUTO = ("auto", "auto_exact")  # the algorithms that are decided per call
@@ -32,9 +43,10 @@ def all_reduce(
   backend: str = "auto",
   chunks: int = 1,
   min_bytes: int | None = None,
-  grad_compressor: Any = C.SAME,
+  grad_compressor: Any = SAME,
   key: Any = None,
   axis_index_groups: Any = None,
+  residual: Any = None,
 ) -> Any:
   """Sums ``x`` over ``axis_name``, as ``jax.lax.psum``, optionally compressed.
 
@@ -104,18 +116,28 @@ def all_reduce(
     key: PRNG key for stochastic-rounding compressors.
     axis_index_groups: as lax's; given, the exact lax op runs (the compressed algorithms
       work over whole mesh axes).
+    residual: error feedback (:func:`jcoccl.error_feedback` wraps it): None, or what each
+      leaf owes from earlier calls, float32 arrays in a pytree like ``x`` (zeros at
+      first). A compressed leaf then sends ``x + residual`` and the call also returns
+      what its encoder lost of that (``y - decode(encode(y))`` of the payload this rank
+      sent, its first quantization under two_shot); a leaf that goes exactly sends ``x``
+      and carries its residual forward unchanged (:mod:`jcoccl._src.residual`). The
+      algorithm is one_shot or two_shot (auto charges the residual's decode pass to
+      compression), on the xla backend.
 
   Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
   exactly; a lone array of another dtype with a lossy compressor raises TypeError.
 
   Returns:
-    The sum(s), shaped and typed like ``x``.
+    The sum(s), shaped and typed like ``x``; with ``residual``, the pair (sums, new
+    residuals).
 
   Example:
     >>> y = jcoccl.all_reduce(g, "data", compressor="int8", min_bytes=0)  # doctest: +SKIP
+    >>> y, e = jcoccl.all_reduce(g, "data", compressor="int8", residual=e)  # doctest: +SKIP
     >>> y = jcoccl.all_reduce(g, "data", compressor="auto:int8")  # may run lax.psum  # doctest: +SKIP
   """
-  axes = C.canonical_axes(axis_name, empty=True)
+  axes = canonical_axes(axis_name, empty=True)
   if algorithm not in ALGORITHMS:
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
   compressor, algorithm = split_auto(compressor, algorithm)
@@ -124,11 +146,12 @@ def all_reduce(
       why = "axis_index_groups: the lax op (compression works over whole mesh axes)"
       _explain.record("all_reduce", axes, leaf, compressor, None, "exact", why)
     with _explain.exact_scope():
-      return lax.psum(x, axes, axis_index_groups=axis_index_groups)
+      out = lax.psum(x, axes, axis_index_groups=axis_index_groups)
+    return out if residual is None else (out, residual)
   comp = resolve_levels(compressor, axes, "compressor")
   gcomp = (
     comp
-    if (isinstance(grad_compressor, str) and grad_compressor == C.SAME)
+    if (isinstance(grad_compressor, str) and grad_compressor == SAME)
     else (resolve_levels(grad_compressor, axes, "grad_compressor"))
   )
   if isinstance(comp, tuple) and algorithm not in (*AUTO, "hierarchical"):
@@ -141,7 +164,7 @@ def all_reduce(
       f"algorithm='hierarchical' needs a tuple of at least two axis names "
       f"(outer..., inner), got axis_name={axis_name!r}"
     )
-  C.check_chunks(chunks)
+  check_chunks(chunks)
   return P.apply_tree(
     "all_reduce",
     x,
@@ -152,8 +175,9 @@ def all_reduce(
     backend=backend,
     chunks=chunks,
     min_bytes=min_bytes,
-    strict=C.is_lone_array(x),
+    strict=is_lone_array(x),
     algorithm=algorithm,
+    residual=residual,
   )
 
 
@@ -197,8 +221,8 @@ def resolve_levels(compressor: Any, axes: tuple, argname: str) -> Any:
       raise ValueError(f"a per-level {argname} must be a pair (outer, inner), got {compressor!r}")
     if len(axes) < 2:
       raise ValueError(f"a per-level {argname} needs a tuple of at least two axis names")
-    return tuple(C.resolve_compressor(c, argname) for c in compressor)
-  return C.resolve_compressor(compressor, argname)
+    return tuple(resolve_compressor(c, argname) for c in compressor)
+  return resolve_compressor(compressor, argname)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,8 +300,8 @@ def decision(
     why = "pinned by the caller" if algorithm not in AUTO else "a per-level compressor"
     return Decision(comp, algo, chunks, algorithm, why=why)
   model = auto_model.active(axes=axes, op="all_reduce", codec=comp)
-  n = C.group_size(axes)
-  ratio = C.compression_ratio(comp, x.size, x.dtype)
+  n = group_size(axes)
+  ratio = compression_ratio(comp, x.size, x.dtype)
   if not model.calibrated:
     return _uncalibrated(comp, algorithm, model, nbytes, n, ratio, chunks)
   extra = codec_passes * nbytes / model.gamma_Bps
@@ -344,7 +368,7 @@ def _hierarchical_cost(axes: tuple, nbytes: int, ratio: float, comp: Any) -> flo
   m_out = auto_model.active(axes=outer, op="all_reduce", codec=comp)
   if not (m_in.calibrated and m_out.calibrated):
     return math.inf
-  n_in, n_out = C.group_size(inner), C.group_size(outer)
+  n_in, n_out = group_size(inner), group_size(outer)
   t_in = m_in.cost("two_shot", nbytes, n_in, ratio) if n_in > 1 else 0.0
   return t_in + m_out.cost("one_shot", nbytes // max(n_in, 1), n_out, ratio)
 
@@ -357,7 +381,7 @@ def choose(comp: Any, algorithm: str, axes: tuple, nbytes: int, size: int, dtype
     return algorithm
   if isinstance(comp, tuple):
     return "hierarchical"
-  n, ratio = C.group_size(axes), C.compression_ratio(comp, size, dtype)
+  n, ratio = group_size(axes), compression_ratio(comp, size, dtype)
   return _uncalibrated(comp, algorithm, auto_model.active(), nbytes, n, ratio, 1).algorithm
 
 
@@ -366,9 +390,9 @@ def slice_unit(comp: Any, algorithm: str, axes: tuple) -> int:
   if algorithm == "hierarchical":
     levels = comp if isinstance(comp, tuple) else (comp, comp)
     g = L.lcm(*(1 if c is None else c.granule for c in levels))
-    return C.group_size(axes[-1:]) * g
+    return group_size(axes[-1:]) * g
   if algorithm == "two_shot":
-    return C.group_size(axes) * comp.granule
+    return group_size(axes) * comp.granule
   return comp.granule
 
 
@@ -396,28 +420,48 @@ def _exact(
 
 def _effective(x: jax.Array, comp: Any, min_bytes: Any, strict: bool) -> Any:
   if isinstance(comp, tuple):
-    levels = tuple(C.effective_compressor(x, c, min_bytes, strict) for c in comp)
+    levels = tuple(effective_compressor(x, c, min_bytes, strict) for c in comp)
     return None if all(c is None for c in levels) else levels
-  return C.effective_compressor(x, comp, min_bytes, strict)
+  return effective_compressor(x, comp, min_bytes, strict)
 
 
 def _grad_for(x: jax.Array, gcomp: Any) -> Any:
   if isinstance(gcomp, tuple):
-    levels = tuple(C.grad_for(x, c) for c in gcomp)
+    levels = tuple(grad_for(x, c) for c in gcomp)
     return None if all(c is None for c in levels) else levels
-  return C.grad_for(x, gcomp)
+  return grad_for(x, gcomp)
+
+
+# The codec passes a call with ``residual`` makes beyond the plain op's: the decode of the
+# payload this rank sent (its encode is the op's own).
+RESIDUAL_PASSES = 1
 
 
 def _settle(
-  x: jax.Array, c: Any, axes: tuple, *, algorithm: str, requested: str, chunks: int = 1
+  x: jax.Array,
+  c: Any,
+  axes: tuple,
+  *,
+  algorithm: str,
+  requested: str,
+  chunks: int = 1,
+  residual: bool = False,
 ) -> tuple[Any, dict]:
   """The algorithm that runs (the exact path of a backward-only call: one_shot; "exact"
   where auto_exact chose the lax op: still bound, so the choice shows in the jaxpr), the
-  slices (auto may chunk), and the compressor as a per-level pair for "hierarchical"."""
+  slices (auto may chunk), and the compressor as a per-level pair for "hierarchical".
+  With ``residual`` auto keeps to one_shot and two_shot (the residual is defined for a
+  rank's own whole input) and charges the residual's decode."""
   del requested  # _check made it the algorithm asked for
   if c is None:
     return None, dict(algorithm="one_shot")
-  d = decision(c, algorithm, axes, x, chunks)
+  if residual and (algorithm == "hierarchical" or isinstance(c, tuple)):
+    raise ValueError(
+      "residual: all_reduce returns its encoder's residual under one_shot and two_shot, "
+      "not hierarchical (a per-level compressor): pass one compressor"
+    )
+  passes = RESIDUAL_PASSES if residual else 0
+  d = decision(c, algorithm, axes, x, chunks, flat=residual, codec_passes=passes)
   _explain.note_decision(d)
   c = d.compressor
   if d.algorithm == "hierarchical" and not isinstance(c, tuple):
@@ -434,9 +478,11 @@ def _rows(
   algorithm: str,
   backend: str,
   batch: int,
+  residual: bool = False,
   **_: Any,
 ) -> L.Rows | None:
-  """The leaf as one row for the backend (None: the exact lax.psum runs)."""
+  """The leaf as one row for the backend (None: the exact lax.psum runs); with
+  ``residual`` its call returns the encoder's residual rows too."""
   comp = P.load(compressor)
   if comp is None:
     return None
@@ -445,6 +491,7 @@ def _rows(
   shape = x.shape[batch:]
   levels = comp if isinstance(comp, tuple) else (comp,)
   impl = _backend.implementation("all_reduce", backend)
+  more = {"residual": True} if residual else {}
   return L.Rows(
     x,
     batch,
@@ -453,7 +500,9 @@ def _rows(
     math.prod(shape),
     slice_unit(comp, algorithm, axes),
     L.lcm(*(c.granule for c in levels if c is not None)),
-    lambda r, k: impl(r, axes=axes, compressor=comp, algorithm=algorithm, chunks=k, key=key),
+    lambda r, k: impl(
+      r, axes=axes, compressor=comp, algorithm=algorithm, chunks=k, key=key, **more
+    ),
     wire=(algorithm,),
   )
 
@@ -481,6 +530,7 @@ P.register(
     reduces=lambda params: True,
     forward=_forward,
     rows=_rows,
+    back=lambda shape, params: lambda r: r.reshape(shape),
     check=_check,
     exact=_exact,
     tangent_args=_grad_args,
@@ -501,53 +551,71 @@ P.register(
 # XLA backend.
 
 
-def _one_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
+def _one_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any, residual: bool = False) -> Any:
   if comp is None:
     return lax.psum(xs, axes)
-  buf = C.encode_rows(comp, xs[None], key=key)
-  return C.gather_decode(comp, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=True, invariant=True)
+  buf = encode_rows(comp, xs[None], key=key)
+  out = gather_decode(comp, buf[0], axes, xs.shape[-1], xs.dtype, sum_rows=True, invariant=True)
+  if not residual:
+    return out
+  return out, R.lost(xs, decode_rows(comp, buf, xs.shape[-1], xs.dtype)[0])
 
 
-def _two_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
-  n = C.group_size(axes)
+def _two_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any, residual: bool = False) -> Any:
+  n = group_size(axes)
   width = xs.shape[-1] // n
-  buf = C.encode_rows(comp, L.rank_rows(xs, n), key=key)
+  buf = encode_rows(comp, L.rank_rows(xs, n), key=key)
   got = lax.all_to_all(buf, axes, 0, 0, tiled=True)
-  shard = C.decode_sum_encode(comp, got, width, xs.dtype)  # second quantization
-  return L.flat_row(
-    C.gather_decode(comp, shard, axes, width, xs.dtype, sum_rows=False, invariant=True)
+  shard = decode_sum_encode(comp, got, width, xs.dtype)  # second quantization
+  out = L.flat_row(
+    gather_decode(comp, shard, axes, width, xs.dtype, sum_rows=False, invariant=True)
   )
+  if not residual:
+    return out
+  return out, R.lost(xs, L.flat_row(decode_rows(comp, buf, width, xs.dtype)))
 
 
 def _hierarchical(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   outer, inner = axes[:-1], axes[-1:]
   c_out, c_in = comp
-  n_in = C.group_size(inner)
+  n_in = group_size(inner)
   # Distinct stochastic-rounding streams per rank and per stage.
-  key_in = C.rank_key(key, outer, 1)
-  key_out = None if key is None else C.rank_key(C.rank_key(key, inner, 2), outer, 0)
+  key_in = rank_key(key, outer, 1)
+  key_out = None if key is None else rank_key(rank_key(key, inner, 2), outer, 0)
   shard = _rs.scatter_rows(L.rank_rows(xs, n_in), inner, c_in, 1, key_in)
   shard = _one_shot(shard, outer, c_out, key_out)
   return L.flat_row(_ag.gather_rows(shard, inner, c_in, 1, None, invariant=True))
 
 
-_ALGOS = {"one_shot": _one_shot, "two_shot": _two_shot, "hierarchical": _hierarchical}
+_FLAT = {"one_shot": _one_shot, "two_shot": _two_shot}
+_ALGOS = {**_FLAT, "hierarchical": _hierarchical}
 
 
 def _xla_all_reduce(
-  x: jax.Array, *, axes: tuple, compressor: Any, algorithm: str, chunks: int, key: Any
-) -> jax.Array:
+  x: jax.Array,
+  *,
+  axes: tuple,
+  compressor: Any,
+  algorithm: str,
+  chunks: int,
+  key: Any,
+  residual: bool = False,
+) -> Any:
+  """The xla backend; with ``residual`` (one_shot, two_shot) also the encoder's residual
+  rows, float32, in ``x``'s layout."""
   run = _ALGOS[algorithm]
 
-  def one(xs: jax.Array, i: int) -> jax.Array:
+  def one(xs: jax.Array, i: int) -> Any:
     k = (
-      C.rank_key(key, axes, i)
+      rank_key(key, axes, i)
       if algorithm != "hierarchical"
       else (None if key is None else jax.random.fold_in(key, i))
     )
+    if residual:  # one_shot and two_shot (plan refuses hierarchical)
+      return _FLAT[algorithm](xs, axes, compressor, k, residual=True)
     return run(xs, axes, compressor, k)
 
-  return L.chunked(one, x, chunks)
+  return R.chunked(one, x, chunks) if residual else L.chunked(one, x, chunks)
 
 
 _backend.register("xla", "all_reduce", _xla_all_reduce)

@@ -11,9 +11,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src import _backend
-from jcoccl._src import _common as C
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
+from jcoccl._src.axes import group_size, rank_key
+from jcoccl._src.compressor_args import SAME, canonical_args, is_lone_array
+from jcoccl._src.payloads import decode_rows, encode_rows
 
 
 def all_to_all(
@@ -27,7 +29,7 @@ def all_to_all(
   backend: str = "auto",
   chunks: int = 1,
   min_bytes: int | None = None,
-  grad_compressor: Any = C.SAME,
+  grad_compressor: Any = SAME,
   key: Any = None,
   axis_index_groups: Any = None,
 ) -> Any:
@@ -67,7 +69,7 @@ def all_to_all(
   Example:
     >>> y = jcoccl.all_to_all(x, "expert", 0, 0, tiled=True, compressor="fp8")  # doctest: +SKIP
   """
-  axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
+  axes, comp, gcomp = canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
   if axis_index_groups is not None:
     return jax.tree_util.tree_map(
       lambda leaf: lax.all_to_all(
@@ -85,7 +87,7 @@ def all_to_all(
     backend=backend,
     chunks=chunks,
     min_bytes=min_bytes,
-    strict=C.is_lone_array(x),
+    strict=is_lone_array(x),
     split_axis=split_axis,
     concat_axis=concat_axis,
     tiled=tiled,
@@ -133,7 +135,7 @@ def _exact(
 
 
 def _out_shape(shape: tuple, params: dict) -> tuple:
-  n = C.group_size(params["axes"])
+  n = group_size(params["axes"])
   sa, ca = params["split_axis"], params["concat_axis"]
   if not params["tiled"]:
     rest = shape[:sa] + shape[sa + 1 :]
@@ -163,7 +165,7 @@ def _rows(
   comp = P.load(compressor)
   if comp is None:
     return None
-  n = C.group_size(axes)
+  n = group_size(axes)
   block = L.row_block(x.shape[batch:], sa, n)
   impl = _backend.implementation("all_to_all", backend)
 
@@ -228,9 +230,9 @@ def _xla_all_to_all(
   def one(xs: jax.Array, i: int) -> jax.Array:
     if compressor is None:
       return lax.all_to_all(xs, axes, 0, 0, tiled=True)
-    buf = C.encode_rows(compressor, xs, key=C.rank_key(key, axes, i))
+    buf = encode_rows(compressor, xs, key=rank_key(key, axes, i))
     got = lax.all_to_all(buf, axes, 0, 0, tiled=True)
-    return C.decode_rows(compressor, got, xs.shape[-1], xs.dtype)
+    return decode_rows(compressor, got, xs.shape[-1], xs.dtype)
 
   return L.chunked(one, x, chunks)
 

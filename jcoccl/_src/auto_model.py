@@ -60,3 +60,15 @@ def active(
 
     platform = jax.default_backend()
   return DEFAULTS["cpu" if platform == "cpu" else "gpu"]
+
+
+def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
+  """The cheaper of one_shot and two_shot under the platform's default cost model
+  (:mod:`jcoccl._src.cost_model`), by time alone; algorithm="auto" without a calibration
+  also keeps within the exact op's bytes (:func:`jcoccl._src.all_reduce.choose`).
+
+  Example:
+    >>> choose_all_reduce(64 * 1024, 8, 0.26), choose_all_reduce(64 << 20, 8, 0.26)
+    ('one_shot', 'two_shot')
+  """
+  return active().choose(nbytes, n, ratio)

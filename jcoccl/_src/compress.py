@@ -52,13 +52,13 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.extend import core as jex
 
 from jcoccl._src import _compat
 from jcoccl._src.all_gather import all_gather
 from jcoccl._src.all_reduce import all_reduce
 from jcoccl._src.all_to_all import all_to_all
+from jcoccl._src.compressor_args import is_float
 from jcoccl._src.ppermute import ppermute
 from jcoccl._src.reduce_scatter import reduce_scatter
 from jcoccl.policy import WILDCARD, Policy
@@ -83,7 +83,6 @@ _CLOSED = {
   "cond": ("branches",),
 }
 _REMAT = ("remat2", "checkpoint", "remat")
-_CODEC_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
@@ -327,7 +326,7 @@ def _collective(eqn: Any, invals: list, axes: tuple, comp: Any, opts: dict) -> l
   name, p = eqn.primitive.name, eqn.params
   op = _OPS[name]
   outs: list = [None] * len(invals)
-  floats = [i for i, x in enumerate(invals) if jnp.dtype(x.dtype) in _CODEC_DTYPES]
+  floats = [i for i, x in enumerate(invals) if is_float(x.dtype)]
   for i, x in enumerate(invals):
     if i not in floats:
       y = eqn.primitive.bind(x, **eqn.primitive.get_bind_params(dict(p)))

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jcoccl._src import _common as C
+from jcoccl._src.compressor_args import resolve_compressor
 from jcoccl._src.compressors import registry
 
 # ----------------------------------------------------------------------------------------
@@ -54,7 +54,7 @@ _LOADED_AT = [-1]  # the registry generation _load's cache belongs to
 def _load(spec: Any) -> Any:
   if isinstance(spec, tuple):
     return tuple(_load(s) for s in spec)
-  return C.resolve_compressor(spec)
+  return resolve_compressor(spec)
 
 
 def grad_args(params: dict, **op_args: Any) -> dict:

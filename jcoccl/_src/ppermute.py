@@ -10,10 +10,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src import _backend
-from jcoccl._src import _common as C
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
+from jcoccl._src.axes import group_size, rank_key
+from jcoccl._src.compressor_args import SAME, canonical_args, is_lone_array
 from jcoccl._src.lax_errors import lax_errors, with_hint
+from jcoccl._src.payloads import decode_rows, encode_rows
 
 
 def ppermute(
@@ -25,7 +27,7 @@ def ppermute(
   backend: str = "auto",
   chunks: int = 1,
   min_bytes: int | None = None,
-  grad_compressor: Any = C.SAME,
+  grad_compressor: Any = SAME,
   key: Any = None,
 ) -> Any:
   """Sends ``x`` from rank ``src`` to rank ``dst`` for each pair of ``perm``, as
@@ -67,8 +69,8 @@ def ppermute(
         "perm must be a list or a tuple of (source, destination) pairs, got perm of type "
         f"{type(perm).__name__}"
       )
-    axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks)
-    perm = check_perm(perm, C.group_size(axes))
+    axes, comp, gcomp = canonical_args(axis_name, compressor, grad_compressor, chunks)
+    perm = check_perm(perm, group_size(axes))
   return P.apply_tree(
     "ppermute",
     x,
@@ -79,7 +81,7 @@ def ppermute(
     backend=backend,
     chunks=chunks,
     min_bytes=min_bytes,
-    strict=C.is_lone_array(x),
+    strict=is_lone_array(x),
     perm=perm,
   )
 
@@ -204,14 +206,14 @@ def _xla_ppermute(
   def one(xs: jax.Array, i: int) -> jax.Array:
     if compressor is None:
       return lax.ppermute(xs, axes, perm)
-    buf = C.encode_rows(compressor, xs[None], key=C.rank_key(key, axes, i))
+    buf = encode_rows(compressor, xs[None], key=rank_key(key, axes, i))
     got = lax.ppermute(buf, axes, perm)
     # A rank that receives nothing holds an all-zero buffer: lax.ppermute gives zeros,
     # and a zero payload need not decode to zeros (e.g. scale fields), so mask it.
     # A scalar zero, not zeros_like(xs): that would carry xs's sharding, which under a
     # partial-auto shard_map names a mesh other than the context's.
     return jnp.where(
-      receives, C.decode_rows(compressor, got, xs.shape[-1], xs.dtype)[0], jnp.zeros((), xs.dtype)
+      receives, decode_rows(compressor, got, xs.shape[-1], xs.dtype)[0], jnp.zeros((), xs.dtype)
     )
 
   return L.chunked(one, x, chunks)

@@ -45,17 +45,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jcoccl._src import _backend, _compat
-from jcoccl._src import _common as C
+from jcoccl._src import _backend, _compat, compressor_args
 from jcoccl._src import config as _config
 from jcoccl._src import explain as _explain
 from jcoccl._src import layout as L
+from jcoccl._src import residual as R
+from jcoccl._src.axes import ensure_varying, group_size, match_vma, off_mesh
 from jcoccl._src.lax_errors import lax_errors
 from jcoccl._src.params import PerLeaf as PerLeaf
 from jcoccl._src.params import grad_args as grad_args
 from jcoccl._src.params import key_operand, leaf_params, merge_params, unwrap_key
 from jcoccl._src.params import load as load
 from jcoccl._src.params import spec_of as spec_of
+from jcoccl._src.threshold import effective_compressor, skip_reason, warn_default_threshold
 
 # The dual (transpose) of each collective: the op that carries cotangents back.
 DUALS = {
@@ -104,7 +106,11 @@ class Op:
     rows: ``(x, key, **params) -> Rows or None``: the leaf as the backend's rows
       (:class:`jcoccl._src.layout.Rows`; None where the exact lax op runs), for packing
       the leaves of one equation (``forward`` is then ``rows(...).run(chunks)``); None:
-      every leaf is lowered on its own.
+      every leaf is lowered on its own. With ``params["residual"]`` its ``call``
+      returns (result rows, the encoder's residual rows in the input's layout).
+    back: ``(element shape, params) -> fn``, ``fn`` the inverse of the rows' ``pre``
+      (one message's rows -> the message), for an op that can return its encoder's
+      residual (:mod:`jcoccl._src.residual`); None: it cannot.
   """
 
   name: str
@@ -119,10 +125,11 @@ class Op:
   row_length: Callable[[int, int], int] = lambda size, n: size
   settle: Callable[..., tuple] = lambda x, c, axes, **_: (c, {})
   unit: Callable[..., int] = lambda c, axes, **_: c.granule
-  effective: Callable[..., Any] = C.effective_compressor
-  grad_for: Callable[..., Any] = C.grad_for
+  effective: Callable[..., Any] = effective_compressor
+  grad_for: Callable[..., Any] = compressor_args.grad_for
   unreduced_transpose: Callable[..., Any] | None = None
   rows: Callable[..., Any] | None = None
+  back: Callable[..., Any] | None = None
 
 
 _OPS: dict[str, Op] = {}
@@ -173,6 +180,7 @@ def plan(
   chunks: int,
   min_bytes: Any,
   strict: bool = True,
+  residual: bool = False,
   **op_args: Any,
 ) -> Exact | Bound:
   """One leaf through the pipeline every collective shares (arguments already
@@ -186,6 +194,9 @@ def plan(
     axes, compressor, grad_compressor, backend, chunks, min_bytes: the call's, resolved.
     strict: a lone array (a non-float dtype with a lossy compressor raises TypeError)
       rather than a pytree leaf (such a leaf goes exactly).
+    residual: the op returns its encoder's residual too (:mod:`jcoccl._src.residual`):
+      a leaf whose forward goes exactly takes the lax op (backward included), and the
+      xla backend runs it (the fused engine returns no residual).
     **op_args: the op's own arguments (``o.check`` normalises them).
 
   Returns:
@@ -196,12 +207,16 @@ def plan(
   # (one name as the caller most likely wrote it: lax's words quote it).
   named = axes[0] if len(axes) == 1 else axes
   with lax_errors(o.name, o.exact, x, named, **op_args):
-    n = C.group_size(axes)  # validates the axis names
+    n = group_size(axes)  # validates the axis names
     op_args = o.check(x, n, axes, **op_args)
-  if C.off_mesh(axes):
+  if off_mesh(axes):
     why = "a jax.vmap axis (off the mesh): nothing crosses a wire"
     return _exact(o, x, axes, op_args, compressor, why)
   unreduced = set(axes) & _compat.unreduced_axes(x)
+  if residual and (o.back is None or unreduced):
+    what = "x is unreduced" if o.back is not None else f"{o.name} has no encoder residual"
+    raise ValueError(f"residual: {what}; call {o.name} without residual=")
+  runs_on = _residual_backend(backend) if residual else backend
   if unreduced and o.unreduced_transpose is None:
     return _exact(o, x, axes, op_args, compressor, "x is unreduced: lax's op")
   if unreduced and unreduced != set(axes):
@@ -211,17 +226,19 @@ def plan(
     )
   c = o.effective(x, compressor, min_bytes, strict)
   if c is None:
-    C.warn_default_threshold(o.name, axes, x, compressor, min_bytes)
+    warn_default_threshold(o.name, axes, x, compressor, min_bytes)
   gc = o.grad_for(x, grad_compressor)
   _backend.validate(o.name, backend)
-  if c is None and gc is None:
-    why = C.skip_reason(x, compressor, min_bytes, strict) or "no compressor named"
+  if c is None and (gc is None or residual):
+    why = skip_reason(x, compressor, min_bytes, strict) or "no compressor named"
     return _exact(o, x, axes, op_args, compressor, why)
-  c, call = o.settle(x, c, axes, chunks=chunks, **op_args)
+  c, call = o.settle(x, c, axes, chunks=chunks, residual=residual, **op_args)
   chunks = call.pop("chunks", chunks)  # all_reduce's auto may chunk
+  if residual and c is None:  # auto_exact chose the lax op
+    return _exact(o, x, axes, op_args, compressor, "the exact op is predicted faster")
   name = "xla"
   if c is not None:
-    name = _backend.resolve(o.name, backend, axes, compressor=c, dtype=x.dtype, **call)[0]
+    name = _backend.resolve(o.name, runs_on, axes, compressor=c, dtype=x.dtype, **call)[0]
     L.slices(chunks, o.row_length(x.size, n), o.unit(c, axes, **call))  # fail at trace time
   params = dict(
     axes=axes,
@@ -232,15 +249,27 @@ def plan(
     backend_arg=backend,
     chunks=chunks,
     min_bytes=min_bytes,
+    **({"residual": True} if residual else {}),
   )
   if _explain.active():
     algo = call.get("algorithm", "")
     why = "compressed"
     if c is None and algo != "exact":  # forward under the threshold, backward compressed
       algo = "exact" if algo else ""
-      why = C.skip_reason(x, compressor, min_bytes, strict) + " (backward: compressed)"
+      why = skip_reason(x, compressor, min_bytes, strict) + " (backward: compressed)"
     _explain.record(o.name, axes, x, compressor, c, algo, why, op_args.get("requested"))
-  return Bound(C.ensure_varying(x, axes), params)
+  return Bound(ensure_varying(x, axes), params)
+
+
+def _residual_backend(backend: str) -> str:
+  """The backend of a call that returns its encoder's residual: the xla backend's codec
+  calls hand it out; the fused engine, one custom call, does not."""
+  if backend == "fused":
+    raise ValueError(
+      "backend='fused' returns no encoder residual (residual=, jcoccl.error_feedback): "
+      "use backend='xla' or 'auto' for this call"
+    )
+  return "xla" if backend == "auto" else backend
 
 
 def _exact(o: Op, x: Any, axes: tuple, op_args: dict, named: Any, why: str) -> Exact:
@@ -281,10 +310,46 @@ def apply(name: str, xs: Sequence[Any], key: Any, args: Sequence[dict]) -> list:
   return outs
 
 
-def apply_tree(name: str, tree: Any, key: Any, **args: Any) -> Any:
-  """:func:`apply` over the leaves of a pytree, all with the same ``args``."""
+def apply_residual(
+  name: str, xs: Sequence[Any], key: Any, args: Sequence[dict], owed: Sequence[Any]
+) -> tuple[list, list]:
+  """:func:`apply` with error feedback: leaf ``i`` owes the residual ``owed[i]``, and the
+  op returns the residual each leaf leaves (the rule of :mod:`jcoccl._src.residual`: a
+  compressed leaf sends ``x + owed`` and keeps what its encoder lost, an exact leaf sends
+  ``x`` and carries ``owed`` forward).
+
+  Returns:
+    (the results, the residuals), in the order of ``xs``.
+  """
+  o = op(name)
+  outs: list = [None] * len(xs)
+  kept: list = list(owed)  # exact leaves carry theirs forward
+  bound: list[tuple[int, Bound, jax.Array]] = []
+  for i, (x, a) in enumerate(zip(xs, args)):
+    planned = plan(o, x, residual=True, **a)
+    if isinstance(planned, Exact):
+      outs[i] = planned.value
+      continue
+    y, rest = R.feed(planned.x, owed[i])
+    bound.append((i, Bound(y, planned.params), rest))
+  if bound:
+    ys = bind(name, [b.x for _, b, _ in bound], key, [b.params for _, b, _ in bound])
+    for (i, _, rest), y, lost in zip(bound, ys, ys[len(bound) :]):
+      outs[i], kept[i] = y, R.keep(lost, rest)
+  return outs, kept
+
+
+def apply_tree(name: str, tree: Any, key: Any, residual: Any = None, **args: Any) -> Any:
+  """:func:`apply` over the leaves of a pytree, all with the same ``args``; given the
+  ``residual`` each leaf owes (a pytree like ``tree``), :func:`apply_residual`'s
+  (results, residuals) as two pytrees."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  return jax.tree_util.tree_unflatten(treedef, apply(name, leaves, key, [args] * len(leaves)))
+  every = [args] * len(leaves)
+  if residual is None:
+    return jax.tree_util.tree_unflatten(treedef, apply(name, leaves, key, every))
+  owed = R.leaves_like(residual, treedef)
+  outs, kept = apply_residual(name, leaves, key, every, owed)
+  return tuple(jax.tree_util.tree_unflatten(treedef, v) for v in (outs, kept))
 
 
 # ----------------------------------------------------------------------------------------
@@ -330,6 +395,11 @@ def _make(o: Op) -> Any:
       # result varies over them, as lax types it.
       vma = vin - axes if o.reduces(lp) else vin | (axes & _compat.aval_unreduced_only(aval))
       outs.append(_compat.collective_aval(aval, shape, vma, lp["axes"]))
+    if params.get("residual"):  # the encoder's residual: float32, shaped like the input
+      f32 = jnp.dtype(jnp.float32)
+      outs += [
+        _compat.collective_aval(a, a.shape, _compat.aval_vma(a)).update(dtype=f32) for a in xs
+      ]
     return outs, params["axes"]
 
   def lower(*args, key_type, config, **params):
@@ -348,7 +418,8 @@ def _make(o: Op) -> Any:
 
   def _jvp(primals, tangents, *, key_type, **params):
     ys = p.bind(*primals, key_type=key_type, **params)
-    n = len(ys)
+    # The residual's tangent is zero: straight-through, decode(encode(y)) moves as y does.
+    n = len(ys) // 2 if params.get("residual") else len(ys)
     live = [i for i in range(n) if not _compat.is_zero_cotangent(tangents[i])]
     touts = [_compat.zero_tangent_of(y) for y in ys]
     if live:
@@ -376,7 +447,7 @@ def _make(o: Op) -> Any:
         res[i] = _batched(lambda v, lp=lp: [o.unreduced_transpose(v[0], lp)], [ct], nb)[0]
       elif o.reduces(lp) and set(lp["axes"]) <= vma:
         out = _batched(lambda v, lp=lp: [o.invariant_transpose(v[0], lp)], [ct], nb)[0]
-        res[i] = C.match_vma(out, vma)
+        res[i] = match_vma(out, vma)
       else:
         dual_idx.append(i)
     if dual_idx:
@@ -388,7 +459,7 @@ def _make(o: Op) -> Any:
         [lp["batch"] for lp in lps],
       )
       for i, g in zip(dual_idx, got):
-        res[i] = C.match_vma(g, _compat.aval_vma(_compat.undefined_aval(xs[i])))
+        res[i] = match_vma(g, _compat.aval_vma(_compat.undefined_aval(xs[i])))
     return res + [None] * len(keys)
 
   def batch(args, dims, *, key_type, **params):
@@ -409,7 +480,7 @@ def _make(o: Op) -> Any:
         )
         for i in range(size)
       ]
-      return [jnp.stack([o_[j] for o_ in outs]) for j in range(len(xs))], [0] * len(xs)
+      return [jnp.stack([o_[j] for o_ in outs]) for j in range(len(outs[0]))], [0] * len(outs[0])
     new_xs, lps = [], []
     for i, (x, d) in enumerate(zip(xs, xds)):
       lp = leaf_params(params, i)
@@ -418,7 +489,8 @@ def _make(o: Op) -> Any:
       new_xs.append(x)
       lps.append(lp)
     outs = p.bind(*new_xs, key_type=key_type, **merge_params(lps))
-    return outs, [None if d is None else 0 for d in xds]
+    dims = [None if d is None else 0 for d in xds]
+    return outs, dims * (len(outs) // len(dims))
 
   _compat.define_collective(
     p, abstract_eval=abstract_eval, lower=lower, jvp=jvp, transpose=transpose, batch=batch
@@ -487,28 +559,34 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   the call has a PRNG key (each leaf's random stream is drawn by its position in its own
   row), when its codec is not :func:`blockwise`, or on the exact path.
 
+  With the ``residual`` parameter each leaf's encoder residual follows the results, cut
+  back out of the same rows (:func:`jcoccl._src.residual.split_rows`).
+
   Returns:
-    The results, in the order of ``xs``.
+    The results (then the residuals), in the order of ``xs``.
   """
-  outs: list = [None] * len(xs)
-  buckets: dict[tuple, list[tuple[int, Any]]] = {}
+  n = len(xs)
+  residual = bool(lps and lps[0].get("residual"))
+  outs: list = [None] * (2 * n if residual else n)
+  buckets: dict[tuple, list[tuple[int, tuple[L.Rows, ...]]]] = {}
   lps = [_at_lowering(o, x, lp) for x, lp in zip(xs, lps)]
   for i, (x, lp) in enumerate(zip(xs, lps)):
-    rows = None
-    if o.rows is not None and key is None and len(xs) > 1 and blockwise(load(lp["compressor"])):
-      rows = o.rows(x, key, **lp)
+    pack = o.rows is not None and key is None and n > 1 and blockwise(load(lp["compressor"]))
+    rows = o.rows(x, key, **lp) if o.rows is not None and (pack or residual) else None
     if rows is None:
       outs[i] = o.forward(x, key, **lp)
-    else:
-      buckets.setdefault(bucket_key(x, lp, rows), []).append((i, rows))
-  for members in buckets.values():
-    if len(members) == 1:
-      i, rows = members[0]
-      outs[i] = rows.run(lps[i]["chunks"])
       continue
-    ys = L.run_packed([r for _, r in members], lps[members[0][0]]["chunks"])
-    for (i, _), y in zip(members, ys):
-      outs[i] = y
+    runs: tuple[L.Rows, ...] = (rows,)
+    if residual and o.back is not None:
+      runs = R.split_rows(rows, o.back(x.shape[lp["batch"] :], lp))
+    buckets.setdefault(bucket_key(x, lp, rows) if pack else ("alone", i), []).append((i, runs))
+  for members in buckets.values():
+    chunks = lps[members[0][0]]["chunks"]
+    for j in range(len(members[0][1])):  # the results, then the residuals (same rows)
+      same = [r[j] for _, r in members]
+      ys = [same[0].run(chunks)] if len(same) == 1 else L.run_packed(same, chunks)
+      for (i, _), y in zip(members, ys):
+        outs[j * n + i] = y
   return outs
 
 

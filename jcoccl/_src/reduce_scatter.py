@@ -11,9 +11,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src import _backend, _compat
-from jcoccl._src import _common as C
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
+from jcoccl._src import residual as R
+from jcoccl._src.axes import group_size, rank_key
+from jcoccl._src.compressor_args import SAME, canonical_args, is_lone_array
+from jcoccl._src.payloads import decode_rows, decode_sum, encode_rows
 
 
 def reduce_scatter(
@@ -27,9 +30,10 @@ def reduce_scatter(
   backend: str = "auto",
   chunks: int = 1,
   min_bytes: int | None = None,
-  grad_compressor: Any = C.SAME,
+  grad_compressor: Any = SAME,
   key: Any = None,
   axis_index_groups: Any = None,
+  residual: Any = None,
 ) -> Any:
   """Sums ``x`` over ``axis_name`` and scatters the result, as ``jax.lax.psum_scatter``.
 
@@ -60,12 +64,17 @@ def reduce_scatter(
     key: PRNG key for stochastic-rounding compressors.
     axis_index_groups: as lax's; given, the exact lax op runs (the compressed algorithms
       work over whole mesh axes).
+    residual: error feedback, as :func:`jcoccl.all_reduce`'s: None, or what each leaf
+      owes (float32, a pytree like ``x``, the whole input's shape). A compressed leaf
+      sends ``x + residual`` and the call also returns what its encoder lost of the n
+      destination chunks it sent; an exact leaf carries its residual forward.
 
   Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
   exactly; a lone array of another dtype with a lossy compressor raises TypeError.
 
   Returns:
-    This rank's reduced shard(s), shaped like ``lax.psum_scatter``'s.
+    This rank's reduced shard(s), shaped like ``lax.psum_scatter``'s; with ``residual``,
+    the pair (shards, new residuals).
 
   Example:
     >>> y = jcoccl.reduce_scatter(g, "data", tiled=True, compressor="int4")  # doctest: +SKIP
@@ -74,11 +83,12 @@ def reduce_scatter(
     raise ValueError(
       f"algorithm must be 'auto' or 'one_shot' for reduce_scatter, got {algorithm!r}"
     )
-  axes, comp, gcomp = C.canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
+  axes, comp, gcomp = canonical_args(axis_name, compressor, grad_compressor, chunks, tiled)
   if axis_index_groups is not None:
-    return lax.psum_scatter(
+    out = lax.psum_scatter(
       x, axes, scatter_dimension=scatter_dimension, axis_index_groups=axis_index_groups, tiled=tiled
     )
+    return out if residual is None else (out, residual)
   return P.apply_tree(
     "reduce_scatter",
     x,
@@ -89,9 +99,10 @@ def reduce_scatter(
     backend=backend,
     chunks=chunks,
     min_bytes=min_bytes,
-    strict=C.is_lone_array(x),
+    strict=is_lone_array(x),
     scatter_dimension=scatter_dimension,
     tiled=tiled,
+    residual=residual,
   )
 
 
@@ -134,7 +145,7 @@ def from_block(flat: jax.Array, block: tuple, dim: int, tiled: bool) -> jax.Arra
 
 
 def _out_shape(shape: tuple, params: dict) -> tuple:
-  n, dim = C.group_size(params["axes"]), params["scatter_dimension"]
+  n, dim = group_size(params["axes"]), params["scatter_dimension"]
   if params["tiled"]:
     return shape[:dim] + (shape[dim] // n,) + shape[dim + 1 :]
   return shape[:dim] + shape[dim + 1 :]
@@ -150,6 +161,7 @@ def _rows(
   compressor: Any,
   backend: str,
   batch: int,
+  residual: bool = False,
   **_: Any,
 ) -> L.Rows | None:
   """The leaf as one row per destination rank (None: the exact lax.psum_scatter runs).
@@ -161,9 +173,10 @@ def _rows(
     return None
   if set(axes) & _compat.unreduced_axes(x):
     x = _compat.unreduced_as_varying(x, axes)  # each device's partial is one operand
-  n = C.group_size(axes)
+  n = group_size(axes)
   block = L.row_block(x.shape[batch:], dim, n)
   impl = _backend.implementation("reduce_scatter", backend)
+  more = {"residual": True} if residual else {}
   return L.Rows(
     x,
     batch,
@@ -172,8 +185,15 @@ def _rows(
     math.prod(block),
     comp.granule,
     comp.granule,
-    lambda r, k: impl(r, axes=axes, compressor=comp, chunks=k, key=key),
+    lambda r, k: impl(r, axes=axes, compressor=comp, chunks=k, key=key, **more),
   )
+
+
+def _back(shape: tuple, params: dict) -> Any:
+  """Inverse of the rows' ``pre``: ``[n, block]`` destination rows -> the message."""
+  dim, n = params["scatter_dimension"], group_size(params["axes"])
+  block = L.row_block(shape, dim, n)
+  return lambda r: jnp.moveaxis(r.reshape((n * block[0],) + tuple(block[1:])), 0, dim)
 
 
 def _forward(x: jax.Array, key: Any, **params: Any) -> jax.Array:
@@ -191,6 +211,7 @@ P.register(
     reduces=lambda params: False,
     forward=_forward,
     rows=_rows,
+    back=_back,
     check=_check,
     exact=_exact,
     row_length=lambda size, n: size // n,
@@ -213,23 +234,29 @@ P.register(
 # XLA backend.
 
 
-def scatter_rows(x: jax.Array, axes: tuple, compressor: Any, chunks: int, key: Any) -> jax.Array:
-  """dtype[n, C] (row j for rank j) -> dtype[C], the sum over source ranks."""
+def scatter_rows(
+  x: jax.Array, axes: tuple, compressor: Any, chunks: int, key: Any, residual: bool = False
+) -> Any:
+  """dtype[n, C] (row j for rank j) -> dtype[C], the sum over source ranks; with
+  ``residual`` (a compressor given) also float32[n, C], what the encoder lost of x."""
 
-  def one(xs: jax.Array, i: int) -> jax.Array:
+  def one(xs: jax.Array, i: int) -> Any:
     if compressor is None:
       return lax.psum_scatter(xs, axes, scatter_dimension=0, tiled=False)
-    buf = C.encode_rows(compressor, xs, key=C.rank_key(key, axes, i))
+    buf = encode_rows(compressor, xs, key=rank_key(key, axes, i))
     got = lax.all_to_all(buf, axes, 0, 0, tiled=True)  # row i came from rank i
-    return C.decode_sum(compressor, got, xs.shape[-1], xs.dtype)
+    out = decode_sum(compressor, got, xs.shape[-1], xs.dtype)
+    if not residual:
+      return out
+    return out, R.lost(xs, decode_rows(compressor, buf, xs.shape[-1], xs.dtype))
 
-  return L.chunked(one, x, chunks)
+  return R.chunked(one, x, chunks) if residual else L.chunked(one, x, chunks)
 
 
 def _xla_reduce_scatter(
-  x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any
-) -> jax.Array:
-  return scatter_rows(x, axes, compressor, chunks, key)
+  x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any, residual: bool = False
+) -> Any:
+  return scatter_rows(x, axes, compressor, chunks, key, residual)
 
 
 _backend.register("xla", "reduce_scatter", _xla_reduce_scatter)

@@ -1,0 +1,130 @@
+"""The encoder's residual: what a compressed all_reduce or reduce_scatter lost of this
+rank's own input, returned by the op itself (``residual=`` of :func:`jcoccl.all_reduce`
+and :func:`jcoccl.reduce_scatter`; :func:`jcoccl.error_feedback` wraps it).
+
+The rule, per leaf of a call given the residual ``e`` it owes (float32, shaped like the
+leaf ``g``):
+
+  compressed: the op sends ``y = g + e`` (computed in float32, cast to g's dtype) and
+    returns ``e' = (y - decode(encode(y))) + ((g + e) - y)`` in float32: what its own
+    encoding lost, plus what the cast to g's dtype lost. ``decode(encode(y))`` is the
+    decoding of the very payload this rank sent (the first quantization of two_shot; the
+    re-encoding of a reduced shard belongs to no single rank). A non-finite element of
+    ``e`` is read as 0 and a non-finite element of ``e'`` is kept as 0: a NaN/Inf gradient
+    makes that step's output non-finite, as the exact op's would be, and leaves nothing
+    behind.
+  exact (under ``min_bytes``, a non-float dtype, or auto_exact / a calibration chose the
+    lax op): the op sends ``g`` alone and returns ``e`` itself, untouched: the residual is
+    carried forward, without an operation, to the next call that compresses the leaf
+    (sending it exactly now would cost an add per step for what is zero unless the
+    decision changed; a non-finite element is dropped when a compressed call reads it).
+
+Example:
+  >>> y, rest = feed(jnp.ones(4), jnp.full(4, 0.5))
+  >>> y.tolist(), rest.tolist()
+  ([1.5, 1.5, 1.5, 1.5], [0.0, 0.0, 0.0, 0.0])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jcoccl._src import layout as L
+
+
+def feed(g: jax.Array, e: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """What a compressed leaf sends, and what the cast to its dtype lost.
+
+  Args:
+    g: the leaf.
+    e: the residual it owes (float32, g's shape); non-finite elements read as 0.
+
+  Returns:
+    (``y = g + e`` in g's dtype, ``(g + e) - y`` in float32).
+  """
+  e = jnp.where(jnp.isfinite(e), e, jnp.zeros_like(e))
+  want = g.astype(jnp.float32) + e
+  y = want.astype(g.dtype)
+  return y, want - y.astype(jnp.float32)
+
+
+def keep(lost: jax.Array, rest: jax.Array) -> jax.Array:
+  """The residual a compressed leaf keeps: its encoder's ``lost`` plus the cast's
+  ``rest`` (:func:`feed`), non-finite elements as 0."""
+  new = lost + rest
+  return jnp.where(jnp.isfinite(new), new, jnp.zeros_like(new))
+
+
+def lost(x: jax.Array, sent: jax.Array) -> jax.Array:
+  """``x - sent`` in float32: what an encoding of ``x`` that decodes to ``sent`` lost."""
+  return x.astype(jnp.float32) - sent.astype(jnp.float32)
+
+
+def chunked(
+  fn: Callable[[jax.Array, int], tuple[jax.Array, jax.Array]], x: jax.Array, chunks: int
+) -> tuple[jax.Array, jax.Array]:
+  """:func:`jcoccl._src.layout.chunked` of an ``fn`` that returns (result, residual) per
+  slice; both are concatenated along the last axis.
+
+  Example:
+    >>> y, r = chunked(lambda s, i: (s * 2, s * i), jnp.ones(4), 2)
+    >>> y.tolist(), r.tolist()
+    ([2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 1.0, 1.0])
+  """
+  kept: list = []
+
+  def one(s: jax.Array, i: int) -> jax.Array:
+    y, r = fn(s, i)
+    kept.append(r)
+    return y
+
+  y = L.chunked(one, x, chunks)
+  return y, kept[0] if len(kept) == 1 else jnp.concatenate(kept, axis=-1)
+
+
+def split_rows(rows: L.Rows, back: Callable[[jax.Array], jax.Array]) -> tuple[L.Rows, L.Rows]:
+  """A leaf's :class:`jcoccl._src.layout.Rows` whose ``call`` returns (result rows,
+  residual rows) as two Rows: one for the result, one for the residual.
+
+  The residual's rows have the input's padded layout, so the result's Rows is run first
+  (alone, or packed with other leaves by :func:`jcoccl._src.layout.run_packed`) and then
+  the residual's, with the same members and slices: its ``call`` returns the residual
+  rows of that first run, and the layout code cuts them back per leaf exactly as it cut
+  the input (``back`` is the inverse of ``rows.pre``). Its own input side is dead code,
+  which XLA removes.
+
+  Args:
+    rows: the leaf's rows; ``call`` returns a pair.
+    back: one message's unpadded input rows -> an array shaped like the message.
+
+  Returns:
+    (the result's Rows, the residual's Rows).
+  """
+  kept: list = []
+
+  def call(r: jax.Array, k: int) -> jax.Array:
+    y, e = rows.call(r, k)
+    kept.append(e)
+    return y
+
+  def residual_call(r: jax.Array, k: int) -> jax.Array:
+    del r, k  # the rows the result's run encoded
+    return kept.pop()
+
+  return (
+    dataclasses.replace(rows, call=call),
+    dataclasses.replace(rows, call=residual_call, post=back),
+  )
+
+
+def leaves_like(state: Any, treedef: Any, argname: str = "residual") -> list:
+  """The leaves of ``state``, which must have the structure ``treedef`` of the input."""
+  leaves, tree = jax.tree_util.tree_flatten(state)
+  if tree != treedef:
+    raise ValueError(f"{argname} must have the structure of x ({treedef}), got {tree}")
+  return leaves

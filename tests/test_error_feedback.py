@@ -1,0 +1,166 @@
+"""Error feedback as an output of the compressed collectives (``residual=``): the residual
+the op returns is bit for bit the separate round trip error feedback used to compute,
+without a second encode, and a leaf that goes exactly carries its residual forward."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from collectives_util import LOSSY, P, bits, mesh, rand
+from jax import lax
+
+import jcoccl
+from jcoccl._src import cost_model as cm
+from jcoccl._src import layout as L
+
+N = 4
+
+
+def _old_residual(g, e, comp, rows_of, layout_unit, chunks):
+  """The residual as jcoccl.error_feedback computed it before the ops returned it (its
+  code written out): y = g + e; y's rows padded as the collective pads them, encoded and
+  decoded again; e' = (y - decode(encode(y))) + ((g + e) - y), non-finite as 0."""
+  e = jnp.where(jnp.isfinite(e), e, jnp.zeros_like(e))
+  y = (g.astype(jnp.float32) + e).astype(g.dtype)
+  rows, back = rows_of(y)
+  lay = L.RowLayout.of(rows.shape[1], layout_unit, chunks)
+  padded = lay.pad(rows)
+  sent = back(lay.unpad(comp.decode_rows(comp.encode_rows(padded), lay.padded, rows.dtype)))
+  new = (y.astype(jnp.float32) - sent.astype(jnp.float32)) + (
+    (g.astype(jnp.float32) + e) - y.astype(jnp.float32)
+  )
+  return y, jnp.where(jnp.isfinite(new), new, jnp.zeros_like(new))
+
+
+def _flat(y):
+  return L.flat_row(y)[None], lambda r: r[0].reshape(y.shape)
+
+
+def _scatter(y):
+  rows, block = L.to_rows(y, 0, N)
+  return rows, lambda r: r.reshape((N * block[0],) + tuple(block[1:]))
+
+
+# (op, algorithm, codec, dtype, chunks, leaf shapes): pytrees of several leaves are packed
+# into one chain by the op, so the residual is cut back out of the packed rows.
+CASES = {
+  "one_shot-int8-f32": ("all_reduce", "one_shot", "int8", jnp.float32, 1, [(1000,)]),
+  "two_shot-had_int4-bf16-chunks": ("all_reduce", "two_shot", "had_int4", jnp.bfloat16, 2, [(40, 33)]),
+  "two_shot-fp8-packed": ("all_reduce", "two_shot", "fp8", jnp.float32, 1, [(300,), (7, 9), (64,)]),
+  "reduce_scatter-int4a-packed": ("reduce_scatter", None, "int4a", jnp.float32, 1, [(8, 50), (4, 3)]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_residual_is_the_old_round_trip_bit_for_bit(case):
+  op, algo, codec, dtype, chunks, shapes = CASES[case]
+  comp = LOSSY[codec]
+  m = mesh((N,), ("x",))
+  ef = jcoccl.error_feedback(comp)
+  gs = [rand((N,) + s, dtype, seed=i) for i, s in enumerate(shapes)]
+  es = [rand((N,) + s, jnp.float32, seed=10 + i, scale=0.01) for i, s in enumerate(shapes)]
+  es[0] = es[0].at[1, 3].set(jnp.nan)  # read as 0
+
+  def body(gs, es):
+    gs, es = [g[0] for g in gs], [e[0] for e in es]
+    if op == "all_reduce":
+      kw = dict(algorithm=algo, chunks=chunks, min_bytes=0)
+      out, new = ef.all_reduce(gs, es, "x", **kw)
+      unit = comp.granule * (N if algo == "two_shot" else 1)
+      old = [_old_residual(g, e, comp, _flat, unit, chunks) for g, e in zip(gs, es)]
+      plain = jcoccl.all_reduce([y for y, _ in old], "x", compressor=comp, **kw)
+    else:
+      out, new = ef.reduce_scatter(gs, es, "x", tiled=True, min_bytes=0)
+      old = [_old_residual(g, e, comp, _scatter, comp.granule, chunks) for g, e in zip(gs, es)]
+      ys = [y for y, _ in old]
+      plain = jcoccl.reduce_scatter(ys, "x", tiled=True, compressor=comp, min_bytes=0)
+    lift = lambda vs: [v[None] for v in vs]
+    return lift(out), lift(new), lift(plain), lift([r for _, r in old])
+
+  spec = P("x")
+  f = jax.jit(jax.shard_map(body, mesh=m, in_specs=spec, out_specs=spec))
+  out, new, plain, old = f(gs, es)
+  for a, b in zip(out, plain):  # what was sent is g + e, as before
+    np.testing.assert_array_equal(bits(a), bits(b))
+  for a, b in zip(new, old):
+    assert a.dtype == jnp.float32 and np.any(np.asarray(a))
+    np.testing.assert_array_equal(bits(a), bits(b))
+
+
+def _model(link_Bps, exact_Bps, codec_Bps=2e9):
+  """A calibrated model (as tests/test_calibrate.py's): compressed link, exact op, codec."""
+  return cm.CostModel(
+    5e-5, link_Bps, codec_Bps, "test", 1e-4, exact_alpha_s=5e-5, exact_beta_Bps=exact_Bps
+  )
+
+
+def test_an_exact_leaf_carries_its_residual_forward():
+  """A leaf under min_bytes, and every leaf where calibrated auto_exact keeps the lax op,
+  is sent as it is (the lax op's bits) and hands back the residual it was given, the same
+  array (no operation on it, not even the non-finite check); the compressed leaf keeps
+  what its encoder lost."""
+  m = mesh((N,), ("x",))
+  ef = jcoccl.error_feedback("int8")
+  seen = {}
+
+  def body(g, e, algorithm):
+    grads = {"big": g[0], "small": g[0, :8]}
+    state = {"big": e[0], "small": e[0, :8]}
+    out, new = ef.all_reduce(grads, state, "x", min_bytes=64, algorithm=algorithm)
+    seen[algorithm] = {k: new[k] is state[k] for k in new}
+    exact = lax.psum(grads, "x")
+    return jax.tree.map(lambda v: v[None], (out, new, exact))
+
+  g = rand((N, 1024), jnp.float32, seed=3)
+  e = rand((N, 1024), jnp.float32, seed=4, scale=0.01).at[2, 5].set(jnp.nan)
+  for algorithm, model in (("auto", None), ("auto_exact", _model(10e9, 10e9))):
+    f = jax.jit(
+      jax.shard_map(lambda g, e: body(g, e, algorithm), mesh=m, in_specs=P("x"), out_specs=P("x"))
+    )
+    with jcoccl.config(cost_model=model):
+      out, new, exact = f(g, e)
+    carried = ["small"] if algorithm == "auto" else ["big", "small"]
+    assert [k for k, same in seen[algorithm].items() if same] == sorted(carried)
+    for k in carried:
+      np.testing.assert_array_equal(bits(out[k]), bits(exact[k]))
+      np.testing.assert_array_equal(bits(new[k]), bits(e[:, : new[k].shape[1]]))
+    if algorithm == "auto":
+      assert np.isfinite(np.asarray(new["big"])).all() and np.any(np.asarray(new["big"]))
+
+
+def test_the_residual_costs_one_decode_not_a_second_encode():
+  """Codec passes in the program: the plain op's, plus one decode of the payload sent."""
+  m = mesh((N,), ("x",))
+  ef = jcoccl.error_feedback("int4")
+
+  def passes(fn):
+    f = jax.jit(jax.shard_map(fn, mesh=m, in_specs=P("x"), out_specs=P("x")))
+    text = f.lower(jnp.ones((N, 4096)), jnp.zeros((N, 4096))).as_text()
+    codec = re.findall(r"custom_call @jcoccl_(\w+)|\b(encode|decode)", text)
+    return sorted(a or b for a, b in codec)
+
+  kw = dict(algorithm="two_shot", min_bytes=0)
+  fed = passes(lambda g, e: jnp.stack(ef.all_reduce(g[0], e[0], "x", **kw))[None])
+  plain = passes(lambda g, e: jcoccl.all_reduce(g[0], "x", compressor="int4", **kw)[None] + e)
+  if not plain:  # jnp codecs: nothing to count by name
+    pytest.skip("the codecs lower to jnp here")
+  assert fed.count("encode_rows") == plain.count("encode_rows") == 1
+  assert fed.count("decode_rows") == plain.count("decode_rows") + 1
+
+
+def test_residual_argument_errors():
+  m = mesh((N,), ("x",))
+
+  def run(fn):
+    return jax.jit(jax.shard_map(fn, mesh=m, in_specs=P("x"), out_specs=P("x")))(jnp.ones((N, 256)))
+
+  with pytest.raises(ValueError, match="residual must have the structure of x"):
+    run(lambda g: jcoccl.all_reduce([g], "x", compressor="int8", residual=(g, g))[0][0])
+  with pytest.raises(ValueError, match="backend='fused' returns no encoder residual"):
+    run(
+      lambda g: jcoccl.all_reduce(
+        g, "x", compressor="int8", min_bytes=0, backend="fused", residual=g
+      )[0]
+    )
