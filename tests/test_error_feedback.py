@@ -47,9 +47,9 @@ def _scatter(y):
 # into one chain by the op, so the residual is cut back out of the packed rows.
 CASES = {
   "one_shot-int8-f32": ("all_reduce", "one_shot", "int8", jnp.float32, 1, [(1000,)]),
-  "two_shot-had_int4-bf16-chunks": ("all_reduce", "two_shot", "had_int4", jnp.bfloat16, 2, [(40, 33)]),
+  "two_shot-had4-bf16-k2": ("all_reduce", "two_shot", "had_int4", jnp.bfloat16, 2, [(40, 33)]),
   "two_shot-fp8-packed": ("all_reduce", "two_shot", "fp8", jnp.float32, 1, [(300,), (7, 9), (64,)]),
-  "reduce_scatter-int4a-packed": ("reduce_scatter", None, "int4a", jnp.float32, 1, [(8, 50), (4, 3)]),
+  "scatter-int4a-packed": ("reduce_scatter", None, "int4a", jnp.float32, 1, [(8, 50), (4, 3)]),
 }
 
 
