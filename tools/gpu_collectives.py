@@ -291,18 +291,12 @@ def _reference(op: str, comp: Any, xs: list, me: int, n: int, m: int, dtype: Any
 
 
 def _layout(op: str, x: Any, n: int, m: int) -> tuple[Any, tuple]:
-  """Engine input (k = 1) and output shape for ``op``."""
-  if op in ("one_shot", "all_gather", "ppermute"):
-    inp = x[:1].reshape(1, m)
-  else:
-    inp = x.reshape(1, n, m)
-  out = {
-    "one_shot": (1, m),
-    "ppermute": (1, m),
-    "reduce_scatter": (1, m),
-    "all_gather": (1, n, m),
-  }.get(op, (1, n, m))
-  return inp, out
+  """Engine input (k = 1) and output shape for ``op``, as jcoccl's fused backend lays
+  them out (:func:`jcoccl._src.fused_ops.engine_shapes`); ``x`` is a rank's ``[n, m]``."""
+  from jcoccl._src.fused_ops import engine_shapes
+
+  ishape, oshape = engine_shapes(op, 1, n, m)
+  return (x[:1] if len(ishape) == 2 else x).reshape(ishape), oshape
 
 
 def _engine(
@@ -554,16 +548,13 @@ def _bench_cases(n: int) -> dict:
 
 
 def _bench_layout(algo: str, n: int, m: int) -> tuple[tuple, tuple, int]:
-  """(input shape, output shape, engine row length) for one timed call of n*m float32."""
-  return {
-    "plain_all_reduce": ((1, n * m), (1, n * m), n * m),
-    "one_shot": ((1, n * m), (1, n * m), n * m),
-    "two_shot": ((1, n, m), (1, n, m), m),
-    "plain_reduce_scatter": ((1, n, m), (1, m), m),
-    "reduce_scatter": ((1, n, m), (1, m), m),
-    "plain_all_gather": ((1, m), (1, n, m), m),
-    "all_gather": ((1, m), (1, n, m), m),
-  }[algo]
+  """(input shape, output shape, engine row length) for one timed call of n*m float32: an
+  all_reduce (NCCL's plain one too) is one row of n*m, the others n rows of m."""
+  from jcoccl._src.fused_ops import engine_shapes
+
+  base = algo.removeprefix("plain_")
+  engine, mm = ("one_shot", n * m) if base in ("all_reduce", "one_shot") else (base, m)
+  return (*engine_shapes(engine, 1, n, mm), mm)
 
 
 def _bench(
