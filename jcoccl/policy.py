@@ -73,8 +73,14 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclasses.dataclass(frozen=True)
-class _Origin:
-  """Where policy entries come from, to name them in errors as their source writes them."""
+class Origin:
+  """Where policy entries come from, to name them in errors as their source writes them
+  (models/recipe.py names its training switches the same way).
+
+  Example:
+    >>> Origin("toml", "p.toml").at("data", "min_bytes"), Origin("spec").at("data", "zero")
+    ('p.toml: [data] min_bytes', 'data.zero')
+  """
 
   kind: str  # "dict", "toml" or "spec"
   name: str = "policy"
@@ -97,7 +103,7 @@ class _Origin:
 AUTO_PREFIX = "auto:"
 
 
-def _parse(spec: Any, where: str, origin: _Origin) -> Any:
+def _parse(spec: Any, where: str, origin: Origin) -> Any:
   """A Compressor or None from a spec string, a Compressor, or None."""
   from jcoccl import compressors  # late: compressors import jax and the native codecs
 
@@ -164,7 +170,7 @@ class Policy:
     Example:
       >>> Policy.from_dict({"tensor": {"all_reduce": "fp8"}}).compressor("tensor", "all_reduce")
     """
-    return cls._build(table, _Origin("dict"), axes)
+    return cls._build(table, Origin("dict"), axes)
 
   @classmethod
   def from_toml(
@@ -187,7 +193,7 @@ class Policy:
     """
     if table is None:
       table = load_toml(path)
-    return cls._build(table, _Origin("toml", str(path)), axes, os.path.dirname(str(path)))
+    return cls._build(table, Origin("toml", str(path)), axes, os.path.dirname(str(path)))
 
   @classmethod
   def from_specs(cls, specs: Sequence[str], *, axes: Sequence[str] | None = None) -> Policy:
@@ -216,11 +222,11 @@ class Policy:
           f"policy spec must look like 'axis.op=spec' (e.g. 'data.all_reduce=int8'), got {s!r}"
         )
       table.setdefault(axis, {})[op] = _option_value(f"{axis}.{op}", op, value.strip())
-    return cls._build(table, _Origin("spec"), axes)
+    return cls._build(table, Origin("spec"), axes)
 
   @classmethod
   def _build(
-    cls, table: Any, origin: _Origin, axes: Sequence[str] | None, base_dir: str | None = None
+    cls, table: Any, origin: Origin, axes: Sequence[str] | None, base_dir: str | None = None
   ) -> Policy:
     if not isinstance(table, Mapping):
       raise origin.type_error(
@@ -281,7 +287,7 @@ def load_toml(path: str) -> dict[str, Any]:
       raise ValueError(f"{path}: not valid TOML: {e}") from None
 
 
-def _codecs(entry: Any, origin: _Origin, base_dir: str | None) -> dict[str, list[str]]:
+def _codecs(entry: Any, origin: Origin, base_dir: str | None) -> dict[str, list[str]]:
   """Imports the ``[codecs]`` table's modules and loads its plugins; returns the table with
   plugin paths made absolute (a policy rebuilt from ``source`` finds them anywhere)."""
   from jcoccl._src.compressors.sources import import_codecs
@@ -311,7 +317,7 @@ def _option_value(where: str, op: str, value: str) -> Any:
   return value
 
 
-def _check_axis(axis: Any, entry: Any, origin: _Origin, axes: Sequence[str] | None) -> None:
+def _check_axis(axis: Any, entry: Any, origin: Origin, axes: Sequence[str] | None) -> None:
   """An axis name the mesh has (or ``"*"``) mapped to a table."""
   if not isinstance(axis, str) or not axis.strip():
     raise origin.type_error(f"{origin.at(axis)}: an axis name must be a non-empty string")
@@ -332,7 +338,7 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
   return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _axis_policy(axis: str, entry: Mapping[str, Any], origin: _Origin) -> AxisPolicy:
+def _axis_policy(axis: str, entry: Mapping[str, Any], origin: Origin) -> AxisPolicy:
   comps, kw, auto = {}, {}, set()
   for key, value in entry.items():
     where = origin.at(axis, key)
@@ -365,7 +371,7 @@ def _axis_policy(axis: str, entry: Mapping[str, Any], origin: _Origin) -> AxisPo
   return AxisPolicy(compressors=comps, auto_ops=frozenset(auto & set(comps)), **kw)
 
 
-def _option(key: str, value: Any, where: str, origin: _Origin) -> Any:
+def _option(key: str, value: Any, where: str, origin: Origin) -> Any:
   """The checked value of option ``key`` (one of OPTIONS)."""
   if key == "min_bytes":
     if isinstance(value, bool) or not isinstance(value, int):

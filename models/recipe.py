@@ -29,37 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jcoccl.policy import CODECS, OPS, OPTIONS, TRAINING_OPTIONS, Policy, load_toml
+from jcoccl.policy import CODECS, OPS, OPTIONS, TRAINING_OPTIONS, Origin, Policy, load_toml
 
 DATA_AXIS = "data"
 KEYS = TRAINING_OPTIONS  # ("error_feedback", "zero", "nodes"), on the data axis only
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Where:
-  """Names an entry the way its source writes it (as jcoccl.policy's errors do)."""
-
-  kind: str  # "dict", "toml" or "spec"
-  # As jcoccl.Policy names the dict it reports on: one name for every key of one table.
-  name: str = "policy"
-
-  def __call__(self, axis: Any, key: Any = None) -> str:
-    if self.kind == "toml":
-      head = axis if _BARE_KEY.fullmatch(str(axis)) else json.dumps(str(axis))
-      return f"{self.name}: [{head}]" + ("" if key is None else f" {key}")
-    if self.kind == "spec":
-      return str(axis) + ("" if key is None else f".{key}")
-    return f"{self.name}[{axis!r}]" + ("" if key is None else f"[{key!r}]")
-
-  def type_error(self, msg: str) -> Exception:
-    # Wrong type: a TypeError in Python code, a bad value like any other in a file or flag.
-    return TypeError(msg) if self.kind == "dict" else ValueError(msg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +89,7 @@ class Recipe:
       >>> Recipe.from_dict({"data": {"zero": True, "reduce_scatter": "int4"}}).zero
       True
     """
-    where = _Where("dict")
+    where = Origin("dict")
     rest, kw = _split(table, where)
     return cls(Policy.from_dict(rest, axes=axes), source=_copy(table), **kw)
 
@@ -133,7 +110,7 @@ class Recipe:
       2
     """
     table = load_toml(str(path))
-    rest, kw = _split(table, _Where("toml", str(path)))
+    rest, kw = _split(table, Origin("toml", str(path)))
     policy = Policy.from_toml(str(path), axes=axes, table=rest)
     source = _copy(table)
     if CODECS in policy.source:  # plugin paths made absolute: rebuilt anywhere, they load
@@ -157,13 +134,13 @@ class Recipe:
     """
     if isinstance(specs, str):
       raise TypeError(f"specs must be a list of 'axis.key=value' strings, got the string {specs!r}")
-    where, table, rest = _Where("spec"), {}, []
+    where, table, rest = Origin("spec"), {}, []
     for s in specs:
       key, sep, value = s.partition("=")
       axis, _, name = key.strip().partition(".")
       axis, name = axis.strip(), name.strip()
       if sep and axis and name in KEYS:
-        table.setdefault(axis, {})[name] = _spec_value(where(axis, name), name, value.strip())
+        table.setdefault(axis, {})[name] = _spec_value(where.at(axis, name), name, value.strip())
       else:
         rest.append(s)
     policy = Policy.from_specs(rest, axes=axes)
@@ -225,7 +202,7 @@ def _copy(table: Any) -> dict:
   )
 
 
-def _split(table: Any, where: _Where) -> tuple[Any, dict[str, Any]]:
+def _split(table: Any, where: Origin) -> tuple[Any, dict[str, Any]]:
   """(the table without the recipe switches, the checked switches as Recipe keywords).
 
   Malformed tables (not a mapping, an axis entry not a table) pass through unchanged for the
@@ -248,16 +225,16 @@ def _split(table: Any, where: _Where) -> tuple[Any, dict[str, Any]]:
         accepted = OPS + OPTIONS + KEYS
         close = difflib.get_close_matches(str(key), accepted, n=1)
         raise ValueError(
-          f"{where(axis)} has unknown key {key!r}; accepted: "
+          f"{where.at(axis)} has unknown key {key!r}; accepted: "
           f"{', '.join(accepted)} ({', '.join(KEYS)} on {DATA_AXIS!r} only)"
           + (f" (did you mean {close[0]!r}?)" if close else "")
         )
   return rest, kw
 
 
-def _switch(axis: Any, key: str, value: Any, where: _Where) -> Any:
+def _switch(axis: Any, key: str, value: Any, where: Origin) -> Any:
   """The checked value of recipe switch ``key`` on ``axis``."""
-  at = where(axis, key)
+  at = where.at(axis, key)
   if key == "nodes":
     if isinstance(value, bool) or not isinstance(value, int):
       raise where.type_error(f"{at} must be a positive int, got {value!r}")
@@ -267,7 +244,7 @@ def _switch(axis: Any, key: str, value: Any, where: _Where) -> Any:
     raise where.type_error(f"{at} must be a bool (true or false), got {value!r}")
   if axis != DATA_AXIS:
     raise ValueError(
-      f"{at}: {key} applies to the {DATA_AXIS!r} axis only; set it there ({where(DATA_AXIS, key)})"
+      f"{at}: {key} applies to the {DATA_AXIS!r} axis only; set it there ({where.at(DATA_AXIS, key)})"
     )
   return value
 
