@@ -712,3 +712,33 @@ def test_nccl_interposer_enable_loads_it_and_jcoccl_info_says_so(built, tmp_path
   assert (
     "counters [{'grouped': {'taken_at_group_end': 0}}, {'forwarded': {'no_rule': 0," in r.stdout
   )
+
+
+def test_nccl_interposer_other_nccl_major_or_missing_names_forward_with_a_message(built, tmp_path):
+  # A "real NCCL" 3.0.0 with two entry points: takeover is off (the ABI it was generated for
+  # is NCCL 2's), and a name the library lacks fails as NCCL fails, saying which.
+  src = tmp_path / "old.c"
+  src.write_text(
+    "int ncclGetVersion(int* v) { *v = 30000; return 0; }\n"
+    'const char* ncclGetErrorString(int r) { return "fake"; }\n'
+  )
+  fake = tmp_path / "libnccl.so.2"
+  subprocess.run([gpu_shim.compiler(), "-x", "c", "-shared", "-fPIC", str(src), "-o", str(fake)],
+                 check=True)  # fmt: skip
+  code = (
+    "import ctypes\n"
+    f"lib = ctypes.CDLL({str(built.interposer)!r})\n"
+    "lib.jcoccl_nccl_status.restype = ctypes.c_char_p\n"
+    "print(lib.jcoccl_nccl_status().decode())\n"
+    "print('send', lib.ncclSend(None, 0, 0, 0, None, None))\n"
+  )
+  env = {**os.environ, "JCOCCL_NCCL_REAL": str(fake)}
+  env.pop("JCOCCL_NCCL_POLICY", None)
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                     timeout=60)  # fmt: skip
+  assert r.returncode == 0, r.stderr
+  code_h = re.search(r"JCN_NCCL_VERSION_CODE (\d+)", gen_nccl_api.OUT.read_text()).group(1)
+  assert f"version=30000 (generated from {code_h})" in r.stdout and "active=0" in r.stdout
+  assert "not NCCL 2.x" in r.stderr and "forwarded uncompressed" in r.stderr
+  assert f"send {INVALID_USAGE}" in r.stdout
+  assert "ncclSend is not in the real NCCL" in r.stderr
