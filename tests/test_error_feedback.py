@@ -138,13 +138,12 @@ def test_the_residual_costs_one_decode_not_a_second_encode():
   def passes(fn):
     f = jax.jit(jax.shard_map(fn, mesh=m, in_specs=P("x"), out_specs=P("x")))
     text = f.lower(jnp.ones((N, 4096)), jnp.zeros((N, 4096))).as_text()
-    codec = re.findall(r"custom_call @jcoccl_(\w+)|\b(encode|decode)", text)
-    return sorted(a or b for a, b in codec)
+    return re.findall(r"custom_call @jcoccl_(\w+)", text)  # the native codec calls
 
   kw = dict(algorithm="two_shot", min_bytes=0)
   fed = passes(lambda g, e: jnp.stack(ef.all_reduce(g[0], e[0], "x", **kw))[None])
   plain = passes(lambda g, e: jcoccl.all_reduce(g[0], "x", compressor="int4", **kw)[None] + e)
-  if not plain:  # jnp codecs: nothing to count by name
+  if not plain:  # jnp codecs (no native module): no custom calls to count
     pytest.skip("the codecs lower to jnp here")
   assert fed.count("encode_rows") == plain.count("encode_rows") == 1
   assert fed.count("decode_rows") == plain.count("decode_rows") + 1
