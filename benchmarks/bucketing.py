@@ -8,7 +8,9 @@ compile, run) is timed once; then ``--repeats`` rounds call every variant once e
 turn, so that load on a shared machine falls on all of them alike. Prints medians, the
 min-max spread, the seconds of tracing and lowering, and the collectives each lowered
 program holds. "no collective" (each leaf doubled) is the floor of any program with this
-many inputs and outputs.
+many inputs and outputs; "pack+unpack only" is the bucketed call without codec or
+collective (the row built and cut back out, as jcoccl packs it: on CPU one
+``jcoccl_pack_rows`` and one ``jcoccl_unpack_rows`` call).
 
   python benchmarks/bucketing.py [--leaves 200] [--repeats 9] [--seed 0] [--json out.json]
 
@@ -34,6 +36,7 @@ import numpy as np
 from jax import lax
 
 import jcoccl
+from jcoccl._src import layout as L
 
 P = jax.P
 KW = dict(compressor="int8", algorithm="two_shot", backend="xla", min_bytes=0)
@@ -56,7 +59,18 @@ def variants(mesh: jax.sharding.Mesh) -> dict[str, Callable]:
     "one leaf": smap(lambda v: jcoccl.all_reduce(v, "d", **KW)),
     "lax.psum": smap(lambda v: lax.psum(v, "d")),
     "no collective": smap(lambda v: [2 * x for x in v]),
+    "pack+unpack only": smap(lambda v: L.unpack_parts(L.pack_parts(v, *_packing(v)), _spans(v))),
   }
+
+
+def _spans(v: list) -> list:
+  """Each leaf's place in a row packed as the bucketed int8 call packs it (blocks of 256)."""
+  return [L.Span(1, x.shape[-1], L.padded_len(x.shape[-1], 256)) for x in v]
+
+
+def _packing(v: list) -> tuple[list, int]:
+  spans = _spans(v)
+  return spans, sum(s.padded for s in spans)
 
 
 def collectives(f: Callable, args: list) -> tuple[dict[str, int], float]:

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jcoccl._src import _compat, _ffi
+
 # Each slice is its own encode -> collective -> decode in the compiled program (unrolled on
 # the xla backend, one engine round per slice on the fused one), so compile time and launch
 # overhead grow linearly with the slice count, while the overlap it buys saturates after a
@@ -401,10 +403,10 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
   or draws random bits by position does not have this property: the caller packs only
   codecs that are block-wise.
 
-  The padded row is one gather from the leaves laid end to end (and one zero), not a pad
-  per leaf: XLA:CPU compiles each pad as its own kernel (200 leaves: 200 kernels). The
-  gather's index is a constant of the program, so above :data:`GATHER_MAX` elements each
-  leaf is padded by its own op instead (the same row).
+  How the row is built and cut (:func:`pack_parts`, :func:`unpack_parts`): on CPU with
+  jcoccl._cpu, one ``jcoccl_pack_rows`` and one ``jcoccl_unpack_rows`` call (XLA:CPU runs
+  each slice or pad as a kernel of its own: 200 leaves cost 200 unpack kernels per device,
+  more than the collective); elsewhere XLA ops. Both give the same row.
 
   Args:
     members: the leaves, sharing ``unit``, ``block``, ``call`` (up to closures over equal
@@ -421,40 +423,115 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
     >>> [y.tolist() for y in run_packed([a, b], 1)]
     [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]]
   """
-  parts, spans, index, start = [], [], [], 0
+  parts, spans = [], []
   for m in members:
     rows = rows_in(m.pre, m.x, m.nb)  # [B, *mid, length]
-    b, padded = rows.shape[0], padded_len(m.length, m.block)
+    b = rows.shape[0]
     parts.append(jnp.moveaxis(rows, 0, -2).reshape(rows.shape[1:-1] + (b * m.length,)))
-    pos = start + np.arange(b * m.length).reshape(b, m.length)
-    index.append(np.pad(pos, ((0, 0), (0, padded - m.length)), constant_values=-1).ravel())
-    spans.append((b, padded))
-    start += b * m.length
+    spans.append(Span(b, m.length, padded_len(m.length, m.block)))
   first = members[0]
-  lay = RowLayout.of(sum(b * p for b, p in spans), first.unit, min(chunks, MAX_SLICES))
-  if lay.padded <= GATHER_MAX:
-    zero = jnp.zeros(parts[0].shape[:-1] + (1,), parts[0].dtype)
-    idx = pad_index(np.concatenate(index), lay.padded)
-    row = jnp.concatenate(parts + [zero], axis=-1)[..., np.where(idx < 0, start, idx)]
-  else:
-    padded_parts = []
-    for m, part, (b, padded) in zip(members, parts, spans):
-      lead = part.shape[:-1]
-      grid = pad_last(part.reshape(lead + (b, m.length)), padded)
-      padded_parts.append(grid.reshape(lead + (b * padded,)))
-    row = lay.pad(jnp.concatenate(padded_parts, axis=-1))
-  out = first.call(row, lay.slices)
-  results, at = [], 0
-  for m, (b, padded) in zip(members, spans):
-    part = out[..., at : at + b * padded]
-    at += b * padded
-    part = jnp.moveaxis(part.reshape(part.shape[:-1] + (b, padded)), -2, 0)
-    results.append(rows_out(m.post, part[..., : m.length], m.x.shape[: m.nb]))
+  lay = RowLayout.of(sum(s.count * s.padded for s in spans), first.unit, min(chunks, MAX_SLICES))
+  out = first.call(pack_parts(parts, spans, lay.padded), lay.slices)
+  results = []
+  for m, part, sp in zip(members, unpack_parts(out, spans), spans):
+    part = jnp.moveaxis(part.reshape(part.shape[:-1] + (sp.count, sp.length)), -2, 0)
+    results.append(rows_out(m.post, part, m.x.shape[: m.nb]))
   return results
 
 
-# Elements of a packed row up to which it is built by one gather (its int32 index, a
-# constant of the compiled program, is then at most 16 MiB).
+@dataclasses.dataclass(frozen=True)
+class Span:
+  """One leaf's place in a packed row: ``count`` segments (its vmap batch) of ``length``
+  elements, each followed by zeros up to ``padded`` (a whole number of codec blocks)."""
+
+  count: int
+  length: int
+  padded: int
+
+
+PACK_TARGETS = ("jcoccl_pack_rows", "jcoccl_unpack_rows")
+
+
+def native_packing() -> bool:
+  """Whether :func:`pack_parts` / :func:`unpack_parts` use jcoccl._cpu's calls: the program
+  is lowered for CPU alone (outside a lowering: the default backend is the CPU) and the
+  native module is in use (``jcoccl.config(native=...)``)."""
+  platforms = _compat.lowering_platforms() or (jax.default_backend(),)
+  return tuple(platforms) == ("cpu",) and all(_ffi.has_target(t, "cpu") for t in PACK_TARGETS)
+
+
+def _span_attrs(spans: list[Span], rows: int) -> dict[str, np.ndarray | np.int64]:
+  return dict(
+    lengths=np.array([s.length for s in spans], np.int64),
+    padded=np.array([s.padded for s in spans], np.int64),
+    counts=np.array([s.count for s in spans], np.int64),
+    rows=np.int64(rows),
+  )
+
+
+def _varying(out: jax.Array, *xs: jax.Array) -> jax.Array:
+  """``out`` (an ffi_call result, which carries no varying manual axes) varying over the
+  axes any of ``xs`` varies over."""
+  vma: set = set()
+  for x in xs:
+    vma |= set(getattr(jax.typeof(x), "vma", frozenset()))
+  missing = tuple(sorted(vma - set(getattr(jax.typeof(out), "vma", frozenset()))))
+  return jax.lax.pcast(out, missing, to="varying") if missing else out
+
+
+def pack_parts(parts: list[jax.Array], spans: list[Span], width: int) -> jax.Array:
+  """The packed row ``[*mid, width]`` of ``parts`` (leaf i: ``[*mid, count * length]``),
+  laid out as :class:`Span` says, zeros in every gap and up to ``width``.
+
+  Example:
+    >>> pack_parts([jnp.ones((1, 3))], [Span(1, 3, 4)], 8).tolist()
+    [[1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+  """
+  mid, dtype = parts[0].shape[:-1], parts[0].dtype
+  if native_packing():
+    rows = math.prod(mid)
+    fn = jax.ffi.ffi_call(PACK_TARGETS[0], jax.ShapeDtypeStruct(mid + (width,), dtype))
+    return _varying(fn(*parts, **_span_attrs(spans, rows)), *parts)
+  index, start = [], 0
+  for sp in spans:
+    pos = start + np.arange(sp.count * sp.length).reshape(sp.count, sp.length)
+    index.append(np.pad(pos, ((0, 0), (0, sp.padded - sp.length)), constant_values=-1).ravel())
+    start += sp.count * sp.length
+  if width <= GATHER_MAX:
+    zero = jnp.zeros(mid + (1,), dtype)
+    idx = pad_index(np.concatenate(index), width)
+    return jnp.concatenate(parts + [zero], axis=-1)[..., np.where(idx < 0, start, idx)]
+  padded_parts = []
+  for part, sp in zip(parts, spans):
+    grid = pad_last(part.reshape(mid + (sp.count, sp.length)), sp.padded)
+    padded_parts.append(grid.reshape(mid + (sp.count * sp.padded,)))
+  return pad_last(jnp.concatenate(padded_parts, axis=-1), width)
+
+
+def unpack_parts(out: jax.Array, spans: list[Span]) -> list[jax.Array]:
+  """Each leaf's ``[*mid, count * length]`` cut back out of a packed row ``out``
+  (``[*mid, width]``; ``mid`` may differ from the packed input's, e.g. after a gather).
+
+  Example:
+    >>> [p.tolist() for p in unpack_parts(jnp.arange(8.0)[None], [Span(1, 3, 4), Span(1, 2, 4)])]
+    [[[0.0, 1.0, 2.0]], [[4.0, 5.0]]]
+  """
+  mid = out.shape[:-1]
+  if native_packing():
+    shapes = [jax.ShapeDtypeStruct(mid + (sp.count * sp.length,), out.dtype) for sp in spans]
+    fn = jax.ffi.ffi_call(PACK_TARGETS[1], shapes)
+    return [_varying(p, out) for p in fn(out, **_span_attrs(spans, math.prod(mid)))]
+  parts, at = [], 0
+  for sp in spans:
+    part = out[..., at : at + sp.count * sp.padded]
+    at += sp.count * sp.padded
+    part = part.reshape(mid + (sp.count, sp.padded))[..., : sp.length]
+    parts.append(part.reshape(mid + (sp.count * sp.length,)))
+  return parts
+
+
+# Elements of a packed row up to which the XLA-op path builds it by one gather (its int32
+# index, a constant of the compiled program, is then at most 16 MiB).
 GATHER_MAX = 1 << 22
 
 
