@@ -419,6 +419,25 @@ def test_nccl_interposer_takes_over_grouped_calls_at_the_group_end(nccl):
   assert nccl.counters()[-2]["grouped"]["taken_at_group_end"] == before + n
 
 
+def test_nccl_interposer_simulated_group_runs_none_of_its_calls(nccl):
+  # ncclGroupSimulateEnd ends a group whose calls NCCL only estimates: the queued takeover
+  # must not run later, and the next group must start from depth 0.
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  comms = nccl.comms(2)
+  xs = [np.ones(256, np.float32) for _ in range(2)]
+  outs = [np.zeros(256, np.float32) for _ in range(2)]
+  assert nccl.lib.ncclGroupStart() == SUCCESS
+  for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+    nccl.emul.emul_set_device(r)
+    assert nccl.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 256, F32, SUM, c, s) == SUCCESS
+  assert nccl.lib.pncclGroupSimulateEnd(None) == SUCCESS
+  assert nccl.lib.jcoccl_nccl_group_depth() == 0 and nccl.emul.emul_group_depth() == 0
+  _, got = nccl.run("all_reduce", xs, comms)  # runs alone: nothing left over from the group
+  assert (outs[0] == 0).all() and (got[0] == 2).all()
+
+
 def test_nccl_interposer_group_end_without_start_is_invalid_usage(nccl):
   assert nccl.lib.ncclGroupEnd() == INVALID_USAGE
   assert nccl.lib.jcoccl_nccl_group_depth() == 0

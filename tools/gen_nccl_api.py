@@ -29,14 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "cuda" / "nccl_interposer" / "nccl_api.inc"
 HEADERS = ("nccl.h", "nccl_device/host.h")
 # Defined by hand in cuda/nccl_interposer/interposer.cc (with their pnccl aliases): the
-# collectives it may compress, the group calls it counts, and the calls that keep its
-# per-communicator state right.
+# collectives it may compress, the group calls (it runs what it took over at a group's end),
+# and the calls that keep its per-communicator state right.
 TAKEN = (
   "ncclAllReduce",
   "ncclReduceScatter",
   "ncclAllGather",
   "ncclGroupStart",
   "ncclGroupEnd",
+  "ncclGroupSimulateEnd",
   "ncclCommGetAsyncError",
   "ncclCommDestroy",
   "ncclCommAbort",

@@ -41,6 +41,9 @@
 #include "engine/engine.h"
 
 #define JCN_EXPORT extern "C" __attribute__((visibility("default")))
+#ifdef JCN_HOST_SHIM
+typedef struct jcnSimInfo ncclSimInfo_t;  // the emulation's nccl.h has no simulation API
+#endif
 
 extern "C" {
 #define JCN_API(name, kind) extern void* jcn_real_##name;
@@ -71,6 +74,7 @@ using CommIntFn = ncclResult_t (*)(const ncclComm_t, int*);
 using AsyncFn = ncclResult_t (*)(ncclComm_t, ncclResult_t*);
 using VersionFn = ncclResult_t (*)(int*);
 using ErrorStringFn = const char* (*)(ncclResult_t);
+using SimulateFn = ncclResult_t (*)(ncclSimInfo_t*);
 
 #define JCN_REAL(type, name) reinterpret_cast<type>(jcn_real_##name)
 
@@ -818,6 +822,14 @@ ncclResult_t GroupEnd() {
   if (g_group_depth > 0 && r != ncclInvalidUsage) --g_group_depth;
   return g_group_depth == 0 && !g_deferred.empty() ? RunDeferred(r) : r;
 }
+// A simulated group's calls are not run (NCCL only estimates them): neither are the ones it
+// queued.
+ncclResult_t GroupSimulateEnd(ncclSimInfo_t* info) {
+  ncclResult_t r = JCN_REAL(SimulateFn, ncclGroupSimulateEnd)(info);
+  if (g_group_depth > 0 && r != ncclInvalidUsage) --g_group_depth;
+  if (g_group_depth == 0) g_deferred.clear();
+  return r;
+}
 ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {
   ncclResult_t r = JCN_REAL(AsyncFn, ncclCommGetAsyncError)(comm, err);
   if (r != ncclSuccess || *err != ncclSuccess) return r;
@@ -855,6 +867,7 @@ JCN_DEFINE(ncclResult_t, ncclAllGather, AllGather,
            (a, b, n, t, c, s))
 JCN_DEFINE(ncclResult_t, ncclGroupStart, GroupStart, (), ())
 JCN_DEFINE(ncclResult_t, ncclGroupEnd, GroupEnd, (), ())
+JCN_DEFINE(ncclResult_t, ncclGroupSimulateEnd, GroupSimulateEnd, (ncclSimInfo_t * i), (i))
 JCN_DEFINE(ncclResult_t, ncclCommGetAsyncError, CommGetAsyncError, (ncclComm_t c, ncclResult_t* e),
            (c, e))
 JCN_DEFINE(ncclResult_t, ncclCommDestroy, CommDestroy, (ncclComm_t c), (c))

@@ -31,6 +31,14 @@ JCT_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   return ncclSuccess;
 }
 
+// Ends a group as ncclGroupEnd does, but runs none of its calls (NCCL only estimates them).
+JCT_API ncclResult_t ncclGroupSimulateEnd(void*) {
+  auto& g = jcoccl_emul::g_group;
+  if (g.depth == 0) return ncclInvalidUsage;
+  if (--g.depth == 0) g.pending.clear();
+  return ncclSuccess;
+}
+
 // ---- controls ---------------------------------------------------------------------------------
 JCT_API void emul_set_device(int d) { cudaSetDevice(d); }
 JCT_API void* emul_stream() {
@@ -72,6 +80,7 @@ JCT_ALIAS(ncclCommGetAsyncError)
 JCT_ALIAS(ncclGetErrorString)
 JCT_ALIAS(ncclGroupStart)
 JCT_ALIAS(ncclGroupEnd)
+JCT_ALIAS(ncclGroupSimulateEnd)
 JCT_ALIAS(ncclAllGather)
 JCT_ALIAS(ncclAllReduce)
 JCT_ALIAS(ncclReduceScatter)
