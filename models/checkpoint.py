@@ -91,26 +91,38 @@ def checkpointer(out: pathlib.Path) -> Any:
   )
 
 
-def save(mngr: Any, state: State, calibration: dict | None = None) -> None:
+def save(
+  mngr: Any, state: State, calibration: dict | None = None, adaptive: dict | None = None
+) -> None:
   """Saves ``state`` at its step and waits until it is on disk (every process together).
 
   ``calibration`` (the run's record, ``models.calibration.start``) goes into the step's
-  metadata: ``--resume`` reinstalls the cost model the saved state was trained under."""
+  metadata: ``--resume`` reinstalls the cost model the saved state was trained under; so
+  does ``adaptive`` (``models.adaptive.Adaptive.state_dict``): its bits and history."""
   import orbax.checkpoint as ocp
 
-  meta = None if calibration is None else {"calibration": calibration}
+  meta = {} if calibration is None else {"calibration": calibration}
+  if adaptive is not None:
+    meta["adaptive"] = adaptive
+  meta = meta or None
   mngr.save(state.step, args=ocp.args.StandardSave(state.tree()), force=True, custom_metadata=meta)
   mngr.wait_until_finished()
 
 
-def saved_calibration(mngr: Any, step: int) -> dict | None:
-  """The calibration record saved with the checkpoint of ``step`` (None: none saved)."""
+def saved_calibration(mngr: Any, step: int, key: str = "calibration") -> dict | None:
+  """The calibration record (or another ``key`` of the metadata) saved with the checkpoint
+  of ``step`` (None: none saved)."""
   try:
     meta = mngr.metadata(step).custom_metadata or {}
   except (OSError, ValueError, KeyError, AttributeError):
     return None
-  rec = meta.get("calibration")
+  rec = meta.get(key)
   return rec if isinstance(rec, dict) else None
+
+
+def saved_adaptive(mngr: Any, step: int) -> dict | None:
+  """The adaptive controller's state saved with the checkpoint of ``step`` (None: none)."""
+  return saved_calibration(mngr, step, "adaptive")
 
 
 def restore(mngr: Any, state: State, out: pathlib.Path) -> State:

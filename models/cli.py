@@ -19,7 +19,7 @@ import jax
 
 from jcoccl.compressors import import_codecs
 from jcoccl.policy import WILDCARD
-from models import calibration, data, registry
+from models import adaptive, calibration, data, registry
 from models.recipe import Recipe
 from models.run_config import SetupError, checkpoint_steps, mesh_shape, policy_path
 from models.sharding import POLICY_AXES
@@ -116,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
     "compression costs in loss and speed; off anyway with --no-hlo-wire or --resume)",
   )
   p.add_argument("--no-progress", action="store_true")
+  p.add_argument(
+    "--direction",
+    action="append",
+    default=[],
+    metavar="POINT=CODEC",
+    help="one direction of an axis with its own codec, every message compressed (repeatable; "
+    "POINT: tensor.forward, tensor.backward, pipe.forward, pipe.backward, data; CODEC: a "
+    "jcoccl spec or none; docs/tuning.md)",
+  )
+  adaptive.add_flags(p)
   calibration.add_flag(p)
   p.add_argument(
     "--sample-tokens",
@@ -155,6 +165,24 @@ _AT_LEAST = {
   "seed": 0,
   "sample_tokens": 0,
 }
+
+
+def directions(specs: list[str]) -> dict[str, str]:
+  """``{point: codec spec}`` from ``--direction POINT=CODEC`` values, each checked
+  (``models.error_probe.check_directions``)."""
+  from models.error_probe import check_directions
+
+  out = {}
+  for spec in specs:
+    point, eq, codec = spec.partition("=")
+    try:
+      if not eq:
+        raise ValueError("expected POINT=CODEC, e.g. tensor.backward=hadamard(int3)")
+      check_directions({point.strip(): codec.strip()})
+    except ValueError as e:
+      raise ValueError(f"--direction {spec!r}: {e}") from None
+    out[point.strip()] = codec.strip()
+  return out
 
 
 def _flag(dest: str) -> str:
@@ -198,6 +226,8 @@ def check_args(args: argparse.Namespace, n_devices: int) -> None:
       Recipe.from_specs([spec], axes=POLICY_AXES)
     except ValueError as e:
       raise ValueError(f"--compress {spec!r}: {e}") from None
+  args.directions = directions(args.direction)
+  adaptive.check_flags(args)
 
 
 def _check_mesh_fits(args: argparse.Namespace) -> None:

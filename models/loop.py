@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import optax
 
+import jcoccl
 from models import calibration, data, sample
 from models.checkpoint import State, save
 from models.metrics import NO_WIRE, lead, plot, print_summary, say, wire_report
@@ -68,6 +69,11 @@ class Job:
   calibration: dict = dataclasses.field(default_factory=dict)
   twin: State | None = None
   twin_tokens_per_s: float | None = None
+  # --adapt (models.adaptive): the controller, make_par(directions) -> Parallel3D, and
+  # adapt_probe(params, x, y, first) -> the probe's measurements.
+  adapt: Any = None
+  make_par: Callable[[dict], Parallel3D] | None = None
+  adapt_probe: Callable[..., dict] | None = None
 
 
 def lr_schedule(cfg: Any) -> optax.Schedule:
@@ -140,16 +146,31 @@ def train(cfg: RunConfig, job: Job) -> dict:
   # The step is traced and compiled once, here: the wire report reads that executable.
   traced = run = auto = ref_traced = ref_run = None
   t_twin = 0.0
+  programs: dict = {}  # --adapt: each bit set's (Parallel3D, compiled step)
   with open(job.metrics_path if lead() else os.devnull, "a") as log:
     for step in bar:
       x, y = batch_at(job.corpus, cfg, par, "train", step)
+      if job.adapt is not None and _adapt(job, step, x, y, log, lambda t: lead() and bar.write(t)):
+        key = job.adapt.key()
+        if key in programs:
+          par, run = programs[key]
+        else:
+          assert job.make_par is not None
+          par, run = job.make_par(job.adapt.directions()), None
+          step_fn = par.train_step(job.tx, state.params, clip_norm=cfg.clip)
+        job.par = par
+        eval_fn = jax.jit(lambda p, x, y, par=par: par.loss_and_grads(p, x, y)[0])
       if run is None:
         first = len(par.coll.log)
         traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y)
         # Through the bar, which is on screen by now: a plain print would land on its line.
         auto = _auto_verdict(job, par.coll.log[first:], lambda t: lead() and bar.write(t))
         run = traced.lower().compile()
-        if twin is not None:
+        if job.adapt is not None:
+          programs[job.adapt.key()] = (par, run)
+          total = jcoccl.wire_bytes(traced, mesh=par.mesh, program="compiled")["total"]
+          job.adapt.program_bytes[str(job.adapt.key())] = float(total)
+        if twin is not None and ref_run is None:
           ref_traced = exact_step.trace(twin.params, twin.opt_state, twin.ef, x, y)
           ref_run = ref_traced.lower().compile()
       t0 = time.perf_counter()
@@ -195,13 +216,32 @@ def train(cfg: RunConfig, job: Job) -> dict:
         log.flush()
         job.records.append(rec)
       bar.set_postfix(loss=f"{loss:.3f}")
+      if job.adapt is not None:
+        job.adapt.count_step()
       if state.step % cfg.ckpt_every == 0 or state.step == cfg.steps:
-        save(job.mngr, state, job.calibration or None)
+        save(job.mngr, state, job.calibration or None, job.adapt and job.adapt.state_dict())
   bar.close()
   tps = cfg.batch * cfg.seq_len * n_steady / t_steady if n_steady else None
   if twin is not None and n_steady:
     job.twin_tokens_per_s = cfg.batch * cfg.seq_len * n_steady / t_twin
   return finish(cfg, job, wire or NO_WIRE, tps, start_step, auto)
+
+
+def _adapt(job: Job, step: int, x: Any, y: Any, log: Any, write: Callable[[str], Any]) -> bool:
+  """At an ``--adapt-every`` boundary: probes the current parameters on this step's batch,
+  lets the controller decide, logs a change (metrics.jsonl ``{"step", "adapt"}`` and a
+  line); True when the bits changed (or were first set)."""
+  if not job.adapt.due(step) or job.adapt_probe is None:
+    return False
+  measured = job.adapt_probe(job.state.params, x, y, not job.adapt.sensitivity)
+  before = job.adapt.key()
+  rec = job.adapt.update(step, measured)
+  if rec is None:
+    return False
+  log.write(json.dumps({"step": step, "adapt": rec}) + "\n")
+  log.flush()
+  write(f"adapt at step {step}: bits {rec['bits']} ({rec['reason']}; noise {rec['noise']})")
+  return job.adapt.key() != before or len(job.adapt.changes) == 1
 
 
 def _auto_verdict(job: Job, log: list, write: Callable[[str], Any] = say) -> dict:
@@ -284,6 +324,8 @@ def finish(
     "exact_twin": _twin_summary(job),
     "sample": None,
   }
+  if job.adapt is not None:
+    summary["adaptive"] = {**job.adapt.state_dict(), "mean_bytes": job.adapt.mean_bytes()}
   if cfg.sample_tokens and state.step > start_step:
     summary["sample"] = final_sample(cfg, state.params, job.corpus)
   (cfg.out / "summary.json").write_text(json.dumps(summary, indent=1))

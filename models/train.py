@@ -46,8 +46,10 @@ import jax
 
 import jcoccl
 from models import calibration, data, loop, parallel
-from models.checkpoint import State, checkpointer, restore, saved_calibration
+from models.adaptive import AdaptConfig, Adaptive, probe_fn
+from models.checkpoint import State, checkpointer, restore, saved_adaptive, saved_calibration
 from models.cli import PROG, check_corpus, load_policy, parse_args
+from models.error_probe import DirectedParallel
 from models.metrics import lead, read_records, say, start_metrics
 from models.recipe import Recipe
 from models.run_config import (
@@ -107,7 +109,9 @@ def main(argv: list[str] | None = None) -> dict:
   corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
   check_corpus(args, corpus)
   cfg = RunConfig.from_args(args)
-  job = build_job(cfg, recipe, corpus)
+  job = build_job(
+    cfg, recipe, corpus, getattr(args, "directions", None), getattr(args, "adapt_config", None)
+  )
   if not multi:
     return loop.train(cfg, job)
   try:
@@ -116,16 +120,34 @@ def main(argv: list[str] | None = None) -> dict:
     _lost_peer(e)
 
 
-def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
+def build_job(
+  cfg: RunConfig,
+  recipe: Recipe,
+  corpus: data.Corpus,
+  directions: dict | None = None,
+  adapt: AdaptConfig | None = None,
+) -> loop.Job:
   """The model on the mesh, its optimizer and state (restored with ``--resume``), the
   exact-policy twin for the wire report, config.json and the metrics kept so far.
+
+  ``directions`` (``--direction``) and ``adapt`` (``--adapt``) give points their own codecs
+  (``models.error_probe.DirectedParallel``); the adaptive controller continues from the
+  restored checkpoint's state.
 
   Raises:
     SetupError: no checkpoint restores, or ``--steps`` is below the restored step.
   """
   model = build_model(cfg, corpus.vocab_size)
   mesh = parallel.make_mesh(*cfg.mesh_shape)
-  par = parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro, dtype=cfg.dtype)
+  directions = dict(directions or {})
+  controller = Adaptive(adapt) if adapt is not None else None
+
+  def make(d: dict) -> parallel.Parallel3D:
+    if not d:
+      return parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro, dtype=cfg.dtype)
+    return DirectedParallel(model, mesh, recipe, directions=d, n_micro=cfg.micro, dtype=cfg.dtype)
+
+  par = make({**directions, **(controller.directions() if controller else {})})
   tx = loop.make_optimizer(cfg)
   params = par.shard(model)
   state = State(params, par.init_opt(tx, params), par.init_ef(params))
@@ -137,7 +159,7 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
   if not cfg.no_hlo_wire:
     exact = (
       par
-      if recipe == ref
+      if recipe == ref and type(par) is parallel.Parallel3D
       else parallel.Parallel3D(model, mesh, ref, n_micro=cfg.micro, dtype=cfg.dtype)
     )
   cfg.out.mkdir(parents=True, exist_ok=True)
@@ -154,6 +176,12 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
         f"to resume; pass --steps {state.step} or more"
       )
     saved = calibration.share(_saved_calibration(mngr, state.step, cfg) if lead() else None)
+    if controller is not None:
+      kept = saved_adaptive(mngr, state.step)
+      if kept is None:
+        raise SetupError(f"--adapt: the checkpoint at step {state.step} holds no adaptive state")
+      controller.load(kept)
+      par = make({**directions, **controller.directions()})
   # After the restore: a resumed run installs the cost model its checkpoint was trained
   # under, so that auto makes the same choices as before (the programs are traced later).
   how = calibration.mode(cfg.calibrate, cfg.resume, cfg.recalibrate)
@@ -169,9 +197,14 @@ def build_job(cfg: RunConfig, recipe: Recipe, corpus: data.Corpus) -> loop.Job:
     # Its own buffers: each train step donates the arrays it is given.
     same = jax.tree.map(lambda a: a.copy(), params)
     twin = State(same, exact.init_opt(tx, same), exact.init_ef(same))
-  return loop.Job(
+  job = loop.Job(
     par, exact, tx, state, corpus, recipe, mngr, records, metrics_path, calibrated, twin
   )
+  if controller is not None:
+    job.adapt = controller
+    job.make_par = lambda d: make({**directions, **d})
+    job.adapt_probe = probe_fn(model, mesh, cfg, controller.config)
+  return job
 
 
 def _saved_calibration(mngr, step: int, cfg: RunConfig) -> dict | None:

@@ -1,0 +1,531 @@
+"""Where compression error comes from: per axis and direction, the relative error a codec
+injects into a step's real traffic, the gradient error that follows, and the step's own
+gradient noise.
+
+Points (:data:`POINTS`): ``tensor.forward`` (the Megatron activation sums after each
+row-parallel projection), ``tensor.backward`` (the activation-gradient sums before each
+column-parallel one), ``pipe.forward`` / ``pipe.backward`` (GPipe's ppermute of activations and
+of their cotangents) and ``data`` (the gradient sum). :class:`DirectedParallel` is
+:class:`models.parallel.Parallel3D` with a compressor per point (the policy's per-axis one
+where a point is not named), so the forward collective and its transpose can differ.
+
+Three measurements, on the same parameters and batch:
+
+* injected error: for every tensor/pipe/data collective of one step, ``||lossy - exact|| /
+  ||exact||`` of the collective's output for each candidate codec (the step itself runs
+  exact), summed over calls and devices: :class:`Tap`. Tensor points are also split per
+  layer (global index: pipe stage x layers per stage + local index).
+* gradient error: ``||g_point - g_exact|| / ||g_exact||`` of the step's summed gradient with
+  one point compressed and every other exact (:func:`gradient_errors`).
+* gradient noise: the sampling noise of the summed gradient estimated from the data shards,
+  ``sqrt(n/(n-1) * sum_i ||g_i - mean||^2) / ||sum_i g_i||`` over the n data ranks (for n = 2,
+  ``||g_1 - g_2|| / ||g_1 + g_2||``). A point whose gradient error is well below this noise
+  changes the step less than drawing another batch would.
+
+  python -m models.error_probe --model gpt --warm-steps 50 --out /tmp/probe
+
+Example:
+  >>> relative_error(jnp.array([4.0, 1.0, -3.0, 2.0]), "int2")   # sqrt(6 / 30)
+  0.4472...
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import pathlib
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jcoccl
+from jcoccl import compressors as jc
+from jcoccl.policy import Policy
+from models.collectives import Collectives
+from models.layers import LOCAL, Comm
+from models.parallel import Parallel3D
+from models.registry import family_of
+from models.sharding import DATA_AXIS
+
+POINTS = ("tensor.forward", "tensor.backward", "pipe.forward", "pipe.backward", "data")
+DIRECTED = POINTS[:4]
+EXACT_NAMES = ("none", "exact")
+
+
+def parse_codec(spec: Any) -> Any:
+  """A jcoccl compressor from a spec string (``"hadamard(int4)"``), None for ``"none"`` or
+  ``"exact"`` (the exact collective), a compressor object unchanged."""
+  if spec is None or (isinstance(spec, str) and spec.strip().lower() in EXACT_NAMES):
+    return None
+  return jc.parse(spec) if isinstance(spec, str) else spec
+
+
+def check_directions(directions: Mapping[str, Any], allowed: Sequence[str] = POINTS) -> dict:
+  """``{point: compressor or None}`` from ``{point: spec}``.
+
+  Raises:
+    ValueError: a point not in ``allowed`` or a codec spec jcoccl does not parse.
+  """
+  out = {}
+  for point, spec in directions.items():
+    if point not in allowed:
+      raise ValueError(f"unknown point {point!r}; accepted: {', '.join(allowed)}")
+    try:
+      out[point] = parse_codec(spec)
+    except ValueError as e:
+      raise ValueError(f"{point}={spec}: {e}") from None
+  return out
+
+
+def relative_error(x: Any, codec: Any) -> float:
+  """``||decode(encode(x)) - x|| / ||x||`` for one rank's message (0.0 for a zero ``x``).
+
+  Args:
+    x: an array.
+    codec: a compressor or spec string (:func:`parse_codec`).
+
+  Returns:
+    The relative L2 error of the codec's round trip.
+
+  Example:
+    >>> relative_error(jnp.ones(256), "int8")
+    0.0
+  """
+  c = parse_codec(codec)
+  x = jnp.asarray(x, jnp.float32)
+  if c is None:
+    return 0.0
+  err = c.decode(c.encode(x, impl="jnp"), impl="jnp") - x
+  norm = float(jnp.linalg.norm(x))
+  return float(jnp.linalg.norm(err)) / norm if norm else 0.0
+
+
+class Tap:
+  """Host-side sums of squared norms and errors, sent from inside the step by
+  ``jax.debug.callback`` (per device and call).
+
+  Args:
+    codecs: ``{point: [(label, compressor), ...]}``: the codecs to measure at each point.
+
+  ``sums[(point, layer)]`` is ``[||exact||^2, err_1^2, ..., err_k^2]`` (layer -1: all layers
+  of the point); ``noise`` is ``[sum of the per-leaf variance of the gradient sum, ||sum||^2]``.
+  """
+
+  def __init__(self, codecs: Mapping[str, Sequence[tuple[str, Any]]]):
+    self.codecs = {p: list(v) for p, v in codecs.items()}
+    self.sums: dict[tuple[str, int], np.ndarray] = collections.defaultdict(lambda: 0.0)  # type: ignore[arg-type, return-value]
+    self.noise = np.zeros(2)
+
+  def measure(self, point: str, exact: jax.Array, lossy: Any, layer: Any = None) -> None:
+    """Emits ``||exact||^2`` and ``||lossy(c) - exact||^2`` for each codec ``c`` of ``point``;
+    ``lossy(c)`` runs the collective with ``c``; ``layer`` (traced int) tags tensor points."""
+    e = exact.astype(jnp.float32)
+    vals = [jnp.sum(e * e)]
+    for _, c in self.codecs.get(point, []):
+      d = lossy(c).astype(jnp.float32) - e
+      vals.append(jnp.sum(d * d))
+    lay = jnp.int32(-1) if layer is None else layer
+    jax.debug.callback(functools.partial(self._add, point), jnp.stack(vals), lay)
+
+  def _add(self, point: str, vals: Any, layer: Any) -> None:
+    v = np.asarray(vals, np.float64)
+    self.sums[(point, -1)] = self.sums[(point, -1)] + v
+    if int(layer) >= 0:
+      self.sums[(point, int(layer))] = self.sums[(point, int(layer))] + v
+
+  def add_noise(self, var: jax.Array, norm2: jax.Array) -> None:
+    jax.debug.callback(self._add_noise, jnp.stack([var, norm2]))
+
+  def _add_noise(self, vals: Any) -> None:
+    self.noise = self.noise + np.asarray(vals, np.float64)
+
+  def noise_ratio(self) -> float:
+    """The gradient noise relative to the gradient sum's norm."""
+    return float(np.sqrt(max(self.noise[0], 0.0) / self.noise[1])) if self.noise[1] else 0.0
+
+  def errors(self) -> dict[str, dict[str, float]]:
+    """``{"point" or "point@layer": {label: relative error}}``."""
+    out = {}
+    for (point, layer), v in sorted(self.sums.items()):
+      labels = [lab for lab, _ in self.codecs.get(point, [])]
+      key = point if layer < 0 else f"{point}@{layer}"
+      out[key] = {lab: float(np.sqrt(e / v[0])) if v[0] else 0.0 for lab, e in zip(labels, v[1:])}
+    return out
+
+
+class DirectedCollectives(Collectives):
+  """:class:`models.collectives.Collectives` with a compressor per point (:data:`POINTS`).
+
+  A named point takes its own codec (None: exact), sent with ``min_bytes=0`` so that it
+  compresses every message; other traffic takes the policy's per-axis compressor. The
+  ``data`` point sets the data level's all_reduce/reduce_scatter compressor (error feedback
+  follows the recipe). With a :class:`Tap`, every tensor/pipe call and the data sums also
+  report their candidate codecs' errors (the step itself uses the directed codecs).
+  """
+
+  def __init__(self, policy: Policy, directions: Mapping[str, Any] | None = None, tap=None):
+    super().__init__(policy)
+    self.directions = check_directions(directions or {})
+    self.tap = tap
+    self.pipe_stages = 1  # the mesh's 'pipe' size (DirectedParallel sets it): a layer's stage
+    # (point, shape, dtype) of every tensor, pipe and data-gradient message traced.
+    self.points_log: list[tuple[str, tuple, Any]] = []
+
+  def compressor(self, axis: str, op: str) -> Any:
+    if (
+      self._policy_axis(axis) == DATA_AXIS
+      and op in ("all_reduce", "reduce_scatter")
+      and "data" in self.directions
+    ):
+      return self.directions["data"]
+    return super().compressor(axis, op)
+
+  def _options(self, axis: str, op: str) -> dict:
+    opts = super()._options(axis, op)
+    if self._policy_axis(axis) == DATA_AXIS and "data" in self.directions:
+      opts["min_bytes"] = 0
+    return opts
+
+  def _point(self, point: str, axis: str, op: str) -> tuple[Any, dict]:
+    if point in self.directions:
+      opts = {k: v for k, v in self._options(axis, op).items() if k != "min_bytes"}
+      return self.directions[point], {**opts, "min_bytes": 0}
+    return self.compressor(axis, op), self._options(axis, op)
+
+  def tensor_sum(self, x: jax.Array, direction: str, layer: int, n_local: int) -> jax.Array:
+    """The 'tensor' all_reduce of ``direction`` ("forward" or "backward") in local layer
+    ``layer`` (of ``n_local`` per pipe stage)."""
+    point = f"tensor.{direction}"
+    c, opts = self._point(point, "tensor", "all_reduce")
+    self.points_log.append((point, tuple(x.shape), jnp.dtype(x.dtype)))
+    self._record("tensor", "all_reduce", x, c)
+    out = jcoccl.all_reduce(x, "tensor", compressor=c, **opts)
+    if self.tap is not None:
+      exact = jcoccl.all_reduce(x, "tensor")
+      stage = jax.lax.axis_index("pipe") if self.pipe_stages > 1 else 0
+      self.tap.measure(
+        point,
+        exact,
+        lambda cc: jcoccl.all_reduce(x, "tensor", compressor=cc, min_bytes=0),
+        stage * n_local + layer,
+      )
+    return out
+
+  def ppermute(self, x: jax.Array, axis: str, perm: list[tuple[int, int]]) -> jax.Array:
+    """Sends ``x`` along ``perm`` with the ``<axis>.forward`` codec; its VJP sends the
+    cotangent back with ``<axis>.backward``'s."""
+    inverse = [(b, a) for a, b in perm]
+
+    def send(v, p, direction):
+      point = f"{axis}.{direction}"
+      c, opts = self._point(point, axis, "ppermute")
+      self.points_log.append((point, tuple(v.shape), jnp.dtype(v.dtype)))
+      self._record(axis, "ppermute", v, c)
+      out = jcoccl.ppermute(v, axis, p, compressor=c, **opts)
+      if self.tap is not None:
+        exact = jcoccl.ppermute(v, axis, p)
+        self.tap.measure(
+          point, exact, lambda cc: jcoccl.ppermute(v, axis, p, compressor=cc, min_bytes=0)
+        )
+      return out
+
+    @jax.custom_vjp
+    def move(v):
+      return send(v, perm, "forward")
+
+    move.defvjp(
+      lambda v: (send(v, perm, "forward"), None), lambda _, g: (send(g, inverse, "backward"),)
+    )
+    return move(x)
+
+  def all_reduce(self, x: jax.Array, axis: str, *, exact: bool = False) -> jax.Array:
+    """As Collectives.all_reduce; with a tap, the data level's gradient sums also report
+    their noise across data shards and their candidate codecs' errors."""
+    out = super().all_reduce(x, axis, exact=exact)
+    if not exact and self._policy_axis(axis) == DATA_AXIS:
+      self.points_log.append(("data", tuple(x.shape), jnp.dtype(x.dtype)))
+    if self.tap is not None and not exact and self._policy_axis(axis) == DATA_AXIS:
+      g = x.astype(jnp.float32)
+      s = jcoccl.all_reduce(g, axis)
+      n = jax.lax.psum(1, axis)
+      sq = jcoccl.all_reduce(jnp.sum(g * g), axis)
+      norm2 = jnp.sum(s * s)
+      self.tap.add_noise(n / jnp.maximum(n - 1, 1) * (sq - norm2 / n), norm2)
+      self.tap.measure("data", s, lambda cc: jcoccl.all_reduce(g, axis, compressor=cc, min_bytes=0))
+    return out
+
+
+class DirectedTensorComm:
+  """Megatron's f/g operators that tell their collective its direction and layer."""
+
+  def __init__(self, coll: DirectedCollectives, n_local: int):
+    self.coll, self.n_local = coll, n_local
+    self.n_enter = self.n_exit = 0
+
+  def enter(self, x: jax.Array) -> jax.Array:
+    # Two enters and two exits per block, blocks in order on every pipeline tick.
+    layer = (self.n_enter // 2) % self.n_local
+    self.n_enter += 1
+    coll, n = self.coll, self.n_local
+
+    @jax.custom_vjp
+    def f(v):
+      return v
+
+    f.defvjp(lambda v: (v, None), lambda _, g: (coll.tensor_sum(g, "backward", layer, n),))
+    return f(x)
+
+  def exit(self, x: jax.Array) -> jax.Array:
+    layer = (self.n_exit // 2) % self.n_local
+    self.n_exit += 1
+    coll, n = self.coll, self.n_local
+
+    @jax.custom_vjp
+    def f(v):
+      return coll.tensor_sum(v, "forward", layer, n)
+
+    f.defvjp(lambda v: (coll.tensor_sum(v, "forward", layer, n), None), lambda _, g: (g,))
+    return f(x)
+
+
+class DirectedParallel(Parallel3D):
+  """:class:`models.parallel.Parallel3D` whose collectives are :class:`DirectedCollectives`.
+
+  Args:
+    model, mesh, recipe, n_micro, dtype: as Parallel3D.
+    directions: ``{point: codec spec or compressor}`` (:data:`POINTS`; "none" = exact).
+    tap: a :class:`Tap` to measure candidate codecs (None: no measurement).
+
+  Example:
+    >>> par = DirectedParallel(model, mesh, recipe, directions={"tensor.backward": "hadamard(int3)"})
+  """
+
+  def __init__(self, model, mesh, recipe=None, *, directions=None, tap=None, **kw):
+    super().__init__(model, mesh, recipe, **kw)
+    self.n_local = family_of(model).layers(model.cfg) // self.sizes["pipe"]
+    coll = DirectedCollectives(self.policy, directions, tap)
+    coll.pipe_stages = self.sizes["pipe"]
+    self.coll = coll
+
+  def _comm(self) -> Comm:
+    if self.sizes["tensor"] == 1:
+      return LOCAL
+    assert isinstance(self.coll, DirectedCollectives)
+    return DirectedTensorComm(self.coll, self.n_local)
+
+
+def tree_rel(a: Any, b: Any) -> float:
+  """``||a - b|| / ||b||`` over all leaves of two pytrees."""
+  num = sum(float(jnp.sum((x - y) ** 2)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  den = sum(float(jnp.sum(y**2)) for y in jax.tree.leaves(b))
+  return float(np.sqrt(num / den)) if den else 0.0
+
+
+def codec_ladder(bits: Sequence[int], family: str = "hadamard(int{b})") -> list[tuple[str, Any]]:
+  """``[(label, compressor)]`` for each bit width: ``family`` formatted with ``b``."""
+  return [(f"int{b}", jc.parse(family.format(b=b))) for b in bits]
+
+
+class Prober:
+  """Measures a step's injected errors, gradient errors and gradient noise (see the module
+  docstring), compiling each program once and reusing it for later parameters and batches.
+
+  Args:
+    model, mesh: the model and its ('data', 'tensor', 'pipe') mesh.
+    bits: the candidate bit widths, ``family`` formatted with each.
+    reference_bits: the width at which each point's gradient error is measured.
+    points: the points measured (each costs a compiled program for its gradient error).
+    n_micro, dtype: as Parallel3D.
+
+  Example:
+    >>> result = Prober(model, mesh).run(params, [(x, y)])
+  """
+
+  def __init__(
+    self,
+    model: Any,
+    mesh: Any,
+    *,
+    bits: Sequence[int] = (2, 3, 4, 5, 6, 8),
+    reference_bits: int = 4,
+    family: str = "hadamard(int{b})",
+    points: Sequence[str] = POINTS,
+    n_micro: int = 2,
+    dtype: Any = jnp.float32,
+  ):
+    check_directions(dict.fromkeys(points))
+    if reference_bits not in bits:
+      raise ValueError(f"reference_bits {reference_bits} must be one of bits {list(bits)}")
+    self.bits, self.reference_bits, self.family = list(bits), reference_bits, family
+    self.points = tuple(points)
+    self.tap = Tap({p: codec_ladder(bits, family) for p in self.points})
+    make = lambda d=None, tap=None: DirectedParallel(
+      model, mesh, None, directions=d, tap=tap, n_micro=n_micro, dtype=dtype
+    )
+    self._tapped = grads_fn(make(tap=self.tap))
+    self._exact = grads_fn(make())
+    ref = family.format(b=reference_bits)
+    self._points = {p: grads_fn(make({p: ref})) for p in self.points}
+
+  def injected(self, params: Any, batches: Sequence[tuple]) -> dict:
+    """``{"noise": rel, "injected": {point[@layer]: {"intB": rel}}}`` over ``batches``."""
+    self.tap.sums.clear()
+    self.tap.noise = np.zeros(2)
+    for x, y in batches:
+      jax.block_until_ready(self._tapped(params, x, y))
+    jax.effects_barrier()
+    return {"noise": self.tap.noise_ratio(), "injected": self.tap.errors()}
+
+  def gradient(self, params: Any, batches: Sequence[tuple]) -> dict[str, float]:
+    """``{point: ||g_point - g_exact|| / ||g_exact||}`` at the reference bits, mean over
+    ``batches``."""
+    errs = collections.defaultdict(list)
+    for x, y in batches:
+      g0 = self._exact(params, x, y)[1]
+      for p, f in self._points.items():
+        errs[p].append(tree_rel(f(params, x, y)[1], g0))
+    return {p: float(np.mean(v)) for p, v in errs.items()}
+
+  def run(self, params: Any, batches: Sequence[tuple], gradients: bool = True) -> dict:
+    """The injected errors and noise, and (``gradients``) the gradient errors and each
+    point's sensitivity: gradient error / injected error at the reference bits."""
+    out = {
+      **self.injected(params, batches),
+      "bits": self.bits,
+      "reference_bits": self.reference_bits,
+      "family": self.family,
+      "batches": len(batches),
+    }
+    if gradients:
+      out["gradient"] = self.gradient(params, batches)
+      lab = f"int{self.reference_bits}"
+      inj = out["injected"]
+      out["sensitivity"] = {
+        p: out["gradient"][p] / inj[p][lab] if inj.get(p, {}).get(lab) else 0.0 for p in self.points
+      }
+    return out
+
+
+def grads_fn(par: Parallel3D) -> Any:
+  """A jitted ``(params, tokens, targets) -> (loss, grads)`` of ``par`` compiled once (each
+  call of ``Parallel3D.loss_and_grads`` traces anew)."""
+  from jax.sharding import PartitionSpec as P
+
+  batch = par.placement.batch_spec()
+  f = par.placement.shard_map(
+    lambda *a: par._local_loss_and_grads(*a)[:2], (par.specs, batch, batch), (P(), par.specs)
+  )
+  return jax.jit(f)
+
+
+def probe(model: Any, mesh: Any, params: Any, batches: Sequence[tuple], **kw: Any) -> dict:
+  """:meth:`Prober.run` once (``kw``: Prober's)."""
+  return Prober(model, mesh, **kw).run(params, batches)
+
+
+def warm_start(train_argv: list[str], warm_steps: int) -> tuple[Any, Any, Any, Any, Any]:
+  """Trains the exact policy ``warm_steps`` steps (models.train's flags in ``train_argv``);
+  returns (cfg, model, mesh, params, corpus) to probe from."""
+  from models import cli, data, loop, parallel
+  from models.run_config import RunConfig, build_model
+
+  args = cli.parse_args(train_argv)
+  corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
+  cfg = RunConfig.from_args(args)
+  model = build_model(cfg, corpus.vocab_size)
+  mesh = parallel.make_mesh(*cfg.mesh_shape)
+  par = Parallel3D(model, mesh, None, n_micro=cfg.micro, dtype=cfg.dtype)
+  tx = loop.make_optimizer(cfg)
+  params = par.shard(model)
+  opt, ef = par.init_opt(tx, params), par.init_ef(params)
+  step = par.train_step(tx, params, clip_norm=cfg.clip)
+  for s in range(warm_steps):
+    x, y = loop.batch_at(corpus, cfg, par, "train", s)
+    params, opt, ef, _ = step(params, opt, ef, x, y)
+  return cfg, model, mesh, params, corpus
+
+
+def table(result: dict) -> str:
+  """The probe's result as markdown: per point and bit width the injected error, the
+  gradient error at the reference bits and its ratio to the gradient noise."""
+  noise, lab = result["noise"], f"int{result['reference_bits']}"
+  labs = [f"int{b}" for b in result["bits"]]
+  lines = [
+    f"gradient noise (relative to the gradient sum): {noise:.4f}",
+    "",
+    "| point | "
+    + " | ".join(f"injected {x}" for x in labs)
+    + f" | gradient error ({lab}) | / noise |",
+    "|---|" + "---|" * (len(labs) + 2),
+  ]
+  for key, errs in result["injected"].items():
+    point = key.split("@")[0]
+    g = result["gradient"].get(key)
+    if g is None and "@" in key:
+      g_txt, ratio = "", ""
+    else:
+      g_txt, ratio = f"{g:.4f}", f"{g / noise:.3f}" if noise else ""
+    lines.append(
+      f"| {key} | " + " | ".join(f"{errs[x]:.4f}" for x in labs) + f" | {g_txt} | {ratio} |"
+    )
+    del point
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+  """``python -m models.error_probe``: warm up exact, probe, write probe.json and probe.md."""
+  from models.run_config import use_host_devices
+
+  use_host_devices()
+  p = argparse.ArgumentParser(
+    prog="python -m models.error_probe", description=__doc__.split("\n")[0]
+  )
+  p.add_argument("--model", default="gpt")
+  p.add_argument("--size", default="small")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--warm-steps", type=int, default=50, help="exact steps before probing")
+  p.add_argument("--batches", type=int, default=2, help="train batches probed (after warm-up)")
+  p.add_argument("--bits", default="2,3,4,5,6,8")
+  p.add_argument("--reference-bits", type=int, default=4)
+  p.add_argument("--family", default="hadamard(int{b})", help="codec spec with {b} for bits")
+  p.add_argument("--train-arg", action="append", default=[], help="extra models.train flag")
+  p.add_argument("--out", required=True)
+  a = p.parse_args(argv)
+  bits = [int(b) for b in a.bits.split(",")]
+  if a.reference_bits not in bits:
+    p.error(f"--reference-bits {a.reference_bits} must be one of --bits {a.bits}")
+  train_argv = ["--model", a.model, "--size", a.size, "--seed", str(a.seed), "--mesh", "2,2,2"]
+  train_argv += ["--steps", str(a.warm_steps + a.batches), "--out", a.out, *a.train_arg]
+  from models import loop
+
+  cfg, model, mesh, params, corpus = warm_start(train_argv, a.warm_steps)
+  par = Parallel3D(model, mesh, None, n_micro=cfg.micro, dtype=cfg.dtype)
+  batches = [loop.batch_at(corpus, cfg, par, "train", a.warm_steps + i) for i in range(a.batches)]
+  result = probe(
+    model,
+    mesh,
+    params,
+    batches,
+    bits=bits,
+    reference_bits=a.reference_bits,
+    family=a.family,
+    n_micro=cfg.micro,
+    dtype=cfg.dtype,
+  )
+  result["command"] = "python -m models.error_probe " + " ".join(argv or sys.argv[1:])
+  out = pathlib.Path(a.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "probe.json").write_text(json.dumps(result, indent=1))
+  (out / "probe.md").write_text(table(result) + "\n")
+  print(table(result))
+  return result
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,372 @@
+"""Tune a compression policy to an accuracy budget with a probe and a few short runs.
+
+  python -m models.tune --model gpt --mesh 2,2,2 --budget 1% --link 10 --out p.toml
+  python -m models.tune --model qwen --budget 1% --objective bytes --out p.toml
+
+Candidates: Hadamard-rotated ``int<b>`` on 'tensor' (all_reduce, both directions) and on
+'pipe' (ppermute and all_reduce) for each ``b`` of ``--bits``; 'data' keeps ``--data`` with
+error feedback in every candidate. The search:
+
+1. Probe (``models.error_probe``) after ``--probe-warm`` exact steps: each point's injected
+   error per bit width, its sensitivity (gradient error / injected error) and the gradient
+   noise. A candidate's *score* is its predicted gradient error over the noise, its points'
+   errors added in quadrature.
+2. Cost: each candidate's predicted step time of its tensor and pipe messages under the cost
+   model (``--link`` Gbit/s or a ``--calibration`` file; ``--objective time``) or their bytes
+   (``--objective bytes``), from the messages of one traced step.
+3. The Pareto frontier (cheaper candidates only where their score is higher) is searched by
+   bisection with short runs (``--steps`` steps, ``--seed``; the exact policy trains once
+   alongside): a candidate passes when its final validation loss is within ``--budget`` of
+   exact's. Assuming the loss grows with the score, the cheapest passing frontier point is
+   found in about log2(frontier) runs; ``--max-runs`` caps them.
+
+Writes ``--out`` (the chosen policy, a models/configs TOML, with its figures as comments) and
+``<out>.report.md`` / ``.report.json``: the probe, every candidate tried with its score,
+predicted cost, measured loss and bytes, and the choice. Exits with status 1, writing the
+report only, when no candidate tried meets the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import pathlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+FAMILY = "hadamard(int{b})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """Bits per searched axis (``{"tensor": 4, "pipe": 3}``), its score and predicted cost."""
+
+  bits: tuple[tuple[str, int], ...]
+  score: float
+  cost: float
+
+  @property
+  def name(self) -> str:
+    return "-".join(f"{a[0]}{b}" for a, b in self.bits)
+
+
+def frontier(cands: Sequence[Candidate]) -> list[Candidate]:
+  """The candidates not dominated in (cost, score), cheapest first: along it the cost rises
+  and the score falls."""
+  out: list[Candidate] = []
+  for c in sorted(cands, key=lambda c: (c.cost, c.score)):
+    if not out or c.score < out[-1].score:
+      out.append(c)
+  return out
+
+
+def search(
+  cands: Sequence[Candidate], passes: Callable[[Candidate], bool], max_runs: int
+) -> tuple[Candidate | None, list[tuple[Candidate, bool]]]:
+  """Bisection on the frontier for the cheapest candidate that ``passes``.
+
+  Assumes that passing is monotone along the frontier (a lower score passes whenever a
+  higher one does). Starts at the middle of the frontier.
+
+  Args:
+    cands: every candidate.
+    passes: measures one candidate (a short run); True when it meets the budget.
+    max_runs: the most calls of ``passes``.
+
+  Returns:
+    (the cheapest candidate measured to pass or None, [(candidate, passed)] in order).
+
+  Example:
+    >>> best, tried = search(cands, lambda c: c.score < 0.3, max_runs=5)
+  """
+  front = frontier(cands)
+  lo, hi = 0, len(front) - 1  # the answer lies in front[lo..hi] (hi: the least score)
+  best, tried = None, []
+  while lo <= hi and len(tried) < max_runs:
+    mid = (lo + hi) // 2
+    ok = passes(front[mid])
+    tried.append((front[mid], ok))
+    if ok:
+      best, hi = front[mid], mid - 1
+    else:
+      lo = mid + 1
+  return best, tried
+
+
+def score(
+  bits: Mapping[str, int],
+  injected: Mapping[str, Mapping[str, float]],
+  sensitivity: Mapping[str, float],
+  noise: float,
+) -> float:
+  """Predicted gradient error over the noise: the points of each axis (``tensor.forward``,
+  ...) at that axis's bits, sensitivity x injected error, added in quadrature."""
+  total = 0.0
+  for point, s in sensitivity.items():
+    axis = point.split(".")[0]
+    if axis in bits:
+      total += (s * injected[point][f"int{bits[axis]}"]) ** 2
+  return math.sqrt(total) / noise if noise else math.inf
+
+
+def message_cost(
+  n: int, dtype: Any, codec: Any, objective: str, model: Any = None, ranks: int = 2
+) -> float:
+  """One message's cost: bytes each rank sends (payload x (ranks - 1), one-shot) or the cost
+  model's seconds (the cheaper of one_shot and two_shot; exact: the lax op's)."""
+  import numpy as np
+
+  raw = n * np.dtype(dtype).itemsize
+  payload = raw if codec is None else codec.payload_nbytes(n, dtype)
+  if objective == "bytes":
+    return float(payload * (ranks - 1))
+  if codec is None:
+    if model.calibrated:
+      return float(model.cost("exact", raw, ranks))
+    return float(model.cost("one_shot", raw, ranks, 1.0))
+  return float(min(model.cost(a, raw, ranks, payload / raw) for a in ("one_shot", "two_shot")))
+
+
+def axis_costs(
+  messages: Sequence[tuple[str, tuple, Any]],
+  bits: Sequence[int],
+  objective: str,
+  models: Mapping[str, Any],
+  ranks: Mapping[str, int],
+) -> dict[str, dict[int, float]]:
+  """``{axis: {bits: cost of the step's messages on that axis}}`` for 'tensor' and 'pipe'."""
+  from jcoccl import compressors as jc
+
+  out: dict[str, dict[int, float]] = {"tensor": {}, "pipe": {}}
+  for b in bits:
+    c = jc.parse(FAMILY.format(b=b))
+    for axis in out:
+      out[axis][b] = sum(
+        message_cost(math.prod(shape), dt, c, objective, models.get(axis), ranks.get(axis, 2))
+        for point, shape, dt in messages
+        if point.startswith(axis + ".")
+      )
+  return out
+
+
+def candidates(
+  probe: Mapping[str, Any], costs: Mapping[str, Mapping[int, float]], bits: Sequence[int]
+) -> list[Candidate]:
+  """Every (tensor bits, pipe bits) with its score and cost."""
+  out = []
+  for bt, bp in itertools.product(bits, bits):
+    b = {"tensor": bt, "pipe": bp}
+    s = score(b, probe["injected"], probe["sensitivity"], probe["noise"])
+    out.append(Candidate(tuple(b.items()), s, costs["tensor"][bt] + costs["pipe"][bp]))
+  return out
+
+
+def policy_toml(c: Candidate, data: str, comments: Sequence[str]) -> str:
+  """The chosen candidate as a models/configs TOML."""
+  b = dict(c.bits)
+  t, p = FAMILY.format(b=b["tensor"]), FAMILY.format(b=b["pipe"])
+  head = "".join(f"# {line}\n" for line in comments)
+  return (
+    f'{head}[data]\nall_reduce = "{data}"\nerror_feedback = true\nmin_bytes = 0\n\n'
+    f'[tensor]\nall_reduce = "{t}"\nmin_bytes = 0\n\n'
+    f'[pipe]\nppermute = "{p}"\nall_reduce = "{p}"\nmin_bytes = 0\n'
+  )
+
+
+def parse_budget(text: str) -> float:
+  """``"1%"`` or ``"0.01"`` -> 0.01.
+
+  Raises:
+    ValueError: not a number > 0.
+  """
+  t = text.strip()
+  v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+  if not (math.isfinite(v) and v > 0):
+    raise ValueError(f"--budget must be > 0 (e.g. 1% or 0.01), got {text!r}")
+  return v
+
+
+def cost_models(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+  """Per-axis cost models from ``--calibration`` or ``--link`` (None for bytes)."""
+  import jcoccl
+
+  if args.objective == "bytes":
+    return {}, "bytes each rank sends per step"
+  if args.calibration:
+    models = jcoccl.read_cost_model(args.calibration)
+    out = {a: models.get((a,), "all_reduce") for a in ("tensor", "pipe")}
+    missing = [a for a, m in out.items() if m is None]
+    if missing:
+      raise ValueError(f"--calibration {args.calibration} has no model for axes {missing}")
+    return out, f"cost model {args.calibration}"
+  # A link alone: its bandwidth, with a latency and codec throughput assumed (stated).
+  m = jcoccl.CostModel(
+    alpha_s=2e-5, beta_Bps=args.link * 1e9 / 8, gamma_Bps=4e9, source=f"--link {args.link}"
+  )
+  return {"tensor": m, "pipe": m}, (
+    f"--link {args.link} Gbit/s (assumed: 20 us per collective step, codec 4 GB/s)"
+  )
+
+
+def main(argv: list[str] | None = None) -> dict:
+  """``python -m models.tune``; returns the report (also written next to ``--out``)."""
+  from models.run_config import use_host_devices
+
+  use_host_devices()
+  ap = argparse.ArgumentParser(prog="python -m models.tune", description=__doc__.split("\n")[0])
+  ap.add_argument("--model", default="gpt")
+  ap.add_argument("--size", default="small")
+  ap.add_argument("--mesh", default="2,2,2")
+  ap.add_argument("--budget", default="1%", help="loss over exact's, e.g. 1%% or 0.01")
+  ap.add_argument("--objective", choices=("time", "bytes"), default="time")
+  ap.add_argument("--link", type=float, default=10.0, help="Gbit/s per rank (time objective)")
+  ap.add_argument("--calibration", default=None, help="a jcoccl cost model JSON file")
+  ap.add_argument("--bits", default="2,3,4,5,6,8")
+  ap.add_argument("--data", default="hadamard(int3)", help="data codec (error feedback on)")
+  ap.add_argument("--steps", type=int, default=100, help="steps of each short run")
+  ap.add_argument("--seed", type=int, default=1, help="seed of the short runs")
+  ap.add_argument("--probe-warm", type=int, default=50, help="exact steps before the probe")
+  ap.add_argument("--max-runs", type=int, default=4)
+  ap.add_argument("--train-arg", action="append", default=[], help="extra models.train flag")
+  ap.add_argument("--out", required=True, help="the policy TOML to write")
+  a = ap.parse_args(argv)
+  try:
+    budget = parse_budget(a.budget)
+    bits = sorted({int(b) for b in a.bits.split(",")})
+    models, cost_source = cost_models(a)
+  except ValueError as e:
+    ap.error(str(e))
+  if a.max_runs < 1 or a.steps < 1:
+    ap.error("--max-runs and --steps must be >= 1")
+  out = pathlib.Path(a.out)
+  work = out.with_suffix(".runs")
+  probe, messages, ranks = _probe(a, bits, work)
+  costs = axis_costs(messages, bits, a.objective, models, ranks)
+  cands = candidates(probe, costs, bits)
+  base = _train_argv(a)
+  exact = _short_run(base + ["--policy", "exact"], work / "exact")
+  runs: list[dict] = []
+
+  def passes(c: Candidate) -> bool:
+    path = work / c.name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "policy.toml").write_text(policy_toml(c, a.data, []))
+    s = _short_run(base + ["--policy", str(path / "policy.toml")], path / "run")
+    rel = s["val_loss_end"] / exact["val_loss_end"] - 1
+    bytes_ratio = s["wire"]["total"]["compressed"] / exact["wire"]["total"]["uncompressed"]
+    runs.append(
+      {**_cand(c), "val_loss": s["val_loss_end"], "vs_exact": rel, "bytes_ratio": bytes_ratio}
+    )
+    print(f"tune: {c.name}: val {s['val_loss_end']:.4f} ({rel:+.2%} of exact), "
+          f"bytes {bytes_ratio:.3f} of exact", flush=True)  # fmt: skip
+    return rel <= budget
+
+  best, _ = search(cands, passes, a.max_runs)
+  report = {
+    "command": "python -m models.tune " + " ".join(argv if argv is not None else sys.argv[1:]),
+    "budget": budget,
+    "objective": a.objective,
+    "cost_source": cost_source,
+    "exact": {"val_loss": exact["val_loss_end"], "bytes": exact["wire"]["total"]["uncompressed"]},
+    "probe": probe,
+    "frontier": [_cand(c) for c in frontier(cands)],
+    "tried": runs,
+    "chosen": None if best is None else _cand(best),
+  }
+  out.parent.mkdir(parents=True, exist_ok=True)
+  pathlib.Path(f"{out}.report.json").write_text(json.dumps(report, indent=1))
+  pathlib.Path(f"{out}.report.md").write_text(report_md(report))
+  print(report_md(report))
+  if best is None:
+    print(f"tune: no candidate tried met the budget {budget:.2%}; no policy written")
+    raise SystemExit(1)
+  chosen = next(r for r in runs if r["name"] == best.name)
+  out.write_text(
+    policy_toml(
+      best,
+      a.data,
+      [
+        f"Chosen by: {report['command']}",
+        f"{a.model}-{a.size}, {a.steps} steps, seed {a.seed}: val {chosen['val_loss']:.4f}, "
+        f"{chosen['vs_exact']:+.2%} of exact's {exact['val_loss_end']:.4f}; "
+        f"{chosen['bytes_ratio']:.3f} of exact's bytes (one seed: check another).",
+        f"Report: {out}.report.md",
+      ],
+    )
+  )
+  return report
+
+
+def _cand(c: Candidate) -> dict:
+  return {"name": c.name, "bits": dict(c.bits), "score": c.score, "cost": c.cost}
+
+
+def report_md(r: Mapping[str, Any]) -> str:
+  """The tuner's report as markdown."""
+  lines = [
+    f"    {r['command']}",
+    "",
+    f"budget {r['budget']:.2%} of exact's validation loss ({r['exact']['val_loss']:.4f}); "
+    f"objective {r['objective']} ({r['cost_source']}); gradient noise {r['probe']['noise']:.4f}",
+    "",
+    "| candidate (tensor, pipe bits) | score | predicted cost | val loss | vs exact | bytes / exact |",
+    "|---|---|---|---|---|---|",
+  ]
+  for t in r["tried"]:
+    lines.append(
+      f"| {t['name']} | {t['score']:.3f} | {t['cost']:.4g} | {t['val_loss']:.4f} | "
+      f"{t['vs_exact']:+.2%} | {t['bytes_ratio']:.3f} |"
+    )
+  ch = r["chosen"]
+  lines += ["", f"frontier: {', '.join(c['name'] for c in r['frontier'])}", ""]
+  lines.append(f"chosen: {ch['name']}" if ch else "chosen: none (no candidate met the budget)")
+  return "\n".join(lines) + "\n"
+
+
+def _train_argv(a: argparse.Namespace) -> list[str]:
+  return [
+    "--model", a.model, "--size", a.size, "--mesh", a.mesh, "--seed", str(a.seed),
+    "--steps", str(a.steps), "--eval-every", str(a.steps), "--ckpt-every", str(a.steps),
+    "--no-progress", "--no-calibrate", "--no-exact-twin", "--eval-batches", "16",
+    "--sample-tokens", "0", *a.train_arg,
+  ]  # fmt: skip
+
+
+def _short_run(argv: list[str], out: pathlib.Path) -> dict:
+  """models.train.main; a run whose summary.json exists with the same argv is read back."""
+  from models import train
+
+  argv = [*argv, "--out", str(out)]
+  done, cmd = out / "summary.json", out / "argv.json"
+  if done.is_file() and cmd.is_file() and json.loads(cmd.read_text()) == argv:
+    return json.loads(done.read_text())
+  s = train.main(argv)
+  cmd.write_text(json.dumps(argv))
+  return s
+
+
+def _probe(a: argparse.Namespace, bits: list[int], work: pathlib.Path) -> tuple[dict, list, dict]:
+  """The probe after ``--probe-warm`` exact steps on ``--seed``'s batches, the messages of
+  one traced step and the axis sizes."""
+  from models import error_probe as ep
+  from models import loop
+
+  argv = ["--model", a.model, "--size", a.size, "--mesh", a.mesh, "--seed", str(a.seed)]
+  argv += ["--steps", str(a.probe_warm + 1), "--out", str(work / "probe"), *a.train_arg]
+  cfg, model, mesh, params, corpus = ep.warm_start(argv, a.probe_warm)
+  ref = 4 if 4 in bits else bits[len(bits) // 2]
+  prober = ep.Prober(model, mesh, bits=bits, reference_bits=ref, n_micro=cfg.micro, dtype=cfg.dtype)
+  par = ep.DirectedParallel(model, mesh, None, n_micro=cfg.micro, dtype=cfg.dtype)
+  batch = loop.batch_at(corpus, cfg, par, "train", a.probe_warm)
+  result = prober.run(params, [batch])
+  ep.grads_fn(par).trace(params, *batch)
+  assert isinstance(par.coll, ep.DirectedCollectives)
+  return result, par.coll.points_log, dict(par.sizes)
+
+
+if __name__ == "__main__":
+  main()

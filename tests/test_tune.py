@@ -1,0 +1,176 @@
+"""Error probe, tuner search and adaptive policy (models.error_probe, models.tune,
+models.adaptive): a hand-computed error case, the search on a toy cost model, and the
+adaptive policy's log, checkpoint and resume on the tiny model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import jcoccl
+from jcoccl.policy import Policy
+from models import adaptive, error_probe, tune
+from models.configs.models import TINY_RUN
+
+
+def test_relative_error_is_the_hand_computed_one():
+  # int2 (symmetric, one level): scale = max|x| = 4, codes round(x / 4) = [1, 0, -1, 0]
+  # (0.5 rounds to even), decoded [4, 0, -4, 0]; error [0, 1, -1, 2]: sqrt(6) / sqrt(30).
+  x = jnp.array([4.0, 1.0, -3.0, 2.0])
+  assert error_probe.relative_error(x, "int2") == pytest.approx(math.sqrt(6 / 30), rel=1e-6)
+  assert error_probe.relative_error(x, "none") == 0.0
+
+
+def test_tap_measures_the_data_sum_error_and_noise_across_shards():
+  """Two data shards g1, g2: the noise is ||g1 - g2|| / ||g1 + g2||; the int4 sum's error is
+  that of jcoccl.all_reduce against the exact sum, computed independently."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+  rng = np.random.default_rng(0)
+  g_host = rng.standard_normal((2, 512)).astype(np.float32)
+  g = jax.device_put(g_host, jax.sharding.NamedSharding(mesh, P("data")))
+  codec = error_probe.parse_codec("int4")
+  tap = error_probe.Tap({"data": [("int4", codec)]})
+  coll = error_probe.DirectedCollectives(Policy(), tap=tap)
+  f = jax.shard_map(
+    lambda v: coll.all_reduce(v[0], "data")[None],
+    mesh=mesh,
+    in_specs=P("data"),
+    out_specs=P("data"),
+  )
+  out = jax.jit(f)(g)
+  jax.effects_barrier()
+  total = g_host.sum(0)
+  np.testing.assert_allclose(out[0], total, rtol=1e-5)  # the step itself ran exact
+  assert tap.noise_ratio() == pytest.approx(
+    np.linalg.norm(g_host[0] - g_host[1]) / np.linalg.norm(total), rel=1e-4
+  )
+  lossy = jax.jit(
+    jax.shard_map(
+      lambda v: jcoccl.all_reduce(v[0], "data", compressor=codec, min_bytes=0)[None],
+      mesh=mesh,
+      in_specs=P("data"),
+      out_specs=P("data"),
+    )
+  )(g)
+  want = np.linalg.norm(np.asarray(lossy[0]) - total) / np.linalg.norm(total)
+  assert tap.errors()["data"]["int4"] == pytest.approx(want, rel=1e-4)
+  assert coll.points_log == [("data", (512,), jnp.dtype("float32"))]
+
+
+def test_directions_are_checked():
+  with pytest.raises(ValueError, match="unknown point 'tensor.sideways'"):
+    error_probe.check_directions({"tensor.sideways": "int4"})
+  assert error_probe.check_directions({"pipe.backward": "exact"}) == {"pipe.backward": None}
+
+
+# -- the tuner's search on a toy cost model ---------------------------------------------------
+
+
+def _toy(bits=(2, 3, 4, 5, 6, 8)):
+  """Cost: bytes proportional to bits (tensor carries 4x pipe's); score: 2^-b errors."""
+  out = []
+  for bt, bp in itertools.product(bits, bits):
+    s = math.sqrt((2.0**-bt) ** 2 + (0.5 * 2.0**-bp) ** 2)
+    out.append(tune.Candidate((("tensor", bt), ("pipe", bp)), s, 4 * bt + bp))
+  return out
+
+
+def test_frontier_rises_in_cost_and_falls_in_score():
+  front = tune.frontier(_toy())
+  assert [c.cost for c in front] == sorted(c.cost for c in front)
+  assert all(a.score > b.score for a, b in itertools.pairwise(front))
+  assert len({c.cost for c in front}) == len(front)
+
+
+@pytest.mark.parametrize("limit", [0.02, 0.05, 0.1, 0.3])
+def test_search_finds_the_cheapest_passing_candidate(limit):
+  cands = _toy()
+  best, tried = tune.search(cands, lambda c: c.score <= limit, max_runs=10)
+  feasible = [c for c in cands if c.score <= limit]
+  assert best is not None and best.cost == min(c.cost for c in feasible)
+  # Bisection: about log2 of the frontier's length.
+  assert len(tried) <= math.ceil(math.log2(len(tune.frontier(cands)) + 1))
+
+
+def test_search_reports_none_when_nothing_passes_and_respects_max_runs():
+  best, tried = tune.search(_toy(), lambda c: False, max_runs=2)
+  assert best is None and len(tried) == 2
+
+
+def test_score_adds_points_in_quadrature():
+  injected = {"tensor.forward": {"int4": 0.1}, "pipe.backward": {"int3": 0.3}}
+  sens = {"tensor.forward": 0.5, "pipe.backward": 0.2}
+  got = tune.score({"tensor": 4, "pipe": 3}, injected, sens, noise=0.5)
+  assert got == pytest.approx(math.hypot(0.05, 0.06) / 0.5)
+
+
+def test_budget_parses():
+  assert tune.parse_budget("1%") == pytest.approx(0.01)
+  with pytest.raises(ValueError, match="--budget"):
+    tune.parse_budget("-1%")
+
+
+# -- the adaptive controller ------------------------------------------------------------------
+
+
+def _measured(tf3, noise=0.5):
+  inj = {p: {"int3": 0.3, "int4": 0.15, "int8": 0.01} for p in error_probe.DIRECTED}
+  inj["tensor.forward"]["int3"] = tf3
+  return {"injected": inj, "noise": noise, "sensitivity": dict.fromkeys(error_probe.DIRECTED, 0.5)}
+
+
+def test_adaptive_chooses_bits_under_the_budget_and_bounds_programs():
+  a = adaptive.Adaptive(adaptive.AdaptConfig(budget=0.5, bits=(3, 4, 8), max_programs=2))
+  # share = 0.5 / 2 x 0.5 = 0.125: 0.5 x 0.15 = 0.075 passes at int4, int3 (0.15) does not.
+  rec = a.update(0, _measured(tf3=0.3))
+  assert rec["bits"] == dict.fromkeys(error_probe.DIRECTED, 4) and rec["from"]["pipe.forward"] == 8
+  # tensor.forward's int3 error falls under the hysteresis (0.7 x share): it drops to 3 bits.
+  assert a.update(10, _measured(tf3=0.1))["bits"]["tensor.forward"] == 3
+  assert len(a.programs) == 2
+  # A third bit set would exceed max_programs: the compiled set with at least its bits wins.
+  m = _measured(tf3=0.1)
+  m["injected"]["pipe.backward"]["int4"] = 0.5
+  rec = a.update(20, m)
+  assert rec is None or "nearest compiled" in rec["reason"] or "kept" in rec["reason"]
+  assert len(a.programs) == 2
+
+
+def test_adaptive_state_round_trips():
+  a = adaptive.Adaptive(adaptive.AdaptConfig(budget=0.5, bits=(3, 4, 8)))
+  a.update(0, _measured(tf3=0.3))
+  a.count_step()
+  b = adaptive.Adaptive(a.config)
+  b.load(json.loads(json.dumps(a.state_dict())))
+  assert b.state_dict() == a.state_dict()
+
+
+@pytest.mark.slow
+def test_adaptive_training_logs_checkpoints_and_resumes(tmp_path):
+  from models import train
+  from models.checkpoint import checkpointer, saved_adaptive
+
+  argv = [*TINY_RUN, "--steps", "4", "--eval-every", "4", "--ckpt-every", "2", "--warmup", "1"]
+  argv += ["--no-progress", "--no-exact-twin", "--sample-tokens", "0", "--out", str(tmp_path)]
+  # One adapted point and one program: the cheapest run that logs, saves and resumes.
+  argv += ["--adapt", "0.5", "--adapt-every", "2", "--adapt-bits", "3,8"]
+  argv += ["--adapt-max-programs", "1", "--adapt-points", "tensor.backward", "--no-hlo-wire"]
+  s = train.main(argv)
+  logged = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  changes = [r["adapt"] for r in logged if "adapt" in r]
+  assert changes and changes[0]["step"] == 0 and changes == s["adaptive"]["changes"]
+  assert sum(s["adaptive"]["steps_at"].values()) == 4
+  saved = saved_adaptive(checkpointer(tmp_path), 4)
+  assert saved["bits"] == s["adaptive"]["bits"] and saved["changes"] == changes
+  r = train.main(
+    [*argv[: argv.index("--steps") + 1], "6", *argv[argv.index("--steps") + 2 :], "--resume"]
+  )
+  assert r["adaptive"]["changes"][: len(changes)] == changes  # continued, not restarted
+  assert r["adaptive"]["sensitivity"] == s["adaptive"]["sensitivity"]
+  assert sum(r["adaptive"]["steps_at"].values()) == 6
