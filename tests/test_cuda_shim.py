@@ -43,7 +43,7 @@ def test_grid_stride_paths_match():
     "--only",
     r"^(none|cast_bf16|int8_B32|int4_asym_B64|"
     r"fp8_e5m2_B32|int8_asym_B1024|eb_1e-2_B32|had256_int4_B128|had256_fp8_e5m2_B64|had64_cast_f16|"
-    r"spike3_int3_asym_B64)$",
+    r"spike3_int3_asym_B64|spike1_int4_B32|spike2_fp8_e4m3_B64)$",
   )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -51,16 +51,17 @@ def test_grid_stride_paths_match():
 @pytest.mark.parametrize(
   "mutation, cases",
   [
-    # The warp-per-block encode: Hadamard and spike inner codecs, int2 with 32-element blocks.
-    ("fp8_byte_order", r"^spike2_fp8_e4m3_B64$"),
-    ("int_code_order", r"^(int2_B32|spike1_int4_B32)$"),
+    # The warp-per-block encode: the inner codecs of the block-wide Hadamard and spike
+    # kernels, int2 with 32-element blocks.
+    ("fp8_byte_order", r"^had64_fp8_e4m3_B128$"),
+    ("int_code_order", r"^(int2_B32|spike4_int8_B4096)$"),
     ("odd_width_code_order", r"^(int3_B32|int7_asym_B256)$"),
     ("round_half_away", r"^(int2_B64|eb_0.25_B32)$"),
     ("eb_last_word", r"^eb_1e-2_B32$"),
     ("hadamard_stage", r"^had64_fp8_e4m3_B128$"),  # the block-wide transform (granule 128)
     ("sum_order", r"^cast_bf16$"),
-    ("spike_fill", r"^spike1_int4_B32$"),
-    ("spike_unused_slot", r"^spike31_int4_asym_B32$"),
+    ("spike_fill", r"^spike3_int3_asym_B64$"),  # the block-wide spike kernel (odd width)
+    ("spike_unused_slot", r"^spike3_int3_asym_B64$"),
     # The chunk kernels (int 2/4/8 bits, fp8): packing, unpacking, the sum's row order, and
     # the statistics of a block spread over lanes and over warps.
     ("chunk_code_order", r"^(int4_B64|fp8_e4m3_B32)$"),
@@ -74,6 +75,10 @@ def test_grid_stride_paths_match():
     ("warp_hadamard_in_lane", r"^had16_int8_asym_B256$"),
     ("warp_hadamard_codes", r"^had256_fp8_e5m2_B64$"),
     ("warp_hadamard_decode", r"^had32_int2_asym_B256$"),
+    # Spike reserving in a warp: the fill, the unused slots, the restore on decode.
+    ("warp_spike_fill", r"^spike1_int4_B32$"),
+    ("warp_spike_unused_slot", r"^spike31_int4_asym_B32$"),
+    ("warp_spike_restore", r"^(spike2_fp8_e4m3_B64|spike4_int2_B256)$"),
   ],
 )
 def test_broken_packing_or_rounding_is_caught(mutation, cases):

@@ -130,6 +130,21 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "return static_cast<uint32_t>(w >> (e * BITS)) & ((1u << BITS) - 1u);",
     "return static_cast<uint32_t>(w >> ((e ^ 1) * BITS)) & ((1u << BITS) - 1u);",
   ),
+  "warp_spike_fill": (
+    "cuda/gpu/codecs.cu",
+    "for (int e = 0; e < kPerLane; ++e) v[e] = (marks >> e) & 1u ? fill : v[e];",
+    "for (int e = 0; e < kPerLane; ++e) v[e] = (marks >> e) & 1u ? 0.0f : v[e];",
+  ),
+  "warp_spike_unused_slot": (
+    "cuda/gpu/codecs.cu",
+    "idx[r] = used ? static_cast<uint16_t>(at) : kSpikeUnused;",
+    "idx[r] = static_cast<uint16_t>(at);",
+  ),
+  "warp_spike_restore": (
+    "cuda/gpu/codecs.cu",
+    "for (int e = 0; e < kPerLane; ++e) v[e] = i - first == static_cast<uint32_t>(e) ? val : v[e];",
+    "for (int e = 0; e < kPerLane; ++e) v[e] = i - first == (e ^ 1u) ? val : v[e];",
+  ),
   "sum_order": (
     "cuda/gpu/codecs.cu",
     "for (int r = 1; r < nrows; ++r) v = v + dec(row + r * stride, i);",

@@ -9,8 +9,9 @@
 //   decode-sum (also cast and none, and buffers the chunk kernels cannot take);
 // - Hadamard around int of 2, 4, 8 bits or fp8 (H and inner block <= 256): one warp per 256
 //   elements, the transform in registers and shuffles;
-// - the other Hadamard and all spike codecs: one CUDA block per granule staged in shared
-//   memory.
+// - spike around int of 2, 4, 8 bits or fp8 (blocks <= 256): a group of block / 8 lanes per
+//   codec block, the reserved values found by k + 1 shuffle rounds;
+// - the other Hadamard and spike codecs: one CUDA block per granule staged in shared memory.
 // cuda/gpu/codec_bench.cu times these launches with CUDA events.
 #include <cuda_runtime.h>
 
@@ -328,6 +329,7 @@ __device__ __forceinline__ void StoreWords(uint8_t* p, const Words4& v) {
 // What a chunk's decode needs besides its codes, fixed per launch.
 struct ChunkCodec {
   int64_t scales, mins;  // byte offsets of the f32 scales and minimums in a payload row
+  int64_t spike, total;  // spike: byte offset of the reserved values; the row's bytes
   int chunk_shift;       // log2(chunks per codec block)
   Fp8Params fp8;
 };
@@ -336,7 +338,7 @@ ChunkCodec ChunkCodecOf(const CodecSpec& s, DType d, int64_t n, int elems) {
   const Layout l = RowLayout(s, n, d);
   int shift = 0;
   while ((elems << shift) < s.block) ++shift;
-  return ChunkCodec{l.scales, l.mins, shift, Fp8Of(s.fp8)};
+  return ChunkCodec{l.scales, l.mins, l.spike, l.total, shift, Fp8Of(s.fp8)};
 }
 
 // Code e of a chunk's 16 bytes (a little-endian bit stream: WIRE_FORMAT.md).
@@ -784,6 +786,32 @@ __device__ __forceinline__ void DecodeLane(const ChunkCodec& c, const float* lut
   }
 }
 
+// The inner encode of a lane's 8 values, elements [first, first + 8) of payload row `orow`: the
+// statistics of their codec block over its 2^group_shift lanes, then 8 codes; the block's
+// first lane (`leader`) writes its scale. Every lane of the warp calls it; an inactive lane
+// (a group past the last block) only takes part in the shuffles.
+template <Kind K, int BITS, bool SYM>
+__device__ __forceinline__ void EncodeLane(const ChunkCodec& c, const float* v, int group_shift,
+                                           bool active, uint8_t* orow, uint32_t first,
+                                           bool leader) {
+  bool finite;
+  float amax, lo, hi, sc, mn;
+  LaneStats<kPerLane>(v, finite, amax, lo, hi);
+  GroupStats(group_shift, finite, amax, lo, hi, nullptr);
+  if (!active) return;
+  BlockScale<K, BITS, SYM>(c, finite, amax, lo, hi, sc, mn);
+  uint64_t w = 0;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e)
+    w |= static_cast<uint64_t>(Quantize<K, BITS, SYM>(c, v[e], sc, mn)) << (e * BITS);
+  StoreCodes8<BITS>(orow + first / 8 * BITS, w);
+  if (leader) {
+    reinterpret_cast<float*>(orow + c.scales)[first >> c.chunk_shift] = sc;
+    if (K == Kind::kInt && !SYM)
+      reinterpret_cast<float*>(orow + c.mins)[first >> c.chunk_shift] = mn;
+  }
+}
+
 // Hadamard codecs whose inner codec is int of 2, 4, 8 bits or fp8 (blocks of at most 256),
 // H <= 256, rows a multiple of 256: one warp per tile of 256 elements, as HadamardKernel's
 // modes: 0 encode (x rows -> payloads), 1 decode-sum (nrows payloads per output row -> d
@@ -828,22 +856,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kPerLane; ++j) v[j] = RoundTrip(d, v[j]);
       WarpHadamard(v, h, pre, post, lane);
     }
-    bool finite;
-    float amax, lo, hi, sc, mn;
-    LaneStats<kPerLane>(v, finite, amax, lo, hi);
-    GroupStats(group_shift, finite, amax, lo, hi, nullptr);
-    BlockScale<K, BITS, SYM>(c, finite, amax, lo, hi, sc, mn);
-    uint64_t w = 0;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e)
-      w |= static_cast<uint64_t>(Quantize<K, BITS, SYM>(c, v[e], sc, mn)) << (e * BITS);
-    uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
-    StoreCodes8<BITS>(orow + e0 / 8 * BITS, w);
-    if ((lane & ((1 << group_shift) - 1)) == 0) {
-      reinterpret_cast<float*>(orow + c.scales)[e0 >> c.chunk_shift] = sc;
-      if (K == Kind::kInt && !SYM)
-        reinterpret_cast<float*>(orow + c.mins)[e0 >> c.chunk_shift] = mn;
-    }
+    EncodeLane<K, BITS, SYM>(c, v, group_shift, true,
+                             static_cast<uint8_t*>(out) + o * out_row_bytes, e0,
+                             (lane & ((1 << group_shift) - 1)) == 0);
   }
 }
 
@@ -877,6 +892,184 @@ bool HadamardWarp(int mode, const CodecSpec& s, DType d, const void* x, const ui
   return WithChunkKind(s, [&](auto kind) {
     return LaunchHadamardWarp(kind, mode, s, d, x, in, nrows, stride, rows, n, out, out_row_bytes,
                               stream);
+  });
+}
+
+// ---- spike reserving in a warp: a codec block of at most 256 elements per group of lanes -------
+// Lane l of a group holds elements [8l, 8l + 8) of its block. The reserving order's k + 1
+// largest keys come from k + 1 rounds of a max over the group's shuffles, with no barrier;
+// the block-wide kernel (SpikeKernel) paid three barriers per round and ran at 1-3% of the
+// copy bandwidth on an H200.
+
+// v[j] for a j known only at run time, without indexing registers dynamically.
+__device__ __forceinline__ float Pick(const float* v, uint32_t j) {
+  float r = v[0];
+#pragma unroll
+  for (int e = 1; e < kPerLane; ++e) r = j == static_cast<uint32_t>(e) ? v[e] : r;
+  return r;
+}
+
+// The value at in-block index j, from the lane of the group (first lane `base`) holding it.
+__device__ __forceinline__ float GroupValue(const float* v, uint32_t j, int lane, int base) {
+  const float mine = Pick(v, j & 7u);
+  return __shfl_xor_sync(0xffffffffu, mine, lane ^ (base + static_cast<int>(j >> 3)));
+}
+
+// BlockSpikeSplit for the block a group holds: its k reserved values and indices go to `vals`
+// and `idx` (written by the group's first lane when `write`), and each is replaced in v by
+// the (k + 1)-th value of the reserving order.
+__device__ __forceinline__ void SpikeSplitLanes(float* v, int k, int group_shift, int lane,
+                                                uint32_t first, bool write, float* vals,
+                                                uint16_t* idx) {
+  const int span = 1 << group_shift, base = lane & ~(span - 1);
+  uint32_t marks = 0;  // bit e: this lane's element e is reserved
+  uint64_t key = ~uint64_t{0};
+  for (int r = 0; r <= k; ++r) {
+    uint64_t best = 0;  // below every key
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      const uint64_t ke = SpikeKey(v[e], first + e);
+      best = ke < key && ke > best ? ke : best;
+    }
+    for (int o = 1; o < span; o <<= 1) {
+      const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
+      best = other > best ? other : best;
+    }
+    key = best;
+    if (r == k) break;
+    const bool used = SpikeUsed(key);
+    const uint32_t at = SpikeIndex(key);
+    const float val = GroupValue(v, at, lane, base);
+    if (write) {
+      vals[r] = used ? val : 0.0f;
+      idx[r] = used ? static_cast<uint16_t>(at) : kSpikeUnused;
+    }
+    if (used && (at >> 3) == first / kPerLane) marks |= 1u << (at & 7u);
+  }
+  const float fill = GroupValue(v, SpikeIndex(key), lane, base);
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) v[e] = (marks >> e) & 1u ? fill : v[e];
+}
+
+// BlockSpikeRestore for a lane's 8 decoded values (elements [first, first + 8) of block b): a
+// used index past the block or repeated makes the whole block the canonical NaN.
+__device__ __forceinline__ void SpikeRestoreLane(float* v, int k, int block, uint32_t first,
+                                                 const float* vals, const uint16_t* idx) {
+  bool ok = true;
+  for (int r = 0; r < k; ++r) {
+    const uint32_t i = idx[r];
+    if (i == kSpikeUnused) continue;
+    ok = ok && i < static_cast<uint32_t>(block);
+    for (int q = 0; q < r; ++q) ok = ok && idx[q] != i;
+  }
+  if (!ok) {
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) v[e] = BitsFloat(kCanonicalNaN);
+    return;
+  }
+  for (int r = 0; r < k; ++r) {
+    const uint32_t i = idx[r];
+    if (i == kSpikeUnused || i - first >= static_cast<uint32_t>(kPerLane)) continue;
+    const float val = CanonNaN(vals[r]);
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) v[e] = i - first == static_cast<uint32_t>(e) ? val : v[e];
+  }
+}
+
+// Spike codecs around int of 2, 4, 8 bits or fp8 with blocks of at most 256: a group of
+// block / 8 lanes per codec block, as SpikeKernel's modes (0 encode, 1 decode-sum, 2
+// decode-sum-encode) over `blocks` codec blocks, nb per row.
+template <Kind K, int BITS, bool SYM>
+__global__ void __launch_bounds__(kThreads)
+    SpikeWarpKernel(int mode, ChunkCodec c, int k, int group_shift, DType d, const void* x,
+                    const uint8_t* in, int nrows, int64_t stride, uint32_t nb, uint32_t blocks,
+                    void* out, int64_t out_row_bytes) {
+  extern __shared__ float lut[];  // fp8: the 256 code values
+  if constexpr (K == Kind::kFp8) FillFp8Lut(lut, c.fp8);
+  const int lane = threadIdx.x & 31, block = kPerLane << group_shift;
+  const uint32_t per_warp = 32u >> group_shift, group = static_cast<uint32_t>(lane) >> group_shift;
+  const uint32_t warp0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5;
+  const uint32_t tiles = (blocks + per_warp - 1) / per_warp;
+  const uint32_t lane_first = (lane & ((1 << group_shift) - 1)) * kPerLane;  // in the block
+  for (uint32_t t = warp0; t < tiles; t += nwarps) {
+    const uint32_t gb = t * per_warp + group;
+    const bool active = gb < blocks;
+    const uint32_t o = active ? gb / nb : 0, b = active ? gb - o * nb : 0;
+    const uint32_t first = b * block + lane_first;  // the lane's first element in row o
+    float v[kPerLane];
+    if (!active) {
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) v[e] = 0.0f;
+    } else if (mode == 0) {
+      LoadChunkX<kPerLane>(d, x, static_cast<int64_t>(gb) * block + lane_first, v);
+    } else {
+      const uint8_t* row0 = in + static_cast<int64_t>(o) * nrows * stride;
+      for (int r = 0; r < nrows; ++r) {
+        const uint8_t* row = row0 + r * stride;
+        float u[kPerLane];
+        DecodeLane<K, BITS, SYM>(c, lut, row, first, u);
+        SpikeRestoreLane(u, k, block, lane_first,
+                         reinterpret_cast<const float*>(row + c.spike) + b * k,
+                         reinterpret_cast<const uint16_t*>(row + c.spike + 4 * nb * k) + b * k);
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          const float s = r == 0 ? u[e] : v[e] + u[e];
+          v[e] = r > 0 && r == nrows - 1 ? CanonNaN(s) : s;  // a sum's NaN is the canonical one
+        }
+      }
+      if (mode == 1) {
+        StoreChunk<kPerLane>(
+            d, static_cast<uint8_t*>(out) + o * out_row_bytes + first * DTypeBytes(d), v);
+        continue;
+      }
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) v[e] = RoundTrip(d, v[e]);
+    }
+    if (mode == 1) continue;  // an inactive group of a decode: nothing to write
+    uint8_t* orow = static_cast<uint8_t*>(out) + o * out_row_bytes;
+    const bool leader = lane_first == 0;
+    SpikeSplitLanes(v, k, group_shift, lane, lane_first, active && leader,
+                    reinterpret_cast<float*>(orow + c.spike) + b * k,
+                    reinterpret_cast<uint16_t*>(orow + c.spike + 4 * nb * k) + b * k);
+    EncodeLane<K, BITS, SYM>(c, v, group_shift, active, orow, first, leader);
+    if (active && leader && b == nb - 1) {
+      for (int64_t q = c.spike + 6 * int64_t{nb} * k; q < c.total; ++q) orow[q] = 0;  // padding
+    }
+  }
+}
+
+// SpikeWarpKernel's launch, or false (nothing launched) where it does not apply: blocks above
+// 256, x or decoded rows not 16-byte aligned, payload rows or strides not 4-byte aligned,
+// 2^31 blocks or more.
+template <Kind K, int BITS, bool SYM>
+bool LaunchSpikeWarp(ChunkKind<K, BITS, SYM>, int mode, const CodecSpec& s, DType d, const void* x,
+                     const uint8_t* in, int nrows, int64_t stride, int64_t rows, int64_t n,
+                     void* out, int64_t out_row_bytes, cudaStream_t stream) {
+  const int64_t nb = n / s.block, blocks = rows * nb;
+  if (s.block > kTile || blocks >= kMaxChunkWork) return false;
+  if (mode == 0 ? !Aligned(x, 16) : (!Aligned(in, 4) || stride % 4 != 0)) return false;
+  if (mode == 1 ? !Aligned(out, 16) : (!Aligned(out, 4) || out_row_bytes % 4 != 0)) return false;
+  int group_shift = 0;  // lanes per block: block / 8, 4 to 32
+  while ((kPerLane << group_shift) < s.block) ++group_shift;
+  const int64_t warps = (blocks + (32 >> group_shift) - 1) / (32 >> group_shift);
+  const size_t smem = K == Kind::kFp8 ? 256 * sizeof(float) : 0;
+  const auto k = SpikeWarpKernel<K, BITS, SYM>;
+  k<<<GridFor(warps, kWarps), kThreads, smem, stream>>>(
+      mode, ChunkCodecOf(s, d, n, 1), s.spike, group_shift, d, x, in, nrows, stride,
+      static_cast<uint32_t>(nb), static_cast<uint32_t>(blocks), out, out_row_bytes);
+  return true;
+}
+
+bool SpikeWarp(int mode, const CodecSpec& s, DType d, const void* x, const uint8_t* in, int nrows,
+               int64_t stride, int64_t rows, int64_t n, void* out, int64_t out_row_bytes,
+               cudaStream_t stream) {
+  if (s.spike == 0) return false;
+  CodecSpec inner = s;  // WithChunkKind takes the inner codec
+  inner.spike = 0;
+  return WithChunkKind(inner, [&](auto kind) {
+    return LaunchSpikeWarp(kind, mode, s, d, x, in, nrows, stride, rows, n, out, out_row_bytes,
+                           stream);
   });
 }
 
@@ -1163,6 +1356,8 @@ cudaError_t DecodeSumBatch(const CodecSpec& s, DType d, const uint8_t* in, int n
     const int64_t tiles = outs * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         1, s, d, nullptr, in, nrows, stride, outs, n, out, ob, HadamardPost(s.hadamard));
+  } else if (SpikeWarp(1, s, d, nullptr, in, nrows, stride, outs, n, out, ob, stream)) {
+    // launched: inner int (2, 4, 8 bits) or fp8, block <= 256
   } else if (s.spike > 0) {
     SpikeKernel<<<GridFor(outs * (n / s.block), 1), kThreads, SpikeSmem(s), stream>>>(
         1, s, d, nullptr, in, nrows, stride, outs, n, out, ob);
@@ -1190,6 +1385,8 @@ cudaError_t DecodeSumEncodeBatch(const CodecSpec& s, DType d, const uint8_t* in,
     const int64_t tiles = outs * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         2, s, d, nullptr, in, nrows, stride, outs, n, out, p, HadamardPost(s.hadamard));
+  } else if (SpikeWarp(2, s, d, nullptr, in, nrows, stride, outs, n, out, p, stream)) {
+    // launched
   } else if (s.spike > 0) {
     SpikeKernel<<<GridFor(outs * (n / s.block), 1), kThreads, SpikeSmem(s), stream>>>(
         2, s, d, nullptr, in, nrows, stride, outs, n, out, p);
@@ -1217,6 +1414,8 @@ cudaError_t EncodeRowsCuda(const CodecSpec& s, DType d, const void* x, int64_t r
     const int64_t tiles = rows * (n / Granule(s));
     HadamardKernel<<<GridFor(tiles, 1), kThreads, HadamardSmem(s), stream>>>(
         0, s, d, x, nullptr, 1, 0, rows, n, out, p, HadamardPost(s.hadamard));
+  } else if (SpikeWarp(0, s, d, x, nullptr, 1, 0, rows, n, out, p, stream)) {
+    // launched
   } else if (s.spike > 0) {
     SpikeKernel<<<GridFor(rows * (n / s.block), 1), kThreads, SpikeSmem(s), stream>>>(
         0, s, d, x, nullptr, 1, 0, rows, n, out, p);
