@@ -157,6 +157,12 @@ def test_residual_argument_errors():
 
   with pytest.raises(ValueError, match="residual must have the structure of x"):
     run(lambda g: jcoccl.all_reduce([g], "x", compressor="int8", residual=(g, g))[0][0])
+  with pytest.raises(ValueError, match=r"residual: leaf 0 has shape \(128,\), x's has \(256,\)"):
+    run(
+      lambda g: jcoccl.reduce_scatter(
+        g[0], "x", tiled=True, compressor="int8", residual=g[0, :128]
+      )[0]
+    )
   with pytest.raises(ValueError, match="backend='fused' returns no encoder residual"):
     run(
       lambda g: jcoccl.all_reduce(

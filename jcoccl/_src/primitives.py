@@ -326,6 +326,11 @@ def apply_residual(
   kept: list = list(owed)  # exact leaves carry theirs forward
   bound: list[tuple[int, Bound, jax.Array]] = []
   for i, (x, a) in enumerate(zip(xs, args)):
+    if jnp.shape(owed[i]) != jnp.shape(x):
+      raise ValueError(
+        f"residual: leaf {i} has shape {jnp.shape(owed[i])}, x's has {jnp.shape(x)} (the "
+        "residual is shaped like the input: zeros from error_feedback(...).init(x) at first)"
+      )
     planned = plan(o, x, residual=True, **a)
     if isinstance(planned, Exact):
       outs[i] = planned.value
