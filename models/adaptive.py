@@ -172,7 +172,8 @@ class Adaptive:
     out = {}
     for p in self.config.points:
       errs, s = injected.get(p, {}), sensitivity.get(p, 1.0)
-      now = self.bits.get(p, max(self.config.bits))
+      # The first decision starts from nothing: no hysteresis.
+      now = self.bits[p] if self.changes else min(self.config.bits)
       ok = [
         b
         for b in self.config.bits
