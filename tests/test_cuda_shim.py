@@ -62,11 +62,12 @@ def test_grid_stride_paths_match():
     ("sum_order", r"^cast_bf16$"),
     ("spike_fill", r"^spike3_int3_asym_B64$"),  # the block-wide spike kernel (odd width)
     ("spike_unused_slot", r"^spike3_int3_asym_B64$"),
-    # The chunk kernels (int 2/4/8 bits, fp8): packing, unpacking, the sum's row order, and
-    # the statistics of a block spread over lanes and over warps.
+    # The chunk kernels (int 2/4/8 bits, fp8; error_bounded decode): packing, unpacking, the
+    # sum's row order, and the statistics of a block spread over lanes and over warps.
     ("chunk_code_order", r"^(int4_B64|fp8_e4m3_B32)$"),
     ("chunk_decode_order", r"^int8_B32$"),
     ("chunk_sum_order", r"^int8_B32$"),
+    ("chunk_eb_width", r"^eb_1e-2_B32$"),
     ("group_stats_lanes", r"^int8_B256$"),
     ("group_stats_warps", r"^int8_B1024$"),
     # The register (warp) Hadamard transform: butterflies across and within lanes, the inner

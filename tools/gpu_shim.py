@@ -99,6 +99,11 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "return (w.w[e * BITS / 32] >> (e * BITS % 32)) & ((1u << BITS) - 1u);",
     "return (w.w[e * BITS / 32] >> ((e ^ 1) * BITS % 32)) & ((1u << BITS) - 1u);",
   ),
+  "chunk_eb_width": (
+    "cuda/gpu/codecs.cu",
+    "return (reinterpret_cast<const uint32_t*>(row)[b >> 2] >> (8 * (b & 3u))) & 0xffu;",
+    "return (reinterpret_cast<const uint32_t*>(row)[b >> 2] >> (8 * (b & 1u))) & 0xffu;",
+  ),
   "chunk_sum_order": (
     "cuda/gpu/codecs.cu",
     "DecodeChunk<K, BITS, SYM>(c, lut, row0 + r * stride, ci, v);",

@@ -329,16 +329,18 @@ __device__ __forceinline__ void StoreWords(uint8_t* p, const Words4& v) {
 // What a chunk's decode needs besides its codes, fixed per launch.
 struct ChunkCodec {
   int64_t scales, mins;  // byte offsets of the f32 scales and minimums in a payload row
+                         // (error_bounded: of its uint32 words)
   int64_t spike, total;  // spike: byte offset of the reserved values; the row's bytes
   int chunk_shift;       // log2(chunks per codec block)
   Fp8Params fp8;
+  float step;  // error_bounded: 2 * abs_error
 };
 
 ChunkCodec ChunkCodecOf(const CodecSpec& s, DType d, int64_t n, int elems) {
   const Layout l = RowLayout(s, n, d);
   int shift = 0;
   while ((elems << shift) < s.block) ++shift;
-  return ChunkCodec{l.scales, l.mins, l.spike, l.total, shift, Fp8Of(s.fp8)};
+  return ChunkCodec{l.scales, l.mins, l.spike, l.total, shift, Fp8Of(s.fp8), 2.0f * s.abs_error};
 }
 
 // Code e of a chunk's 16 bytes (a little-endian bit stream: WIRE_FORMAT.md).
@@ -347,12 +349,29 @@ __device__ __forceinline__ uint32_t ChunkCode(const Words4& w, int e) {
   return (w.w[e * BITS / 32] >> (e * BITS % 32)) & ((1u << BITS) - 1u);
 }
 
+// The width byte of error_bounded block b, read from its 32-bit word (the widths are padded
+// to whole words).
+__device__ __forceinline__ uint32_t EbWidth(const uint8_t* row, uint32_t b) {
+  return (reinterpret_cast<const uint32_t*>(row)[b >> 2] >> (8 * (b & 3u))) & 0xffu;
+}
+
 // Decodes chunk ci of one payload row into v (the values of ElemDecoder, bit for bit).
-// `lut`: fp8's 256 code values (Fp8ToF32), in shared memory.
+// `lut`: fp8's 256 code values (Fp8ToF32), in shared memory. error_bounded (BITS 8: chunks of
+// 16) reads its width and fields as 32-bit words.
 template <Kind K, int BITS, bool SYM>
 __device__ __forceinline__ void DecodeChunk(const ChunkCodec& c, const float* lut,
                                             const uint8_t* row, uint32_t ci, float* v) {
   constexpr int E = kChunkElems<BITS>;
+  if constexpr (K == Kind::kErrorBounded) {
+    const uint32_t b = ci >> c.chunk_shift;
+    const int width = static_cast<int>(EbWidth(row, b));
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(row + c.scales) +
+                            (static_cast<size_t>(b) << c.chunk_shift) * E;
+    const int64_t j0 = static_cast<int64_t>(ci - (b << c.chunk_shift)) * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e] = EbDecode(words, j0 + e, width, c.step);
+    return;
+  }
   const Words4 w = LoadWords(row + static_cast<size_t>(ci) * kChunkBytes);
   const uint32_t b = ci >> c.chunk_shift;
   const float sc = reinterpret_cast<const float*>(row + c.scales)[b];
@@ -606,13 +625,15 @@ __global__ void __launch_bounds__(kThreads)
 template <Kind K, int BITS, bool SYM>
 struct ChunkKind {};
 
-// Returns f(ChunkKind<K, BITS, SYM>{}) for the inner codecs the chunk and warp-Hadamard
-// kernels take (int of 2, 4 or 8 bits, fp8; no spike), false for every other codec (the
-// kernels above serve those). f returns false where its kernel does not apply.
+// Returns f(ChunkKind<K, BITS, SYM>{}) for the inner codecs the chunk and warp kernels take
+// (int of 2, 4 or 8 bits, fp8, and error_bounded, which only the chunk decode takes; no
+// spike), false for every other codec (the kernels above serve those). f returns false where
+// its kernel does not apply.
 template <class F>
 bool WithChunkKind(const CodecSpec& s, F&& f) {
   if (s.spike > 0) return false;
   if (s.kind == Kind::kFp8) return f(ChunkKind<Kind::kFp8, 8, true>{});
+  if (s.kind == Kind::kErrorBounded) return f(ChunkKind<Kind::kErrorBounded, 8, true>{});
   if (s.kind != Kind::kInt) return false;
   const bool sym = s.symmetric;
   switch (s.bits) {
@@ -626,6 +647,13 @@ bool WithChunkKind(const CodecSpec& s, F&& f) {
       return false;
   }
 }
+
+// Whether the warp and chunk encodes take an inner codec kind (error_bounded varies its width
+// per block: only its decode has a chunk kernel).
+template <class T>
+constexpr bool kChunkEncodes = true;
+template <int BITS, bool SYM>
+constexpr bool kChunkEncodes<ChunkKind<Kind::kErrorBounded, BITS, SYM>> = false;
 
 constexpr int64_t kMaxChunkWork = int64_t{1}
                                   << 31;  // the kernels index chunks and blocks in 32 bits
@@ -679,7 +707,10 @@ bool EncodeChunks(const CodecSpec& s, DType d, const void* x, int64_t rows, int6
                   int64_t p, cudaStream_t stream) {
   if (!Aligned(x, 16) || !Aligned(out, 4)) return false;
   return WithChunkKind(s, [&](auto kind) {
-    return LaunchEncodeChunks<true>(kind, s, d, x, nullptr, 1, 0, rows, n, out, p, stream);
+    if constexpr (kChunkEncodes<decltype(kind)>)
+      return LaunchEncodeChunks<true>(kind, s, d, x, nullptr, 1, 0, rows, n, out, p, stream);
+    else
+      return false;
   });
 }
 
@@ -688,8 +719,11 @@ bool DecodeSumEncodeChunks(const CodecSpec& s, DType d, const uint8_t* in, int n
                            cudaStream_t stream) {
   if (!Aligned(in, 4) || stride % 4 != 0 || !Aligned(out, 4)) return false;
   return WithChunkKind(s, [&](auto kind) {
-    return LaunchEncodeChunks<false>(kind, s, d, nullptr, in, nrows, stride, outs, n, out, p,
-                                     stream);
+    if constexpr (kChunkEncodes<decltype(kind)>)
+      return LaunchEncodeChunks<false>(kind, s, d, nullptr, in, nrows, stride, outs, n, out, p,
+                                       stream);
+    else
+      return false;
   });
 }
 
@@ -864,13 +898,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // HadamardWarpKernel's launch, or false (nothing launched) where it does not apply: H or the
 // inner block above 256, rows not a multiple of 256, x or decoded rows not 16-byte aligned,
-// payload rows or strides not 4-byte aligned, 2^31 tiles or more.
+// payload rows or strides not 4-byte aligned, 2^31 tiles or row elements or more.
 template <Kind K, int BITS, bool SYM>
 bool LaunchHadamardWarp(ChunkKind<K, BITS, SYM>, int mode, const CodecSpec& s, DType d,
                         const void* x, const uint8_t* in, int nrows, int64_t stride, int64_t rows,
                         int64_t n, void* out, int64_t out_row_bytes, cudaStream_t stream) {
   const int64_t tiles = rows * (n / kTile);
-  if (s.hadamard > kTile || s.block > kTile || n % kTile != 0 || tiles >= kMaxChunkWork)
+  if (s.hadamard > kTile || s.block > kTile || n % kTile != 0 || tiles >= kMaxChunkWork ||
+      n >= kMaxChunkWork)
     return false;
   if (mode == 0 ? !Aligned(x, 16) : (!Aligned(in, 4) || stride % 4 != 0)) return false;
   if (mode == 1 ? !Aligned(out, 16) : (!Aligned(out, 4) || out_row_bytes % 4 != 0)) return false;
@@ -890,8 +925,11 @@ bool HadamardWarp(int mode, const CodecSpec& s, DType d, const void* x, const ui
                   int64_t out_row_bytes, cudaStream_t stream) {
   if (s.hadamard == 0) return false;
   return WithChunkKind(s, [&](auto kind) {
-    return LaunchHadamardWarp(kind, mode, s, d, x, in, nrows, stride, rows, n, out, out_row_bytes,
-                              stream);
+    if constexpr (kChunkEncodes<decltype(kind)>)
+      return LaunchHadamardWarp(kind, mode, s, d, x, in, nrows, stride, rows, n, out, out_row_bytes,
+                                stream);
+    else
+      return false;
   });
 }
 
@@ -1041,13 +1079,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // SpikeWarpKernel's launch, or false (nothing launched) where it does not apply: blocks above
 // 256, x or decoded rows not 16-byte aligned, payload rows or strides not 4-byte aligned,
-// 2^31 blocks or more.
+// 2^31 blocks or row elements or more.
 template <Kind K, int BITS, bool SYM>
 bool LaunchSpikeWarp(ChunkKind<K, BITS, SYM>, int mode, const CodecSpec& s, DType d, const void* x,
                      const uint8_t* in, int nrows, int64_t stride, int64_t rows, int64_t n,
                      void* out, int64_t out_row_bytes, cudaStream_t stream) {
   const int64_t nb = n / s.block, blocks = rows * nb;
-  if (s.block > kTile || blocks >= kMaxChunkWork) return false;
+  if (s.block > kTile || blocks >= kMaxChunkWork || n >= kMaxChunkWork) return false;
   if (mode == 0 ? !Aligned(x, 16) : (!Aligned(in, 4) || stride % 4 != 0)) return false;
   if (mode == 1 ? !Aligned(out, 16) : (!Aligned(out, 4) || out_row_bytes % 4 != 0)) return false;
   int group_shift = 0;  // lanes per block: block / 8, 4 to 32
@@ -1068,8 +1106,11 @@ bool SpikeWarp(int mode, const CodecSpec& s, DType d, const void* x, const uint8
   CodecSpec inner = s;  // WithChunkKind takes the inner codec
   inner.spike = 0;
   return WithChunkKind(inner, [&](auto kind) {
-    return LaunchSpikeWarp(kind, mode, s, d, x, in, nrows, stride, rows, n, out, out_row_bytes,
-                           stream);
+    if constexpr (kChunkEncodes<decltype(kind)>)
+      return LaunchSpikeWarp(kind, mode, s, d, x, in, nrows, stride, rows, n, out, out_row_bytes,
+                             stream);
+    else
+      return false;
   });
 }
 
@@ -1362,7 +1403,7 @@ cudaError_t DecodeSumBatch(const CodecSpec& s, DType d, const uint8_t* in, int n
     SpikeKernel<<<GridFor(outs * (n / s.block), 1), kThreads, SpikeSmem(s), stream>>>(
         1, s, d, nullptr, in, nrows, stride, outs, n, out, ob);
   } else if (DecodeSumChunks(s, d, in, nrows, stride, outs, n, out, stream)) {
-    // launched: int (2, 4, 8 bits) and fp8
+    // launched: int (2, 4, 8 bits), fp8 and error_bounded
   } else if (s.kind == Kind::kNone && d == DType::kF32 && nrows == 1 && stride == ob) {
     // A float32 `none` row's sum is its bits (16-bit rows convert: their NaNs change).
     return cudaMemcpyAsync(out, in, outs * ob, cudaMemcpyDeviceToDevice, stream);
