@@ -332,13 +332,13 @@ def test_handlers_reject_short_payloads(target):
   ):
     buf = jnp.zeros(shape, jnp.uint8)
     with pytest.raises(Exception, match="payload must be uint8"):
-      jax.block_until_ready(call(buf, **native.codec_attrs(c)))
+      jax.block_until_ready(call(buf, codec=native.ffi_codec(c)))
   call = jax.ffi.ffi_call("jcoccl_decode_sum_encode", jax.ShapeDtypeStruct((p,), jnp.uint8))
   with pytest.raises(Exception, match="payload must be uint8"):
     jax.block_until_ready(
       call(
         jnp.zeros((2, p - 4), jnp.uint8),
-        **native.codec_attrs(c),
+        codec=native.ffi_codec(c),
         dtype=np.int32(0),
         n=np.int64(4096),
       )

@@ -379,11 +379,11 @@ def test_exhaustive_bf16_patterns(c):
 def test_bad_attributes_raise():
   x = jnp.ones((2, 64), jnp.float32)
   jc.int8(block_size=64).encode_rows(x, impl="native")  # registers the targets
-  attrs = native.codec_attrs(jc.int8(block_size=64))
+  attrs = native.ffi_codec(jc.int8(block_size=64))
   attrs["bits"] = np.int32(9)
   call = jax.ffi.ffi_call("jcoccl_encode_rows", jax.ShapeDtypeStruct((2, 100), jnp.uint8))
   with pytest.raises(Exception, match="bits must be 2 to 8"):
-    jax.block_until_ready(call(x, **attrs))
+    jax.block_until_ready(call(x, codec=attrs))
 
 
 def test_bad_spike_attributes_raise():
@@ -397,7 +397,7 @@ def test_bad_spike_attributes_raise():
     ({"kind": np.int32(1)}, "spike needs an int, fp8 or error_bounded inner"),
   ):
     with pytest.raises(Exception, match=msg):
-      jax.block_until_ready(call(x, **{**native.codec_attrs(c), **change}))
+      jax.block_until_ready(call(x, codec={**native.ffi_codec(c), **change}))
 
 
 def test_wrappers_inside_wrappers_are_not_native():

@@ -317,7 +317,7 @@ def test_plugin_collectives_xla_and_fused_match_jnp(sign_plugin, dtype):
 
 @pytest.mark.parametrize("plugin_level", ["outer", "inner"])
 def test_plugin_hierarchical_all_reduce_matches_jnp(sign_plugin, plugin_level):
-  # The outer codec travels as "o_"-prefixed attributes (o_plugin, o_params).
+  # The outer codec travels as its own descriptor (the "outer" attribute).
   mesh = jax.make_mesh((2, 4), ("node", "gpu"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   axes = ("node", "gpu")
   x = jax.device_put(jnp.asarray(_data(64, 128)), jax.NamedSharding(mesh, jax.P(axes)))

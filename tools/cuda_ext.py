@@ -288,16 +288,18 @@ class CudaExt:
   def fused_comm_destroy(self, comm: int) -> int:
     return int(self.lib.jce_comm_destroy(comm))
 
-  def fused_workspace_bytes(self, op, k, m, size, outer_size, codec, outer_codec, dtype) -> int:
-    def fields(d: dict, p: str):
-      names = ("kind", "bits", "block", "symmetric", "fp8", "cast_dtype", "hadamard")
-      if not d:
-        return (ctypes.c_int32 * 8)(0, 8, 1, 1, 0, 1, 0, 0), 0.0
-      vals = [int(d[p + f]) for f in names] + [int(d.get(p + "spike", 0))]
-      return (ctypes.c_int32 * 8)(*vals), float(d[p + "abs_error"])
+  def fused_workspace_bytes(self, op, k, m, size, outer_size, codec, outer, dtype) -> int:
+    # codec_api.h's C form of a descriptor: its eight integer fields, then abs_error.
+    names = ("kind", "bits", "block", "symmetric", "fp8", "cast_dtype", "hadamard", "spike")
 
-    c, eps = fields(codec, "")
-    oc, oeps = fields(outer_codec, "o_")
+    def fields(d: dict | None):
+      d = d or native.identity_attrs()
+      return (ctypes.c_int32 * 8)(*[int(d[f]) for f in names]), float(d["abs_error"])
+
+    from jcoccl._src.compressors import native
+
+    c, eps = fields(codec)
+    oc, oeps = fields(outer)
     return int(self.lib.jce_workspace_bytes(op, k, m, size, outer_size, c, eps, oc, oeps, dtype))
 
   # -- controls

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "jcoccl/codec_plugin.h"
 
@@ -26,10 +27,10 @@
 
 namespace jcoccl::codecs {
 
-// Element types of rows. Values are the FFI attribute encoding.
+// Element types of rows. Values are the wire encoding (descriptor field cast_dtype, fused dtype).
 enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
-// Codec families. Values are the FFI attribute "kind" encoding. A Hadamard rotation is not
+// Codec families. Values are the descriptor field "kind". A Hadamard rotation is not
 // a kind: it is CodecSpec::hadamard > 0 around any of these (the "inner" codec) except
 // kPlugin, a codec whose kernels come from a loaded plugin library
 // (jcoccl/include/jcoccl/codec_plugin.h).
@@ -44,7 +45,7 @@ enum class Kind : int32_t {
 
 constexpr int kMaxPluginParams = JCOCCL_PLUGIN_MAX_PARAMS;
 
-// fp8 formats. Values are the FFI attribute "fp8" encoding.
+// fp8 formats. Values are the descriptor field "fp8" (codecs/descriptor.h).
 enum class Fp8Format : int32_t { kE4M3 = 0, kE5M2 = 1 };
 
 // A codec, flat: `kind` with its parameters, optionally wrapped by a Hadamard rotation of
@@ -305,5 +306,20 @@ void DecodeSumCpu(const CodecSpec& spec, DType dtype, const uint8_t* const* rows
 // encode(decode_sum(rows)) into out (PayloadBytes(spec, n, dtype) bytes).
 void DecodeSumEncodeCpu(const CodecSpec& spec, DType dtype, const uint8_t* const* rows, int nrows,
                         int64_t n, uint8_t* out);
+
+// Row-batched forms, as the CUDA launches of codecs/codec_cuda.h (host memory, synchronous):
+// rows contiguous rows; decode-sum reduction o reads the nrows payloads at
+// in + (o * nrows + r) * row_stride and writes output row o.
+void EncodeRowsCpu(const CodecSpec& spec, DType dtype, const void* x, int64_t rows, int64_t n,
+                   uint8_t* out);
+void DecodeRowsCpu(const CodecSpec& spec, DType out_dtype, const uint8_t* in, int64_t rows,
+                   int64_t n, void* out);
+void DecodeSumBatchCpu(const CodecSpec& spec, DType dtype, const uint8_t* in, int nrows,
+                       int64_t row_stride, int64_t outs, int64_t n, void* out);
+void DecodeSumEncodeBatchCpu(const CodecSpec& spec, DType dtype, const uint8_t* in, int nrows,
+                             int64_t row_stride, int64_t outs, int64_t n, uint8_t* out);
+// The addresses of reduction o's nrows payloads (as above).
+std::vector<const uint8_t*> RowPointers(const uint8_t* in, int nrows, int64_t row_stride,
+                                        int64_t o);
 
 }  // namespace jcoccl::codecs

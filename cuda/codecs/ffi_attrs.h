@@ -1,80 +1,15 @@
-// The one place that turns XLA FFI attributes into a CodecSpec, and the argument checks
-// the CPU and CUDA codec handlers share.
-//
-// Attributes (all scalars; Python: jcoccl/_src/compressors/native.py):
-//   kind: int32 (Kind), bits: int32, block: int32, symmetric: int32 (0/1),
-//   fp8: int32 (Fp8Format), cast_dtype: int32 (DType), hadamard: int32 (0 = none),
-//   abs_error: float32; plugin codecs (kind 6) also plugin: int32 (the library's id) and
-//   params: float64[<= 8] (both optional for the other kinds); spike: int32 (optional, 0 =
-//   no spike reserving).
-// Bind them with `.Attrs()` (an ffi::Dictionary) and call SpecFromAttrs.
+// The argument checks the CPU and CUDA codec handlers share. The codec itself is the
+// dictionary attribute "codec", decoded by SpecFromAttrs (codecs/descriptor.h); bind the
+// attributes with `.Attrs()` (an ffi::Dictionary).
 #pragma once
 
 #include <string>
 
 #include "codecs/codec.h"
+#include "codecs/descriptor.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jcoccl::codecs {
-
-// The plugin fields of a kPlugin spec: "plugin" (int32 id) and "params" (float64 array of
-// at most kMaxPluginParams values); both optional, for codecs that are not plugins.
-inline xla::ffi::Error PluginFromAttrs(const xla::ffi::Dictionary& attrs, const std::string& prefix,
-                                       CodecSpec* s) {
-  namespace ffi = xla::ffi;
-  if (attrs.contains(prefix + "plugin")) {
-    auto id = attrs.get<int32_t>(prefix + "plugin");
-    if (id.has_error()) return id.error();
-    s->plugin = *id;
-  }
-  if (attrs.contains(prefix + "params")) {
-    auto params = attrs.get<ffi::Span<const double>>(prefix + "params");
-    if (params.has_error()) return params.error();
-    if (params->size() > static_cast<size_t>(kMaxPluginParams))
-      return ffi::Error::InvalidArgument("jcoccl codec: at most 8 plugin params");
-    for (size_t i = 0; i < params->size(); ++i) s->params[i] = (*params)[i];
-  }
-  return ffi::Error::Success();
-}
-
-// The codec described by the attributes named `prefix` + the names above ("o_" for the
-// outer codec of a hierarchical all-reduce); `who` starts error messages.
-inline xla::ffi::ErrorOr<CodecSpec> SpecFromAttrs(const xla::ffi::Dictionary& attrs,
-                                                  const std::string& prefix = "",
-                                                  const char* who = "jcoccl codec: ") {
-  namespace ffi = xla::ffi;
-  CodecSpec s;
-  auto kind = attrs.get<int32_t>(prefix + "kind");
-  auto bits = attrs.get<int32_t>(prefix + "bits");
-  auto block = attrs.get<int32_t>(prefix + "block");
-  auto sym = attrs.get<int32_t>(prefix + "symmetric");
-  auto fp8 = attrs.get<int32_t>(prefix + "fp8");
-  auto cast = attrs.get<int32_t>(prefix + "cast_dtype");
-  auto had = attrs.get<int32_t>(prefix + "hadamard");
-  auto eps = attrs.get<float>(prefix + "abs_error");
-  for (const auto* e : {&kind, &bits, &block, &sym, &fp8, &cast, &had}) {
-    if (e->has_error()) return ffi::Unexpected(e->error());
-  }
-  if (eps.has_error()) return ffi::Unexpected(eps.error());
-  s.kind = static_cast<Kind>(*kind);
-  s.bits = *bits;
-  s.block = *block;
-  s.symmetric = *sym != 0;
-  s.fp8 = static_cast<Fp8Format>(*fp8);
-  s.cast_dtype = static_cast<DType>(*cast);
-  s.hadamard = *had;
-  s.abs_error = *eps;
-  if (ffi::Error e = PluginFromAttrs(attrs, prefix, &s); e.failure()) return ffi::Unexpected(e);
-  if (attrs.contains(prefix + "spike")) {
-    auto k = attrs.get<int32_t>(prefix + "spike");
-    if (k.has_error()) return ffi::Unexpected(k.error());
-    s.spike = *k;
-  }
-  if (const char* msg = Validate(s)) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(who) + msg));
-  }
-  return s;
-}
 
 // Maps an FFI element type to DType; false if unsupported.
 inline bool DTypeFromFfi(xla::ffi::DataType t, DType* out) {

@@ -1,4 +1,4 @@
-// CPU codecs (cuda/WIRE_FORMAT.md) and their XLA FFI handlers.
+// CPU codecs (cuda/WIRE_FORMAT.md) and their XLA FFI handlers (codecs/handlers.h).
 //
 // Single-threaded per call: XLA:CPU already runs each device's program on its own thread.
 // The handlers call no kernels of their own, so they declare no command-buffer traits.
@@ -16,10 +16,9 @@
 #include <vector>
 
 #include "codecs/codec.h"
-#include "codecs/ffi_attrs.h"
 #include "codecs/format.h"
+#include "codecs/handlers.h"
 #include "codecs/plugin.h"
-#include "registry.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__linux__)
@@ -84,163 +83,130 @@ void DecodeSumEncodeCpu(const CodecSpec& s, DType d, const uint8_t* const* rows,
   JCOCCL_DISPATCH(DecodeSumEncode, s, d, rows, nrows, n, out);
 }
 
+void EncodeRowsCpu(const CodecSpec& s, DType d, const void* x, int64_t rows, int64_t n,
+                   uint8_t* out) {
+  const int64_t p = PayloadBytes(s, n, d), rb = n * DTypeBytes(d);
+  for (int64_t r = 0; r < rows; ++r)
+    EncodeRowCpu(s, d, static_cast<const uint8_t*>(x) + r * rb, n, out + r * p);
+}
+
+void DecodeRowsCpu(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows, int64_t n,
+                   void* out) {
+  const int64_t p = PayloadBytes(s, n, d), rb = n * DTypeBytes(d);
+  for (int64_t r = 0; r < rows; ++r)
+    DecodeRowCpu(s, d, in + r * p, n, static_cast<uint8_t*>(out) + r * rb);
+}
+
+std::vector<const uint8_t*> RowPointers(const uint8_t* in, int nrows, int64_t row_stride,
+                                        int64_t o) {
+  std::vector<const uint8_t*> rows(nrows);
+  for (int r = 0; r < nrows; ++r) rows[r] = in + (o * nrows + r) * row_stride;
+  return rows;
+}
+
+void DecodeSumBatchCpu(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
+                       int64_t row_stride, int64_t outs, int64_t n, void* out) {
+  for (int64_t o = 0; o < outs; ++o)
+    DecodeSumCpu(s, d, RowPointers(in, nrows, row_stride, o).data(), nrows, n,
+                 static_cast<uint8_t*>(out) + o * n * DTypeBytes(d));
+}
+
+void DecodeSumEncodeBatchCpu(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
+                             int64_t row_stride, int64_t outs, int64_t n, uint8_t* out) {
+  const int64_t p = PayloadBytes(s, n, d);
+  for (int64_t o = 0; o < outs; ++o)
+    DecodeSumEncodeCpu(s, d, RowPointers(in, nrows, row_stride, o).data(), nrows, n, out + o * p);
+}
+
 }  // namespace jcoccl::codecs
 
-// ---- XLA FFI handlers ----------------------------------------------------------------------
+// ---- XLA FFI handlers (codecs/handlers.h) -------------------------------------------------
+namespace {
 namespace ffi = xla::ffi;
 namespace jc = jcoccl::codecs;
-using jc::BadArg;
-using jc::CheckRow;
-using jc::LastDim;
-using jc::SumShape;
-using jc::SumShapeOf;
 
-namespace {
+// XLA:CPU runs each call synchronously on the device's thread: no stream.
+struct CpuPlatform {
+  using Stream = std::nullptr_t;
+  using CodecSpec = jc::CodecSpec;
+  using DType = jc::DType;
 
-// XLA:CPU allocates large results with malloc, which maps fresh pages for every call above
-// 32 MiB: filling a 64 MiB decode output spent ~80% of its time in 4 KiB page faults here.
-// Asking for transparent huge pages on the result's aligned interior cuts that to a few
-// 2 MiB faults (Linux, THP "madvise" or "always"); elsewhere, or if refused, nothing changes.
-void AdviseHugePages(ffi::Result<ffi::AnyBuffer>& out) {
+  struct Kernels {
+    int Encode(const CodecSpec& s, DType d, const void* x, int64_t rows, int64_t n, uint8_t* out,
+               Stream) {
+      jc::EncodeRowsCpu(s, d, x, rows, n, out);
+      return 0;
+    }
+    int Decode(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows, int64_t n, void* out,
+               Stream) {
+      jc::DecodeRowsCpu(s, d, in, rows, n, out);
+      return 0;
+    }
+    int DecodeSum(const CodecSpec& s, DType d, const uint8_t* in, int nrows, int64_t stride,
+                  int64_t outs, int64_t n, void* out, Stream) {
+      jc::DecodeSumBatchCpu(s, d, in, nrows, stride, outs, n, out);
+      return 0;
+    }
+    int DecodeSumEncode(const CodecSpec& s, DType d, const uint8_t* in, int nrows, int64_t stride,
+                        int64_t outs, int64_t n, uint8_t* out, Stream) {
+      jc::DecodeSumEncodeBatchCpu(s, d, in, nrows, stride, outs, n, out);
+      return 0;
+    }
+  };
+
+  // The CPU plugin ABI takes one reduction at a time, as row pointers.
+  struct Plugin {
+    std::string Encode(const CodecSpec& s, DType d, const void* x, int64_t rows, int64_t n,
+                       uint8_t* out, Stream) {
+      return jc::PluginEncodeCpu(s, d, x, rows, n, out);
+    }
+    std::string Decode(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows, int64_t n,
+                       void* out, Stream) {
+      return jc::PluginDecodeCpu(s, d, in, rows, n, out);
+    }
+    std::string DecodeSum(const CodecSpec& s, DType d, const uint8_t* in, int nrows, int64_t stride,
+                          int64_t outs, int64_t n, void* out, Stream) {
+      for (int64_t o = 0; o < outs; ++o) {
+        std::string e =
+            jc::PluginDecodeSumCpu(s, d, jc::RowPointers(in, nrows, stride, o).data(), nrows, n,
+                                   static_cast<uint8_t*>(out) + o * n * jc::DTypeBytes(d));
+        if (!e.empty()) return e;
+      }
+      return {};
+    }
+    std::string DecodeSumEncode(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
+                                int64_t stride, int64_t outs, int64_t n, uint8_t* out, Stream) {
+      const int64_t p = jc::PayloadBytes(s, n, d);
+      for (int64_t o = 0; o < outs; ++o) {
+        std::string e = jc::PluginDecodeSumEncodeCpu(
+            s, d, jc::RowPointers(in, nrows, stride, o).data(), nrows, n, out + o * p);
+        if (!e.empty()) return e;
+      }
+      return {};
+    }
+  };
+
+  static ffi::Error Status(int) { return ffi::Error::Success(); }
+
+  // XLA:CPU allocates large results with malloc, which maps fresh pages for every call above
+  // 32 MiB: filling a 64 MiB decode output spent ~80% of its time in 4 KiB page faults here.
+  // Asking for transparent huge pages on the result's aligned interior cuts that to a few
+  // 2 MiB faults (Linux, THP "madvise" or "always"); elsewhere, or if refused, nothing changes.
+  static void PrepareOutput(ffi::Result<ffi::AnyBuffer>& out) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const auto begin = reinterpret_cast<uintptr_t>(out->untyped_data());
-  const uintptr_t end = begin + out->size_bytes();
-  const uintptr_t lo = (begin + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t hi = end & ~(kHuge - 1);
-  if (hi >= lo + 2 * kHuge) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+    constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+    const auto begin = reinterpret_cast<uintptr_t>(out->untyped_data());
+    const uintptr_t end = begin + out->size_bytes();
+    const uintptr_t lo = (begin + kHuge - 1) & ~(kHuge - 1);
+    const uintptr_t hi = end & ~(kHuge - 1);
+    if (hi >= lo + 2 * kHuge) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
 #else
-  (void)out;
+    (void)out;
 #endif
-}
-
-// A plugin kernel's failure as the handler's error ("" is success).
-ffi::Error PluginStatus(const std::string& e) {
-  return e.empty() ? ffi::Error::Success() : ffi::Error::Internal(e);
-}
-
-// x: [..., n] -> out: uint8[..., P].
-ffi::Error EncodeRowsImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Dictionary attrs) {
-  auto spec = jc::SpecFromAttrs(attrs);
-  if (spec.has_error()) return spec.error();
-  jc::DType d;
-  if (!jc::DTypeFromFfi(x.element_type(), &d))
-    return BadArg("x must be float32, bfloat16 or float16");
-  const int64_t n = LastDim(x);
-  if (auto e = CheckRow(*spec, n); e.failure()) return e;
-  const int64_t rows = static_cast<int64_t>(x.element_count()) / n;
-  const int64_t p = jc::PayloadBytes(*spec, n, d);
-  if (out->element_type() != ffi::DataType::U8 ||
-      static_cast<int64_t>(out->element_count()) != rows * p) {
-    return BadArg(jc::PluginContext(*spec, d, n) + "output must be uint8[rows, " +
-                  std::to_string(p) + "], got " + std::to_string(out->element_count()) +
-                  " bytes for " + std::to_string(rows) + " rows");
   }
-  const auto* xp = static_cast<const uint8_t*>(x.untyped_data());
-  AdviseHugePages(out);
-  auto* op = static_cast<uint8_t*>(out->untyped_data());
-  if (spec->kind == jc::Kind::kPlugin)
-    return PluginStatus(jc::PluginEncodeCpu(*spec, d, xp, rows, n, op));
-  for (int64_t r = 0; r < rows; ++r) {
-    jc::EncodeRowCpu(*spec, d, xp + r * n * jc::DTypeBytes(d), n, op + r * p);
-  }
-  return ffi::Error::Success();
-}
-
-// buf: uint8[..., P] -> out: dtype[..., n].
-ffi::Error DecodeRowsImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Dictionary attrs) {
-  auto spec = jc::SpecFromAttrs(attrs);
-  if (spec.has_error()) return spec.error();
-  jc::DType d;
-  if (!jc::DTypeFromFfi(out->element_type(), &d))
-    return BadArg("output must be float32, bfloat16 or float16");
-  const int64_t n = LastDim(*out);
-  if (auto e = CheckRow(*spec, n); e.failure()) return e;
-  const int64_t rows = static_cast<int64_t>(out->element_count()) / n;
-  const int64_t p = jc::PayloadBytes(*spec, n, d);
-  if (buf.element_type() != ffi::DataType::U8 || LastDim(buf) != p ||
-      static_cast<int64_t>(buf.element_count()) != rows * p) {
-    return BadArg(jc::PluginContext(*spec, d, n) + "payload must be uint8[rows, " +
-                  std::to_string(p) + "], got uint8[..., " + std::to_string(LastDim(buf)) + "]");
-  }
-  const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
-  AdviseHugePages(out);
-  auto* op = static_cast<uint8_t*>(out->untyped_data());
-  if (spec->kind == jc::Kind::kPlugin)
-    return PluginStatus(jc::PluginDecodeCpu(*spec, d, bp, rows, n, op));
-  for (int64_t r = 0; r < rows; ++r) {
-    jc::DecodeRowCpu(*spec, d, bp + r * p, n, op + r * n * jc::DTypeBytes(d));
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error DecodeSumImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
-                         ffi::Dictionary attrs) {
-  auto spec = jc::SpecFromAttrs(attrs);
-  if (spec.has_error()) return spec.error();
-  jc::DType d;
-  if (!jc::DTypeFromFfi(out->element_type(), &d))
-    return BadArg("output must be float32, bfloat16 or float16");
-  const int64_t n = LastDim(*out);
-  SumShape sh;
-  if (auto e = SumShapeOf(*spec, d, buf, n, &sh); e.failure()) return e;
-  if (static_cast<int64_t>(out->element_count()) != sh.batch * n)
-    return BadArg("output must be dtype[..., n]");
-  const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
-  AdviseHugePages(out);
-  auto* op = static_cast<uint8_t*>(out->untyped_data());
-  std::vector<const uint8_t*> rows(sh.nrows);
-  for (int64_t b = 0; b < sh.batch; ++b) {
-    for (int64_t r = 0; r < sh.nrows; ++r) rows[r] = bp + (b * sh.nrows + r) * sh.p;
-    void* dst = op + b * n * jc::DTypeBytes(d);
-    if (spec->kind == jc::Kind::kPlugin) {
-      auto e = jc::PluginDecodeSumCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n, dst);
-      if (!e.empty()) return PluginStatus(e);
-      continue;
-    }
-    jc::DecodeSumCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n, dst);
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error DecodeSumEncodeImpl(ffi::AnyBuffer buf, ffi::Result<ffi::AnyBuffer> out,
-                               ffi::Dictionary attrs) {
-  auto spec = jc::SpecFromAttrs(attrs);
-  if (spec.has_error()) return spec.error();
-  jc::DType d;
-  int64_t n;
-  SumShape sh;
-  if (auto e = jc::SumEncodeArgs(attrs, *spec, buf, *out, &d, &n, &sh); e.failure()) return e;
-  const auto* bp = static_cast<const uint8_t*>(buf.untyped_data());
-  AdviseHugePages(out);
-  auto* op = static_cast<uint8_t*>(out->untyped_data());
-  std::vector<const uint8_t*> rows(sh.nrows);
-  for (int64_t b = 0; b < sh.batch; ++b) {
-    for (int64_t r = 0; r < sh.nrows; ++r) rows[r] = bp + (b * sh.nrows + r) * sh.p;
-    if (spec->kind == jc::Kind::kPlugin) {
-      auto e = jc::PluginDecodeSumEncodeCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n,
-                                            op + b * sh.p);
-      if (!e.empty()) return PluginStatus(e);
-      continue;
-    }
-    jc::DecodeSumEncodeCpu(*spec, d, rows.data(), static_cast<int>(sh.nrows), n, op + b * sh.p);
-  }
-  return ffi::Error::Success();
-}
+};
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclEncodeRows, EncodeRowsImpl,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attrs());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclDecodeRows, DecodeRowsImpl,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attrs());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclDecodeSum, DecodeSumImpl,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attrs());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclDecodeSumEncode, DecodeSumEncodeImpl,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attrs());
-JCOCCL_REGISTER_HANDLER(JcocclEncodeRows, "jcoccl_encode_rows");
-JCOCCL_REGISTER_HANDLER(JcocclDecodeRows, "jcoccl_decode_rows");
-JCOCCL_REGISTER_HANDLER(JcocclDecodeSum, "jcoccl_decode_sum");
-JCOCCL_REGISTER_HANDLER(JcocclDecodeSumEncode, "jcoccl_decode_sum_encode");
+JCOCCL_DEFINE_CODEC_HANDLERS(Jcoccl, CpuPlatform, JCOCCL_NO_STREAM,
+                             ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attrs());

@@ -73,13 +73,8 @@ class CpuCodec final : public Codec {
 ffi::Error FusedImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer x,
                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws,
                      ffi::Dictionary attrs) {
-  if (x.element_type() != out->element_type())
-    return ffi::Error::InvalidArgument("jcoccl fused: output dtype must equal the input dtype");
   Resolved r;
-  if (ffi::Error e =
-          Resolve(attrs, device, x.element_type(), x.element_count(), out->element_count(), &r);
-      e.failure())
-    return e;
+  if (ffi::Error e = ResolveCall(attrs, run_id, device, x, *out, &r); e.failure()) return e;
   CpuCodec codec(r.spec, r.dtype);
   CpuCodec outer(r.outer_spec, r.dtype);
   Call& c = r.call;
@@ -87,7 +82,6 @@ ffi::Error FusedImpl(ffi::RunId run_id, int32_t device, ffi::AnyBuffer x,
   c.out = out->untyped_data();
   c.codec = &codec;
   c.outer_codec = c.op == Op::kAllReduceHierarchical ? &outer : nullptr;
-  c.ctx.run_id = run_id.run_id;
   CpuLanes lanes;
   Status s = Run(c, &lanes, static_cast<uint8_t*>(ws->untyped_data()),
                  static_cast<int64_t>(ws->size_bytes()));

@@ -43,6 +43,7 @@ inline void* OpenNccl(const char* file, int mode) {
 #include JCOCCL_EXT_NCCL
 #undef dlopen
 
+#include "codec_api.h"  // jc_api::Spec
 #include "nccl_emul.h"
 #include "xla_adaptor.h"
 
@@ -56,33 +57,6 @@ const char* Text(std::string s) {
   return g_text.c_str();
 }
 
-jcoccl::codecs::CodecSpec SpecOf(const int32_t* f, float abs_error) {
-  jcoccl::codecs::CodecSpec s;
-  s.kind = static_cast<jcoccl::codecs::Kind>(f[0]);
-  s.bits = f[1];
-  s.block = f[2];
-  s.symmetric = f[3] != 0;
-  s.fp8 = static_cast<jcoccl::codecs::Fp8Format>(f[4]);
-  s.cast_dtype = static_cast<jcoccl::codecs::DType>(f[5]);
-  s.hadamard = f[6];
-  s.spike = f[7];
-  s.abs_error = abs_error;
-  return s;
-}
-
-// Codec stand-in for sizing (as bind_fused.h's, which needs nanobind).
-class SizeCodec final : public jcoccl::engine::Codec {
- public:
-  using Codec::Codec;
-  using Status = jcoccl::transport::Status;
-  Status EncodeRows(void*, const void*, int64_t, int64_t, uint8_t*) override { return Err(); }
-  Status DecodeRows(void*, const uint8_t*, int64_t, int64_t, void*) override { return Err(); }
-  Status DecodeSum(void*, const uint8_t*, int, int64_t, void*) override { return Err(); }
-  Status DecodeSumEncode(void*, const uint8_t*, int, int64_t, uint8_t*) override { return Err(); }
-
- private:
-  static Status Err() { return Status::Error("sizing codec cannot run"); }
-};
 }  // namespace
 
 // The registered CUDA handlers, each behind its own adaptor entry point: fills up to `cap`
@@ -172,18 +146,9 @@ JCE_API int64_t jce_workspace_bytes(int op, int64_t k, int64_t m, int size, int 
                                     const int32_t* spec, float eps, const int32_t* ospec,
                                     float oeps, int dtype) {
   namespace je = jcoccl::engine;
-  SizeCodec c(SpecOf(spec, eps), static_cast<je::DType>(dtype));
-  SizeCodec oc(SpecOf(ospec, oeps), static_cast<je::DType>(dtype));
-  je::SizeOnlyTransport t(size), ot(outer_size > 0 ? outer_size : 1);
-  je::Call call;
-  call.op = static_cast<je::Op>(op);
-  call.k = k;
-  call.m = m;
-  call.codec = &c;
-  call.comm = &t;
-  call.outer_codec = &oc;
-  call.outer_comm = &ot;
-  return je::WorkspaceBytes(call);
+  return je::FusedWorkspaceBytes(static_cast<je::Op>(op), k, m, size, outer_size,
+                                 jc_api::Spec(spec, eps), jc_api::Spec(ospec, oeps),
+                                 static_cast<je::DType>(dtype));
 }
 
 // What the shim found since the last call (one finding per line), and forgets it.

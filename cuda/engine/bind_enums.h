@@ -1,6 +1,8 @@
 // Exports the C++ enums that cross the FFI boundary (codec kinds, element types, fp8
 // formats, engine ops) as name -> value dicts on the native module, so Python reads the
-// values instead of keeping its own copy. Included by cuda/bindings_*.cc only.
+// values instead of keeping its own copy, and the codec descriptor's schema
+// (codecs/bind_descriptor.h: CODEC_FIELDS, codec_descriptor). Included by cuda/bindings_*.cc
+// only.
 #pragma once
 #include <nanobind/nanobind.h>
 
@@ -8,6 +10,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "codecs/bind_descriptor.h"
 #include "codecs/codec.h"
 #include "engine/engine.h"
 
@@ -46,6 +49,7 @@ inline void BindEnums(nb::module_& m) {
                                 {"plain_all_reduce", Op::kPlainAllReduce},
                                 {"plain_reduce_scatter", Op::kPlainReduceScatter},
                                 {"plain_all_gather", Op::kPlainAllGather}});
+  codecs::BindDescriptor(m);
 }
 
 }  // namespace jcoccl::engine

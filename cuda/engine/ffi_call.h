@@ -5,8 +5,8 @@
 //   m: int64 row length, comm: int64 id, timeout_s: float64 seconds a rank waits for its
 //   peers (jcoccl.config's timeout_s),
 //   outer_comm: int64 id (hierarchical; else -1), perm: int32[size] destination of each
-//   rank or -1 (ppermute; else empty), the codec attributes of codecs/ffi_attrs.h, and the
-//   outer codec's with an "o_" prefix (hierarchical only).
+//   rank or -1 (ppermute; else empty), codec: the codec descriptor (a dictionary,
+//   codecs/descriptor.h), and outer: the outer codec's (hierarchical only).
 #pragma once
 #include <memory>
 #include <string>
@@ -26,9 +26,40 @@ inline ffi::ErrorOr<T> Attr(const ffi::Dictionary& a, const std::string& name) {
   return *v;
 }
 
-// The outer codec of a hierarchical all-reduce, from the "o_"-prefixed attributes.
+// The outer codec of a hierarchical all-reduce, from the "outer" attribute.
 inline ffi::ErrorOr<CodecSpec> OuterSpec(const ffi::Dictionary& a) {
-  return codecs::SpecFromAttrs(a, "o_", "jcoccl outer codec: ");
+  return codecs::SpecFromAttrs(a, "outer", "jcoccl outer codec: ");
+}
+
+// Codec stand-in for sizing: the engine only asks it for payload sizes.
+class SizingCodec final : public Codec {
+ public:
+  using Codec::Codec;
+  Status EncodeRows(void*, const void*, int64_t, int64_t, uint8_t*) override { return Err(); }
+  Status DecodeRows(void*, const uint8_t*, int64_t, int64_t, void*) override { return Err(); }
+  Status DecodeSum(void*, const uint8_t*, int, int64_t, void*) override { return Err(); }
+  Status DecodeSumEncode(void*, const uint8_t*, int, int64_t, uint8_t*) override { return Err(); }
+
+ private:
+  static Status Err() { return Status::Error("sizing codec cannot run"); }
+};
+
+// The workspace bytes of a fused call, from a dry run of the engine over size-only
+// transports: what the dry run in Python (fused_workspace_bytes) asks before it binds the
+// call, and what the handler's engine then checks its workspace against (WorkspaceBytes).
+inline int64_t FusedWorkspaceBytes(Op op, int64_t k, int64_t m, int size, int outer_size,
+                                   const CodecSpec& spec, const CodecSpec& outer, DType dtype) {
+  SizingCodec c(spec, dtype), oc(outer_size > 0 ? outer : CodecSpec{}, dtype);
+  SizeOnlyTransport t(size), ot(outer_size > 0 ? outer_size : 1);
+  Call call;
+  call.op = op;
+  call.k = k;
+  call.m = m;
+  call.codec = &c;
+  call.comm = &t;
+  call.outer_codec = &oc;
+  call.outer_comm = &ot;
+  return WorkspaceBytes(call);
 }
 
 inline ffi::Error Fail(const std::string& msg) { return ffi::Error::Internal(msg); }
@@ -134,6 +165,19 @@ inline ffi::Error Resolve(const ffi::Dictionary& a, int32_t device, ffi::DataTyp
     for (int s = 0; s < n; ++s)
       if ((*perm)[s] == me) c.recv_from = s;
   }
+  return ffi::Error::Success();
+}
+
+// Resolve for a fused handler's buffers: x and out of one dtype, and the call's run id.
+inline ffi::Error ResolveCall(const ffi::Dictionary& a, ffi::RunId run_id, int32_t device,
+                              const ffi::AnyBuffer& x, const ffi::AnyBuffer& out, Resolved* r) {
+  if (x.element_type() != out.element_type())
+    return ffi::Error::InvalidArgument("jcoccl fused: output dtype must equal the input dtype");
+  if (ffi::Error e =
+          Resolve(a, device, x.element_type(), x.element_count(), out.element_count(), r);
+      e.failure())
+    return e;
+  r->call.ctx.run_id = run_id.run_id;
   return ffi::Error::Success();
 }
 

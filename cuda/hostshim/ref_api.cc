@@ -3,7 +3,6 @@
 #include <xmmintrin.h>
 
 #include <string>
-#include <vector>
 
 #include "codec_api.h"
 
@@ -35,12 +34,6 @@ void WithMxcsr(F f) {
   f();
   _mm_setcsr(saved);
 }
-
-std::vector<const uint8_t*> RowPointers(const uint8_t* in, int nrows, int64_t stride, int64_t o) {
-  std::vector<const uint8_t*> rows(nrows);
-  for (int r = 0; r < nrows; ++r) rows[r] = in + (o * nrows + r) * stride;
-  return rows;
-}
 }  // namespace
 
 JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x, int64_t rows,
@@ -48,12 +41,7 @@ JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void
   const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
   if (!Check(s, n)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
-  const int64_t p = jc::PayloadBytes(s, n, d);
-  WithMxcsr([&] {
-    for (int64_t r = 0; r < rows; ++r)
-      jc::EncodeRowCpu(s, d, static_cast<const uint8_t*>(x) + r * n * jc::DTypeBytes(d), n,
-                       out + r * p);
-  });
+  WithMxcsr([&] { jc::EncodeRowsCpu(s, d, x, rows, n, out); });
   return 0;
 }
 
@@ -62,11 +50,7 @@ JC_API int jc_decode(const int32_t* spec, float abs_error, int dtype, const uint
   const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
   if (!Check(s, n)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
-  const int64_t p = jc::PayloadBytes(s, n, d);
-  WithMxcsr([&] {
-    for (int64_t r = 0; r < rows; ++r)
-      jc::DecodeRowCpu(s, d, in + r * p, n, static_cast<uint8_t*>(out) + r * n * jc::DTypeBytes(d));
-  });
+  WithMxcsr([&] { jc::DecodeRowsCpu(s, d, in, rows, n, out); });
   return 0;
 }
 
@@ -75,11 +59,7 @@ JC_API int jc_decode_sum(const int32_t* spec, float abs_error, int dtype, const 
   const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
   if (!Check(s, n)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
-  WithMxcsr([&] {
-    for (int64_t o = 0; o < outs; ++o)
-      jc::DecodeSumCpu(s, d, RowPointers(in, nrows, stride, o).data(), nrows, n,
-                       static_cast<uint8_t*>(out) + o * n * jc::DTypeBytes(d));
-  });
+  WithMxcsr([&] { jc::DecodeSumBatchCpu(s, d, in, nrows, stride, outs, n, out); });
   return 0;
 }
 
@@ -88,11 +68,7 @@ JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype,
   const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
   if (!Check(s, n)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
-  const int64_t p = jc::PayloadBytes(s, n, d);
-  WithMxcsr([&] {
-    for (int64_t o = 0; o < outs; ++o)
-      jc::DecodeSumEncodeCpu(s, d, RowPointers(in, nrows, stride, o).data(), nrows, n, out + o * p);
-  });
+  WithMxcsr([&] { jc::DecodeSumEncodeBatchCpu(s, d, in, nrows, stride, outs, n, out); });
   return 0;
 }
 

@@ -65,19 +65,6 @@ _TARGET = {
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 DEFAULT_TIMEOUT_S = _env.DEFAULT_TIMEOUT_S
 MAX_TIMEOUT_S = _env.MAX_TIMEOUT_S  # "no limit": larger values (inf too) are clamped
-NONE_ATTRS = {
-  "kind": np.int32(0),
-  "bits": np.int32(8),
-  "block": np.int32(1),
-  "symmetric": np.int32(1),
-  "fp8": np.int32(0),
-  "cast_dtype": np.int32(1),
-  "hadamard": np.int32(0),
-  "spike": np.int32(0),
-  "abs_error": np.float32(0.0),
-  "plugin": np.int32(-1),
-  "params": np.zeros((8,), np.float64),
-}
 
 
 def timeout_seconds() -> float:
@@ -122,35 +109,29 @@ def compressor_reason(compressor: Any) -> str | None:
         f"compressor {c}: the fused backend implements round-to-nearest only; use "
         "backend='xla' (or 'auto') for stochastic rounding"
       )
-    if not native._supported(c):
+    reason = native.no_kernel_reason(c)
+    if reason is not None:
       return (
-        f"compressor {c} has no native kernel for the fused backend (native: none, "
-        "cast, int2..int8 and fp8 and error_bounded with power-of-two blocks of 32 to "
-        "4096, one hadamard around one of those, spike around int, fp8 or error_bounded, "
-        "and codecs whose native plugin is "
-        "loaded with jcoccl.compressors.load_plugin); use backend='xla' (or 'auto'), "
-        "which runs its jnp definition"
+        f"{reason}; the fused backend runs native kernels only: use backend='xla' (or "
+        "'auto'), which runs its jnp definition"
       )
   return None
 
 
-def codec_attrs(c: Any, prefix: str = "") -> dict[str, Any]:
-  """The engine attributes of codec ``c`` (None: the identity codec), keys prefixed.
+def codec_attr(c: Any) -> dict[str, Any]:
+  """The ``codec`` (or ``outer``) attribute of codec ``c`` (None: the identity codec): its
+  descriptor (:func:`jcoccl._src.compressors.native.codec_attrs`).
 
   Raises:
     ValueError: the engine cannot run ``c`` (see :func:`compressor_reason`).
   """
   from jcoccl._src.compressors import native
 
-  attrs: dict[str, Any]
-  if c is None:
-    attrs = dict(NONE_ATTRS)
-  else:
+  if c is not None:
     reason = compressor_reason(c)
     if reason is not None:
       raise ValueError(reason)
-    attrs = native.codec_attrs(c)
-  return {prefix + k: v for k, v in attrs.items()}
+  return native.ffi_codec(c)
 
 
 def engine_call(
@@ -216,16 +197,10 @@ def engine_call(
     timeout_s=np.float64(timeout_seconds()),
     perm=np.full((n,), -1, np.int32) if perm is None else perm,
   )
-  attrs.update(codec_attrs(compressor))
+  attrs["codec"] = codec_attr(compressor)
   if algo == "hierarchical":
-    attrs.update(codec_attrs(outer, "o_"))
-  codec = {k_: v for k_, v in attrs.items() if k_ in NONE_ATTRS}
-  ocodec = {k_: v for k_, v in attrs.items() if k_.startswith("o_")}
-  ws = int(
-    _ffi.require_module("cpu").fused_workspace_bytes(
-      code, k, m, n, outer_size, codec, ocodec, _ffi.codes("DTYPES")[dtype.name]
-    )
-  )
+    attrs["outer"] = codec_attr(outer)
+  ws = workspace_bytes(code, k, m, n, outer_size, attrs["codec"], attrs.get("outer"), dtype)
   _ffi.register(platform)
   if vma is None:
     types = (jax.ShapeDtypeStruct(out_shape, dtype), jax.ShapeDtypeStruct((max(ws, 1),), jnp.uint8))
@@ -237,6 +212,32 @@ def engine_call(
   # Under vmap each batch element is its own collective, issued in the same order everywhere.
   out, _ = jax.ffi.ffi_call(_TARGET[op], types, vmap_method="sequential")(x, **attrs)
   return out
+
+
+def workspace_bytes(
+  code: int,
+  k: int,
+  m: int,
+  n: int,
+  outer_size: int,
+  codec: dict[str, Any],
+  outer: dict[str, Any] | None,
+  dtype: Any,
+) -> int:
+  """Bytes of the workspace the engine needs for one call: the engine's own dry run
+  (cuda/engine/ffi_call.h ``FusedWorkspaceBytes``, the sizing the handler checks against),
+  asked of the CPU module with the same descriptors the call carries.
+
+  Example:
+    >>> workspace_bytes(op_code("all_reduce", "one_shot", None, jnp.float32), 1, 256, 2, 0,
+    ...                 codec_attr(jc.int8()), None, jnp.float32) > 0  # doctest: +SKIP
+    True
+  """
+  return int(
+    _ffi.require_module("cpu").fused_workspace_bytes(
+      code, k, m, n, outer_size, codec, outer, _ffi.codes("DTYPES")[jnp.dtype(dtype).name]
+    )
+  )
 
 
 def op_code(op: str, algo: str, compressor: Any, dtype: Any) -> int:

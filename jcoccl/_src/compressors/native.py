@@ -10,16 +10,18 @@ Interface (used by ``Compressor`` when ``impl`` is "native" or "auto"):
   decode_sum(c, buf, n, dtype) -> dtype[n]
   decode_sum_encode(c, buf, n, dtype) -> uint8[c.payload_nbytes(n, dtype)]
 
-The codec reaches C++ as scalar FFI attributes (see cuda/codecs/ffi_attrs.h): kind, bits,
-block, symmetric, fp8, cast_dtype, hadamard (0 or the rotation size), spike (0 or the
-values reserved per block), abs_error, and for
-plugin codecs (:mod:`.plugins`) plugin (the library's id) and params (float64[8]). Every
+The codec reaches C++ as one dictionary attribute, ``codec``: its descriptor, whose fields
+and wire types C++ defines (cuda/codecs/descriptor.h) and exports as ``CODEC_FIELDS``
+(:func:`schema`). :func:`codec_attrs` is the one place that builds it from a compressor;
+it checks its fields against that schema. Every
 call works under jit, vmap (leading batch dimensions are folded into rows) and
 ``jax.shard_map(..., check_vma=True)`` (outputs carry the inputs' varying axes).
 """
 
 from __future__ import annotations
 
+import importlib
+import re
 from typing import Any
 
 import jax
@@ -29,7 +31,6 @@ import numpy as np
 from jcoccl._src import _compat, _ffi
 from jcoccl._src.compressors import registry
 
-PLUGIN_MAX_PARAMS = 8  # JCOCCL_PLUGIN_MAX_PARAMS (jcoccl/include/jcoccl/codec_plugin.h)
 _NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # jax's lowering platform names -> the native module that has kernels for them.
 _NATIVE_PLATFORMS = {"cpu": "cpu", "cuda": "cuda"}
@@ -108,15 +109,18 @@ def _fields(c: Any) -> dict[str, Any] | None:
 
 
 def codec_attrs(c: Any) -> dict[str, np.generic | np.ndarray]:
-  """The FFI attributes describing compressor ``c``.
+  """The codec descriptor of compressor ``c``: every field of C++'s schema, typed by it.
+
+  The one place that turns a compressor into the fields of cuda/codecs/descriptor.h; a
+  field added there is added here, and :func:`typed` fails until both sides agree.
 
   Args:
     c: a ``Compressor`` whose family has native kernels (none, cast, int, fp8,
-      error_bounded, hadamard around one of those, or spike around int, fp8 or
-      error_bounded).
+      error_bounded, hadamard around one of those, spike around int, fp8 or
+      error_bounded, or a loaded plugin's codec).
 
   Returns:
-    A dict of numpy scalars (and the float64[8] ``params`` array) for ``jax.ffi.ffi_call``.
+    A dict of numpy scalars (and the float64[8] ``params`` array), one per schema field.
 
   Raises:
     ValueError: if ``c`` has no native kernel.
@@ -127,38 +131,143 @@ def codec_attrs(c: Any) -> dict[str, np.generic | np.ndarray]:
   """
   f = _fields(c)
   if f is None:
-    raise ValueError(
-      f"compressor {c} has no native kernel; native kinds: {sorted(_kinds())} "
-      "(round to nearest), hadamard around them, spike around int, fp8 or error_bounded"
-    )
-  return {
-    "kind": np.int32(_kinds()[f["kind"]]),
-    "bits": np.int32(f.get("bits", 8)),
-    "block": np.int32(f.get("block", 1)),
-    "symmetric": np.int32(bool(f.get("symmetric", True))),
-    "fp8": np.int32(_fp8_code(f.get("fp8", "e4m3"))),
-    "cast_dtype": np.int32(dtype_code(f.get("cast_dtype", "bfloat16"))),
-    "hadamard": np.int32(f.get("hadamard", 0)),
-    "spike": np.int32(f.get("spike", 0)),
-    "abs_error": np.float32(f.get("abs_error", 0.0)),
-    "plugin": np.int32(f.get("plugin", -1)),
-    "params": plugin_params(f.get("params", ())),
-  }
+    raise ValueError(no_kernel_reason(c))
+  return _descriptor(f)
 
 
-def plugin_params(values: Any) -> np.ndarray:
-  """A plugin codec's parameters as the FFI ``params`` attribute: float64[8], zero-padded.
+def no_kernel_reason(c: Any) -> str | None:
+  """Why compressor ``c`` has no native kernel, or None when it has one.
 
   Example:
-    >>> plugin_params((256,))[:2]
-    array([256.,   0.])
+    >>> no_kernel_reason(jc.int8()) is None
+    True
   """
-  out = np.zeros((PLUGIN_MAX_PARAMS,), np.float64)
-  vals = [float(v) for v in values]
-  if len(vals) > PLUGIN_MAX_PARAMS:
-    raise ValueError(f"a plugin codec has at most {PLUGIN_MAX_PARAMS} params, got {len(vals)}")
-  out[: len(vals)] = vals
+  if _supported(c):
+    return None
+  kinds = ", ".join(k for k in _kinds() if k != "plugin")
+  return (
+    f"compressor {c} has no native kernel (native: {kinds} with round-to-nearest and "
+    "power-of-two blocks of 32 to 4096, one hadamard around one of those, spike around int, "
+    "fp8 or error_bounded, and codecs whose native plugin is loaded with "
+    "jcoccl.compressors.load_plugin)"
+  )
+
+
+def _descriptor(f: dict[str, Any]) -> dict[str, np.generic | np.ndarray]:
+  """The descriptor of a codec's kernel fields (:func:`_fields`): one value per field."""
+  return typed(
+    {
+      "kind": _kinds()[f["kind"]],
+      "bits": f.get("bits", 8),
+      "block": f.get("block", 1),
+      "symmetric": int(bool(f.get("symmetric", True))),
+      "fp8": _fp8_code(f.get("fp8", "e4m3")),
+      "cast_dtype": dtype_code(f.get("cast_dtype", "bfloat16")),
+      "abs_error": float(f.get("abs_error", 0.0)),
+      "hadamard": f.get("hadamard", 0),
+      "spike": f.get("spike", 0),
+      "plugin": f.get("plugin", -1),
+      "params": tuple(float(v) for v in f.get("params", ())),
+    }
+  )
+
+
+def identity_attrs() -> dict[str, np.generic | np.ndarray]:
+  """The descriptor of the identity codec (kind none), e.g. for the fused engine's
+  uncompressed ops.
+
+  Example:
+    >>> int(identity_attrs()["kind"]) == _ffi.codes("CODEC_KINDS")["none"]
+    True
+  """
+  return _descriptor({"kind": "none"})
+
+
+def schema() -> dict[str, str]:
+  """Field name -> wire type ("int32", "float32", "float64[8]") of the codec descriptor,
+  in C++'s order, as the native module exports it (``CODEC_FIELDS``): Python keeps no copy.
+
+  Example:
+    >>> schema()["abs_error"]
+    'float32'
+  """
+  return {str(k): str(v) for k, v in importlib.import_module("jcoccl._cpu").CODEC_FIELDS.items()}
+
+
+def typed(values: dict[str, Any], fields: dict[str, str] | None = None) -> dict[str, Any]:
+  """``values`` (field -> Python value) checked against the schema and converted to its
+  wire types, in the schema's order.
+
+  Args:
+    values: one value per field: an integer for int32 fields, a number for float32, a
+      sequence of at most N numbers for float64[N] (zero-padded).
+    fields: the schema (default: :func:`schema`).
+
+  Returns:
+    The descriptor: numpy int32 / float32 scalars and float64[N] arrays.
+
+  Raises:
+    ValueError: a field is missing or unknown on one side, or its wire type is unknown here.
+    TypeError: a value does not fit its field's wire type.
+
+  Example:
+    >>> typed({"bits": 4}, {"bits": "int32"})
+    {'bits': np.int32(4)}
+  """
+  fields = schema() if fields is None else fields
+  missing, extra = sorted(set(fields) - set(values)), sorted(set(values) - set(fields))
+  if missing or extra:
+    raise ValueError(
+      "the codec descriptor's fields differ between C++ (cuda/codecs/descriptor.h, "
+      f"CODEC_FIELDS) and Python's builder (compressors/native.py codec_attrs): "
+      f"missing in Python: {missing}, unknown to C++: {extra}; C++'s fields: {fields}"
+    )
+  return {name: _wire_value(name, wire, values[name]) for name, wire in fields.items()}
+
+
+def _wire_value(name: str, wire: str, v: Any) -> Any:
+  if wire == "int32":
+    if isinstance(v, (bool, float, np.floating)) or not isinstance(v, (int, np.integer)):
+      raise TypeError(f"codec field {name!r} is int32 in C++'s schema; Python gave {v!r}")
+    return np.int32(v)
+  if wire == "float32":
+    if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool):
+      raise TypeError(f"codec field {name!r} is float32 in C++'s schema; Python gave {v!r}")
+    return np.float32(v)
+  m = re.fullmatch(r"float64\[(\d+)\]", wire)
+  if m is None:
+    raise ValueError(f"codec field {name!r}: C++'s wire type {wire!r} is unknown to Python")
+  if not isinstance(v, (tuple, list, np.ndarray)):
+    raise TypeError(f"codec field {name!r} is {wire} in C++'s schema; Python gave {v!r}")
+  out = np.zeros((int(m.group(1)),), np.float64)
+  if len(v) > out.size:
+    raise ValueError(f"a plugin codec has at most {out.size} params, got {len(v)}")
+  out[: len(v)] = [float(x) for x in v]
   return out
+
+
+class _HashableArray(np.ndarray):
+  """A float64 array that hashes and compares by value: ``jax.ffi.ffi_call`` hashes its
+  dictionary-valued attributes (a plain ndarray is unhashable)."""
+
+  def __hash__(self) -> int:  # type: ignore[override]
+    return hash((self.shape, self.tobytes()))
+
+  def __eq__(self, other: object) -> bool:
+    return (
+      isinstance(other, np.ndarray) and self.shape == other.shape and np.array_equal(self, other)
+    )
+
+
+def ffi_codec(c: Any) -> dict[str, Any]:
+  """The descriptor of ``c`` (None: the identity codec) as the value of the FFI dictionary
+  attribute ``codec`` (or ``outer``): :func:`codec_attrs`, hashable.
+
+  Example:
+    >>> jax.ffi.ffi_call("jcoccl_encode_rows", out_type)(x, codec=ffi_codec(jc.int8()))  # doctest: +SKIP
+  """
+  attrs = identity_attrs() if c is None else codec_attrs(c)
+  return {k: v.view(_HashableArray) if isinstance(v, np.ndarray) else v for k, v in attrs.items()}
 
 
 def _supported(c: Any) -> bool:
@@ -226,7 +335,7 @@ def _call(
     where = _compat.lowering_platforms() or (jax.default_backend(),)
     raise ValueError(f"no native kernel for op {op!r} on platform {'/'.join(where)!r}")
   fn = jax.ffi.ffi_call(_TARGETS[op], _result(arg, shape, out_dtype), vmap_method="broadcast_all")
-  return _vary_like(fn(arg, **codec_attrs(c), **extra), arg, invariant_over)
+  return _vary_like(fn(arg, codec=ffi_codec(c), **extra), arg, invariant_over)
 
 
 def encode_rows(c: Any, x2d: jax.Array) -> jax.Array:
