@@ -42,7 +42,7 @@ def test_grid_stride_paths_match():
     "2",
     "--only",
     r"^(none|cast_bf16|int8_B32|int4_asym_B64|"
-    r"fp8_e5m2_B32|int8_asym_B1024|eb_1e-2_B32|had256_int4_B128|had256_fp8_e5m2_B64|had64_cast_f16|"
+    r"fp8_e5m2_B32|int8_asym_B1024|eb_1e-2_B32|had256_int4_B128|had64_fp8_e4m3_B128|had64_cast_f16|"
     r"spike3_int3_asym_B64|spike1_int4_B32|spike2_fp8_e4m3_B64)$",
   )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -53,12 +53,12 @@ def test_grid_stride_paths_match():
   [
     # The warp-per-block encode: the inner codecs of the block-wide Hadamard and spike
     # kernels, int2 with 32-element blocks.
-    ("fp8_byte_order", r"^had64_fp8_e4m3_B128$"),
+    ("fp8_byte_order", r"^spike16_fp8_e5m2_B512$"),
     ("int_code_order", r"^(int2_B32|spike4_int8_B4096)$"),
     ("odd_width_code_order", r"^(int3_B32|int7_asym_B256)$"),
     ("round_half_away", r"^(int2_B64|eb_0.25_B32)$"),
     ("eb_last_word", r"^eb_1e-2_B32$"),
-    ("hadamard_stage", r"^had64_fp8_e4m3_B128$"),  # the block-wide transform (granule 128)
+    ("hadamard_stage", r"^had128_int3_B128$"),  # the block-wide transform (odd-width inner)
     ("sum_order", r"^cast_bf16$"),
     ("spike_fill", r"^spike3_int3_asym_B64$"),  # the block-wide spike kernel (odd width)
     ("spike_unused_slot", r"^spike3_int3_asym_B64$"),

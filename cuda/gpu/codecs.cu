@@ -847,76 +847,83 @@ __device__ __forceinline__ void EncodeLane(const ChunkCodec& c, const float* v, 
 }
 
 // Hadamard codecs whose inner codec is int of 2, 4, 8 bits or fp8 (blocks of at most 256),
-// H <= 256, rows a multiple of 256: one warp per tile of 256 elements, as HadamardKernel's
-// modes: 0 encode (x rows -> payloads), 1 decode-sum (nrows payloads per output row -> d
-// values), 2 decode-sum-encode. A block of the inner codec spans 2^group_shift lanes.
+// H <= 256: one warp per tile of 256 consecutive elements of the rows laid end to end, as
+// HadamardKernel's modes: 0 encode (x rows -> payloads), 1 decode-sum (nrows payloads per
+// output row -> d values), 2 decode-sum-encode. A tile may span rows, but a transform or an
+// inner block never does (both divide the granule, which divides n); lanes past the last row
+// only take part in the shuffles. An inner block spans 2^group_shift lanes.
 template <Kind K, int BITS, bool SYM>
 __global__ void __launch_bounds__(kThreads)
     HadamardWarpKernel(int mode, ChunkCodec c, int h, float pre, float post, int group_shift,
                        DType d, const void* x, const uint8_t* in, int nrows, int64_t stride,
-                       uint32_t tiles_per_row, uint32_t tiles, void* out, int64_t out_row_bytes) {
+                       uint32_t n, uint32_t total, void* out, int64_t out_row_bytes) {
   extern __shared__ float lut[];  // fp8: the 256 code values
   if constexpr (K == Kind::kFp8) FillFp8Lut(lut, c.fp8);
   const int lane = threadIdx.x & 31;
   const uint32_t warp0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const uint32_t nwarps = (gridDim.x * blockDim.x) >> 5;
+  const uint32_t tiles = (total + kTile - 1) / kTile;
   for (uint32_t t = warp0; t < tiles; t += nwarps) {
-    const uint32_t o = t / tiles_per_row;
-    const uint32_t e0 = (t - o * tiles_per_row) * kTile + lane * kPerLane;  // in row o
+    const uint32_t g = t * kTile + lane * kPerLane;  // the lane's first element, over all rows
+    const bool active = g < total;
+    const uint32_t o = active ? g / n : 0, e0 = active ? g - o * n : 0;  // row o, element e0
     float v[kPerLane];
     if (mode == 0) {
-      LoadChunkX<kPerLane>(d, x, static_cast<int64_t>(o) * tiles_per_row * kTile + e0, v);
+      if (active)
+        LoadChunkX<kPerLane>(d, x, g, v);
+      else
+        for (int j = 0; j < kPerLane; ++j) v[j] = 0.0f;
       WarpHadamard(v, h, pre, post, lane);
     } else {
       const uint8_t* row0 = in + static_cast<int64_t>(o) * nrows * stride;
-      DecodeLane<K, BITS, SYM>(c, lut, row0, e0, v);
-      WarpHadamard(v, h, pre, post, lane);
-      for (int r = 1; r < nrows; ++r) {
+      for (int r = 0; r < nrows; ++r) {
         float u[kPerLane];
-        DecodeLane<K, BITS, SYM>(c, lut, row0 + r * stride, e0, u);
+        if (active)
+          DecodeLane<K, BITS, SYM>(c, lut, row0 + r * stride, e0, u);
+        else
+          for (int j = 0; j < kPerLane; ++j) u[j] = 0.0f;
         WarpHadamard(u, h, pre, post, lane);
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) {
-          const float s = v[j] + u[j];
-          v[j] = r == nrows - 1 ? CanonNaN(s) : s;  // a sum's NaN is the canonical one
+          const float s = r == 0 ? u[j] : v[j] + u[j];
+          v[j] = r > 0 && r == nrows - 1 ? CanonNaN(s) : s;  // a sum's NaN is the canonical one
         }
       }
       if (mode == 1) {
-        StoreChunk<kPerLane>(d, static_cast<uint8_t*>(out) + o * out_row_bytes + e0 * DTypeBytes(d),
-                             v);
+        if (active)
+          StoreChunk<kPerLane>(
+              d, static_cast<uint8_t*>(out) + o * out_row_bytes + e0 * DTypeBytes(d), v);
         continue;
       }
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) v[j] = RoundTrip(d, v[j]);
       WarpHadamard(v, h, pre, post, lane);
     }
-    EncodeLane<K, BITS, SYM>(c, v, group_shift, true,
+    EncodeLane<K, BITS, SYM>(c, v, group_shift, active,
                              static_cast<uint8_t*>(out) + o * out_row_bytes, e0,
                              (lane & ((1 << group_shift) - 1)) == 0);
   }
 }
 
 // HadamardWarpKernel's launch, or false (nothing launched) where it does not apply: H or the
-// inner block above 256, rows not a multiple of 256, x or decoded rows not 16-byte aligned,
-// payload rows or strides not 4-byte aligned, 2^31 tiles or row elements or more.
+// inner block above 256, x or decoded rows not 16-byte aligned, payload rows or strides not
+// 4-byte aligned, 2^31 elements or more.
 template <Kind K, int BITS, bool SYM>
 bool LaunchHadamardWarp(ChunkKind<K, BITS, SYM>, int mode, const CodecSpec& s, DType d,
                         const void* x, const uint8_t* in, int nrows, int64_t stride, int64_t rows,
                         int64_t n, void* out, int64_t out_row_bytes, cudaStream_t stream) {
-  const int64_t tiles = rows * (n / kTile);
-  if (s.hadamard > kTile || s.block > kTile || n % kTile != 0 || tiles >= kMaxChunkWork ||
-      n >= kMaxChunkWork)
-    return false;
+  const int64_t total = rows * n;
+  if (s.hadamard > kTile || s.block > kTile || total >= kMaxChunkWork) return false;
   if (mode == 0 ? !Aligned(x, 16) : (!Aligned(in, 4) || stride % 4 != 0)) return false;
   if (mode == 1 ? !Aligned(out, 16) : (!Aligned(out, 4) || out_row_bytes % 4 != 0)) return false;
   int group_shift = 0;  // lanes per inner block: block / 8, 4 to 32
   while ((kPerLane << group_shift) < s.block) ++group_shift;
   const size_t smem = K == Kind::kFp8 ? 256 * sizeof(float) : 0;
   const auto k = HadamardWarpKernel<K, BITS, SYM>;
-  k<<<GridFor(tiles, kWarps), kThreads, smem, stream>>>(
+  k<<<GridFor((total + kTile - 1) / kTile, kWarps), kThreads, smem, stream>>>(
       mode, ChunkCodecOf(s, d, n, 1), s.hadamard, HadamardPre(s.hadamard), HadamardPost(s.hadamard),
-      group_shift, d, x, in, nrows, stride, static_cast<uint32_t>(n / kTile),
-      static_cast<uint32_t>(tiles), out, out_row_bytes);
+      group_shift, d, x, in, nrows, stride, static_cast<uint32_t>(n), static_cast<uint32_t>(total),
+      out, out_row_bytes);
   return true;
 }
 
