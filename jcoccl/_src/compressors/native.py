@@ -194,6 +194,20 @@ def schema() -> dict[str, str]:
   return {str(k): str(v) for k, v in importlib.import_module("jcoccl._cpu").CODEC_FIELDS.items()}
 
 
+def max_plugin_params() -> int:
+  """How many parameters a plugin codec may have: the length of the descriptor's ``params``
+  field (JCOCCL_PLUGIN_MAX_PARAMS in C++).
+
+  Example:
+    >>> max_plugin_params()
+    8
+  """
+  m = re.fullmatch(r"float64\[(\d+)\]", schema()["params"])
+  if m is None:
+    raise ValueError(f"C++'s params field is {schema()['params']!r}, not float64[N]")
+  return int(m.group(1))
+
+
 def typed(values: dict[str, Any], fields: dict[str, str] | None = None) -> dict[str, Any]:
   """``values`` (field -> Python value) checked against the schema and converted to its
   wire types, in the schema's order.

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jcoccl._src import _ffi
-from jcoccl._src.compressors import registry
+from jcoccl._src.compressors import native, registry
 
 ENTRY_SYMBOL = "jcoccl_codec_plugin_v1"  # JCOCCL_PLUGIN_ENTRY_SYMBOL
 # Rows the payload sizes are compared at: these many granules (3: not a power of two).
@@ -166,8 +166,11 @@ def _family(name: str, spec: Any, path: str) -> registry.Family:
 
 def _check_params(info: dict[str, Any], fam: registry.Family, path: str) -> tuple[str, ...]:
   names = tuple(str(n) for n in info["param_names"])
-  if not 0 <= int(info["num_params"]) <= 8:
-    raise ValueError(f"load_plugin: {path!r}: num_params must be 0..8, got {info['num_params']}")
+  most = native.max_plugin_params()
+  if not 0 <= int(info["num_params"]) <= most:
+    raise ValueError(
+      f"load_plugin: {path!r}: num_params must be 0..{most}, got {info['num_params']}"
+    )
   fields = {f.name for f in dataclasses.fields(fam.cls)}
   bad = [n for n in names if n not in fields]
   if bad:
