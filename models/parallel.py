@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jcoccl.policy import Policy
@@ -153,16 +152,10 @@ class Parallel3D:
     # replacement (e.g. one that records what it is given) sees every call.
     self._coll = self.shards.coll = self.grad_sync.coll = coll
 
-  # -- placement (models.sharding) ---------------------------------------------------------
-  def sharding(self, spec_tree: Any) -> Any:
-    return self.placement.sharding(spec_tree)
-
+  # -- what the training script calls (the rest: par.placement, par.grad_sync, par.shards) --
   def shard(self, model: nnx.Module) -> dict:
     """The model's parameters in the stacked layout, placed on the mesh."""
     return self.placement.shard(model)
-
-  def batch_sharding(self) -> NamedSharding:
-    return self.placement.batch_sharding()
 
   def make_batch(
     self, n: int, rows: Callable[[np.ndarray], tuple[np.ndarray, ...]]
@@ -170,22 +163,12 @@ class Parallel3D:
     """Global batch arrays of ``n`` rows (``models.sharding.Placement.make_batch``)."""
     return self.placement.make_batch(n, rows)
 
-  def _shard_map(self, f: Callable, in_specs: tuple, out_specs: Any) -> Callable:
-    return self.placement.shard_map(f, in_specs, out_specs)
-
-  # -- state of the data level (models.grad_sync, models.zero) -----------------------------
   def uses_error_feedback(self) -> bool:
     return self.grad_sync.uses_error_feedback()
-
-  def ef_specs(self) -> Any:
-    return self.grad_sync.ef_specs()
 
   def init_ef(self, params: dict) -> Any:
     """Zero residuals for :meth:`train_step` when the recipe asks for error feedback."""
     return self.grad_sync.init_ef(params)
-
-  def zero_specs(self) -> dict:
-    return self.shards.specs()
 
   # -- local computation --------------------------------------------------------------------
   def _compute(self, params: Any) -> Any:
@@ -246,10 +229,10 @@ class Parallel3D:
       (loss scalar, grads with the layout and sharding of ``params``).
     """
     batch = self.placement.batch_spec()
-    f = self._shard_map(
+    f = self.placement.shard_map(
       lambda *a: self._local_loss_and_grads(*a)[:2], (self.specs, batch, batch), (P(), self.specs)
     )
-    batch = self.batch_sharding()
+    batch = self.placement.batch_sharding()
     return jax.jit(f)(params, jax.device_put(tokens, batch), jax.device_put(targets, batch))
 
   def logits_fn(self) -> Callable[[dict, jax.Array], jax.Array]:
@@ -275,22 +258,22 @@ class Parallel3D:
       # Only the last stage holds real logits; the others add exact zeros.
       return self.coll.all_reduce(out, "pipe", exact=True) if n_pipe > 1 else out
 
-    return jax.jit(self._shard_map(local, (self.specs, P()), P()))
+    return jax.jit(self.placement.shard_map(local, (self.specs, P()), P()))
 
   # -- training -----------------------------------------------------------------------------
   def opt_specs(self, tx: optax.GradientTransformation, params: dict) -> Any:
     """Specs of the optimizer state: ``tx``'s, with the parameters' specs and P() else; in
-    ZeRO mode ``{"master": ..., "tx": ...}``, both on :meth:`zero_specs`."""
+    ZeRO mode ``{"master": ..., "tx": ...}``, both on ``shards.specs()``."""
     state = jax.eval_shape(tx.init, params)  # only its structure is used
     specs = optax.tree_map_params(
       tx,
       lambda _, s: s,
       state,
-      self.zero_specs() if self.zero else self.specs,
+      self.shards.specs() if self.zero else self.specs,
       transform_non_params=lambda _: P(),
       is_leaf=lambda x: isinstance(x, P),
     )
-    return {"master": self.zero_specs(), "tx": specs} if self.zero else specs
+    return {"master": self.shards.specs(), "tx": specs} if self.zero else specs
 
   def init_opt(self, tx: optax.GradientTransformation, params: dict) -> Any:
     """The optimizer state, placed on the mesh. ZeRO mode: ``{"master": float32 master
@@ -302,7 +285,7 @@ class Parallel3D:
       return {"master": master, "tx": tx.init(master)}
 
     init = init_zero if self.zero else tx.init
-    f = self._shard_map(init, (self.specs,), specs)
+    f = self.placement.shard_map(init, (self.specs,), specs)
     return jax.jit(f)(params)
 
   def train_step(
@@ -318,7 +301,7 @@ class Parallel3D:
     the all_gather compressor: quantized weights under qwZ).
     """
     specs, ospecs = self.specs, self.opt_specs(tx, params)
-    espec = self.ef_specs() if self.uses_error_feedback() else None
+    espec = self.grad_sync.ef_specs() if self.uses_error_feedback() else None
 
     def local(params, opt_state, ef, tokens, targets):
       loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef, self.zero)
@@ -335,7 +318,7 @@ class Parallel3D:
       return (self.shards.gather(master, params), {"master": master, "tx": tx_state}, ef, metrics)
 
     batch = self.placement.batch_spec()
-    f = self._shard_map(
+    f = self.placement.shard_map(
       local,
       (specs, ospecs, espec, batch, batch),
       (specs, ospecs, espec, {"loss": P(), "grad_norm": P()}),

@@ -232,7 +232,7 @@ def mesh_forward(
   """The same logits computed 3D-parallel on a data x tensor x pipe mesh (exact policy)."""
   mesh = parallel.make_mesh(*mesh_shape)
   par = parallel.Parallel3D(model, mesh, Policy(), n_micro=1, dtype=dtype)
-  placed = jax.device_put(params, par.sharding(par.specs))
+  placed = jax.device_put(params, par.placement.sharding(par.specs))
   f = par.logits_fn()
   return lambda tokens: f(placed, tokens)
 

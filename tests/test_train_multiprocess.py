@@ -239,7 +239,7 @@ def test_batch_is_the_same_global_batch_however_it_is_split():
   want_x, want_y = corpus.batch(rng, "train", batch=8, seq_len=16)
   np.testing.assert_array_equal(np.asarray(x), want_x)
   np.testing.assert_array_equal(np.asarray(y), want_y)
-  assert x.sharding == par.batch_sharding()
+  assert x.sharding == par.placement.batch_sharding()
   picked = corpus.windows("train", np.array([3, 7, 11]), 16)
   np.testing.assert_array_equal(
     picked[0], corpus.train[np.array([3, 7, 11])[:, None] + np.arange(16)]

@@ -43,7 +43,7 @@ def _master_full(par, master, params, fn):
       jax.tree.map(lambda t: t[1], pairs, is_leaf=is_pair),
     )
 
-  f = par._shard_map(local, (par.zero_specs(), par.specs), (par.specs, par.specs))
+  f = par.placement.shard_map(local, (par.shards.specs(), par.specs), (par.specs, par.specs))
   return jax.jit(f)(master, params)
 
 
@@ -185,7 +185,7 @@ def _scatter(table, x):
   order (data * 2 + node)."""
   par = Parallel3D(_gpt(), make_mesh(4, 1, 1), Recipe.from_dict(table))
   assert par.data_axes == (NODE, "data") and par.sizes[NODE] == par.sizes["data"] == 2
-  f = par._shard_map(
+  f = par.placement.shard_map(
     lambda v: par.grad_sync.scatter({"g": v[0]}, None)[0]["g"][None],
     (P((NODE, "data")),),
     P(("data", NODE)),
@@ -198,7 +198,7 @@ def test_qgz_exact_levels_equal_plain_reduce_scatter():
   # same bits as lax.psum_scatter over both axes.
   x = np.random.default_rng(0).integers(-1000, 1000, (4, 512)).astype(np.float32)
   par, got = _scatter({"data": {"zero": True, "nodes": 2}}, x)
-  f = par._shard_map(
+  f = par.placement.shard_map(
     lambda v: lax.psum_scatter(v[0], ("data", NODE), tiled=True)[None],
     (P((NODE, "data")),),
     P(("data", NODE)),
