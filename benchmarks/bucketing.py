@@ -10,7 +10,10 @@ min-max spread, the seconds of tracing and lowering, and the collectives each lo
 program holds. "no collective" (each leaf doubled) is the floor of any program with this
 many inputs and outputs; "pack+unpack only" is the bucketed call without codec or
 collective (the row built and cut back out, as jcoccl packs it: on CPU one
-``jcoccl_pack_rows`` and one ``jcoccl_unpack_rows`` call).
+``jcoccl_pack_rows`` and one ``jcoccl_unpack_rows`` call). The ", 1 output" pair consumes
+the results inside the program with one concatenate, so each program returns one array:
+the collective's cost apart from returning 200 arrays from a jitted function ("vs one
+leaf" of that pair: against "one leaf, 1 output").
 
   python benchmarks/bucketing.py [--leaves 200] [--repeats 9] [--seed 0] [--json out.json]
 
@@ -60,7 +63,15 @@ def variants(mesh: jax.sharding.Mesh) -> dict[str, Callable]:
     "lax.psum": smap(lambda v: lax.psum(v, "d")),
     "no collective": smap(lambda v: [2 * x for x in v]),
     "pack+unpack only": smap(lambda v: L.unpack_parts(L.pack_parts(v, *_packing(v)), _spans(v))),
+    "bucketed, 1 output": smap(lambda v: _flat(jcoccl.all_reduce(v, "d", **KW))),
+    "one leaf, 1 output": smap(lambda v: _flat(jcoccl.all_reduce(v, "d", **KW))),
   }
+
+
+def _flat(ys: list) -> jax.Array:
+  """The results consumed inside the program by one op (as a flat optimizer update would),
+  so that the program returns one array instead of one per leaf."""
+  return jnp.concatenate([y.reshape(-1) for y in ys])
 
 
 def _spans(v: list) -> list:
@@ -102,7 +113,7 @@ def main() -> None:
   tree = [jax.device_put(jax.random.normal(k, (8, s)), shard) for k, s in zip(keys, sz)]
   one = [jax.device_put(jax.random.normal(keys[0], (8, sum(sz))), shard)]
   fs = variants(mesh)
-  args = {name: one if name == "one leaf" else tree for name in fs}
+  args = {name: one if name.startswith("one leaf") else tree for name in fs}
   print(f"{len(sz)} float32 leaves, {sum(sz)} values in all (sizes {min(sz)}-{max(sz)}), ", end="")
   print(f"8 CPU devices, jax {jax.__version__}, {KW}")
   # The first jcoccl program of a process compiles twice (its second call re-traces: the
@@ -118,15 +129,17 @@ def main() -> None:
   for _ in range(a.repeats):
     for name, f in fs.items():
       times[name].append(timed(f, args[name]))
-  base = statistics.median(times["one leaf"])
+  baseline = {"": statistics.median(times["one leaf"])}
+  baseline[", 1 output"] = statistics.median(times["one leaf, 1 output"])
   rows = {}
   print(
-    f"{'variant':16s} {'first call s':>12s} {'trace+lower s':>13s} {'median ms':>10s} "
+    f"{'variant':18s} {'first call s':>12s} {'trace+lower s':>13s} {'median ms':>10s} "
     f"{'min-max ms':>17s} {'vs one leaf':>11s}  collectives in the program"
   )
   for name in fs:
     t = times[name]
     med = statistics.median(t)
+    base = baseline[", 1 output" if name.endswith(", 1 output") else ""]  # its own kind of one leaf
     rows[name] = dict(
       first_call_s=first[name],
       second_call_s=second[name],
@@ -138,7 +151,7 @@ def main() -> None:
       collectives=ops[name][0],
     )
     print(
-      f"{name:16s} {first[name]:12.2f} {ops[name][1]:13.2f} {1e3 * med:10.1f} "
+      f"{name:18s} {first[name]:12.2f} {ops[name][1]:13.2f} {1e3 * med:10.1f} "
       f"{1e3 * min(t):8.1f}-{1e3 * max(t):8.1f} {med / base:10.2f}x  {ops[name][0]}"
     )
   if a.json:
