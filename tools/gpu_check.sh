@@ -126,13 +126,16 @@ import jax; print(jax.devices())"
   step fp8_probe 60 "$PY" tools/gpu_codecs.py --skip-check --prealloc-probe 256,1024 --iters 5 \
     --out "$OUT/fp8_probe.json"
   # Where each codec kernel spends its time (throughput against the chip's limits,
-  # occupancy, launch shape): the first 16 codec launches of one 256 MiB round.
+  # occupancy, launch shape): the 20 codec launches of one 256 MiB round (jitted calls only:
+  # encode and decode of int8, int4, fp8, hadamard(int4) and spike(int4), a warm-up and a
+  # timed call each).
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null \
     | tail -n 1)
   if [ -n "$NCU" ]; then
     mkdir -p "$OUT/ncu"
-    step ncu 90 "$NCU" --clock-control none -k "regex:Chunks|EncodeBlocks|Elementwise|Hadamard" \
-      -c 16 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    step ncu 90 "$NCU" --clock-control none \
+      -k "regex:Chunks|EncodeBlocks|Elementwise|Hadamard|Spike" -c 20 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats \
       "$PY" tools/gpu_codecs.py --skip-check --no-events --sizes-mib 256 --iters 1 \
       --out "$OUT/ncu/bench.json"
   else
