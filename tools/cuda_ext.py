@@ -318,7 +318,7 @@ class CudaExt:
   def gate(self, on: bool, timeout_ms: int = 3000) -> int:
     """Return gate of the NCCL emulation: while on, NCCL work a fused handler queues runs
     only once that handler has returned (a handler still in its call after ``timeout_ms``
-    is reported as a finding). Returns how many operations it held since last set."""
+    is reported as a finding). Returns how many operations passed it since last set."""
     return int(self.lib.jce_nccl_gate(int(on), timeout_ms))
 
   def set_capturing(self, device: int, on: bool) -> None:

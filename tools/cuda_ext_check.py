@@ -292,11 +292,11 @@ def scenario_no_host_wait(ext: CudaExt) -> None:
     ext.gate(True)
     got = _run(mesh, coded, x)
     got_identity = jax.block_until_ready(ident(y))
-    held = ext.gate(False)
+    gated = ext.gate(False)
   _same_bits(got, want, "gated collectives")
   _same_bits(got_identity, _identity_want(xs, n), "gated identity collectives")
-  if held == 0:
-    raise AssertionError("the return gate held no NCCL work: the check proved nothing")
+  if gated == 0:
+    raise AssertionError("no NCCL work passed the return gate: the check proved nothing")
 
 
 SCENARIOS = {

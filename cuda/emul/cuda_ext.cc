@@ -82,7 +82,7 @@ JCE_API void jce_set_delay(unsigned kinds, int us) { jcoccl_shim::SetDelay(kinds
 
 // Return gate (nccl_emul.h): on, NCCL work runs only after the fused handler that queued it
 // returned (a handler still in its call after `timeout_ms` is reported); returns how many
-// operations the gate held back since it was last set.
+// operations passed the gate since it was last set.
 JCE_API int jce_nccl_gate(int on, int timeout_ms) {
   jcoccl_emul::g_gate_timeout_ms = timeout_ms;
   jcoccl_emul::g_gate_on = on != 0;

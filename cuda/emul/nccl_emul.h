@@ -235,7 +235,7 @@ inline ReturnGate& Gate() {
 }
 inline std::atomic<bool> g_gate_on{false};
 inline std::atomic<int> g_gate_timeout_ms{3000};
-inline std::atomic<int> g_gate_held{0};   // operations the gate held back until their return
+inline std::atomic<int> g_gate_held{0};   // operations that passed the gate (held or not)
 inline thread_local uint64_t g_call = 0;  // the handler call this thread is in (0: none)
 
 inline uint64_t BeginCall(int device) {
@@ -252,9 +252,9 @@ inline void EndCall(int device, uint64_t call) {
 
 // On a stream's worker: holds the operation until handler call `call` of `device` returned.
 inline void HoldUntilReturned(int device, uint64_t call) {
+  ++g_gate_held;  // whether the handler has returned yet is a race: count both
   std::unique_lock<std::mutex> lk(Gate().mu);
   if (Gate().returned[device] >= call) return;
-  ++g_gate_held;
   const auto limit = std::chrono::milliseconds(g_gate_timeout_ms.load());
   if (!Gate().cv.wait_for(lk, limit, [&] { return Gate().returned[device] >= call; }))
     jcoccl_shim::Report("NCCL emulation: device " + std::to_string(device) +
