@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 from typing import Any
 
@@ -10,9 +9,10 @@ import jax
 import jaxlib
 
 from jcoccl._src import _ffi, nccl_interposer
+from jcoccl._src.version import __version__ as __version__
+from jcoccl._src.version import dist_version as _version
+from jcoccl._src.version import version as version
 
-# The source tree's version (pyproject.toml's); an installed distribution reports its own.
-__version__ = "0.1.0"
 # jcoccl/ (this file is jcoccl/_src/info.py): include/ and share/ ship inside the package.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,24 +38,6 @@ def get_cmake_dir() -> str:
     True
   """
   return os.path.join(_PACKAGE_DIR, "share", "cmake", "jcoccl")
-
-
-def _version(dist: str) -> str | None:
-  try:
-    return md.version(dist)
-  except md.PackageNotFoundError:
-    return None
-
-
-def version() -> str:
-  """jcoccl's version: the installed distribution's, else ``jcoccl.__version__``.
-
-  Example:
-    >>> from jcoccl._src.info import version
-    >>> version()
-    '0.1.0'
-  """
-  return _version("jcoccl") or __version__
 
 
 def _nccl_version() -> str | None:

@@ -131,7 +131,7 @@ def _describe_error(info: dict[str, Any], path: str) -> str | None:
 
 
 def _check_version(info: dict[str, Any], path: str) -> None:
-  from jcoccl._src.info import version
+  from jcoccl._src.version import version
 
   theirs, ours = str(info["jcoccl_version"]), version()
   if _major_minor(theirs) != _major_minor(ours):
