@@ -183,14 +183,8 @@ Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
 ffi::Error FusedGpuImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device, ffi::AnyBuffer x,
                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws,
                         ffi::Dictionary attrs) {
-  if (x.element_type() != out->element_type())
-    return ffi::Error::InvalidArgument("jcoccl fused: output dtype must equal the input dtype");
   Resolved r;
-  if (ffi::Error e =
-          Resolve(attrs, device, x.element_type(), x.element_count(), out->element_count(), &r);
-      e.failure())
-    return e;
-  r.call.ctx.run_id = run_id.run_id;
+  if (ffi::Error e = ResolveCall(attrs, run_id, device, x, *out, &r); e.failure()) return e;
   Status s = RunGpu(stream, r, device, x, out, ws);
   if (!s.ok()) return Fail(s.msg);
   return ffi::Error::Success();
