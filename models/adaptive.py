@@ -25,92 +25,16 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from models.error_probe import DIRECTED, POINTS
-
-DEFAULT_BITS = (3, 4, 5, 6, 8)
-FAMILY = "hadamard(int{b})"
-# Lowering a point's bits needs its predicted error under this fraction of its share.
-HYSTERESIS = 0.7
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-  """The ``--adapt*`` flags of ``python -m models.train``."""
-  p.add_argument(
-    "--adapt",
-    type=float,
-    default=None,
-    metavar="BUDGET",
-    help="adaptive bits per axis and direction: keep the predicted gradient error under "
-    "BUDGET x the gradient noise (e.g. 0.5; models.adaptive, docs/tuning.md)",
-  )
-  p.add_argument("--adapt-every", type=int, default=25, help="steps between adaptive probes")
-  p.add_argument(
-    "--adapt-bits", default=",".join(map(str, DEFAULT_BITS)), help="the ladder of bit widths"
-  )
-  p.add_argument(
-    "--adapt-max-programs", type=int, default=4, help="most compiled train steps (bit sets)"
-  )
-  p.add_argument(
-    "--adapt-points",
-    default=",".join(DIRECTED),
-    help="the points adapted (others keep the policy's codecs; data: its error feedback "
-    "is not modelled, so it is not adapted unless named)",
-  )
-
-
-def check_flags(args: argparse.Namespace) -> None:
-  """Checks the ``--adapt*`` flags; sets ``args.adapt_config`` (None without ``--adapt``).
-
-  Raises:
-    ValueError: a bad value, naming the flag and what is accepted.
-  """
-  args.adapt_config = None
-  if getattr(args, "adapt", None) is None:
-    return
-  if not (math.isfinite(args.adapt) and args.adapt > 0):
-    raise ValueError(f"--adapt must be a number > 0, got {args.adapt}")
-  if args.adapt_every < 1:
-    raise ValueError(f"--adapt-every must be >= 1, got {args.adapt_every}")
-  if args.adapt_max_programs < 1:
-    raise ValueError(f"--adapt-max-programs must be >= 1, got {args.adapt_max_programs}")
-  try:
-    bits = tuple(sorted({int(b) for b in args.adapt_bits.split(",")}))
-  except ValueError:
-    raise ValueError(
-      f"--adapt-bits must be comma-separated integers, got {args.adapt_bits}"
-    ) from None
-  if not bits or not set(bits) <= {2, 3, 4, 5, 6, 7, 8}:
-    raise ValueError(f"--adapt-bits must be among 2..8, got {args.adapt_bits}")
-  points = tuple(p.strip() for p in args.adapt_points.split(","))
-  bad = [p for p in points if p not in POINTS]
-  if bad:
-    raise ValueError(f"--adapt-points: unknown {bad}; accepted: {', '.join(POINTS)}")
-  if args.direction and set(args.directions) & set(points):
-    raise ValueError("--direction names a point that --adapt-points adapts; drop one of them")
-  args.adapt_config = AdaptConfig(
-    args.adapt, args.adapt_every, bits, args.adapt_max_programs, points
-  )
-
-
-@dataclasses.dataclass(frozen=True)
-class AdaptConfig:
-  """The controller's settings (the ``--adapt*`` flags)."""
-
-  budget: float
-  every: int = 25
-  bits: tuple[int, ...] = DEFAULT_BITS
-  max_programs: int = 4
-  points: tuple[str, ...] = DIRECTED
-
-  @property
-  def reference_bits(self) -> int:
-    return self.bits[len(self.bits) // 2]
+from models.directions import (
+  FAMILY,
+  HYSTERESIS,
+  AdaptConfig,
+)
 
 
 class Adaptive:

@@ -19,7 +19,10 @@ import jax
 
 from jcoccl.compressors import import_codecs
 from jcoccl.policy import WILDCARD
-from models import adaptive, calibration, data, registry
+from models import calibration, data, registry
+from models.directions import add_flags as add_adapt_flags
+from models.directions import check_directions
+from models.directions import check_flags as check_adapt_flags
 from models.recipe import Recipe
 from models.run_config import SetupError, checkpoint_steps, mesh_shape, policy_path
 from models.sharding import POLICY_AXES
@@ -125,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     "POINT: tensor.forward, tensor.backward, pipe.forward, pipe.backward, data; CODEC: a "
     "jcoccl spec or none; docs/tuning.md)",
   )
-  adaptive.add_flags(p)
+  add_adapt_flags(p)
   calibration.add_flag(p)
   p.add_argument(
     "--sample-tokens",
@@ -169,9 +172,7 @@ _AT_LEAST = {
 
 def directions(specs: list[str]) -> dict[str, str]:
   """``{point: codec spec}`` from ``--direction POINT=CODEC`` values, each checked
-  (``models.error_probe.check_directions``)."""
-  from models.error_probe import check_directions
-
+  (``models.directions.check_directions``)."""
   out = {}
   for spec in specs:
     point, eq, codec = spec.partition("=")
@@ -227,7 +228,7 @@ def check_args(args: argparse.Namespace, n_devices: int) -> None:
     except ValueError as e:
       raise ValueError(f"--compress {spec!r}: {e}") from None
   args.directions = directions(args.direction)
-  adaptive.check_flags(args)
+  check_adapt_flags(args)
 
 
 def _check_mesh_fits(args: argparse.Namespace) -> None:

@@ -48,39 +48,11 @@ import jcoccl
 from jcoccl import compressors as jc
 from jcoccl.policy import Policy
 from models.collectives import Collectives
+from models.directions import POINTS, check_directions, parse_codec
 from models.layers import LOCAL, Comm
 from models.parallel import Parallel3D
 from models.registry import family_of
 from models.sharding import DATA_AXIS
-
-POINTS = ("tensor.forward", "tensor.backward", "pipe.forward", "pipe.backward", "data")
-DIRECTED = POINTS[:4]
-EXACT_NAMES = ("none", "exact")
-
-
-def parse_codec(spec: Any) -> Any:
-  """A jcoccl compressor from a spec string (``"hadamard(int4)"``), None for ``"none"`` or
-  ``"exact"`` (the exact collective), a compressor object unchanged."""
-  if spec is None or (isinstance(spec, str) and spec.strip().lower() in EXACT_NAMES):
-    return None
-  return jc.parse(spec) if isinstance(spec, str) else spec
-
-
-def check_directions(directions: Mapping[str, Any], allowed: Sequence[str] = POINTS) -> dict:
-  """``{point: compressor or None}`` from ``{point: spec}``.
-
-  Raises:
-    ValueError: a point not in ``allowed`` or a codec spec jcoccl does not parse.
-  """
-  out = {}
-  for point, spec in directions.items():
-    if point not in allowed:
-      raise ValueError(f"unknown point {point!r}; accepted: {', '.join(allowed)}")
-    try:
-      out[point] = parse_codec(spec)
-    except ValueError as e:
-      raise ValueError(f"{point}={spec}: {e}") from None
-  return out
 
 
 def relative_error(x: Any, codec: Any) -> float:

@@ -46,9 +46,10 @@ import jax
 
 import jcoccl
 from models import calibration, data, loop, parallel
-from models.adaptive import AdaptConfig, Adaptive, probe_fn
+from models.adaptive import Adaptive, probe_fn
 from models.checkpoint import State, checkpointer, restore, saved_adaptive, saved_calibration
 from models.cli import PROG, check_corpus, load_policy, parse_args
+from models.directions import AdaptConfig
 from models.error_probe import DirectedParallel
 from models.metrics import lead, read_records, say, start_metrics
 from models.recipe import Recipe

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import jcoccl
 from jcoccl.policy import Policy
-from models import adaptive, error_probe, tune
+from models import adaptive, directions, error_probe, tune
 from models.configs.models import TINY_RUN
 
 
@@ -35,7 +35,7 @@ def test_tap_measures_the_data_sum_error_and_noise_across_shards():
   rng = np.random.default_rng(0)
   g_host = rng.standard_normal((2, 512)).astype(np.float32)
   g = jax.device_put(g_host, jax.sharding.NamedSharding(mesh, P("data")))
-  codec = error_probe.parse_codec("int4")
+  codec = directions.parse_codec("int4")
   tap = error_probe.Tap({"data": [("int4", codec)]})
   coll = error_probe.DirectedCollectives(Policy(), tap=tap)
   f = jax.shard_map(
@@ -66,8 +66,8 @@ def test_tap_measures_the_data_sum_error_and_noise_across_shards():
 
 def test_directions_are_checked():
   with pytest.raises(ValueError, match="unknown point 'tensor.sideways'"):
-    error_probe.check_directions({"tensor.sideways": "int4"})
-  assert error_probe.check_directions({"pipe.backward": "exact"}) == {"pipe.backward": None}
+    directions.check_directions({"tensor.sideways": "int4"})
+  assert directions.check_directions({"pipe.backward": "exact"}) == {"pipe.backward": None}
 
 
 # -- the tuner's search on a toy cost model ---------------------------------------------------
@@ -121,16 +121,16 @@ def test_budget_parses():
 
 
 def _measured(tf3, noise=0.5):
-  inj = {p: {"int3": 0.3, "int4": 0.15, "int8": 0.01} for p in error_probe.DIRECTED}
+  inj = {p: {"int3": 0.3, "int4": 0.15, "int8": 0.01} for p in directions.DIRECTED}
   inj["tensor.forward"]["int3"] = tf3
-  return {"injected": inj, "noise": noise, "sensitivity": dict.fromkeys(error_probe.DIRECTED, 0.5)}
+  return {"injected": inj, "noise": noise, "sensitivity": dict.fromkeys(directions.DIRECTED, 0.5)}
 
 
 def test_adaptive_chooses_bits_under_the_budget_and_bounds_programs():
-  a = adaptive.Adaptive(adaptive.AdaptConfig(budget=0.5, bits=(3, 4, 8), max_programs=2))
+  a = adaptive.Adaptive(directions.AdaptConfig(budget=0.5, bits=(3, 4, 8), max_programs=2))
   # share = 0.5 / 2 x 0.5 = 0.125: 0.5 x 0.15 = 0.075 passes at int4, int3 (0.15) does not.
   rec = a.update(0, _measured(tf3=0.3))
-  assert rec["bits"] == dict.fromkeys(error_probe.DIRECTED, 4) and rec["from"]["pipe.forward"] == 8
+  assert rec["bits"] == dict.fromkeys(directions.DIRECTED, 4) and rec["from"]["pipe.forward"] == 8
   # tensor.forward's int3 error falls under the hysteresis (0.7 x share): it drops to 3 bits.
   assert a.update(10, _measured(tf3=0.1))["bits"]["tensor.forward"] == 3
   assert len(a.programs) == 2
@@ -143,7 +143,7 @@ def test_adaptive_chooses_bits_under_the_budget_and_bounds_programs():
 
 
 def test_adaptive_state_round_trips():
-  a = adaptive.Adaptive(adaptive.AdaptConfig(budget=0.5, bits=(3, 4, 8)))
+  a = adaptive.Adaptive(directions.AdaptConfig(budget=0.5, bits=(3, 4, 8)))
   a.update(0, _measured(tf3=0.3))
   a.count_step()
   b = adaptive.Adaptive(a.config)
