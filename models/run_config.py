@@ -25,6 +25,7 @@ from typing import Any
 from flax import nnx
 
 from models import registry
+from models.directions import DEFAULT_BITS, DIRECTED
 
 CONFIGS = pathlib.Path(__file__).parent / "configs"
 HOST_DEVICES = 8
@@ -85,13 +86,21 @@ class RunConfig:
   recalibrate: bool = False  # with resume: measure again instead of reusing the saved one
   exact_twin: bool = True  # train the exact policy alongside (models.loop.Job.twin)
   dtype: str = "float32"  # the compute dtype (models.parallel.Parallel3D)
+  # --direction and --adapt* (models.directions; docs/tuning.md): points with their own
+  # codecs, and the adaptive controller's settings (adapt None: no controller).
+  direction: tuple[str, ...] = ()
+  adapt: float | None = None
+  adapt_every: int = 25
+  adapt_bits: str = ",".join(map(str, DEFAULT_BITS))
+  adapt_max_programs: int = 4
+  adapt_points: str = ",".join(DIRECTED)
 
   @classmethod
   def from_args(cls, args: Any) -> RunConfig:
     """The config of a checked command line (an ``argparse.Namespace``, or any object with
     these attributes); list values become tuples."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
-    for key in ("compress", "codec"):
+    for key in ("compress", "codec", "direction"):
       values[key] = tuple(values[key])
     values["mesh_shape"] = tuple(values["mesh_shape"])
     return cls(**values)
