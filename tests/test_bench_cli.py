@@ -358,3 +358,23 @@ def test_predict_uses_measured_decode_sum(tmp_path, capsys):
   assert notes == set()
   assert bench_main.main(["predict", "--results", str(path), "--gpus", "8"]) == 0
   assert "not measured" not in capsys.readouterr().out
+
+
+def test_predict_prefers_kernels_timed_with_cuda_events(tmp_path):
+  """A "<kernel> [events]" row (the kernel alone) replaces the wall-clock row of the same
+  codec, kernel and size; the payload ratio still comes from the wall-clock rows."""
+  from jcoccl.bench import predict as P
+
+  path = tmp_path / "r.json"
+  _results(path)
+  data = json.loads(path.read_text())
+  wall = {r["op"]: r for r in data["bench"] if r["codec"] == "q8"}
+  for op in ("decode", "decode_sum"):  # events: twice the wall-clock rate
+    row = {**wall["decode"], "op": f"{op} [events]", "ms": wall["decode"]["ms"] / 2}
+    data["bench"].append({**row, "gbs": 1.0})  # its gbs counts other bytes: not the ratio
+  path.write_text(json.dumps(data))
+  codec, s = P.load_results([str(path)])["q8"], 1 << 26
+  assert codec.rate("decode", s)[0] == pytest.approx(2 * _G)
+  assert codec.rate("decode_sum", s)[0] == pytest.approx(2 * _G)
+  assert codec.rate("encode", s)[0] == pytest.approx(_G)
+  assert codec.ratio == pytest.approx(_R)

@@ -48,8 +48,10 @@ one_shot encode 1, decode n; two_shot encode 1 + 1/n, decode 2; reduce_scatter e
 decode 1; all_gather encode 1/n, decode 1; all_to_all encode 1, decode 1 (their sums are
 cost_model's codec terms). decode_sum and decode_sum_encode run at their measured rate
 where the file has them; otherwise decode's rate per decoded element stands in (and for
-decode_sum_encode, decode's then encode's), which the table's notes say. Nothing of the
-codec overlaps the link (jcoccl's engine runs them one after another).
+decode_sum_encode, decode's then encode's), which the table's notes say. A kernel timed
+with CUDA events (op ``"<kernel> [events]"``: the kernel alone, jcoccl_codec_time) is used
+in place of the wall-clock row of the same codec, kernel and size. Nothing of the codec
+overlaps the link (jcoccl's engine runs them one after another).
 
 Example:
   tar xzf benchmarks/results/2026-12-04-h200/run4-df9e660/logs.tgz -C /tmp/run4
@@ -318,13 +320,15 @@ def load_results(paths: Sequence[str]) -> dict[str, Codec]:
     ValueError: a file is missing, not JSON, or holds no codec timings (names --results).
   """
   rates: dict[tuple[str, str, float], list[float]] = {}
+  timed: dict[tuple[str, str, float], list[float]] = {}  # rows timed with CUDA events
   ratios: dict[str, list[float]] = {}
   copies: list[float] = []
   for path in paths:
     rows = _rows(path)
     copies += [float(r["gbs"]) * 1e9 for r in rows if r.get("codec") == "copy" and "gbs" in r]
     for i, r in enumerate(rows):
-      if r.get("codec") == "copy" or r.get("op") not in KERNELS:
+      kernel, events = _kernel_of(r.get("op"))
+      if r.get("codec") == "copy" or kernel not in KERNELS:
         continue
       try:
         mib, ms, gbs = float(r["mib"]), float(r["ms"]), float(r["gbs"])
@@ -336,9 +340,10 @@ def load_results(paths: Sequence[str]) -> dict[str, Codec]:
       if not (mib > 0 and ms > 0 and gbs > 0):
         raise ValueError(f"--results: {path!r} bench[{i}] has a non-positive value: {r!r}")
       inp = mib * 2**20
-      rates.setdefault((spec, r["op"], mib), []).append(inp / (ms * 1e-3))
-      if r["op"] in ("encode", "decode"):  # moved = input + payload
+      (timed if events else rates).setdefault((spec, kernel, mib), []).append(inp / (ms * 1e-3))
+      if kernel in ("encode", "decode") and not events:  # moved = input + payload
         ratios.setdefault(spec, []).append(gbs * 1e9 * ms * 1e-3 / inp - 1)
+  rates.update(timed)
   if not rates:
     raise ValueError(
       f"--results: no codec timings in {', '.join(map(repr, paths))} (expected the GPU "
@@ -355,6 +360,14 @@ def load_results(paths: Sequence[str]) -> dict[str, Codec]:
     )
     out[spec] = Codec(spec, statistics.median(ratios[spec]), mine, max(copies))
   return out
+
+
+def _kernel_of(op: Any) -> tuple[Any, bool]:
+  """(kernel, timed with CUDA events) of a results row's ``op``: ``"decode [events]"`` is
+  ``("decode", True)``."""
+  if isinstance(op, str) and op.endswith(" [events]"):
+    return op.removesuffix(" [events]"), True
+  return op, False
 
 
 def _rows(path: str) -> list[dict[str, Any]]:
