@@ -248,14 +248,14 @@ def main(argv: list[str] | None = None) -> dict:
   costs = axis_costs(messages, bits, a.objective, models, ranks)
   cands = candidates(probe, costs, bits)
   base = _train_argv(a)
-  exact = _short_run(base + ["--policy", "exact"], work / "exact")
+  exact = cached_run(base + ["--policy", "exact"], work / "exact")
   runs: list[dict] = []
 
   def passes(c: Candidate) -> bool:
     path = work / c.name
     path.mkdir(parents=True, exist_ok=True)
     (path / "policy.toml").write_text(policy_toml(c, a.data, []))
-    s = _short_run(base + ["--policy", str(path / "policy.toml")], path / "run")
+    s = cached_run(base + ["--policy", str(path / "policy.toml")], path / "run")
     rel = s["val_loss_end"] / exact["val_loss_end"] - 1
     bytes_ratio = s["wire"]["total"]["compressed"] / exact["wire"]["total"]["uncompressed"]
     runs.append(
@@ -336,8 +336,20 @@ def _train_argv(a: argparse.Namespace) -> list[str]:
   ]  # fmt: skip
 
 
-def _short_run(argv: list[str], out: pathlib.Path) -> dict:
-  """models.train.main; a run whose summary.json exists with the same argv is read back."""
+def cached_run(argv: list[str], out: pathlib.Path) -> dict:
+  """``models.train.main(argv + --out out)``; a run whose summary.json exists with the same
+  argv is read back instead (so a study can be resumed).
+
+  Args:
+    argv: models.train's flags, without --out.
+    out: the run's output directory.
+
+  Returns:
+    The run's summary (summary.json's content).
+
+  Example:
+    >>> cached_run(["--steps", "50", "--policy", "exact"], pathlib.Path("runs/exact"))  # doctest: +SKIP
+  """
   from models import train
 
   argv = [*argv, "--out", str(out)]

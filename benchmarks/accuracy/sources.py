@@ -48,19 +48,6 @@ def common(steps: int, seed: int) -> list[str]:
   ]  # fmt: skip
 
 
-def run(argv: list[str], out: pathlib.Path) -> dict:
-  """models.train.main(argv + --out out), or its summary.json when the same argv ran."""
-  from models import train
-
-  argv = [*argv, "--out", str(out)]
-  done, cmd = out / "summary.json", out / "argv.json"
-  if done.is_file() and cmd.is_file() and json.loads(cmd.read_text()) == argv:
-    return json.loads(done.read_text())
-  summary = train.main(argv)
-  cmd.write_text(json.dumps(argv))
-  return summary
-
-
 def table(rows: list[dict]) -> str:
   """results.md's table."""
   head = (
@@ -96,6 +83,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
   from models.run_config import use_host_devices
 
   use_host_devices()
+  from models.tune import cached_run  # after use_host_devices: it imports jax
+
   ap = argparse.ArgumentParser(prog="python -m benchmarks.accuracy.sources")
   ap.add_argument("--models", default="gpt,qwen")
   ap.add_argument("--steps", type=int, default=100)
@@ -111,13 +100,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
   rows = []
   for model in a.models.split(","):
     base = ["--model", model, *common(a.steps, a.seed)]
-    ex = run([*base, "--policy", "exact"], out / "runs" / f"{model}-exact-s{a.seed}")
+    ex = cached_run([*base, "--policy", "exact"], out / "runs" / f"{model}-exact-s{a.seed}")
     ex_bytes = ex["wire"]["total"]["uncompressed"]
     rows.append({"model": model, "point": "exact", "val": ex["val_loss_end"], "ratio": 1.0})
     for name in names:
       flags, point, bits = POINTS[name]
       slug = name.replace(" ", "-").replace(",", "")
-      s = run([*base, "--policy", "exact", *flags], out / "runs" / f"{model}-{slug}-s{a.seed}")
+      s = cached_run(
+        [*base, "--policy", "exact", *flags], out / "runs" / f"{model}-{slug}-s{a.seed}"
+      )
       rows.append(
         {
           "model": model,
