@@ -13,7 +13,9 @@ collective (the row built and cut back out, as jcoccl packs it: on CPU one
 ``jcoccl_pack_rows`` and one ``jcoccl_unpack_rows`` call). The ", 1 output" pair consumes
 the results inside the program with one concatenate, so each program returns one array:
 the collective's cost apart from returning 200 arrays from a jitted function ("vs one
-leaf" of that pair: against "one leaf, 1 output").
+leaf" of that pair: against "one leaf, 1 output"). The last line subtracts, round by round,
+each program's no-collective twin ("no collective", "one leaf, no collective"): what the
+all_reduce itself costs once the program's arrays in and out are paid.
 
   python benchmarks/bucketing.py [--leaves 200] [--repeats 9] [--seed 0] [--json out.json]
 
@@ -62,6 +64,7 @@ def variants(mesh: jax.sharding.Mesh) -> dict[str, Callable]:
     "one leaf": smap(lambda v: jcoccl.all_reduce(v, "d", **KW)),
     "lax.psum": smap(lambda v: lax.psum(v, "d")),
     "no collective": smap(lambda v: [2 * x for x in v]),
+    "one leaf, no collective": smap(lambda v: [2 * x for x in v]),
     "pack+unpack only": smap(lambda v: L.unpack_parts(L.pack_parts(v, *_packing(v)), _spans(v))),
     "bucketed, 1 output": smap(lambda v: _flat(jcoccl.all_reduce(v, "d", **KW))),
     "one leaf, 1 output": smap(lambda v: _flat(jcoccl.all_reduce(v, "d", **KW))),
@@ -97,6 +100,23 @@ def timed(f: Callable, args: list) -> float:
   t = time.perf_counter()
   jax.block_until_ready(f(args))
   return time.perf_counter() - t
+
+
+def own_time(times: dict[str, list[float]]) -> dict[str, float]:
+  """The collective's time apart from the program's arrays in and out: per round, the
+  bucketed call minus "no collective" (the same 200 arrays in and out, each doubled), and one
+  leaf minus "one leaf, no collective"; rounds are interleaved, so both differences of a round
+  saw the same load."""
+  leaves = [b - f for b, f in zip(times["bucketed"], times["no collective"])]
+  one = [b - f for b, f in zip(times["one leaf"], times["one leaf, no collective"])]
+  ratios = [x / y for x, y in zip(leaves, one) if y > 0]
+  return dict(
+    leaves_ms=1e3 * statistics.median(leaves),
+    one_leaf_ms=1e3 * statistics.median(one),
+    ratio=statistics.median(leaves) / statistics.median(one),
+    ratio_min=min(ratios),
+    ratio_max=max(ratios),
+  )
 
 
 def main() -> None:
@@ -154,9 +174,16 @@ def main() -> None:
       f"{name:18s} {first[name]:12.2f} {ops[name][1]:13.2f} {1e3 * med:10.1f} "
       f"{1e3 * min(t):8.1f}-{1e3 * max(t):8.1f} {med / base:10.2f}x  {ops[name][0]}"
     )
+  own = own_time(times)
+  print(
+    f"the all_reduce's own time (each round: the program minus the same program doubling its "
+    f"leaves instead; median): {len(sz)} leaves {own['leaves_ms']:.1f} ms, one leaf "
+    f"{own['one_leaf_ms']:.1f} ms, {own['ratio']:.2f}x (per-round ratios {own['ratio_min']:.2f}-"
+    f"{own['ratio_max']:.2f}x)"
+  )
   if a.json:
     with open(a.json, "w") as fh:
-      out = dict(sizes=sz, repeats=a.repeats, kw=KW, warmup_s=warm_s, results=rows)
+      out = dict(sizes=sz, repeats=a.repeats, kw=KW, warmup_s=warm_s, results=rows, own=own)
       json.dump(out, fh, indent=1)
 
 
