@@ -18,9 +18,9 @@ from jcoccl._src.all_gather import all_gather as all_gather
 from jcoccl._src.reduce_scatter import reduce_scatter as reduce_scatter
 from jcoccl._src.all_to_all import all_to_all as all_to_all
 from jcoccl._src.ppermute import ppermute as ppermute
-from jcoccl._src._common import set_default_min_bytes as set_default_min_bytes
-from jcoccl._src._common import default_min_bytes as default_min_bytes
-from jcoccl._src._common import SkippedCompression as SkippedCompression
+from jcoccl._src.threshold import set_default_min_bytes as set_default_min_bytes
+from jcoccl._src.threshold import default_min_bytes as default_min_bytes
+from jcoccl._src.threshold import SkippedCompression as SkippedCompression
 
 # Settings captured when a program is traced (part of jit's cache key).
 from jcoccl._src.config import Config as Config

@@ -14,11 +14,11 @@ import pytest
 from collectives_util import mesh
 
 import jcoccl
-from jcoccl._src import _common as C
 from jcoccl._src import all_reduce as ar
 from jcoccl._src import auto_model
 from jcoccl._src import cost_model as cm
 from jcoccl._src import wire_bytes as wb
+from jcoccl._src.compressor_args import compression_ratio
 
 MiB = 1 << 20
 
@@ -190,7 +190,7 @@ def test_without_calibration_auto_never_sends_more_than_psum():
   """Uncalibrated auto (the platform's model) picks by predicted time, but never one_shot
   where its (n-1) r S bytes exceed psum's 2(n-1)/n S: int8 (r = 1.016/4) on 8 ranks would
   send 1.0156x psum's bytes, so it runs two_shot at every size; on 4 ranks one_shot stays."""
-  r8 = C.compression_ratio(jcoccl.compressors.parse("int8"), 1 << 14, jnp.float32)
+  r8 = compression_ratio(jcoccl.compressors.parse("int8"), 1 << 14, jnp.float32)
   assert not ar.one_shot_within_exact_bytes(8, r8) and ar.one_shot_within_exact_bytes(4, r8)
   assert auto_model.active().choose(1 << 16, 8, r8) == "one_shot"  # the time model alone
   f, m = _program(8)
@@ -223,7 +223,7 @@ def test_model_byte_terms_match_the_compiled_wire_bytes():
     for algo in ("one_shot", "two_shot"):
       f, m = _program(n, spec, algorithm=algo)
       sent[algo] = jcoccl.wire_bytes(f, x, mesh=m)["total"]
-    ratio = C.compression_ratio(jcoccl.compressors.parse(spec), elems, jnp.float32)
+    ratio = compression_ratio(jcoccl.compressors.parse(spec), elems, jnp.float32)
     s = elems * 4
     assert sent["one_shot"] == pytest.approx((n - 1) * ratio * s, rel=0.02), spec
     assert sent["two_shot"] == pytest.approx(2 * (n - 1) / n * ratio * s, rel=0.02), spec

@@ -205,8 +205,8 @@ def test_integer_dtype():
 
 
 def test_cost_model():
-  from jcoccl._src import _common
+  from jcoccl._src import auto_model
 
-  assert _common.choose_all_reduce(64 * 1024, 8, 0.26) == "one_shot"
-  assert _common.choose_all_reduce(64 << 20, 8, 0.26) == "two_shot"
-  assert _common.choose_all_reduce(64 << 20, 2, 0.26) == "one_shot"
+  assert auto_model.choose_all_reduce(64 * 1024, 8, 0.26) == "one_shot"
+  assert auto_model.choose_all_reduce(64 << 20, 8, 0.26) == "two_shot"
+  assert auto_model.choose_all_reduce(64 << 20, 2, 0.26) == "one_shot"

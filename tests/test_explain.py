@@ -10,8 +10,8 @@ from collectives_util import mesh
 
 import jcoccl
 from jcoccl import __main__ as cli
-from jcoccl._src import _common as C
 from jcoccl._src import cost_model as cm
+from jcoccl._src import threshold
 
 # A calibrated model where the exact op is much faster than compressing (one process).
 IN_PROCESS = cm.CostModel(5e-5, 10e9, 2e9, "test", 1e-4, exact_alpha_s=5e-5, exact_beta_Bps=10e9)
@@ -95,7 +95,7 @@ def test_explain_command_line(capsys):
 
 
 def test_default_min_bytes_warns_once_per_op_and_axes(m8):
-  C._SKIP_WARNED.clear()
+  threshold._SKIP_WARNED.clear()
 
   def body(v):
     tree = {"a": v, "b": v * 2, "c": v * 3}  # three small leaves: one warning
@@ -108,7 +108,7 @@ def test_default_min_bytes_warns_once_per_op_and_axes(m8):
     warnings.simplefilter("always")
     jax.make_jaxpr(f)(jnp.ones((8, 64), jnp.float32))
     jax.make_jaxpr(f)(jnp.ones((8, 32), jnp.float32))  # a second trace: said already
-    C._SKIP_WARNED.clear()
+    threshold._SKIP_WARNED.clear()
     with jcoccl.config(min_bytes=1 << 20):  # a threshold the user set: no warning
       jax.make_jaxpr(f)(jnp.ones((8, 16), jnp.float32))
   got = [w for w in seen if issubclass(w.category, jcoccl.SkippedCompression)]

@@ -17,7 +17,7 @@ import pytest
 import jcoccl
 from jcoccl import compressors as jc
 from jcoccl._src import _backend, _ffi, fused_comms, fused_ffi
-from jcoccl._src import _common as C
+from jcoccl._src.axes import canonical_axes
 
 pytestmark = pytest.mark.skipif(
   _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built"
@@ -676,7 +676,7 @@ _CANNOT = {
 
 
 def _one_op(mesh, op, comp, backend, axes="x", algorithm="one_shot"):
-  n = int(np.prod([mesh.shape[a] for a in C.canonical_axes(axes)]))
+  n = int(np.prod([mesh.shape[a] for a in canonical_axes(axes)]))
   kw = dict(compressor=comp, backend=backend, min_bytes=0, key=_KEY)
 
   def body(x):

@@ -9,7 +9,7 @@ import pytest
 from collectives_util import bits, mesh, rand
 
 import jcoccl
-from jcoccl._src import _common
+from jcoccl._src import payloads
 
 P = jax.P
 
@@ -83,12 +83,12 @@ def test_gradient_through_all_to_all_gather():
 def test_gather_method_choice(monkeypatch):
   monkeypatch.delenv("JCOCCL_GATHER", raising=False)
   jcoccl.set_config_defaults(reload=True)
-  assert _common.gather_method() == "all_gather"
+  assert payloads.gather_method() == "all_gather"
   monkeypatch.setenv("JCOCCL_GATHER", "all_to_all")
-  assert _common.gather_method() == "all_gather"  # read once
+  assert payloads.gather_method() == "all_gather"  # read once
   try:
     assert jcoccl.set_config_defaults(reload=True).gather == "all_to_all"
-    assert _common.gather_method() == "all_to_all"
+    assert payloads.gather_method() == "all_to_all"
     monkeypatch.setenv("JCOCCL_GATHER", "ring")
     with pytest.raises(ValueError, match="JCOCCL_GATHER must be one of"):
       jcoccl.set_config_defaults(reload=True)

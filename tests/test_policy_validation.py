@@ -7,8 +7,8 @@ import pytest
 
 import jcoccl.compressors as jc
 from jcoccl import policy as policy_module
-from jcoccl._src import _common as C
 from jcoccl._src import all_reduce as ar
+from jcoccl._src.compressor_args import resolve_compressor
 from jcoccl.policy import OPS, Policy
 
 AXES = ("data", "tensor", "pipe")
@@ -193,7 +193,7 @@ def test_auto_prefix_is_all_reduces_opt_in():
   with pytest.raises(ValueError, match="pins one; write compressor='int8'"):
     ar.split_auto("auto:int8", "two_shot")
   with pytest.raises(ValueError, match="applies to jcoccl.all_reduce's compressor.*'int8'"):
-    C.resolve_compressor("auto:int8")
+    resolve_compressor("auto:int8")
   p = Policy.from_dict({"data": {"all_reduce": "auto:int8", "all_gather": "int8"}}, axes=AXES)
   assert p.options("data", "all_reduce")["algorithm"] == "auto_exact"
   assert p.options("data", "all_gather")["algorithm"] == "auto"  # the compressed ops' auto

@@ -37,10 +37,10 @@ import numpy as np
 from jax import lax
 from jax.experimental import multihost_utils
 
-from jcoccl._src import _common as C
 from jcoccl._src import config as _config
 from jcoccl._src import cost_model as cm
 from jcoccl._src.all_reduce import all_reduce as jcoccl_all_reduce
+from jcoccl._src.compressor_args import compression_ratio, resolve_compressor
 
 # The largest size must outlast a link's burst allowance (a token bucket lets the first few
 # MB of a send through at full speed: 5 MB on the project's 10 Gbit/s shaped links); fitted
@@ -89,7 +89,7 @@ def calibrate(
     raise ValueError(f"sizes must hold at least two distinct sizes >= 1024 bytes, got {sizes}")
   if not isinstance(iters, int) or iters < 1:
     raise ValueError(f"iters must be a positive int, got {iters!r}")
-  comp = C.resolve_compressor(compressor)
+  comp = resolve_compressor(compressor)
   if comp is None:
     raise ValueError("compressor must be a lossy or lossless codec, not none")
   others = _other_codecs(codecs, comp)
@@ -163,7 +163,7 @@ def choices(
     exact_ok = exact.get(a, True) if isinstance(exact, Mapping) else exact
     if isinstance(spec, str) and spec.strip().startswith("auto:"):
       spec, exact_ok = spec.strip()[len("auto:") :], True
-    comp = C.resolve_compressor(spec)
+    comp = resolve_compressor(spec)
     model = models.get((a,), "all_reduce", comp) or entry
     row = {}
     for s in sizes:
@@ -183,7 +183,7 @@ def _other_codecs(codecs: Sequence[Any], comp: Any) -> list[Any]:
     codecs = [codecs]
   out: dict[str, Any] = {}  # by canonical spec: each codec once
   for spec in codecs:
-    c = C.resolve_compressor(spec, "codecs")
+    c = resolve_compressor(spec, "codecs")
     if c is None:
       raise ValueError(f"codecs: {spec!r} is not a lossy or lossless codec")
     if str(c) != str(comp):
@@ -267,4 +267,4 @@ def _time_codec(mesh: Any, comp: Any, nbytes: int, iters: int) -> float:
 
 
 def _ratio(comp: Any, nbytes: int) -> float:
-  return C.compression_ratio(comp, nbytes // 4, jnp.float32)
+  return compression_ratio(comp, nbytes // 4, jnp.float32)

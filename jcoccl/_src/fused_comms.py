@@ -53,8 +53,8 @@ import jax
 import numpy as np
 
 from jcoccl._src import _backend, _compat, _ffi, fused_ops
-from jcoccl._src import _common as C
 from jcoccl._src import fused_ffi as F
+from jcoccl._src.axes import canonical_axes, group_size
 
 
 @dataclasses.dataclass
@@ -303,7 +303,7 @@ def _axis_tuples(names: tuple[str, ...], axes: Sequence[Any] | None) -> list[tup
     return [t for r in range(1, len(names) + 1) for t in itertools.permutations(names, r)]
   out = []
   for a in axes:
-    t = C.canonical_axes(a)
+    t = canonical_axes(a)
     bad = [x for x in t if x not in names]
     if bad:
       raise ValueError(f"axes: {bad} are not axes of the mesh {names}")
@@ -422,11 +422,11 @@ def collective_call(
   if algo == "hierarchical":  # the inner and outer levels' communicators, not axes'
     st, cid = _comm(axes[-1:])
     _, kw["outer_comm"] = _comm(axes[:-1])
-    n, kw["outer_size"] = C.group_size(axes[-1:]), C.group_size(axes[:-1])
+    n, kw["outer_size"] = group_size(axes[-1:]), group_size(axes[:-1])
     kw["outer"] = outer
   else:
     st, cid = _comm(axes)
-    n = C.group_size(axes)
+    n = group_size(axes)
   x = _compat.mesh_guard(x, st.key, _lowered_mesh_reason)
   vma = None
   if _compat.check_vma_enabled():

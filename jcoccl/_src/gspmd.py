@@ -36,10 +36,10 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jcoccl._src import _common as C
 from jcoccl._src import _compat
 from jcoccl._src.all_gather import all_gather
 from jcoccl._src.all_reduce import all_reduce
+from jcoccl._src.axes import match_vma, vma_of
 from jcoccl._src.error_feedback import error_feedback as _error_feedback
 from jcoccl._src.reduce_scatter import reduce_scatter
 from jcoccl.policy import Policy
@@ -417,7 +417,7 @@ class _Local:
     if dim is None:
       # Marked varying so that the gradient is this shard's own: differentiating an
       # invariant value would let the transpose of its implicit broadcast psum it.
-      return C.match_vma(p, frozenset(self.g.axes))
+      return match_vma(p, frozenset(self.g.axes))
     plan = self.g._plan("all_gather")
     return all_gather(p, self.g.axes, axis=dim, tiled=True, compressor=plan.compressor, **plan.kw())
 
@@ -467,9 +467,9 @@ class _Local:
 
     (loss0, aux0), grads0 = jax.eval_shape(one, 0)
     f32 = lambda t: jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, jnp.float32), t)
-    zero = C.match_vma(jnp.zeros((), jnp.float32), frozenset(g.axes))
+    zero = match_vma(jnp.zeros((), jnp.float32), frozenset(g.axes))
     init = (zero, f32(aux0), f32(grads0))
-    init = jax.tree_util.tree_map(lambda z: C.match_vma(z, frozenset(g.axes)), init)
+    init = jax.tree_util.tree_map(lambda z: match_vma(z, frozenset(g.axes)), init)
 
     def body(carry: tuple, i: jax.Array) -> tuple:
       (loss, aux), grads = one(i)
@@ -534,7 +534,7 @@ class _Local:
     # blocks of model-sharded and model-replicated leaves would vary over 'model' whole).
     groups: dict[Any, list[int]] = {}
     for i, x in enumerate(xs):
-      groups.setdefault((jnp.dtype(x.dtype), C.vma_of(x)), []).append(i)
+      groups.setdefault((jnp.dtype(x.dtype), vma_of(x)), []).append(i)
     idx = list(groups.values())
     flat = [jnp.concatenate([xs[i].reshape(-1) for i in group]) for group in idx]
     flat_states = [
@@ -562,7 +562,7 @@ class _Local:
     over the data axes and the slices are all-gathered back exactly, instead of m devices
     sending the same whole bucket.
     """
-    over = tuple(sorted(self.others - C.vma_of(flat))) if self.rest[0] is not None else ()
+    over = tuple(sorted(self.others - vma_of(flat))) if self.rest[0] is not None else ()
     m = math.prod(lax.axis_size(a) for a in over)
     if m == 1:
       return flat, state, None

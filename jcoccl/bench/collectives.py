@@ -289,9 +289,9 @@ def _payload_ratio(spec: str, m: int, dtype: Any) -> float:
   if spec == "lax":
     return 1.0
   from jcoccl import compressors as jc
-  from jcoccl._src import _common
+  from jcoccl._src.compressor_args import compression_ratio
 
-  return _common.compression_ratio(jc.parse(spec), m, dtype)
+  return compression_ratio(jc.parse(spec), m, dtype)
 
 
 def _relaunch(args: argparse.Namespace, argv: list[str]) -> int:
