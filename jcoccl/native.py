@@ -19,6 +19,7 @@ from jcoccl._src._ffi import native_module as module
 from jcoccl._src._ffi import register as register
 from jcoccl._src.compressors.native import available as available
 from jcoccl._src.compressors.native import codec_attrs as codec_attrs
+from jcoccl._src.compressors.native import codec_text as codec_text
 from jcoccl._src.compressors.native import decode_rows as decode_rows
 from jcoccl._src.compressors.native import decode_sum as decode_sum
 from jcoccl._src.compressors.native import decode_sum_encode as decode_sum_encode

@@ -231,19 +231,7 @@ class CudaExt:
     lib.jce_nccl_comm_init.argtypes = [i64, c, i32, i32, ip, ip]
     lib.jce_nccl_comm_init.restype = c
     lib.jce_comm_destroy.argtypes = [i64]
-    i32p = ctypes.POINTER(ctypes.c_int32)
-    lib.jce_workspace_bytes.argtypes = [
-      i32,
-      i64,
-      i64,
-      i32,
-      i32,
-      i32p,
-      ctypes.c_float,
-      i32p,
-      ctypes.c_float,
-      i32,
-    ]
+    lib.jce_workspace_bytes.argtypes = [i32, i64, i64, i32, i32, c, c, i32]
     lib.jce_workspace_bytes.restype = i64
     lib.jce_findings.restype = c
     lib.jce_nccl_gate.argtypes = [i32, i32]
@@ -289,18 +277,14 @@ class CudaExt:
     return int(self.lib.jce_comm_destroy(comm))
 
   def fused_workspace_bytes(self, op, k, m, size, outer_size, codec, outer, dtype) -> int:
-    # codec_api.h's C form of a descriptor: its eight integer fields, then abs_error.
-    names = ("kind", "bits", "block", "symmetric", "fp8", "cast_dtype", "hadamard", "spike")
-
-    def fields(d: dict | None):
-      d = d or native.identity_attrs()
-      return (ctypes.c_int32 * 8)(*[int(d[f]) for f in names]), float(d["abs_error"])
-
     from jcoccl._src.compressors import native
 
-    c, eps = fields(codec)
-    oc, oeps = fields(outer)
-    return int(self.lib.jce_workspace_bytes(op, k, m, size, outer_size, c, eps, oc, oeps, dtype))
+    # The descriptors in their C form, the text that codecs/descriptor.h SpecFromText reads.
+    c, oc = (native.codec_text(d or native.identity_attrs()).encode() for d in (codec, outer))
+    got = int(self.lib.jce_workspace_bytes(op, k, m, size, outer_size, c, oc, dtype))
+    if got < 0:
+      raise ValueError(f"jce_workspace_bytes: no codec in {c!r} or {oc!r}")
+    return got
 
   # -- controls
   def set_delay(self, kinds: int, us: int) -> None:

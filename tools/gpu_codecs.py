@@ -324,9 +324,7 @@ def event_timer():
     return None
   c = ctypes
   fn.restype = c.c_int
-  fn.argtypes = [
-    c.c_void_p, c.c_float, c.c_int32, c.c_int64, c.c_int64, c.c_int32, c.c_int32, c.c_void_p
-  ]  # fmt: skip
+  fn.argtypes = [c.c_char_p, c.c_int32, c.c_int64, c.c_int64, c.c_int32, c.c_int32, c.c_void_p]
   return fn
 
 
@@ -343,23 +341,15 @@ def kernel_ms(timer, attrs: dict, op: str, rows: int, n: int, iters: int) -> lis
   Returns:
     The launches' times in milliseconds.
   """
-  import ctypes
-
   import numpy as np
 
+  from jcoccl import native
+
   code, nrows = {name: (c, k) for name, c, k in EVENT_OPS}[op]
-  fields = np.array(
-    [
-      attrs[k]
-      for k in ("kind", "bits", "block", "symmetric", "fp8", "cast_dtype", "hadamard", "spike")
-    ],
-    np.int32,
-  )
   ms = np.zeros(iters, np.float32)
-  rc = timer(
-    fields.ctypes.data, ctypes.c_float(float(attrs["abs_error"])), code, rows, n, nrows, iters,
-    ms.ctypes.data,
-  )  # fmt: skip
+  # The descriptor's C form: its text, read by codecs/descriptor.h SpecFromText.
+  spec = native.codec_text(attrs).encode()
+  rc = timer(spec, code, rows, n, nrows, iters, ms.ctypes.data)
   if rc != 0:
     raise RuntimeError(f"jcoccl_codec_time({op}) failed: cudaError_t {rc}")
   return [float(v) for v in ms]

@@ -256,6 +256,7 @@ def build(out_dir: Path, mutants: bool = False) -> tuple[Path, Path]:
       *cuda.glob("codecs/*.h"),
       cuda / "registry.h",
       PUBLIC_INCLUDE / "jcoccl" / "codec_plugin.h",
+      *cuda.glob("cpu/*.h"),
       cuda / "cpu" / "codecs.cc",
       cuda / "cpu" / "codec_kernels.inc",
       SHIM_DIR / "ref_api.cc",
@@ -321,17 +322,14 @@ class Spec(NamedTuple):
   abs_error: float = 0.0
   spike: int = 0
 
-  def fields(self):
-    return (ctypes.c_int32 * 8)(
-      self.kind,
-      self.bits,
-      self.block,
-      self.symmetric,
-      self.fp8,
-      self.cast_dtype,
-      self.hadamard,
-      self.spike,
-    )
+  def text(self) -> bytes:
+    """The codec descriptor's text form (codec_api.h; the fields not named here keep
+    CodecSpec's defaults). A float is written as the shortest decimal of its float32, which
+    C++'s strtof reads back exactly."""
+    fields = self._asdict()
+    del fields["name"]
+    text = (f"{k}={np.float32(v) if isinstance(v, float) else v}" for k, v in fields.items())
+    return " ".join(text).encode()
 
   def granule(self) -> int:  # a spike codec's granule is its inner block
     inner = 1 if self.kind in (gc.NONE, gc.CAST) else self.block
@@ -351,17 +349,20 @@ class CodecLib:
   def __init__(self, path: Path, fill: int):
     self.lib = ctypes.CDLL(str(path))
     self.fill = fill
-    p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    p, c, i32, i64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int64
     self.lib.jc_payload_bytes.restype = i64
-    self.lib.jc_payload_bytes.argtypes = [p, f32, i32, i64]
-    self.lib.jc_encode.argtypes = [p, f32, i32, p, i64, i64, p]
-    self.lib.jc_decode.argtypes = [p, f32, i32, p, i64, i64, p]
-    self.lib.jc_decode_sum.argtypes = [p, f32, i32, p, i32, i64, i64, i64, p]
-    self.lib.jc_decode_sum_encode.argtypes = [p, f32, i32, p, i32, i64, i64, i64, p]
+    self.lib.jc_payload_bytes.argtypes = [c, i32, i64]
+    self.lib.jc_encode.argtypes = [c, i32, p, i64, i64, p]
+    self.lib.jc_decode.argtypes = [c, i32, p, i64, i64, p]
+    self.lib.jc_decode_sum.argtypes = [c, i32, p, i32, i64, i64, i64, p]
+    self.lib.jc_decode_sum_encode.argtypes = [c, i32, p, i32, i64, i64, i64, p]
     self.lib.jc_last_message.restype = ctypes.c_char_p
 
   def payload_bytes(self, s: Spec, dtype: int, n: int) -> int:
-    return int(self.lib.jc_payload_bytes(s.fields(), s.abs_error, dtype, n))
+    p = int(self.lib.jc_payload_bytes(s.text(), dtype, n))
+    if p < 0:
+      raise RuntimeError(f"jc_payload_bytes({s.name}): {self.lib.jc_last_message().decode()}")
+    return p
 
   def _call(self, fn: Callable, nbytes: int, *args) -> np.ndarray:
     out = np.full(nbytes + GUARD, self.fill, np.uint8)
@@ -377,7 +378,7 @@ class CodecLib:
     p = self.payload_bytes(s, dtype, n)
     x = np.ascontiguousarray(x)
     return self._call(
-      self.lib.jc_encode, rows * p, s.fields(), s.abs_error, dtype, x.ctypes.data, rows, n
+      self.lib.jc_encode, rows * p, s.text(), dtype, x.ctypes.data, rows, n
     ).reshape(rows, p)
 
   def decode(self, s: Spec, dtype: int, buf: np.ndarray, n: int) -> np.ndarray:
@@ -386,8 +387,7 @@ class CodecLib:
     return self._call(
       self.lib.jc_decode,
       rows * n * ELEM_BYTES[dtype],
-      s.fields(),
-      s.abs_error,
+      s.text(),
       dtype,
       buf.ctypes.data,
       rows,
@@ -402,8 +402,7 @@ class CodecLib:
     return self._call(
       self.lib.jc_decode_sum,
       outs * n * ELEM_BYTES[dtype],
-      s.fields(),
-      s.abs_error,
+      s.text(),
       dtype,
       buf.ctypes.data,
       nrows,
@@ -421,8 +420,7 @@ class CodecLib:
     return self._call(
       self.lib.jc_decode_sum_encode,
       outs * p,
-      s.fields(),
-      s.abs_error,
+      s.text(),
       dtype,
       buf.ctypes.data,
       nrows,

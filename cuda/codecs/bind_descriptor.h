@@ -5,6 +5,7 @@
 //
 //   CODEC_FIELDS                      {"kind": "int32", ..., "params": "float64[8]"}
 //   codec_descriptor(d) -> dict       d decoded and validated as the handlers do, encoded back
+//   codec_descriptor_from_text(t)     the text form t decoded as the C interfaces do (SpecFromText)
 #pragma once
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -101,6 +102,18 @@ inline void BindDescriptor(nb::module_& m) {
       "codec_descriptor", [](nb::dict d) { return SpecToPy(SpecFromPy(d)); }, nb::arg("codec"),
       "The codec descriptor dict `codec` as this module decodes it (validated, every field, "
       "params zero-padded); ValueError naming the field where it is wrong.");
+  m.def(
+      "codec_descriptor_from_text",
+      [](const std::string& text) {
+        CodecSpec s;
+        const std::string err = SpecFromText(text, &s);
+        if (!err.empty()) throw std::invalid_argument("codec text: " + err);
+        return SpecToPy(s);
+      },
+      nb::arg("text"),
+      "The codec descriptor text `text` (\"kind=2 bits=4 ...\") as the C interfaces outside XLA "
+      "decode it (the host shim, jcoccl_codec_time, the NCCL interposer's rules), as a "
+      "descriptor dict; ValueError naming the field where it is wrong.");
 }
 
 }  // namespace jcoccl::codecs

@@ -3,25 +3,30 @@
 // the schema exported to Python (bind_descriptor.h) are derived from.
 //
 // Wire types: "int32" (int32_t, an enum over int32 or a bool as 0/1), "float32" (float) and
-// "float64[8]" (the plugin params; fewer values are zero-padded). A codec travels to an XLA
-// FFI handler as ONE dictionary attribute ("codec", and "outer" for the outer codec of a
-// hierarchical all-reduce) holding exactly these fields (Python:
-// jcoccl/_src/compressors/native.py codec_attrs).
+// "float64[8]" (the plugin params; fewer values are zero-padded). A codec travels in one of
+// two forms, each decoded by one function generated from the table:
+//   - to an XLA FFI handler, as ONE dictionary attribute ("codec", and "outer" for the outer
+//     codec of a hierarchical all-reduce) holding exactly these fields: SpecFromAttrs
+//     (codecs/ffi_attrs.h; Python: jcoccl/_src/compressors/native.py codec_attrs);
+//   - through a C interface or a file (the host shim's jc_* functions, jcoccl_codec_time,
+//     the NCCL interposer's rules), as text: space-separated name=value pairs, SpecFromText
+//     below (Python: native.py codec_text).
 //
 // Adding a field: a member of CodecSpec, a line in ForEachField, and its value in the Python
 // builder (tests/test_codec_abi.py fails until both sides agree).
 //
 // Example:
-//   auto spec = SpecFromAttrs(attrs);  // attrs: the handler's ffi::Dictionary
-//   if (spec.has_error()) return spec.error();
+//   CodecSpec spec;
+//   std::string err = SpecFromText("kind=2 bits=4 block=32", &spec);  // "" or what is wrong
 #pragma once
 
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
 #include "codecs/codec.h"
-#include "xla/ffi/api/ffi.h"
 
 namespace jcoccl::codecs {
 
@@ -103,69 +108,92 @@ inline bool IsField(std::string_view name) {
 
 namespace detail {
 
-// One field from an FFI dictionary into its member; "" or what is wrong.
-template <class M>
-std::string FieldFromFfi(const xla::ffi::Dictionary& d, const char* name, M& m) {
-  namespace ffi = xla::ffi;
-  const std::string what = std::string("field '") + name + "' (" + WireName<M>() + ")";
-  if (!d.contains(name)) return what + " is missing";
-  if constexpr (std::is_same_v<M, float>) {
-    auto v = d.get<float>(name);
-    if (v.has_error()) return what + " has another type: " + v.error().message();
-    m = *v;
-  } else if constexpr (std::is_array_v<M>) {
-    auto v = d.get<ffi::Span<const double>>(name);
-    if (v.has_error()) return what + " has another type: " + v.error().message();
-    if (v->size() > static_cast<size_t>(kMaxPluginParams))
-      return what + " holds " + std::to_string(v->size()) + " values";
-    for (size_t i = 0; i < v->size(); ++i) m[i] = (*v)[i];
+// The whole of `v` as a number (strtol / strtof / strtod); false if anything is left over or
+// an integer is out of range. A float is what strto* rounds it to (a subnormal included).
+template <class T>
+bool NumberFromText(std::string_view v, T* out) {
+  const std::string s(v);
+  if (s.empty() || s.find_first_of(" \t\n") != std::string::npos) return false;
+  char* end = nullptr;
+  if constexpr (std::is_same_v<T, int32_t>) {
+    const long x = std::strtol(s.c_str(), &end, 10);
+    if (x < INT32_MIN || x > INT32_MAX) return false;
+    *out = static_cast<int32_t>(x);
+  } else if constexpr (std::is_same_v<T, float>) {
+    *out = std::strtof(s.c_str(), &end);
   } else {
-    auto v = d.get<int32_t>(name);
-    if (v.has_error()) return what + " has another type: " + v.error().message();
-    m = Wire<M>::From(*v);
+    *out = std::strtod(s.c_str(), &end);
+  }
+  return end == s.c_str() + s.size();
+}
+
+// One field's text into its member; "" or what is wrong.
+template <class M>
+std::string FieldFromText(const char* name, std::string_view v, M& m) {
+  const std::string bad = std::string("field '") + name + "' (" + WireName<M>() + ") cannot be '" +
+                          std::string(v) + "'";
+  if constexpr (std::is_same_v<M, float>) {
+    if (!NumberFromText(v, &m)) return bad;
+  } else if constexpr (std::is_array_v<M>) {
+    // Comma-separated, zero-padded ("" is every value zero).
+    size_t i = 0;
+    for (double& x : m) x = 0.0;
+    while (!v.empty()) {
+      const size_t comma = v.find(',');
+      if (i == static_cast<size_t>(kMaxPluginParams) || !NumberFromText(v.substr(0, comma), &m[i]))
+        return bad;
+      ++i;
+      v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
+    }
+  } else {
+    int32_t i = 0;
+    if (!NumberFromText(v, &i)) return bad;
+    m = Wire<M>::From(i);
   }
   return {};
 }
 
 }  // namespace detail
 
-// The codec in dictionary `d`, validated; errors start with `who`.
-inline xla::ffi::ErrorOr<CodecSpec> SpecFromDict(const xla::ffi::Dictionary& d, const char* who) {
-  namespace ffi = xla::ffi;
-  auto bad = [&](const std::string& msg) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(who) + msg));
-  };
-  for (auto it = d.begin(); it != d.end(); ++it) {
-    if (!IsField(*it))
-      return bad("unknown codec field '" + std::string(*it) + "'; the fields are " + FieldList());
-  }
-  CodecSpec s;
+// Sets the field `name` of `s` from its text `value` (int32: a decimal integer; float32 and
+// float64: what strtof / strtod read; float64[8]: up to 8 of them, comma-separated).
+// Returns "" when set, else what is wrong; `*known` says whether `name` is a field at all
+// (a caller with keys of its own, the interposer's rules, checks those when it is not).
+inline std::string FieldFromText(std::string_view name, std::string_view value, CodecSpec* s,
+                                 bool* known) {
   std::string err;
-  ForEachField(s, [&](const char* name, auto& m) {
-    if (err.empty()) err = detail::FieldFromFfi(d, name, m);
+  *known = false;
+  ForEachField(*s, [&](const char* f, auto& m) {
+    if (*known || name != f) return;
+    *known = true;
+    err = detail::FieldFromText(f, value, m);
   });
-  if (!err.empty()) return bad("codec " + err + "; the fields are " + FieldList());
-  if (const char* msg = Validate(s)) return bad(msg);
-  return s;
+  if (!*known)
+    return "unknown codec field '" + std::string(name) + "'; the fields are " + FieldList();
+  return err;
 }
 
-// The codec of dictionary attribute `name` ("codec"; "outer" for a hierarchical
-// all-reduce's outer codec) of a handler's attributes.
-inline xla::ffi::ErrorOr<CodecSpec> SpecFromAttrs(const xla::ffi::Dictionary& attrs,
-                                                  const char* name = "codec",
-                                                  const char* who = "jcoccl codec: ") {
-  namespace ffi = xla::ffi;
-  auto bad = [&](const std::string& msg) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(who) + msg));
-  };
-  if (!attrs.contains(name))
-    return bad(std::string("attribute '") + name + "' (the codec descriptor: a dictionary of " +
-               FieldList() + ") is missing");
-  auto d = attrs.get<ffi::Dictionary>(name);
-  if (d.has_error())
-    return bad(std::string("attribute '") + name + "' must be a dictionary of " + FieldList() +
-               ": " + d.error().message());
-  return SpecFromDict(*d, who);
+// The codec of `text` ("kind=2 bits=4 block=32 ...": name=value pairs separated by spaces),
+// validated into `*s`. A field not given keeps CodecSpec's default. Returns "" or what is
+// wrong, naming the field.
+inline std::string SpecFromText(std::string_view text, CodecSpec* s) {
+  *s = CodecSpec{};
+  while (!text.empty()) {
+    const size_t start = text.find_first_not_of(' ');
+    if (start == std::string_view::npos) break;
+    text = text.substr(start);
+    const size_t stop = text.find(' ');
+    const std::string_view word = text.substr(0, stop);
+    text = stop == std::string_view::npos ? std::string_view() : text.substr(stop);
+    const size_t eq = word.find('=');
+    if (eq == std::string_view::npos)
+      return "expected name=value, got '" + std::string(word) + "'; the fields are " + FieldList();
+    bool known = false;
+    std::string err = FieldFromText(word.substr(0, eq), word.substr(eq + 1), s, &known);
+    if (!err.empty()) return "codec " + err;
+  }
+  if (const char* msg = Validate(*s)) return msg;
+  return {};
 }
 
 }  // namespace jcoccl::codecs

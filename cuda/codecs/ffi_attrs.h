@@ -1,15 +1,88 @@
-// The argument checks the CPU and CUDA codec handlers share. The codec itself is the
-// dictionary attribute "codec", decoded by SpecFromAttrs (codecs/descriptor.h); bind the
-// attributes with `.Attrs()` (an ffi::Dictionary).
+// The argument checks the CPU and CUDA codec handlers share, and the decoding of the codec
+// descriptor's FFI form: the dictionary attribute "codec" (and "outer"), decoded by
+// SpecFromAttrs from the field table of codecs/descriptor.h; bind the attributes with
+// `.Attrs()` (an ffi::Dictionary).
+//
+// Example:
+//   auto spec = SpecFromAttrs(attrs);  // attrs: the handler's ffi::Dictionary
+//   if (spec.has_error()) return spec.error();
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "codecs/codec.h"
 #include "codecs/descriptor.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jcoccl::codecs {
+
+namespace detail {
+
+// One field from an FFI dictionary into its member; "" or what is wrong.
+template <class M>
+std::string FieldFromFfi(const xla::ffi::Dictionary& d, const char* name, M& m) {
+  namespace ffi = xla::ffi;
+  const std::string what = std::string("field '") + name + "' (" + WireName<M>() + ")";
+  if (!d.contains(name)) return what + " is missing";
+  if constexpr (std::is_same_v<M, float>) {
+    auto v = d.get<float>(name);
+    if (v.has_error()) return what + " has another type: " + v.error().message();
+    m = *v;
+  } else if constexpr (std::is_array_v<M>) {
+    auto v = d.get<ffi::Span<const double>>(name);
+    if (v.has_error()) return what + " has another type: " + v.error().message();
+    if (v->size() > static_cast<size_t>(kMaxPluginParams))
+      return what + " holds " + std::to_string(v->size()) + " values";
+    for (size_t i = 0; i < v->size(); ++i) m[i] = (*v)[i];
+  } else {
+    auto v = d.get<int32_t>(name);
+    if (v.has_error()) return what + " has another type: " + v.error().message();
+    m = Wire<M>::From(*v);
+  }
+  return {};
+}
+
+}  // namespace detail
+
+// The codec in dictionary `d`, validated; errors start with `who`.
+inline xla::ffi::ErrorOr<CodecSpec> SpecFromDict(const xla::ffi::Dictionary& d, const char* who) {
+  namespace ffi = xla::ffi;
+  auto bad = [&](const std::string& msg) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(who) + msg));
+  };
+  for (auto it = d.begin(); it != d.end(); ++it) {
+    if (!IsField(*it))
+      return bad("unknown codec field '" + std::string(*it) + "'; the fields are " + FieldList());
+  }
+  CodecSpec s;
+  std::string err;
+  ForEachField(s, [&](const char* name, auto& m) {
+    if (err.empty()) err = detail::FieldFromFfi(d, name, m);
+  });
+  if (!err.empty()) return bad("codec " + err + "; the fields are " + FieldList());
+  if (const char* msg = Validate(s)) return bad(msg);
+  return s;
+}
+
+// The codec of dictionary attribute `name` ("codec"; "outer" for a hierarchical
+// all-reduce's outer codec) of a handler's attributes.
+inline xla::ffi::ErrorOr<CodecSpec> SpecFromAttrs(const xla::ffi::Dictionary& attrs,
+                                                  const char* name = "codec",
+                                                  const char* who = "jcoccl codec: ") {
+  namespace ffi = xla::ffi;
+  auto bad = [&](const std::string& msg) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(who) + msg));
+  };
+  if (!attrs.contains(name))
+    return bad(std::string("attribute '") + name + "' (the codec descriptor: a dictionary of " +
+               FieldList() + ") is missing");
+  auto d = attrs.get<ffi::Dictionary>(name);
+  if (d.has_error())
+    return bad(std::string("attribute '") + name + "' must be a dictionary of " + FieldList() +
+               ": " + d.error().message());
+  return SpecFromDict(*d, who);
+}
 
 // Maps an FFI element type to DType; false if unsupported.
 inline bool DTypeFromFfi(xla::ffi::DataType t, DType* out) {

@@ -141,13 +141,14 @@ JCE_API const char* jce_nccl_comm_init(int64_t comm, const char* uid, int nranks
 
 JCE_API int jce_comm_destroy(int64_t comm) { return jcoccl::engine::Comms().Remove(comm); }
 
-// As fused_workspace_bytes; `spec` / `ospec` are codec_api.h's eight integer fields.
+// As fused_workspace_bytes; `spec` / `ospec` are codec descriptors in their text form
+// (codecs/descriptor.h SpecFromText). -1 if either is no codec.
 JCE_API int64_t jce_workspace_bytes(int op, int64_t k, int64_t m, int size, int outer_size,
-                                    const int32_t* spec, float eps, const int32_t* ospec,
-                                    float oeps, int dtype) {
+                                    const char* spec, const char* ospec, int dtype) {
   namespace je = jcoccl::engine;
-  return je::FusedWorkspaceBytes(static_cast<je::Op>(op), k, m, size, outer_size,
-                                 jc_api::Spec(spec, eps), jc_api::Spec(ospec, oeps),
+  je::CodecSpec s, o;
+  if (!jc_api::Spec(spec, &s).empty() || !jc_api::Spec(ospec, &o).empty()) return -1;
+  return je::FusedWorkspaceBytes(static_cast<je::Op>(op), k, m, size, outer_size, s, o,
                                  static_cast<je::DType>(dtype));
 }
 

@@ -10,6 +10,7 @@
 
 #include "codecs/codec.h"
 #include "codecs/codec_cuda.h"
+#include "codecs/descriptor.h"
 
 namespace {
 namespace jc = jcoccl::codecs;
@@ -60,33 +61,24 @@ cudaError_t Launch(const jc::CodecSpec& s, int op, int64_t rows, int64_t n, int 
 
 // Times `iters` launches of one codec operation on float32 rows; ms[i] receives launch i's
 // device time in milliseconds (a first, untimed launch warms up).
-//   spec: CodecSpec's integer fields as in cuda/hostshim/codec_api.h (kind, bits, block,
-//         symmetric, fp8, cast_dtype, hadamard, spike); abs_error its float field.
+//   spec: the codec descriptor in its text form ("kind=2 bits=4 block=32 ...": codecs/
+//         descriptor.h SpecFromText; Python: jcoccl.native.codec_text); no plugin codec.
 //   op:   0 encode (rows x n values -> rows payloads), 1 decode (rows payloads -> rows x n),
 //         2 decode_sum (rows outputs, each the sum of nrows payloads), 3 decode_sum_encode.
 // Returns 0, or the cudaError_t of the first failing call (cudaErrorInvalidValue for bad
 // arguments).
 //
-// Example (Python): lib.jcoccl_codec_time(spec, 0.0, 1, 256, 1 << 20, 1, 10, ms)
-extern "C" __attribute__((visibility("default"))) int jcoccl_codec_time(const int32_t* spec,
-                                                                        float abs_error, int32_t op,
-                                                                        int64_t rows, int64_t n,
-                                                                        int32_t nrows,
+// Example (Python): lib.jcoccl_codec_time(b"kind=2 bits=8 block=256", 1, 256, 1 << 20, 1, 10, ms)
+extern "C" __attribute__((visibility("default"))) int jcoccl_codec_time(const char* spec,
+                                                                        int32_t op, int64_t rows,
+                                                                        int64_t n, int32_t nrows,
                                                                         int32_t iters, float* ms) {
   if (spec == nullptr || ms == nullptr || op < 0 || op > 3 || rows < 1 || n < 1 || nrows < 1 ||
       iters < 1)
     return cudaErrorInvalidValue;
   jc::CodecSpec s;
-  s.kind = static_cast<jc::Kind>(spec[0]);
-  s.bits = spec[1];
-  s.block = spec[2];
-  s.symmetric = spec[3] != 0;
-  s.fp8 = static_cast<jc::Fp8Format>(spec[4]);
-  s.cast_dtype = static_cast<jc::DType>(spec[5]);
-  s.hadamard = spec[6];
-  s.spike = spec[7];
-  s.abs_error = abs_error;
-  if (jc::Validate(s) != nullptr || s.kind == jc::Kind::kPlugin) return cudaErrorInvalidValue;
+  if (!jc::SpecFromText(spec, &s).empty() || s.kind == jc::Kind::kPlugin)
+    return cudaErrorInvalidValue;
   const int64_t p = jc::PayloadBytes(s, n, jc::DType::kF32);
   const int64_t in_rows = op >= 2 ? rows * nrows : rows;  // payload rows the op reads
   Buffers b;

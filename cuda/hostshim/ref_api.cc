@@ -12,14 +12,12 @@ namespace jc = jcoccl::codecs;
 thread_local std::string g_message;
 thread_local bool g_daz = false;
 
-// Validates the spec and row length as the CUDA launchers do.
-bool Check(const jc::CodecSpec& s, int64_t n) {
-  g_message.clear();
-  if (const char* m = jc::Validate(s)) {
-    g_message = m;
-    return false;
-  }
-  if (n <= 0 || n % jc::Granule(s) != 0) {
+// The codec of text descriptor `spec` into *s (validated) and the row length, checked as the
+// CUDA launchers check them; false (jc_last_message says why) if either is wrong.
+bool Check(const char* spec, int64_t n, jc::CodecSpec* s) {
+  g_message = jc_api::Spec(spec, s);
+  if (!g_message.empty()) return false;
+  if (n <= 0 || n % jc::Granule(*s) != 0) {
     g_message = "row length is not a positive multiple of the granule";
     return false;
   }
@@ -36,45 +34,48 @@ void WithMxcsr(F f) {
 }
 }  // namespace
 
-JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x, int64_t rows,
-                     int64_t n, uint8_t* out) {
-  const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
-  if (!Check(s, n)) return 1;
+JC_API int jc_encode(const char* spec, int dtype, const void* x, int64_t rows, int64_t n,
+                     uint8_t* out) {
+  jc::CodecSpec s;
+  if (!Check(spec, n, &s)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
   WithMxcsr([&] { jc::EncodeRowsCpu(s, d, x, rows, n, out); });
   return 0;
 }
 
-JC_API int jc_decode(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
-                     int64_t rows, int64_t n, void* out) {
-  const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
-  if (!Check(s, n)) return 1;
+JC_API int jc_decode(const char* spec, int dtype, const uint8_t* in, int64_t rows, int64_t n,
+                     void* out) {
+  jc::CodecSpec s;
+  if (!Check(spec, n, &s)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
   WithMxcsr([&] { jc::DecodeRowsCpu(s, d, in, rows, n, out); });
   return 0;
 }
 
-JC_API int jc_decode_sum(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
-                         int nrows, int64_t stride, int64_t outs, int64_t n, void* out) {
-  const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
-  if (!Check(s, n)) return 1;
+JC_API int jc_decode_sum(const char* spec, int dtype, const uint8_t* in, int nrows, int64_t stride,
+                         int64_t outs, int64_t n, void* out) {
+  jc::CodecSpec s;
+  if (!Check(spec, n, &s)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
   WithMxcsr([&] { jc::DecodeSumBatchCpu(s, d, in, nrows, stride, outs, n, out); });
   return 0;
 }
 
-JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
-                                int nrows, int64_t stride, int64_t outs, int64_t n, uint8_t* out) {
-  const jc::CodecSpec s = jc_api::Spec(spec, abs_error);
-  if (!Check(s, n)) return 1;
+JC_API int jc_decode_sum_encode(const char* spec, int dtype, const uint8_t* in, int nrows,
+                                int64_t stride, int64_t outs, int64_t n, uint8_t* out) {
+  jc::CodecSpec s;
+  if (!Check(spec, n, &s)) return 1;
   const auto d = static_cast<jc::DType>(dtype);
   WithMxcsr([&] { jc::DecodeSumEncodeBatchCpu(s, d, in, nrows, stride, outs, n, out); });
   return 0;
 }
 
-JC_API int64_t jc_payload_bytes(const int32_t* spec, float abs_error, int dtype, int64_t n) {
-  return jcoccl::codecs::PayloadBytes(jc_api::Spec(spec, abs_error), n,
-                                      static_cast<jcoccl::codecs::DType>(dtype));
+// -1 when `spec` is no codec (jc_last_message says why).
+JC_API int64_t jc_payload_bytes(const char* spec, int dtype, int64_t n) {
+  jc::CodecSpec s;
+  g_message = jc_api::Spec(spec, &s);
+  if (!g_message.empty()) return -1;
+  return jc::PayloadBytes(s, n, static_cast<jc::DType>(dtype));
 }
 
 JC_API const char* jc_last_message() { return g_message.c_str(); }

@@ -27,39 +27,56 @@ void Begin() {
   jcoccl_shim::g_last_error = cudaSuccess;
   jcoccl_shim::g_last_message.clear();
 }
+
+// The codec of text descriptor `spec` into *s; false (jc_last_message says why) if it is none.
+bool Parse(const char* spec, jc::CodecSpec* s) {
+  std::string e = jc_api::Spec(spec, s);
+  if (e.empty()) return true;
+  jcoccl_shim::g_last_message = std::move(e);
+  return false;
+}
 }  // namespace
 
-JC_API int jc_encode(const int32_t* spec, float abs_error, int dtype, const void* x, int64_t rows,
-                     int64_t n, uint8_t* out) {
+JC_API int jc_encode(const char* spec, int dtype, const void* x, int64_t rows, int64_t n,
+                     uint8_t* out) {
   Begin();
-  return Done(jc::EncodeRowsCuda(jc_api::Spec(spec, abs_error), static_cast<jc::DType>(dtype), x,
-                                 rows, n, out, nullptr));
+  jc::CodecSpec s;
+  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
+  return Done(jc::EncodeRowsCuda(s, static_cast<jc::DType>(dtype), x, rows, n, out, nullptr));
 }
 
-JC_API int jc_decode(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
-                     int64_t rows, int64_t n, void* out) {
+JC_API int jc_decode(const char* spec, int dtype, const uint8_t* in, int64_t rows, int64_t n,
+                     void* out) {
   Begin();
-  return Done(jc::DecodeRowsCuda(jc_api::Spec(spec, abs_error), static_cast<jc::DType>(dtype), in,
-                                 rows, n, out, nullptr));
+  jc::CodecSpec s;
+  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
+  return Done(jc::DecodeRowsCuda(s, static_cast<jc::DType>(dtype), in, rows, n, out, nullptr));
 }
 
-JC_API int jc_decode_sum(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
-                         int nrows, int64_t stride, int64_t outs, int64_t n, void* out) {
+JC_API int jc_decode_sum(const char* spec, int dtype, const uint8_t* in, int nrows, int64_t stride,
+                         int64_t outs, int64_t n, void* out) {
   Begin();
-  return Done(jc::DecodeSumBatch(jc_api::Spec(spec, abs_error), static_cast<jc::DType>(dtype), in,
-                                 nrows, stride, outs, n, out, nullptr));
+  jc::CodecSpec s;
+  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
+  return Done(jc::DecodeSumBatch(s, static_cast<jc::DType>(dtype), in, nrows, stride, outs, n, out,
+                                 nullptr));
 }
 
-JC_API int jc_decode_sum_encode(const int32_t* spec, float abs_error, int dtype, const uint8_t* in,
-                                int nrows, int64_t stride, int64_t outs, int64_t n, uint8_t* out) {
+JC_API int jc_decode_sum_encode(const char* spec, int dtype, const uint8_t* in, int nrows,
+                                int64_t stride, int64_t outs, int64_t n, uint8_t* out) {
   Begin();
-  return Done(jc::DecodeSumEncodeBatch(jc_api::Spec(spec, abs_error), static_cast<jc::DType>(dtype),
-                                       in, nrows, stride, outs, n, out, nullptr));
+  jc::CodecSpec s;
+  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
+  return Done(jc::DecodeSumEncodeBatch(s, static_cast<jc::DType>(dtype), in, nrows, stride, outs, n,
+                                       out, nullptr));
 }
 
-JC_API int64_t jc_payload_bytes(const int32_t* spec, float abs_error, int dtype, int64_t n) {
-  return jcoccl::codecs::PayloadBytes(jc_api::Spec(spec, abs_error), n,
-                                      static_cast<jcoccl::codecs::DType>(dtype));
+// -1 when `spec` is no codec (jc_last_message says why).
+JC_API int64_t jc_payload_bytes(const char* spec, int dtype, int64_t n) {
+  Begin();
+  jc::CodecSpec s;
+  if (!Parse(spec, &s)) return -1;
+  return jc::PayloadBytes(s, n, static_cast<jc::DType>(dtype));
 }
 
 JC_API const char* jc_last_message() { return jcoccl_shim::g_last_message.c_str(); }

@@ -37,6 +37,7 @@
 
 #include "codecs/codec.h"
 #include "codecs/codec_cuda.h"
+#include "codecs/descriptor.h"
 #include "engine/comms.h"
 #include "engine/engine.h"
 
@@ -116,11 +117,13 @@ std::string& VersionNote() {
   return *s;
 }
 
+// One line "rule key=value ...": the rule's own keys, and the codec descriptor's fields in
+// their text form (codecs/descriptor.h FieldFromText; a field not given keeps CodecSpec's
+// default). Python writes them: jcoccl/_src/nccl_interposer.py Rule.line.
 std::string ParseRule(const std::string& line, Rule* r) {
   std::istringstream in(line);
   std::string word;
   in >> word;
-  int32_t kind = 0, fp8 = 0, cast = 1, sym = 1;
   while (in >> word) {
     const size_t eq = word.find('=');
     if (eq == std::string::npos) return "expected key=value, got '" + word + "'";
@@ -146,34 +149,16 @@ std::string ParseRule(const std::string& line, Rule* r) {
         r->chunks = std::stoi(v);
       else if (k == "codec")
         r->name = v;
-      else if (k == "kind")
-        kind = std::stoi(v);
-      else if (k == "bits")
-        r->spec.bits = std::stoi(v);
-      else if (k == "block")
-        r->spec.block = std::stoi(v);
-      else if (k == "symmetric")
-        sym = std::stoi(v);
-      else if (k == "fp8")
-        fp8 = std::stoi(v);
-      else if (k == "cast_dtype")
-        cast = std::stoi(v);
-      else if (k == "hadamard")
-        r->spec.hadamard = std::stoi(v);
-      else if (k == "spike")
-        r->spec.spike = std::stoi(v);
-      else if (k == "abs_error")
-        r->spec.abs_error = std::stof(v);
-      else
-        return "unknown key '" + k + "'";
+      else {
+        bool field = false;
+        const std::string e = jc::FieldFromText(k, v, &r->spec, &field);
+        if (!field) return "unknown key '" + k + "'";
+        if (!e.empty()) return "codec " + e;
+      }
     } catch (const std::exception&) {
       return "bad value in '" + word + "'";
     }
   }
-  r->spec.kind = static_cast<jc::Kind>(kind);
-  r->spec.symmetric = sym != 0;
-  r->spec.fp8 = static_cast<jc::Fp8Format>(fp8);
-  r->spec.cast_dtype = static_cast<jc::DType>(cast);
   if (r->spec.kind == jc::Kind::kPlugin) return "plugin codecs are not available here";
   if (const char* e = jc::Validate(r->spec)) return std::string("codec: ") + e;
   if (r->size < 0 || r->min_bytes < 0 || r->chunks < 1 || r->chunks > 64 || r->ops == 0 ||

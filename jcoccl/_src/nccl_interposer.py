@@ -61,7 +61,8 @@ class Rule:
     algorithm: all_reduce's algorithm (auto: two_shot above 2 ranks, else one_shot).
     chunks: pipeline slices per call.
     codec: the compressor's name, as the policy wrote it.
-    fields: the codec's kernel fields (kind, bits, block, ...), as the engine takes them.
+    fields: the codec's descriptor in its text form (``kind=2 bits=8 ...``: every field of
+      C++'s schema, compressors/native.py ``codec_text``), as the engine takes it.
   """
 
   table: str
@@ -72,7 +73,7 @@ class Rule:
   algorithm: str
   chunks: int
   codec: str
-  fields: Mapping[str, float]
+  fields: str
 
   def line(self) -> str:
     """The rule as the library reads it (``rule key=value ...``)."""
@@ -85,7 +86,7 @@ class Rule:
       f"algorithm={self.algorithm}",
       f"chunks={self.chunks}",
       f"codec={codec}",
-      *(f"{k}={v}" for k, v in self.fields.items()),
+      self.fields,
     ]
     return "rule " + " ".join(parts)
 
@@ -113,28 +114,23 @@ def _nccl_section(entry: Any, where: str) -> tuple[dict[str, int], tuple[str, ..
   return dict(axes), tuple(dtypes), chunks
 
 
-# The codec descriptor's fields that interposer.cc's rules carry (plugin codecs excluded).
-CODEC_FIELDS = ("kind", "bits", "block", "symmetric", "fp8", "cast_dtype", "hadamard", "spike")
-
-
-def codec_fields(comp: Any) -> dict[str, float]:
-  """The kernel fields of compressor ``comp`` as a rule carries them.
+def codec_fields(comp: Any) -> str:
+  """The codec descriptor of compressor ``comp`` as a rule carries it: its text form,
+  which interposer.cc decodes with the descriptor's own field table.
 
   Raises:
     ValueError: ``comp`` has no native kernel, or is a plugin's codec.
 
   Example:
-    >>> codec_fields(jc.int8(block_size=32))["block"]   # doctest: +SKIP
-    32
+    >>> codec_fields(jc.int8(block_size=32)).split()[2]   # doctest: +SKIP
+    'block=32'
   """
   from jcoccl._src.compressors import native
 
   attrs = native.codec_attrs(comp)
   if int(attrs["plugin"]) >= 0:
     raise ValueError("plugin codecs cannot be used inside NCCL calls")
-  out: dict[str, float] = {k: int(attrs[k]) for k in CODEC_FIELDS}
-  out["abs_error"] = float(attrs["abs_error"])
-  return out
+  return native.codec_text(attrs)
 
 
 def resolve(path: str) -> list[Rule]:

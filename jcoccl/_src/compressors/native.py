@@ -13,7 +13,8 @@ Interface (used by ``Compressor`` when ``impl`` is "native" or "auto"):
 The codec reaches C++ as one dictionary attribute, ``codec``: its descriptor, whose fields
 and wire types C++ defines (cuda/codecs/descriptor.h) and exports as ``CODEC_FIELDS``
 (:func:`schema`). :func:`codec_attrs` is the one place that builds it from a compressor;
-it checks its fields against that schema. Every
+it checks its fields against that schema. Outside XLA (C interfaces, files) the same
+descriptor travels as text, :func:`codec_text`. Every
 call works under jit, vmap (leading batch dimensions are folded into rows) and
 ``jax.shard_map(..., check_vma=True)`` (outputs carry the inputs' varying axes).
 """
@@ -258,6 +259,43 @@ def _wire_value(name: str, wire: str, v: Any) -> Any:
     raise ValueError(f"a plugin codec has at most {out.size} params, got {len(v)}")
   out[: len(v)] = [float(x) for x in v]
   return out
+
+
+def codec_text(attrs: dict[str, Any]) -> str:
+  """The text form of codec descriptor ``attrs`` (:func:`codec_attrs`): ``name=value`` pairs
+  separated by spaces, every field in C++'s order. The C interfaces and files that carry a
+  codec outside XLA read it with one decoder (cuda/codecs/descriptor.h ``SpecFromText``):
+  the host shim, ``jcoccl_codec_time`` (tools/gpu_codecs.py) and the NCCL interposer's rules.
+
+  Every value reads back exactly: float32 fields are written as the shortest decimal that
+  is the same float32, ``params`` as the shortest float64 decimals (trailing zeros left out:
+  C++ zero-pads).
+
+  Args:
+    attrs: a descriptor (``codec_attrs(c)``, ``identity_attrs()``).
+
+  Returns:
+    The text, e.g. ``"kind=2 bits=4 block=64 ... plugin=-1 params="``.
+
+  Example:
+    >>> codec_text(codec_attrs(jc.int4(block_size=64))).split()[:3]
+    ['kind=2', 'bits=4', 'block=64']
+  """
+  fields = schema()
+  out = []
+  for name, v in typed(dict(attrs), fields).items():
+    wire = fields[name]
+    if wire == "int32":
+      text = str(int(v))
+    elif wire == "float32":
+      text = str(np.float32(v))
+    else:
+      vals = [float(x) for x in v]
+      while vals and vals[-1] == 0.0 and not np.signbit(vals[-1]):
+        vals.pop()
+      text = ",".join(repr(x) for x in vals)
+    out.append(f"{name}={text}")
+  return " ".join(out)
 
 
 class _HashableArray(np.ndarray):
