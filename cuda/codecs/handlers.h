@@ -1,11 +1,14 @@
 // The four codec FFI handlers (encode_rows, decode_rows, decode_sum, decode_sum_encode),
-// written once for every platform. A platform is a traits struct P (cpu/codecs.cc,
-// gpu/codec_handlers.cu):
+// written once for every platform, and the one choice between a plugin's kernels and the
+// built-in ones (RunRowOps), which the fused engine's codec adapter shares
+// (engine/platform_codec.h). A platform is a traits struct P (cpu/platform.h,
+// gpu/platform.h):
 //
 //   using Stream = ...;                   // what the row operations run on
 //   struct Kernels { ... };               // the built-in codecs' row operations
 //   struct Plugin { ... };                // the same four, through a loaded plugin
-//   static ffi::Error Status(K);          // a Kernels result as an FFI error
+//   static std::string Message(K);        // a Kernels result: "" or what failed
+//   static Stream StreamOf(void*);        // a fused engine lane's stream
 //   static void PrepareOutput(ffi::Result<ffi::AnyBuffer>&);  // before an output is written
 //
 // Kernels and Plugin each have, with the semantics of codecs/codec_cuda.h's batched forms:
@@ -14,7 +17,7 @@
 //   DecodeSum(spec, dtype, in, nrows, row_stride, outs, n, out, stream)
 //   DecodeSumEncode(spec, dtype, in, nrows, row_stride, outs, n, out, stream)
 // Plugin's return "" or the plugin's message (codecs/plugin.h); Kernels' return what
-// P::Status maps. Which of the two runs is decided in one place, RunOps.
+// P::Message maps. Which of the two runs is decided in one place, RunRowOps.
 //
 // Example (a platform whose handlers take no stream context):
 //   JCOCCL_DEFINE_CODEC_HANDLERS(Jcoccl, CpuPlatform, JCOCCL_NO_STREAM,
@@ -22,6 +25,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "codecs/codec.h"
 #include "codecs/ffi_attrs.h"
@@ -30,14 +34,19 @@
 
 namespace jcoccl::codecs {
 
-// Runs `f` on the plugin's row operations for a plugin codec, else on the built-in kernels.
+// Runs `f` on the plugin's row operations for a plugin codec, else on the built-in kernels;
+// "" or what failed. The one plugin branch of the handlers and the fused engine.
+template <class P, class F>
+std::string RunRowOps(const CodecSpec& s, F&& f) {
+  if (s.kind == Kind::kPlugin) return f(typename P::Plugin{});
+  return P::Message(f(typename P::Kernels{}));
+}
+
+// RunRowOps as an FFI error.
 template <class P, class F>
 xla::ffi::Error RunOps(const CodecSpec& s, F&& f) {
-  if (s.kind == Kind::kPlugin) {
-    const std::string e = f(typename P::Plugin{});
-    return e.empty() ? xla::ffi::Error::Success() : xla::ffi::Error::Internal(e);
-  }
-  return P::Status(f(typename P::Kernels{}));
+  const std::string e = RunRowOps<P>(s, std::forward<F>(f));
+  return e.empty() ? xla::ffi::Error::Success() : xla::ffi::Error::Internal(e);
 }
 
 template <class P>

@@ -18,12 +18,8 @@
 #include "codecs/codec.h"
 #include "codecs/format.h"
 #include "codecs/handlers.h"
-#include "codecs/plugin.h"
+#include "cpu/platform.h"
 #include "xla/ffi/api/ffi.h"
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define JCOCCL_CPU_AVX2 1
@@ -120,93 +116,8 @@ void DecodeSumEncodeBatchCpu(const CodecSpec& s, DType d, const uint8_t* in, int
 
 }  // namespace jcoccl::codecs
 
-// ---- XLA FFI handlers (codecs/handlers.h) -------------------------------------------------
-namespace {
+// ---- XLA FFI handlers (codecs/handlers.h over cpu/platform.h) --------------------------
 namespace ffi = xla::ffi;
-namespace jc = jcoccl::codecs;
 
-// XLA:CPU runs each call synchronously on the device's thread: no stream.
-struct CpuPlatform {
-  using Stream = std::nullptr_t;
-  using CodecSpec = jc::CodecSpec;
-  using DType = jc::DType;
-
-  struct Kernels {
-    int Encode(const CodecSpec& s, DType d, const void* x, int64_t rows, int64_t n, uint8_t* out,
-               Stream) {
-      jc::EncodeRowsCpu(s, d, x, rows, n, out);
-      return 0;
-    }
-    int Decode(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows, int64_t n, void* out,
-               Stream) {
-      jc::DecodeRowsCpu(s, d, in, rows, n, out);
-      return 0;
-    }
-    int DecodeSum(const CodecSpec& s, DType d, const uint8_t* in, int nrows, int64_t stride,
-                  int64_t outs, int64_t n, void* out, Stream) {
-      jc::DecodeSumBatchCpu(s, d, in, nrows, stride, outs, n, out);
-      return 0;
-    }
-    int DecodeSumEncode(const CodecSpec& s, DType d, const uint8_t* in, int nrows, int64_t stride,
-                        int64_t outs, int64_t n, uint8_t* out, Stream) {
-      jc::DecodeSumEncodeBatchCpu(s, d, in, nrows, stride, outs, n, out);
-      return 0;
-    }
-  };
-
-  // The CPU plugin ABI takes one reduction at a time, as row pointers.
-  struct Plugin {
-    std::string Encode(const CodecSpec& s, DType d, const void* x, int64_t rows, int64_t n,
-                       uint8_t* out, Stream) {
-      return jc::PluginEncodeCpu(s, d, x, rows, n, out);
-    }
-    std::string Decode(const CodecSpec& s, DType d, const uint8_t* in, int64_t rows, int64_t n,
-                       void* out, Stream) {
-      return jc::PluginDecodeCpu(s, d, in, rows, n, out);
-    }
-    std::string DecodeSum(const CodecSpec& s, DType d, const uint8_t* in, int nrows, int64_t stride,
-                          int64_t outs, int64_t n, void* out, Stream) {
-      for (int64_t o = 0; o < outs; ++o) {
-        std::string e =
-            jc::PluginDecodeSumCpu(s, d, jc::RowPointers(in, nrows, stride, o).data(), nrows, n,
-                                   static_cast<uint8_t*>(out) + o * n * jc::DTypeBytes(d));
-        if (!e.empty()) return e;
-      }
-      return {};
-    }
-    std::string DecodeSumEncode(const CodecSpec& s, DType d, const uint8_t* in, int nrows,
-                                int64_t stride, int64_t outs, int64_t n, uint8_t* out, Stream) {
-      const int64_t p = jc::PayloadBytes(s, n, d);
-      for (int64_t o = 0; o < outs; ++o) {
-        std::string e = jc::PluginDecodeSumEncodeCpu(
-            s, d, jc::RowPointers(in, nrows, stride, o).data(), nrows, n, out + o * p);
-        if (!e.empty()) return e;
-      }
-      return {};
-    }
-  };
-
-  static ffi::Error Status(int) { return ffi::Error::Success(); }
-
-  // XLA:CPU allocates large results with malloc, which maps fresh pages for every call above
-  // 32 MiB: filling a 64 MiB decode output spent ~80% of its time in 4 KiB page faults here.
-  // Asking for transparent huge pages on the result's aligned interior cuts that to a few
-  // 2 MiB faults (Linux, THP "madvise" or "always"); elsewhere, or if refused, nothing changes.
-  static void PrepareOutput(ffi::Result<ffi::AnyBuffer>& out) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-    const auto begin = reinterpret_cast<uintptr_t>(out->untyped_data());
-    const uintptr_t end = begin + out->size_bytes();
-    const uintptr_t lo = (begin + kHuge - 1) & ~(kHuge - 1);
-    const uintptr_t hi = end & ~(kHuge - 1);
-    if (hi >= lo + 2 * kHuge) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-#else
-    (void)out;
-#endif
-  }
-};
-
-}  // namespace
-
-JCOCCL_DEFINE_CODEC_HANDLERS(Jcoccl, CpuPlatform, JCOCCL_NO_STREAM,
+JCOCCL_DEFINE_CODEC_HANDLERS(Jcoccl, ::jcoccl::codecs::CpuPlatform, JCOCCL_NO_STREAM,
                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attrs());

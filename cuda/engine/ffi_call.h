@@ -10,10 +10,12 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "codecs/ffi_attrs.h"
 #include "engine/comms.h"
 #include "engine/engine.h"
+#include "registry.h"
 
 namespace jcoccl::engine {
 
@@ -182,3 +184,30 @@ inline ffi::Error ResolveCall(const ffi::Dictionary& a, ffi::RunId run_id, int32
 }
 
 }  // namespace jcoccl::engine
+
+namespace jcoccl::engine {
+
+// A fused handler's binding: `b` (the platform's context: ffi::Ffi::Bind(), or with XLA's
+// stream first), then what every fused handler takes: run id, device, x, out, workspace and
+// the attributes.
+template <class B>
+auto FusedBinding(B b) {
+  return std::move(b)
+      .template Ctx<ffi::RunId>()
+      .template Ctx<ffi::DeviceOrdinal>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .Attrs();
+}
+
+}  // namespace jcoccl::engine
+
+// Defines the fused handler symbol `Name` over `Impl`, bound as FusedBinding(binding) with no
+// traits, and registers it under every fused target name (one handler for all collectives:
+// the "op" attribute picks the algorithm).
+#define JCOCCL_DEFINE_FUSED_HANDLER(Name, Impl, binding)                                  \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(Name, Impl, ::jcoccl::engine::FusedBinding(binding), {}); \
+  JCOCCL_REGISTER_HANDLER(Name, "jcoccl_fused_all_reduce", "jcoccl_fused_reduce_scatter", \
+                          "jcoccl_fused_all_gather", "jcoccl_fused_all_to_all",           \
+                          "jcoccl_fused_ppermute")

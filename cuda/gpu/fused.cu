@@ -21,10 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "codecs/codec_cuda.h"
-#include "codecs/plugin.h"
 #include "engine/ffi_call.h"
-#include "registry.h"
+#include "engine/platform_codec.h"
+#include "gpu/platform.h"
 #include "transport/nccl.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -99,37 +98,6 @@ class GpuLanes final : public Lanes {
   DeviceStreams* ds_;
 };
 
-class GpuCodec final : public Codec {
- public:
-  using Codec::Codec;
-  Status EncodeRows(void* s, const void* x, int64_t rows, int64_t n, uint8_t* out) override {
-    if (Plugin()) return Of(codecs::PluginEncodeCuda(spec_, dtype_, x, rows, n, out, s));
-    return Cuda(codecs::EncodeRowsCuda(spec_, dtype_, x, rows, n, out, St(s)), "encode");
-  }
-  Status DecodeRows(void* s, const uint8_t* in, int64_t rows, int64_t n, void* out) override {
-    if (Plugin()) return Of(codecs::PluginDecodeCuda(spec_, dtype_, in, rows, n, out, s));
-    return Cuda(codecs::DecodeRowsCuda(spec_, dtype_, in, rows, n, out, St(s)), "decode");
-  }
-  Status DecodeSum(void* s, const uint8_t* in, int nrows, int64_t n, void* out) override {
-    if (Plugin())
-      return Of(codecs::PluginDecodeSumCuda(spec_, dtype_, in, nrows, Payload(n), 1, n, out, s));
-    return Cuda(codecs::DecodeSumCuda(spec_, dtype_, in, nrows, Payload(n), n, out, St(s)),
-                "decode_sum");
-  }
-  Status DecodeSumEncode(void* s, const uint8_t* in, int nrows, int64_t n, uint8_t* out) override {
-    if (Plugin())
-      return Of(
-          codecs::PluginDecodeSumEncodeCuda(spec_, dtype_, in, nrows, Payload(n), 1, n, out, s));
-    return Cuda(codecs::DecodeSumEncodeCuda(spec_, dtype_, in, nrows, Payload(n), n, out, St(s)),
-                "decode_sum_encode");
-  }
-
- private:
-  bool Plugin() const { return spec_.kind == codecs::Kind::kPlugin; }
-  static Status Of(const std::string& e) { return e.empty() ? Status::Ok() : Status::Error(e); }
-  static cudaStream_t St(void* s) { return static_cast<cudaStream_t>(s); }
-};
-
 Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws) {
   JCOCCL_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "set device"));
@@ -150,8 +118,8 @@ Status RunGpu(cudaStream_t xla, Resolved& r, int device, ffi::AnyBuffer x,
   }
   DeviceStreams* ds = nullptr;
   JCOCCL_RETURN_IF_ERROR(StreamsFor(device, &ds));
-  GpuCodec codec(r.spec, r.dtype);
-  GpuCodec outer(r.outer_spec, r.dtype);
+  PlatformCodec<codecs::CudaPlatform> codec(r.spec, r.dtype);
+  PlatformCodec<codecs::CudaPlatform> outer(r.outer_spec, r.dtype);
   c.x = x.untyped_data();
   c.out = out->untyped_data();
   c.codec = &codec;
@@ -193,17 +161,6 @@ ffi::Error FusedGpuImpl(cudaStream_t stream, ffi::RunId run_id, int32_t device, 
 }  // namespace
 }  // namespace jcoccl::engine
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JcocclFusedGpu, jcoccl::engine::FusedGpuImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::RunId>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attrs(),
-                              /*traits=*/{});  // not kCmdBufferCompatible (see the top)
-// One handler, one target name per collective (the "op" attribute picks the algorithm).
-JCOCCL_REGISTER_HANDLER(JcocclFusedGpu, "jcoccl_fused_all_reduce", "jcoccl_fused_reduce_scatter",
-                        "jcoccl_fused_all_gather", "jcoccl_fused_all_to_all",
-                        "jcoccl_fused_ppermute");
+// Not kCmdBufferCompatible (see the top): the macro declares no traits.
+JCOCCL_DEFINE_FUSED_HANDLER(JcocclFusedGpu, jcoccl::engine::FusedGpuImpl,
+                            ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>());
