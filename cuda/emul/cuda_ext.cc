@@ -8,14 +8,9 @@
 // JCOCCL_EXT_CODECS, JCOCCL_EXT_FUSED and JCOCCL_EXT_NCCL name the sources to include (the
 // codec kernels after tools/gpu_shim.py's launch rewrite; mutant copies in a mutant build).
 // The codec handlers (gpu/codec_handlers.cu) launch no kernel: they are included as they are.
-#ifndef __CUDACC__
-#define __CUDACC__ 1
-#endif
-#ifndef __CUDA_ARCH__
-#define __CUDA_ARCH__ 900
-#endif
 #include <dlfcn.h>
 
+#include "as_nvcc.h"  // nvcc's macros, before any CUDA source
 #include "cuda_runtime.h"
 #include "nccl.h"
 

@@ -24,50 +24,46 @@ bool Check(const char* spec, int64_t n, jc::CodecSpec* s) {
   return true;
 }
 
-// Runs f with MXCSR's DAZ and FTZ bits as XLA:CPU sets them (when jc_set_daz(1)).
+// Runs f(codec, dtype) for the codec of `spec` and rows of n elements, with MXCSR's DAZ and
+// FTZ bits as XLA:CPU sets them (when jc_set_daz(1)); 0, or 1 if the codec or n is wrong.
 template <class F>
-void WithMxcsr(F f) {
+int Run(const char* spec, int dtype, int64_t n, F&& f) {
+  jc::CodecSpec s;
+  if (!Check(spec, n, &s)) return 1;
   const unsigned saved = _mm_getcsr();
   if (g_daz) _mm_setcsr(saved | 0x8040u);
-  f();
+  f(s, static_cast<jc::DType>(dtype));
   _mm_setcsr(saved);
+  return 0;
 }
 }  // namespace
 
 JC_API int jc_encode(const char* spec, int dtype, const void* x, int64_t rows, int64_t n,
                      uint8_t* out) {
-  jc::CodecSpec s;
-  if (!Check(spec, n, &s)) return 1;
-  const auto d = static_cast<jc::DType>(dtype);
-  WithMxcsr([&] { jc::EncodeRowsCpu(s, d, x, rows, n, out); });
-  return 0;
+  return Run(spec, dtype, n, [&](const jc::CodecSpec& s, jc::DType d) {
+    jc::EncodeRowsCpu(s, d, x, rows, n, out);
+  });
 }
 
 JC_API int jc_decode(const char* spec, int dtype, const uint8_t* in, int64_t rows, int64_t n,
                      void* out) {
-  jc::CodecSpec s;
-  if (!Check(spec, n, &s)) return 1;
-  const auto d = static_cast<jc::DType>(dtype);
-  WithMxcsr([&] { jc::DecodeRowsCpu(s, d, in, rows, n, out); });
-  return 0;
+  return Run(spec, dtype, n, [&](const jc::CodecSpec& s, jc::DType d) {
+    jc::DecodeRowsCpu(s, d, in, rows, n, out);
+  });
 }
 
 JC_API int jc_decode_sum(const char* spec, int dtype, const uint8_t* in, int nrows, int64_t stride,
                          int64_t outs, int64_t n, void* out) {
-  jc::CodecSpec s;
-  if (!Check(spec, n, &s)) return 1;
-  const auto d = static_cast<jc::DType>(dtype);
-  WithMxcsr([&] { jc::DecodeSumBatchCpu(s, d, in, nrows, stride, outs, n, out); });
-  return 0;
+  return Run(spec, dtype, n, [&](const jc::CodecSpec& s, jc::DType d) {
+    jc::DecodeSumBatchCpu(s, d, in, nrows, stride, outs, n, out);
+  });
 }
 
 JC_API int jc_decode_sum_encode(const char* spec, int dtype, const uint8_t* in, int nrows,
                                 int64_t stride, int64_t outs, int64_t n, uint8_t* out) {
-  jc::CodecSpec s;
-  if (!Check(spec, n, &s)) return 1;
-  const auto d = static_cast<jc::DType>(dtype);
-  WithMxcsr([&] { jc::DecodeSumEncodeBatchCpu(s, d, in, nrows, stride, outs, n, out); });
-  return 0;
+  return Run(spec, dtype, n, [&](const jc::CodecSpec& s, jc::DType d) {
+    jc::DecodeSumEncodeBatchCpu(s, d, in, nrows, stride, outs, n, out);
+  });
 }
 
 // -1 when `spec` is no codec (jc_last_message says why).

@@ -1,11 +1,6 @@
 // The CUDA codec kernels (cuda/gpu/codecs.cu, translated by tools/gpu_shim.py into
 // JCOCCL_SHIM_KERNELS) run through the host shim, behind the C interface of codec_api.h.
-#ifndef __CUDACC__
-#define __CUDACC__ 1
-#endif
-#ifndef __CUDA_ARCH__
-#define __CUDA_ARCH__ 900
-#endif
+#include "as_nvcc.h"  // nvcc's macros, before any CUDA source
 #include "cuda_runtime.h"
 
 #include JCOCCL_SHIM_KERNELS
@@ -35,40 +30,43 @@ bool Parse(const char* spec, jc::CodecSpec* s) {
   jcoccl_shim::g_last_message = std::move(e);
   return false;
 }
+
+// f(codec, dtype)'s cudaError_t for the codec of `spec`, or cudaErrorInvalidValue if it is none.
+template <class F>
+int Run(const char* spec, int dtype, F&& f) {
+  Begin();
+  jc::CodecSpec s;
+  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
+  return Done(f(s, static_cast<jc::DType>(dtype)));
+}
 }  // namespace
 
 JC_API int jc_encode(const char* spec, int dtype, const void* x, int64_t rows, int64_t n,
                      uint8_t* out) {
-  Begin();
-  jc::CodecSpec s;
-  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
-  return Done(jc::EncodeRowsCuda(s, static_cast<jc::DType>(dtype), x, rows, n, out, nullptr));
+  return Run(spec, dtype, [&](const jc::CodecSpec& s, jc::DType d) {
+    return jc::EncodeRowsCuda(s, d, x, rows, n, out, nullptr);
+  });
 }
 
 JC_API int jc_decode(const char* spec, int dtype, const uint8_t* in, int64_t rows, int64_t n,
                      void* out) {
-  Begin();
-  jc::CodecSpec s;
-  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
-  return Done(jc::DecodeRowsCuda(s, static_cast<jc::DType>(dtype), in, rows, n, out, nullptr));
+  return Run(spec, dtype, [&](const jc::CodecSpec& s, jc::DType d) {
+    return jc::DecodeRowsCuda(s, d, in, rows, n, out, nullptr);
+  });
 }
 
 JC_API int jc_decode_sum(const char* spec, int dtype, const uint8_t* in, int nrows, int64_t stride,
                          int64_t outs, int64_t n, void* out) {
-  Begin();
-  jc::CodecSpec s;
-  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
-  return Done(jc::DecodeSumBatch(s, static_cast<jc::DType>(dtype), in, nrows, stride, outs, n, out,
-                                 nullptr));
+  return Run(spec, dtype, [&](const jc::CodecSpec& s, jc::DType d) {
+    return jc::DecodeSumBatch(s, d, in, nrows, stride, outs, n, out, nullptr);
+  });
 }
 
 JC_API int jc_decode_sum_encode(const char* spec, int dtype, const uint8_t* in, int nrows,
                                 int64_t stride, int64_t outs, int64_t n, uint8_t* out) {
-  Begin();
-  jc::CodecSpec s;
-  if (!Parse(spec, &s)) return cudaErrorInvalidValue;
-  return Done(jc::DecodeSumEncodeBatch(s, static_cast<jc::DType>(dtype), in, nrows, stride, outs, n,
-                                       out, nullptr));
+  return Run(spec, dtype, [&](const jc::CodecSpec& s, jc::DType d) {
+    return jc::DecodeSumEncodeBatch(s, d, in, nrows, stride, outs, n, out, nullptr);
+  });
 }
 
 // -1 when `spec` is no codec (jc_last_message says why).
