@@ -47,7 +47,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nccl_env
 
 PLATFORM = "cuda"  # the engine's platform (a worker with --platform cpu sets "cpu")
 OPS = ("one_shot", "two_shot", "reduce_scatter", "all_gather", "all_to_all", "ppermute")
@@ -664,10 +668,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
   for r in range(args.world):
     env = dict(os.environ)
     env.update(
-      NCCL_HOSTID=f"jcoccl-rank-{r}",
-      NCCL_SOCKET_IFNAME="lo",
-      NCCL_IB_DISABLE="1",
-      XLA_PYTHON_CLIENT_PREALLOCATE="false",
+      nccl_env.rank_env(r),
       JCOCCL_TIMEOUT_S=str(args.timeout),
       NCCL_DEBUG=os.environ.get("NCCL_DEBUG", "WARN"),
     )

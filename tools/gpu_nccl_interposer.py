@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nccl_env  # noqa: E402
+
 POLICY = '["*"]\nall_reduce = "int8"\nmin_bytes = 0\n'
 
 
@@ -114,13 +117,8 @@ def _run(args: argparse.Namespace, compressed: bool, d: Path) -> dict:
   procs = []
   for r in range(world):
     env = dict(os.environ)
-    env.update(
-      NCCL_HOSTID=f"jcoccl-rank-{r}",
-      NCCL_SOCKET_IFNAME="lo",
-      NCCL_IB_DISABLE="1",
-      XLA_PYTHON_CLIENT_PREALLOCATE="false",
-      PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-    )
+    env.update(nccl_env.rank_env(r))
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     if args.platform == "cpu":
       env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
     cmd = [*prefix, sys.executable, __file__, "worker", "--rank", str(r), "--world", str(world),
