@@ -149,6 +149,28 @@ def test_the_residual_costs_one_decode_not_a_second_encode():
   assert fed.count("decode_rows") == plain.count("decode_rows") + 1
 
 
+def test_the_sent_value_is_computed_once():
+  """In the compiled program the residual owed is read by one instruction: ``g + e`` is
+  computed once and read by both the encode and the new residual. XLA otherwise fuses it
+  into each, so a gradient assembled from per-layer pieces is written out piece by piece
+  (this doubled the error-feedback step's memory traffic in benchmarks/train_e2e.py)."""
+  m = mesh((N,), ("x",))
+  ef = jcoccl.error_feedback("int8")
+
+  def body(w, a, e):
+    g = jnp.stack([a[0, i] * w[0, i] for i in range(4)])[None]  # a stacked leaf's gradient
+    return ef.all_reduce(g, e, "x", algorithm="one_shot", min_bytes=0)
+
+  spec = (P("x"),) * 3
+  f = jax.jit(jax.shard_map(body, mesh=m, in_specs=spec, out_specs=(P("x"), P("x"))))
+  s = jax.ShapeDtypeStruct((N, 4, 256, 64), jnp.float32)
+  text = f.lower(s, s, s).compile().as_text()
+  entry = re.search(r"^ENTRY .*?\n(.*?)^}", text, re.S | re.M).group(1)
+  owed = re.search(r"%(\S+) = \S+ parameter\(2\)", entry).group(1)
+  readers = [l for l in entry.splitlines() if re.search(rf"%{re.escape(owed)}[,)]", l)]
+  assert len(readers) == 1, readers
+
+
 def test_residual_argument_errors():
   m = mesh((N,), ("x",))
 
