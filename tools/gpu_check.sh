@@ -35,8 +35,9 @@
 #
 # Usage: tools/gpu_check.sh [--cpu] [OUT]   (OUT defaults to $OUT, else ./gpu_out)
 #   --cpu   the CI dry run: every step on the CPU at world size 1 (host transport), small
-#           sizes; world2/world4 are skipped. JCOCCL_GPU_QUICK=1 narrows the codec and
-#           single steps to one compressor.
+#           sizes; world2/world4 are skipped. JCOCCL_GPU_QUICK=1 (CI's dry run) narrows the
+#           codec, single and world1 steps to one compressor, plugin to one block size and
+#           dtype, and cuda_ext to one seeded bug (tests/ check the rest).
 # While running, OUT/<step>.json and <step>.log appear step by step; at the end OUT holds
 # summary.json (every step's JSON), summary.txt and logs.tgz (the rest). Exit status:
 # non-zero if any step failed.
@@ -147,19 +148,21 @@ import jax; print(jax.devices())"
 else
   ONLY=()
   COMPS=()
+  QUICK=()
   if [ "${JCOCCL_GPU_QUICK:-0}" = 1 ]; then
     ONLY=(--only 'int8:block=32$')
     COMPS=(--compressors '^int8$')
+    QUICK=(--quick)
   fi
   step build 30 "$PY" tools/gpu_build.py --python "$PY" --dry-run
   step import 30 "$PY" -c "from jcoccl import native; m = native.module('cpu'); \
 print('jcoccl._cpu', m); import jax; print(jax.devices())"
   step codecs 300 "$PY" tools/gpu_codecs.py --platform cpu --skip-bench "${ONLY[@]}" \
     --out "$OUT/codecs.json"
-  step plugin 60 "$PY" tools/gpu_plugin.py --platform cpu --out "$OUT/plugin.json"
+  step plugin 60 "$PY" tools/gpu_plugin.py --platform cpu "${QUICK[@]}" --out "$OUT/plugin.json"
   step single 120 "$PY" "$GC" single --platform cpu "${COMPS[@]}" --out "$OUT/single.json"
   step world1 120 "$PY" "$GC" launch --world 1 --platform cpu --timeout 60 --deadline 110 \
-    --dir "$OUT/world1" --out "$OUT/world1.json"
+    "${COMPS[@]}" --dir "$OUT/world1" --out "$OUT/world1.json"
   skip world2 "needs a GPU (the host transport is in-process)"
   skip world4 "needs a GPU (the host transport is in-process)"
   step codec_bench 60 "$PY" tools/gpu_codecs.py --platform cpu --skip-check --sizes-mib 1 \
@@ -169,8 +172,6 @@ print('jcoccl._cpu', m); import jax; print(jax.devices())"
   step bench1 60 "$PY" "$GC" launch --world 1 --platform cpu --no-checks --bench \
     --sizes-mib 0.25 --iters 1 --timeout 30 --deadline 55 --dir "$OUT/bench1" \
     --out "$OUT/bench1.json"
-  QUICK=()
-  if [ "${JCOCCL_GPU_QUICK:-0}" = 1 ]; then QUICK=(--quick); fi
   step cuda_ext 240 "$PY" tools/cuda_ext_check.py check "${QUICK[@]}" --out "$OUT/cuda_ext.json"
   step nccl_interposer 90 "$PY" tools/gpu_nccl_interposer.py --platform cpu \
     --dir "$OUT/nccl_interposer" --out "$OUT/nccl_interposer.json"

@@ -402,7 +402,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
   progress = lambda: _write(out_path, report)  # every finished check or timing is kept
   try:
     if not args.no_checks:
-      _checks(cid, me, n, dev, cpu, report["checks"], progress)
+      _checks(cid, me, n, dev, cpu, report["checks"], progress, args.compressors)
       _plain_checks(cid, me, n, dev, cpu, report["checks"], progress)
     if args.bench:
       _bench(cid, me, n, dev, args.sizes_mib, args.iters, report["bench"], progress)
@@ -415,17 +415,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _checks(
-  cid: int, me: int, n: int, dev: Any, cpu: Any, out: list | None = None, progress=lambda: None
+  cid: int,
+  me: int,
+  n: int,
+  dev: Any,
+  cpu: Any,
+  out: list | None = None,
+  progress=lambda: None,
+  only: str | None = None,
 ) -> list:
-  """Every compressed engine op on ``dev`` against the jnp specification, bit for bit.
-  Results are appended to ``out`` (returned), calling ``progress()`` after each."""
+  """Every compressed engine op on ``dev`` against the jnp specification, bit for bit (the
+  compressors whose names match the regex ``only``, all by default). Results are appended to
+  ``out`` (returned), calling ``progress()`` after each."""
+  import re
+
   import jax
   import jax.numpy as jnp
   import numpy as np
 
   m = 4096
   out = [] if out is None else out
-  for cname, comp in _compressors().items():
+  comps = {k: c for k, c in _compressors().items() if only is None or re.search(only, k)}
+  for cname, comp in comps.items():
     for dtype in (jnp.float32, jnp.bfloat16):
       with jax.default_device(cpu):
         xs = [_inputs(r, n, m, n, dtype) for r in range(n)]
@@ -655,6 +666,7 @@ def _worker_cmd(args: argparse.Namespace, d: str, r: int) -> list[str]:
     ]
     + (["--bench"] if args.bench else [])
     + (["--no-checks"] if args.no_checks else [])
+    + (["--compressors", args.compressors] if args.compressors else [])
   )
 
 
@@ -893,6 +905,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     w.add_argument("--bench", action="store_true", help="also time compressed vs NCCL")
     w.add_argument("--no-checks", action="store_true", help="skip the correctness checks")
+    w.add_argument("--compressors", default=None, help="regex: only these compressors' checks")
     w.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 8, 64])
     w.add_argument("--iters", type=int, default=5)
     if name == "launch":

@@ -6,6 +6,7 @@ CPU, bit for bit (XLA:GPU's division is not IEEE, so jnp on the GPU is no refere
 
   python tools/gpu_plugin.py --out plugin.json              # on the GPU machine
   python tools/gpu_plugin.py --platform cpu --out plugin.json   # CPU dry run
+  python tools/gpu_plugin.py --platform cpu --quick             # one block size and dtype
 
 The last line printed is `VERDICT plugin: PASS|FAIL (...)`.
 """
@@ -77,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")
   ap.add_argument("--build-dir", default=str(ROOT / "build" / "gpu_plugin"))
   ap.add_argument("--out", default=None)
+  ap.add_argument(
+    "--quick",
+    action="store_true",
+    help="one block size and dtype (CI's dry run; tests/test_plugin.py compares them all)",
+  )
   args = ap.parse_args(argv)
   t0 = time.time()
   result: dict = {"platform": args.platform}
@@ -91,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     plugin = jc.load_plugin(lib, spec=sign_codec.SignCompressor)
     result.update(backend=jax.default_backend(), has_cuda=plugin.has_cuda)
     cases, bad = [], []
-    for block in (32, 1024):
-      for dtype in ("float32", "bfloat16", "float16"):
+    for block in (32,) if args.quick else (32, 1024):
+      for dtype in ("float32",) if args.quick else ("float32", "bfloat16", "float16"):
         c, b = compare(block, dtype, rows=4, n=1 << 16)
         cases, bad = cases + c, bad + b
     result.update(cases=cases, mismatches=bad)
