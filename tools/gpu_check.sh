@@ -36,8 +36,8 @@
 # Usage: tools/gpu_check.sh [--cpu] [OUT]   (OUT defaults to $OUT, else ./gpu_out)
 #   --cpu   the CI dry run: every step on the CPU at world size 1 (host transport), small
 #           sizes; world2/world4 are skipped. JCOCCL_GPU_QUICK=1 (CI's dry run) narrows the
-#           codec, single and world1 steps to one compressor, plugin to one block size and
-#           dtype, and cuda_ext to one seeded bug (tests/ check the rest).
+#           codecs, codec_bench, single and world1 steps to one compressor, plugin to one
+#           block size and dtype, and cuda_ext to one seeded bug (tests/ check the rest).
 # While running, OUT/<step>.json and <step>.log appear step by step; at the end OUT holds
 # summary.json (every step's JSON), summary.txt and logs.tgz (the rest). Exit status:
 # non-zero if any step failed.
@@ -149,10 +149,12 @@ else
   ONLY=()
   COMPS=()
   QUICK=()
+  BENCH=()
   if [ "${JCOCCL_GPU_QUICK:-0}" = 1 ]; then
     ONLY=(--only 'int8:block=32$')
     COMPS=(--compressors '^int8$')
     QUICK=(--quick)
+    BENCH=(--bench-codecs '^int8$')
   fi
   step build 30 "$PY" tools/gpu_build.py --python "$PY" --dry-run
   step import 30 "$PY" -c "from jcoccl import native; m = native.module('cpu'); \
@@ -166,7 +168,7 @@ print('jcoccl._cpu', m); import jax; print(jax.devices())"
   skip world2 "needs a GPU (the host transport is in-process)"
   skip world4 "needs a GPU (the host transport is in-process)"
   step codec_bench 60 "$PY" tools/gpu_codecs.py --platform cpu --skip-check --sizes-mib 1 \
-    --iters 2 --out "$OUT/codec_bench.json"
+    --iters 2 "${BENCH[@]}" --out "$OUT/codec_bench.json"
   step fp8_probe 60 "$PY" tools/gpu_codecs.py --platform cpu --skip-check --prealloc-probe 0.25 \
     --iters 1 --out "$OUT/fp8_probe.json"
   step bench1 60 "$PY" "$GC" launch --world 1 --platform cpu --no-checks --bench \
