@@ -3,6 +3,9 @@ compressor for its mesh axis and op.
 
 ``Collectives`` routes all_reduce, reduce_scatter, all_gather, ppermute and the
 error-feedback sums; ``TensorComm`` builds Megatron's f/g operators on 'tensor' from it.
+The sums and gathers take a pytree in one call: jcoccl packs the leaves that share a codec,
+algorithm and dtype into one encode -> collective -> decode chain (bitwise each leaf's
+result alone), so a model's gradients travel as a few messages, not one per leaf.
 
 Example:
   >>> coll = Collectives(Policy.from_dict({"data": {"all_reduce": "int8"}}))
@@ -26,9 +29,10 @@ from models.sharding import DATA_AXIS, NODE
 class Collectives:
   """Routes every collective of the models to jcoccl with the policy's compressor.
 
-  ``log`` records (axis, op, shape, dtype, compressor) of each call at trace time: which
-  collectives the models issue. Bytes on the wire are measured on the compiled program
-  instead (``jcoccl.wire_bytes(step, ..., mesh=mesh)``: what XLA sends, by mesh axis).
+  ``log`` records (axis, op, shape, dtype, compressor) of each leaf of each call at trace
+  time: which collectives the models issue. Bytes on the wire are measured on the compiled
+  program instead (``jcoccl.wire_bytes(step, ..., mesh=mesh)``: what XLA sends, by mesh
+  axis).
   """
 
   policy: Policy
@@ -42,30 +46,34 @@ class Collectives:
     """The policy's compressor of ``op`` on mesh axis ``axis``."""
     return self.policy.compressor(self._policy_axis(axis), op)
 
-  def _record(self, axis: str, op: str, x: jax.Array, c: Any) -> None:
-    self.log.append((axis, op, tuple(x.shape), jnp.dtype(x.dtype), c))
+  def _record(self, axis: str, op: str, x: Any, c: Any) -> None:
+    for leaf in jax.tree.leaves(x):
+      self.log.append((axis, op, tuple(leaf.shape), jnp.dtype(leaf.dtype), c))
 
   def _options(self, axis: str, op: str) -> dict:
     # The policy's algorithm names an all_reduce algorithm; the other ops take none.
     opts = self.policy.options(self._policy_axis(axis), op)
     return opts if op == "all_reduce" else {k: v for k, v in opts.items() if k != "algorithm"}
 
-  def all_reduce(self, x: jax.Array, axis: str, *, exact: bool = False) -> jax.Array:
-    """Sum over ``axis``; ``exact`` forces the uncompressed path (metrics, norms)."""
+  def all_reduce(self, x: Any, axis: str, *, exact: bool = False) -> Any:
+    """Sum over ``axis`` of an array or pytree (one call); ``exact`` forces the
+    uncompressed path (metrics, norms)."""
     c = None if exact else self.compressor(axis, "all_reduce")
     self._record(axis, "all_reduce", x, c)
     return jcoccl.all_reduce(x, axis, compressor=c, **self._options(axis, "all_reduce"))
 
-  def reduce_scatter(self, x: jax.Array, axis: str) -> jax.Array:
-    """Sum over ``axis`` of a flat ``x``, this rank's 1/size slice (tiled on dimension 0)."""
+  def reduce_scatter(self, x: Any, axis: str) -> Any:
+    """Sum over ``axis`` of a flat ``x`` (or a pytree of them, in one call), this rank's
+    1/size slice (tiled on dimension 0)."""
     c = self.compressor(axis, "reduce_scatter")
     self._record(axis, "reduce_scatter", x, c)
     return jcoccl.reduce_scatter(
       x, axis, tiled=True, compressor=c, **self._options(axis, "reduce_scatter")
     )
 
-  def all_gather(self, x: jax.Array, axis: str) -> jax.Array:
-    """Concatenation over ``axis`` of every rank's flat ``x`` (tiled on dimension 0)."""
+  def all_gather(self, x: Any, axis: str) -> Any:
+    """Concatenation over ``axis`` of every rank's flat ``x`` (or a pytree of them, in one
+    call), tiled on dimension 0."""
     c = self.compressor(axis, "all_gather")
     self._record(axis, "all_gather", x, c)
     return jcoccl.all_gather(x, axis, tiled=True, compressor=c, **self._options(axis, "all_gather"))
@@ -74,8 +82,7 @@ class Collectives:
     """Sums a gradient pytree over ``axis`` with error feedback (jcoccl.error_feedback);
     ``op`` is "all_reduce" or "reduce_scatter" (flat leaves, tiled)."""
     c = self.compressor(axis, op)
-    for g in jax.tree.leaves(grads):
-      self._record(axis, op, g, c)
+    self._record(axis, op, grads, c)
     ef, opts = jcoccl.error_feedback(c), self._options(axis, op)
     if op == "reduce_scatter":
       return ef.reduce_scatter(grads, state, axis, tiled=True, **opts)

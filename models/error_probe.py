@@ -139,13 +139,29 @@ class DirectedCollectives(Collectives):
   ``data`` point sets the data level's all_reduce/reduce_scatter compressor (error feedback
   follows the recipe). With a :class:`Tap`, every tensor/pipe call and the data sums also
   report their candidate codecs' errors (the step itself uses the directed codecs).
+
+  Args:
+    policy: the per-axis compressors of the points not named.
+    directions: ``{point: codec spec or compressor}`` (:data:`POINTS`; "none" = exact).
+    tap: a :class:`Tap` to measure candidate codecs (None: no measurement).
+    pipe_stages: the mesh's 'pipe' size (a tensor layer's global index counts stages).
+
+  Example:
+    >>> coll = DirectedCollectives(Policy(), {"pipe.backward": "int4"}, pipe_stages=2)
   """
 
-  def __init__(self, policy: Policy, directions: Mapping[str, Any] | None = None, tap=None):
+  def __init__(
+    self,
+    policy: Policy,
+    directions: Mapping[str, Any] | None = None,
+    tap=None,
+    *,
+    pipe_stages: int = 1,
+  ):
     super().__init__(policy)
     self.directions = check_directions(directions or {})
     self.tap = tap
-    self.pipe_stages = 1  # the mesh's 'pipe' size (DirectedParallel sets it): a layer's stage
+    self.pipe_stages = pipe_stages  # the mesh's 'pipe' size: a tensor layer's stage
     # (point, shape, dtype) of every tensor, pipe and data-gradient message traced.
     self.points_log: list[tuple[str, tuple, Any]] = []
 
@@ -216,21 +232,30 @@ class DirectedCollectives(Collectives):
     )
     return move(x)
 
-  def all_reduce(self, x: jax.Array, axis: str, *, exact: bool = False) -> jax.Array:
-    """As Collectives.all_reduce; with a tap, the data level's gradient sums also report
-    their noise across data shards and their candidate codecs' errors."""
+  def all_reduce(self, x: Any, axis: str, *, exact: bool = False) -> Any:
+    """As Collectives.all_reduce (an array or pytree); with a tap, each leaf of the data
+    level's gradient sums also reports its noise across data shards and its candidate
+    codecs' errors."""
     out = super().all_reduce(x, axis, exact=exact)
-    if not exact and self._policy_axis(axis) == DATA_AXIS:
-      self.points_log.append(("data", tuple(x.shape), jnp.dtype(x.dtype)))
-    if self.tap is not None and not exact and self._policy_axis(axis) == DATA_AXIS:
-      g = x.astype(jnp.float32)
-      s = jcoccl.all_reduce(g, axis)
-      n = jax.lax.psum(1, axis)
-      sq = jcoccl.all_reduce(jnp.sum(g * g), axis)
-      norm2 = jnp.sum(s * s)
-      self.tap.add_noise(n / jnp.maximum(n - 1, 1) * (sq - norm2 / n), norm2)
-      self.tap.measure("data", s, lambda cc: jcoccl.all_reduce(g, axis, compressor=cc, min_bytes=0))
+    if exact or self._policy_axis(axis) != DATA_AXIS:
+      return out
+    for leaf in jax.tree.leaves(x):
+      self.points_log.append(("data", tuple(leaf.shape), jnp.dtype(leaf.dtype)))
+      if self.tap is not None:
+        _measure_data(self.tap, leaf, axis)
     return out
+
+
+def _measure_data(tap: Tap, x: jax.Array, axis: str) -> None:
+  """Reports one gradient leaf's noise across the data shards and its candidate codecs'
+  errors, each codec sending the leaf alone."""
+  g = x.astype(jnp.float32)
+  s = jcoccl.all_reduce(g, axis)
+  n = jax.lax.psum(1, axis)
+  sq = jcoccl.all_reduce(jnp.sum(g * g), axis)
+  norm2 = jnp.sum(s * s)
+  tap.add_noise(n / jnp.maximum(n - 1, 1) * (sq - norm2 / n), norm2)
+  tap.measure("data", s, lambda cc: jcoccl.all_reduce(g, axis, compressor=cc, min_bytes=0))
 
 
 class DirectedTensorComm:
@@ -279,11 +304,10 @@ class DirectedParallel(Parallel3D):
   """
 
   def __init__(self, model, mesh, recipe=None, *, directions=None, tap=None, **kw):
-    super().__init__(model, mesh, recipe, **kw)
+    stages = mesh.shape["pipe"]
+    directed = lambda policy: DirectedCollectives(policy, directions, tap, pipe_stages=stages)
+    super().__init__(model, mesh, recipe, collectives=directed, **kw)
     self.n_local = family_of(model).layers(model.cfg) // self.sizes["pipe"]
-    coll = DirectedCollectives(self.policy, directions, tap)
-    coll.pipe_stages = self.sizes["pipe"]
-    self.coll = coll
 
   def _comm(self) -> Comm:
     if self.sizes["tensor"] == 1:
@@ -414,8 +438,8 @@ def warm_start(train_argv: list[str], warm_steps: int) -> tuple[Any, Any, Any, A
   mesh = parallel.make_mesh(*cfg.mesh_shape)
   par = Parallel3D(model, mesh, None, n_micro=cfg.micro, dtype=cfg.dtype)
   tx = loop.make_optimizer(cfg)
-  params = par.shard(model)
-  opt, ef = par.init_opt(tx, params), par.init_ef(params)
+  params = par.placement.shard(model)
+  opt, ef = par.init_opt(tx, params), par.grad_sync.init_ef(params)
   step = par.train_step(tx, params, clip_norm=cfg.clip)
   for s in range(warm_steps):
     x, y = loop.batch_at(corpus, cfg, par, "train", s)

@@ -66,21 +66,19 @@ class GradSync:
     Returns:
       (summed gradients, the new residuals ``ef``).
     """
-    op = "reduce_scatter" if zero else "all_reduce"
+    # Every sum takes the whole pytree in one call, which jcoccl sends as one chain per
+    # (codec, algorithm, dtype) instead of one collective per leaf.
     if zero:
       grads, ef = self.scatter(jax.tree.map(self.shards.pad_flat, grads), ef)
     elif self.place.sizes["data"] > 1:
       if ef is not None:
         local_ef = jax.tree.map(lambda e: e[0], ef)
-        grads, local_ef = self.coll.ef_reduce(grads, local_ef, "data", op)
+        grads, local_ef = self.coll.ef_reduce(grads, local_ef, "data", "all_reduce")
         ef = jax.tree.map(lambda e: e[None], local_ef)
       else:
-        grads = jax.tree.map(lambda g: getattr(self.coll, op)(g, "data"), grads)
+        grads = self.coll.all_reduce(grads, "data")
     if self.place.sizes["pipe"] > 1:
-      grads = {
-        **grads,
-        "outer": jax.tree.map(lambda g: self.coll.all_reduce(g, "pipe"), grads["outer"]),
-      }
+      grads = {**grads, "outer": self.coll.all_reduce(grads["outer"], "pipe")}
     return grads, ef
 
   def scatter(self, grads: dict, ef: dict | None) -> tuple[dict, dict | None]:
@@ -99,7 +97,7 @@ class GradSync:
         grads, local_ef = self.coll.ef_reduce(grads, local_ef, axis, "reduce_scatter")
         new_ef[axis] = jax.tree.map(lambda e: e[None], local_ef)
       else:
-        grads = jax.tree.map(lambda g, axis=axis: self.coll.reduce_scatter(g, axis), grads)
+        grads = self.coll.reduce_scatter(grads, axis)
     return grads, new_ef
 
   def ef_specs(self) -> Any:

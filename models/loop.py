@@ -100,7 +100,9 @@ def batch_at(
   """
   rng = np.random.default_rng([cfg.seed, step, i, 0 if split == "train" else 1])
   starts = corpus.starts(rng, split, batch=cfg.batch, seq_len=cfg.seq_len)
-  return par.make_batch(cfg.batch, lambda rows: corpus.windows(split, starts[rows], cfg.seq_len))
+  return par.placement.make_batch(
+    cfg.batch, lambda rows: corpus.windows(split, starts[rows], cfg.seq_len)
+  )
 
 
 def evaluate(cfg: Any, job: Job, eval_fn: Any, params: Any = None) -> float:
@@ -247,7 +249,7 @@ def _adapt(job: Job, step: int, x: Any, y: Any, log: Any, write: Callable[[str],
 def _auto_verdict(job: Job, log: list, write: Callable[[str], Any] = say) -> dict:
   """Prints (with ``write``: process 0) and returns what the run's cost model predicts for
   the compressed all_reduce calls of the step just traced (``models.calibration.verdict``)."""
-  ef = tuple(job.par.grad_sync.ef_levels()) if job.par.uses_error_feedback() else ()
+  ef = tuple(job.par.grad_sync.ef_levels()) if job.par.grad_sync.uses_error_feedback() else ()
   v = calibration.verdict(job.calibration, log, job.recipe.policy, job.par.mesh, ef)
   write("\n".join(calibration.verdict_lines(v, job.calibration)))
   return v

@@ -18,7 +18,7 @@ the compressor ``policy.compressor(axis, op)``.
 Example:
   >>> mesh = make_mesh(2, 2, 2)
   >>> par = Parallel3D(model, mesh, Policy(), n_micro=2)
-  >>> params = par.shard(model)
+  >>> params = par.placement.shard(model)
   >>> loss, grads = par.loss_and_grads(params, tokens, targets)
 """
 
@@ -29,7 +29,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
@@ -78,7 +77,7 @@ class Parallel3D:
   """A GPT or Qwen split over a ('data', 'tensor', 'pipe') mesh.
 
   Args:
-    model: the model (its weights are the initial parameters; see :meth:`shard`).
+    model: the model (its weights are the initial parameters: ``placement.shard(model)``).
     mesh: a mesh with axes ``AXES``.
     recipe: a :class:`models.recipe.Recipe` (or a jcoccl.Policy alone: every switch off, or
       a mapping for ``Recipe.from_dict``): its policy's compressors per (axis, op) and the
@@ -92,11 +91,18 @@ class Parallel3D:
       float32; each step computes with a bfloat16 copy, so activations, the tensor and pipe
       collectives and the gradient sums carry bfloat16, and gradients are cast back to
       float32 for clipping and the optimizer. ZeRO gathers its shards in bfloat16.
+    collectives: builds the collectives from the recipe's policy (default
+      :class:`models.collectives.Collectives`); a subclass (one that records what it is
+      given, or ``models.error_probe.DirectedCollectives``) sees every call of the step,
+      the gradient sums and the ZeRO gathers, since all of them share the one object.
 
   Attributes:
-    placement: the mesh and the parameters' specs (``models.sharding.Placement``).
+    placement: the mesh and the parameters' specs (``models.sharding.Placement``): its
+      ``shard(model)`` places the parameters, its ``make_batch`` the batches.
     shards: the ZeRO shard layout (``models.zero.ZeroShards``).
-    grad_sync: the data level's gradient sums (``models.grad_sync.GradSync``).
+    grad_sync: the data level's gradient sums (``models.grad_sync.GradSync``): its
+      ``init_ef(params)`` gives the error-feedback residuals of :meth:`train_step`.
+    coll: the collectives that every part of the step calls.
   """
 
   def __init__(
@@ -107,6 +113,7 @@ class Parallel3D:
     *,
     n_micro: int = 1,
     dtype: Any = jnp.float32,
+    collectives: Callable[[Policy], Collectives] = Collectives,
   ):
     self.dtype = compute_dtype(dtype)
     if tuple(mesh.axis_names) != AXES:
@@ -134,41 +141,11 @@ class Parallel3D:
     self._graphdef, self._abstract_state = nnx.split(abstract)
     specs = param_specs(jax.eval_shape(lambda: stack_params(model)), fam.tensor_axis)
     self.placement = Placement(split, specs)
-    coll = Collectives(self.policy)
-    self.shards = ZeroShards(self.placement, coll, self.dtype)
-    self.grad_sync = GradSync(self.placement, coll, self.recipe, self.shards, self.zero)
-    self.coll = coll
+    self.coll = collectives(self.policy)
+    self.shards = ZeroShards(self.placement, self.coll, self.dtype)
+    self.grad_sync = GradSync(self.placement, self.coll, self.recipe, self.shards, self.zero)
     self.mesh, self.specs, self.sizes = self.placement.mesh, specs, self.placement.sizes
     self.data_axes, self.n_data = self.placement.data_axes, self.placement.n_data
-
-  @property
-  def coll(self) -> Collectives:
-    """The collectives that every part of the step calls."""
-    return self._coll
-
-  @coll.setter
-  def coll(self, coll: Collectives) -> None:
-    # One object for the step, the gradient sums and the ZeRO gathers alike, so that a
-    # replacement (e.g. one that records what it is given) sees every call.
-    self._coll = self.shards.coll = self.grad_sync.coll = coll
-
-  # -- what the training script calls (the rest: par.placement, par.grad_sync, par.shards) --
-  def shard(self, model: nnx.Module) -> dict:
-    """The model's parameters in the stacked layout, placed on the mesh."""
-    return self.placement.shard(model)
-
-  def make_batch(
-    self, n: int, rows: Callable[[np.ndarray], tuple[np.ndarray, ...]]
-  ) -> tuple[jax.Array, ...]:
-    """Global batch arrays of ``n`` rows (``models.sharding.Placement.make_batch``)."""
-    return self.placement.make_batch(n, rows)
-
-  def uses_error_feedback(self) -> bool:
-    return self.grad_sync.uses_error_feedback()
-
-  def init_ef(self, params: dict) -> Any:
-    """Zero residuals for :meth:`train_step` when the recipe asks for error feedback."""
-    return self.grad_sync.init_ef(params)
 
   # -- local computation --------------------------------------------------------------------
   def _compute(self, params: Any) -> Any:
@@ -222,7 +199,7 @@ class Parallel3D:
     """Global mean cross entropy and its gradient (stacked layout), computed 3D-parallel.
 
     Args:
-      params: from :meth:`shard`.
+      params: from ``placement.shard(model)``.
       tokens, targets: int32 [batch, seq]; 'data' must divide batch.
 
     Returns:
@@ -293,7 +270,7 @@ class Parallel3D:
   ) -> Callable:
     """A jitted ``step(params, opt_state, ef, tokens, targets) -> (params, opt_state, ef, metrics)``.
 
-    ``ef`` is :meth:`init_ef`'s residuals (None without error feedback). Gradients are
+    ``ef`` is ``grad_sync.init_ef(params)``'s residuals (None without error feedback). Gradients are
     clipped to ``clip_norm`` by their global norm (over all shards) before ``tx``; metrics
     are ``loss`` and ``grad_norm``. In ZeRO mode ``tx`` updates each rank's float32 master
     shard (``opt_state["master"]``; gradients reduce-scattered, state sharded) and the new
@@ -301,7 +278,7 @@ class Parallel3D:
     the all_gather compressor: quantized weights under qwZ).
     """
     specs, ospecs = self.specs, self.opt_specs(tx, params)
-    espec = self.grad_sync.ef_specs() if self.uses_error_feedback() else None
+    espec = self.grad_sync.ef_specs() if self.grad_sync.uses_error_feedback() else None
 
     def local(params, opt_state, ef, tokens, targets):
       loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef, self.zero)

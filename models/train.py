@@ -150,8 +150,8 @@ def build_job(
 
   par = make({**directions, **(controller.directions() if controller else {})})
   tx = loop.make_optimizer(cfg)
-  params = par.shard(model)
-  state = State(params, par.init_opt(tx, params), par.init_ef(params))
+  params = par.placement.shard(model)
+  state = State(params, par.init_opt(tx, params), par.grad_sync.init_ef(params))
   # The uncompressed reference for the wire-bytes report: same model, mesh, dtype and ZeRO
   # mode (the same optimizer-state layout and node split), exact policy; the run itself
   # when its recipe is that one.
@@ -197,7 +197,7 @@ def build_job(
   if cfg.exact_twin and exact is not None and exact is not par and not cfg.resume:
     # Its own buffers: each train step donates the arrays it is given.
     same = jax.tree.map(lambda a: a.copy(), params)
-    twin = State(same, exact.init_opt(tx, same), exact.init_ef(same))
+    twin = State(same, exact.init_opt(tx, same), exact.grad_sync.init_ef(same))
   job = loop.Job(
     par, exact, tx, state, corpus, recipe, mngr, records, metrics_path, calibrated, twin
   )

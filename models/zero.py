@@ -96,10 +96,8 @@ class ZeroShards:
     (qwZ); the master shards are not changed.
     """
 
-    def leaf(s, x):
-      s = s.astype(self.dtype)
-      for axis in reversed(self.scatter_levels()):
-        s = self.coll.all_gather(s, axis)
-      return s[: x.size].reshape(x.shape).astype(x.dtype)
-
-    return jax.tree.map(leaf, shards, like)
+    # Each level gathers the whole pytree in one call (one chain per codec and dtype).
+    s = jax.tree.map(lambda v: v.astype(self.dtype), shards)
+    for axis in reversed(self.scatter_levels()):
+      s = self.coll.all_gather(s, axis)
+    return jax.tree.map(lambda v, x: v[: x.size].reshape(x.shape).astype(x.dtype), s, like)

@@ -400,14 +400,14 @@ def test_training_step_matches_hand_wired_trainer():
   # A copy: the trainer donates its parameters, which may share the model's buffers.
   mine = jax.tree.map(jnp.copy, stack_params(model))
   par = Parallel3D(model, make_mesh(8, 1, 1), policy)
-  params = par.shard(model)
+  params = par.placement.shard(model)
   hand, opt = par.train_step(tx, params, clip_norm=None), par.init_opt(tx, params)
   step = jax.jit(jcoccl.compress(lax_data_parallel_step(model, mesh((8,), ("data",)), tx), policy))
   my_opt = tx.init(mine)
   for x, y in batches:
     params, opt, _, metrics = hand(params, opt, None, x, y)
     mine, my_opt, loss = step(mine, my_opt, x, y)
-    # Same compressed ops (jcoccl.all_reduce, int8, leaf by leaf) on the same gradients:
+    # Same compressed ops (jcoccl.all_reduce, int8, the same bits per leaf) on the same gradients:
     # the same loss curve and parameters, bit for bit. Without the rewrite the exact lax
     # sum would part from the trainer's int8 sum at the first update.
     assert float(loss) == float(metrics["loss"])

@@ -42,8 +42,8 @@ def _lowered_collectives(step, *args):
 def _setup(recipe, dtype, model=None):
   model = model or _gpt()
   par = Parallel3D(model, make_mesh(2, 2, 2), recipe, n_micro=2, dtype=dtype)
-  params, tx = par.shard(model), optax.adamw(1e-3)
-  return par, params, tx, par.init_opt(tx, params), par.init_ef(params)
+  params, tx = par.placement.shard(model), optax.adamw(1e-3)
+  return par, params, tx, par.init_opt(tx, params), par.grad_sync.init_ef(params)
 
 
 def test_exact_bf16_step_sends_bf16_arrays():
@@ -106,7 +106,7 @@ def test_bf16_loss_and_grads_near_the_float32_model():
   x, y = _batch()
   want_loss, want = reference_loss_and_grads(model, x, y)
   par = Parallel3D(model, make_mesh(2, 2, 2), Recipe(), n_micro=2, dtype="bfloat16")
-  loss, grads = par.loss_and_grads(par.shard(model), x, y)
+  loss, grads = par.loss_and_grads(par.placement.shard(model), x, y)
   assert loss.dtype == jnp.float32
   np.testing.assert_allclose(float(loss), float(want_loss), rtol=4 * BF16_EPS)
   scale = max(float(jnp.abs(w).max()) for w in jax.tree.leaves(want))

@@ -52,7 +52,7 @@ def test_exact_matches_single_device(name, make, mesh, micro):
   x, y = _batch()
   want_loss, want = reference_loss_and_grads(model, x, y)
   par = Parallel3D(model, make_mesh(*mesh), Policy(), n_micro=micro)
-  loss, grads = par.loss_and_grads(par.shard(model), x, y)
+  loss, grads = par.loss_and_grads(par.placement.shard(model), x, y)
   np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
   _assert_tree_close(grads, want, 1e-5)
 
@@ -60,7 +60,7 @@ def test_exact_matches_single_device(name, make, mesh, micro):
 def test_every_collective_went_through_jcoccl_log():
   model = _gpt()
   par = Parallel3D(model, make_mesh(2, 2, 2), Policy(), n_micro=2)
-  par.loss_and_grads(par.shard(model), *_batch())
+  par.loss_and_grads(par.placement.shard(model), *_batch())
   ops = {(axis, op) for axis, op, *_ in par.coll.log}
   assert ops == {
     ("data", "all_reduce"),
@@ -83,7 +83,8 @@ LOSSY = {
 class _DataTap(Collectives):
   """Collectives that also copy each device's input to the 'data' gradient all_reduce to the
   host (a debug callback) into ``seen[(call, data, tensor, pipe)]``; ``call`` numbers the
-  all_reduce calls on 'data' in trace order, which is the order of the gradient leaves."""
+  leaves given to all_reduce on 'data' in trace order, which is the order of the gradient
+  leaves."""
 
   def __init__(self, policy: Policy):
     super().__init__(policy)
@@ -91,21 +92,21 @@ class _DataTap(Collectives):
 
   def all_reduce(self, x, axis, *, exact=False):
     if axis == "data" and not exact:
+      for leaf in jax.tree.leaves(x):
 
-      def record(d, t, p, v, call=self.calls):
-        with self._lock:
-          self.seen[(call, int(d), int(t), int(p))] = np.asarray(v)
+        def record(d, t, p, v, call=self.calls):
+          with self._lock:
+            self.seen[(call, int(d), int(t), int(p))] = np.asarray(v)
 
-      self.calls += 1
-      jax.debug.callback(record, *(lax.axis_index(a) for a in AXES), x)
+        self.calls += 1
+        jax.debug.callback(record, *(lax.axis_index(a) for a in AXES), leaf)
     return super().all_reduce(x, axis, exact=exact)
 
 
 def _tapped_loss_and_grads(model, policy):
   """``Parallel3D.loss_and_grads`` on a 2x2x2 mesh, with the local gradients it sums over 'data'."""
-  par = Parallel3D(model, make_mesh(2, 2, 2), policy, n_micro=2)
-  par.coll = _DataTap(policy)
-  loss, grads = par.loss_and_grads(par.shard(model), *_batch())
+  par = Parallel3D(model, make_mesh(2, 2, 2), policy, n_micro=2, collectives=_DataTap)
+  loss, grads = par.loss_and_grads(par.placement.shard(model), *_batch())
   jax.block_until_ready(grads)
   jax.effects_barrier()
   return par, loss, grads
@@ -219,10 +220,10 @@ def test_full_lossy_policy_finite_and_fewer_bytes(make):
   model = make()
   x, y = _batch()
   par = Parallel3D(model, make_mesh(2, 2, 2), Policy.from_dict(LOSSY), n_micro=2)
-  loss, grads = par.loss_and_grads(par.shard(model), x, y)
+  loss, grads = par.loss_and_grads(par.placement.shard(model), x, y)
   assert np.isfinite(float(loss))
   assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
-  got, ref = _measured_wire_by_axis(model, par, par.shard(model), x, y)
+  got, ref = _measured_wire_by_axis(model, par, par.placement.shard(model), x, y)
   assert set(got) == set(ref) == {"data", "tensor", "pipe"}
   for axis in got:
     assert 0 < got[axis] < 0.5 * ref[axis], (axis, got, ref)
@@ -250,9 +251,9 @@ def test_train_step_error_feedback_and_clipping():
     {"data": {"all_reduce": "int4", "error_feedback": True, "min_bytes": 0}}
   )
   par = Parallel3D(model, make_mesh(2, 2, 2), policy, n_micro=2)
-  params = par.shard(model)
+  params = par.placement.shard(model)
   tx = optax.sgd(0.1)
-  opt, ef = par.init_opt(tx, params), par.init_ef(params)
+  opt, ef = par.init_opt(tx, params), par.grad_sync.init_ef(params)
   assert ef is not None
   step = par.train_step(tx, params, clip_norm=1e-3)
   x, y = _batch()

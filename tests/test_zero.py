@@ -30,8 +30,8 @@ def _train(make, mesh, table, micro, steps=2, clip_norm=1.0):
   (par, params, opt_state, error-feedback residuals, last metrics)."""
   model = make()  # fresh per run: the step donates the parameters, which alias the model's
   par = Parallel3D(model, mesh, Recipe.from_dict(table), n_micro=micro)
-  params = par.shard(model)
-  opt, ef, tx = par.init_opt(_tx(), params), par.init_ef(params), _tx()
+  params = par.placement.shard(model)
+  opt, ef, tx = par.init_opt(_tx(), params), par.grad_sync.init_ef(params), _tx()
   step = par.train_step(tx, params, clip_norm=clip_norm)
   for i in range(steps):
     params, opt, ef, m = step(params, opt, ef, *_batch(seed=i))
@@ -95,7 +95,7 @@ def test_zero_state_sharded_over_more_data_ranks(name, make, mesh, micro):
   # lr * (1 + wd |w0|), plus the float32 roundings of the update and of w0 - update: a shard
   # written to the wrong rank or offset lands a weight far outside that.
   model = make()
-  start = Parallel3D(model, mesh, Policy()).shard(model)
+  start = Parallel3D(model, mesh, Policy()).placement.shard(model)
   for (path, w0), w, g in zip(
     jax.tree_util.tree_flatten_with_path(start)[0], jax.tree.leaves(want), jax.tree.leaves(got)
   ):
@@ -140,8 +140,8 @@ def test_compressed_reduce_scatter_all_to_all_and_fewer_bytes():
   def compile_step(table):
     model = _gpt()
     par = Parallel3D(model, mesh, Recipe.from_dict(table), n_micro=2)
-    params = par.shard(model)
-    args = (params, par.init_opt(tx, params), par.init_ef(params), x, y)
+    params = par.placement.shard(model)
+    args = (params, par.init_opt(tx, params), par.grad_sync.init_ef(params), x, y)
     return par, par.train_step(tx, params), args
 
   par, step, args = compile_step(COMPRESSED)

@@ -146,8 +146,8 @@ def test_hpz_gathers_across_nodes_once_per_step():
   model = _gpt()
   par = Parallel3D(model, mesh, Recipe.from_dict(table), n_micro=2)
   tx = _tx()
-  params = par.shard(model)
-  args = (params, par.init_opt(tx, params), par.init_ef(params), *_batch())
+  params = par.placement.shard(model)
+  args = (params, par.init_opt(tx, params), par.grad_sync.init_ef(params), *_batch())
   got = _by_axis_op(par.train_step(tx, params), args, par.mesh)
   k, l = par.sizes[NODE], par.sizes["data"]
   assert (k, l) == (2, 2)
