@@ -355,6 +355,27 @@ __device__ __forceinline__ uint32_t EbWidth(const uint8_t* row, uint32_t b) {
   return (reinterpret_cast<const uint32_t*>(row)[b >> 2] >> (8 * (b & 3u))) & 0xffu;
 }
 
+// The values of the codes of codec block b of one payload row (int or fp8: its scale, and
+// its minimum for asymmetric int), as DecodeChunk and DecodeLane read them.
+template <Kind K, int BITS, bool SYM>
+struct BlockCoder {
+  __device__ __forceinline__ BlockCoder(const ChunkCodec& c, const float* lut, const uint8_t* row,
+                                        uint32_t b)
+      : lut(lut), sc(reinterpret_cast<const float*>(row + c.scales)[b]) {
+    if constexpr (K == Kind::kInt && !SYM) mn = reinterpret_cast<const float*>(row + c.mins)[b];
+  }
+  __device__ __forceinline__ float operator()(uint32_t u) const {
+    if constexpr (K == Kind::kFp8)
+      return CanonNaN(lut[u] * sc);
+    else if constexpr (SYM)
+      return CanonNaN(IntDecodeSym(u, sc, BITS));
+    else
+      return CanonNaN(IntDecodeAsym(u, mn, sc));
+  }
+  const float* lut;
+  float sc, mn = 0.0f;
+};
+
 // Decodes chunk ci of one payload row into v (the values of ElemDecoder, bit for bit).
 // `lut`: fp8's 256 code values (Fp8ToF32), in shared memory. error_bounded (BITS 8: chunks of
 // 16) reads its width and fields as 32-bit words.
@@ -373,20 +394,9 @@ __device__ __forceinline__ void DecodeChunk(const ChunkCodec& c, const float* lu
     return;
   }
   const Words4 w = LoadWords(row + static_cast<size_t>(ci) * kChunkBytes);
-  const uint32_t b = ci >> c.chunk_shift;
-  const float sc = reinterpret_cast<const float*>(row + c.scales)[b];
-  float mn = 0.0f;
-  if constexpr (K == Kind::kInt && !SYM) mn = reinterpret_cast<const float*>(row + c.mins)[b];
+  const BlockCoder<K, BITS, SYM> coder(c, lut, row, ci >> c.chunk_shift);
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const uint32_t u = ChunkCode<BITS>(w, e);
-    if constexpr (K == Kind::kFp8)
-      v[e] = CanonNaN(lut[u] * sc);
-    else if constexpr (SYM)
-      v[e] = CanonNaN(IntDecodeSym(u, sc, BITS));
-    else
-      v[e] = CanonNaN(IntDecodeAsym(u, mn, sc));
-  }
+  for (int e = 0; e < E; ++e) v[e] = coder(ChunkCode<BITS>(w, e));
 }
 
 // The float32 decode-sum of chunk ci over the nrows payload rows at row0 + r * stride, summed
@@ -804,20 +814,9 @@ template <Kind K, int BITS, bool SYM>
 __device__ __forceinline__ void DecodeLane(const ChunkCodec& c, const float* lut,
                                            const uint8_t* row, uint32_t e0, float* v) {
   const uint64_t w = LoadCodes8<BITS>(row + e0 / 8 * BITS);
-  const uint32_t b = e0 >> c.chunk_shift;
-  const float sc = reinterpret_cast<const float*>(row + c.scales)[b];
-  float mn = 0.0f;
-  if constexpr (K == Kind::kInt && !SYM) mn = reinterpret_cast<const float*>(row + c.mins)[b];
+  const BlockCoder<K, BITS, SYM> coder(c, lut, row, e0 >> c.chunk_shift);
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) {
-    const uint32_t u = LaneCode<BITS>(w, e);
-    if constexpr (K == Kind::kFp8)
-      v[e] = CanonNaN(lut[u] * sc);
-    else if constexpr (SYM)
-      v[e] = CanonNaN(IntDecodeSym(u, sc, BITS));
-    else
-      v[e] = CanonNaN(IntDecodeAsym(u, mn, sc));
-  }
+  for (int e = 0; e < kPerLane; ++e) v[e] = coder(LaneCode<BITS>(w, e));
 }
 
 // The inner encode of a lane's 8 values, elements [first, first + 8) of payload row `orow`: the
