@@ -178,6 +178,18 @@ def test_keyed_and_custom_codec_leaves_go_alone():
   assert not primitives.blockwise((CODECS["int8"], RowWide()))
 
 
+def test_large_leaves_go_alone(monkeypatch):
+  """A leaf of PACK_MAX_BYTES or more gets a chain of its own (packing would copy it in and
+  out, more than the chain costs); the smaller ones still share one; bits as alone."""
+  monkeypatch.setattr(primitives, "PACK_MAX_BYTES", 4 * 100)
+  xs = _leaves(((N, 40), (N, 100), (N, 3, 7)), (jnp.float32,) * 3, seed=60)
+  kw = dict(compressor=CODECS["int8"], min_bytes=0)
+  f = _smap(lambda *v: tuple(OPS["all_reduce"](list(v), **kw)), 3)
+  assert _chains(f, *xs) == 2
+  got = jax.jit(_both("all_reduce", 3, **kw))(*xs)
+  _assert_bitwise(got, 3)
+
+
 @pytest.mark.skipif(_ffi.native_module("cpu") is None, reason="jcoccl._cpu is not built")
 def test_fused_backend_one_call_per_group():
   fused_comms.shutdown()

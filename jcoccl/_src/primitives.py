@@ -12,9 +12,9 @@ result per leaf), as ``lax.psum`` binds a pytree once. Its rules, applied per op
     a named-axis effect per axis, as lax's collectives have.
   lowering: :attr:`Op.forward` (the chosen algorithm on the chosen backend) traced and
     lowered in place, inside shard_map's manual lowering context; operands of one wire
-    format (see :func:`bucket_key`) are packed into one row layout and travel as ONE
-    encode -> collective -> decode chain (:func:`jcoccl._src.layout.run_packed`), with
-    the same bits per leaf as alone.
+    format (see :func:`bucket_key`) and are under :data:`PACK_MAX_BYTES` are packed into
+    one row layout and travel as ONE encode -> collective -> decode chain
+    (:func:`jcoccl._src.layout.run_packed`), with the same bits per leaf as alone.
   jvp: the same collective applied to the tangent with ``grad_compressor``
     (straight-through: the codec's rounding has no derivative of its own).
   transpose: the dual collective, looked up in :data:`DUALS`, on the cotangent with
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -530,6 +531,24 @@ def blockwise(c: Any) -> bool:
   return own and getattr(c, "kind", None) in BLOCKWISE_KINDS and blockwise(inner)
 
 
+# A leaf of this many bytes or more goes alone, as DDP's bucket cap leaves a large gradient
+# in a bucket of its own: packing copies a leaf into the row and its result (and residual)
+# back out, two or three passes over its bytes, which for large leaves cost more than the
+# chain they save (XLA:CPU, GPT 'wide' train step of benchmarks/train_e2e.py, 20 gradient
+# leaves of 4 KiB to 16 MiB: all packed, 1.5x the step time of per-leaf chains).
+PACK_MAX_BYTES = 1 << 20
+
+
+def packable(x: jax.Array) -> bool:
+  """Whether leaf ``x`` is small enough to share a packed chain (:data:`PACK_MAX_BYTES`).
+
+  Example:
+    >>> packable(jnp.zeros(1000)), packable(jnp.zeros(1 << 18))
+    (True, False)
+  """
+  return math.prod(jnp.shape(x)) * jnp.dtype(x.dtype).itemsize < PACK_MAX_BYTES
+
+
 def bucket_key(x: jax.Array, params: dict, rows: Any) -> tuple:
   """What two leaves of one equation must share to travel as one chain: the group (with
   the op, it fixes the rows' leading shape), the codec, the backend, the slices, the
@@ -561,8 +580,9 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   leaves bucketed: those with equal :func:`bucket_key` run as ONE chain
   (:func:`jcoccl._src.layout.run_packed`), bit-identical per leaf to
   :attr:`Op.forward` alone. A leaf goes alone when it is the only one of its bucket, when
-  the call has a PRNG key (each leaf's random stream is drawn by its position in its own
-  row), when its codec is not :func:`blockwise`, or on the exact path.
+  it has :data:`PACK_MAX_BYTES` or more (:func:`packable`), when the call has a PRNG key
+  (each leaf's random stream is drawn by its position in its own row), when its codec is
+  not :func:`blockwise`, or on the exact path.
 
   With the ``residual`` parameter each leaf's encoder residual follows the results, cut
   back out of the same rows (:func:`jcoccl._src.residual.split_rows`).
@@ -576,7 +596,13 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   buckets: dict[tuple, list[tuple[int, tuple[L.Rows, ...]]]] = {}
   lps = [_at_lowering(o, x, lp) for x, lp in zip(xs, lps)]
   for i, (x, lp) in enumerate(zip(xs, lps)):
-    pack = o.rows is not None and key is None and n > 1 and blockwise(load(lp["compressor"]))
+    pack = (
+      o.rows is not None
+      and key is None
+      and n > 1
+      and packable(x)
+      and blockwise(load(lp["compressor"]))
+    )
     rows = o.rows(x, key, **lp) if o.rows is not None and (pack or residual) else None
     if rows is None:
       outs[i] = o.forward(x, key, **lp)
