@@ -54,6 +54,8 @@ MODEL = [
   "--eval-batches",
   "4",
 ]
+# The mesh axes of --mesh, in its order (models.sharding.make_mesh).
+AXES = ("data", "tensor", "pipe")
 # Environment variables that change what a run does or how fast: recorded with the results.
 ENV_PREFIXES = ("JCOCCL_", "XLA_", "JAX_", "GLIBC_", "MALLOC_", "OMP_", "TF_CPP_", "NCCL_")
 
@@ -170,17 +172,57 @@ def run_one(args: argparse.Namespace, rate: str, policy: str, work: pathlib.Path
     "val_loss": val[-1],
     "wall_s": wall,
     "load_avg_before": load,
-    "calibration": _calibration(out),
+    "calibration": _calibration(out, args.mesh),
   }
 
 
-def _calibration(out: pathlib.Path) -> dict:
-  """What the run's start-up calibration chose (models.train writes calibration.json)."""
+def _calibration(out: pathlib.Path, mesh: str) -> dict:
+  """What the run's start-up calibration measured and what auto picks under it.
+
+  models.train writes the measured table (calibration.json ``cost_model``) and, in
+  summary.json ``auto``, each axis's compressed all_reduce: its codec, whether the policy
+  lets auto run the exact op (``opted_in``: an ``"auto:<spec>"`` entry) and what the table
+  predicts for the step's own arrays (kept here as ``predicted``). ``choices`` is
+  :func:`jcoccl.cost_model_choices` of that table for those axes and codecs; {} where the
+  run compresses no all_reduce.
+  """
   path = out / "calibration.json"
   if not path.exists():
     return {"calibrated": False, "why": "no calibration.json"}
   rec = json.loads(path.read_text())
-  return {k: rec[k] for k in ("calibrated", "seconds", "choices", "why") if k in rec}
+  got = {k: rec[k] for k in ("calibrated", "seconds", "why") if k in rec}
+  summary = out / "summary.json"
+  auto = (json.loads(summary.read_text()).get("auto") or {}) if summary.exists() else {}
+  if auto:
+    got["predicted"] = auto
+  if rec.get("cost_model"):
+    got["choices"] = choices(rec["cost_model"], mesh, auto)
+  return got
+
+
+def choices(table: dict, mesh: str, auto: dict) -> dict:
+  """What auto picks per axis and message size under the saved cost model ``table``, for
+  the axes in ``auto`` (summary.json's: codec, opted_in), as the run itself would choose:
+  the exact op is a candidate only where the policy opted in."""
+  import jax
+
+  import jcoccl
+
+  if not auto:
+    return {}
+  fd, path = tempfile.mkstemp(suffix=".json")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(table, f)
+    models = jcoccl.read_cost_model(path)
+  finally:
+    os.unlink(path)
+  sizes = tuple(int(n) for n in mesh.split(","))
+  abstract = jax.sharding.AbstractMesh(sizes, AXES[: len(sizes)])
+  codecs = {a: r["codec"] for a, r in auto.items()}
+  exact = {a: bool(r.get("opted_in")) for a, r in auto.items()}
+  picks = jcoccl.cost_model_choices(models, abstract, codecs, exact=exact)
+  return {a: v for a, v in picks.items() if a in auto}
 
 
 def table(runs: list[dict], policies: list[str], rates: list[str]) -> str:
@@ -315,11 +357,19 @@ def report(info: dict, setup: dict, text: str, runs: list[dict]) -> str:
     f"`python -m models.train {' '.join(setup['model_args'])}`, {setup['steps']} steps, "
     f"seed 0, {setup['repeats']} interleaved repeats; step time = median over repeats "
     f"of each run's median step after the first; ranges are over repeats.\n\n{text}\n\n"
-    "What each run's start-up calibration had auto pick for all_reduce (per axis and "
-    "message size; results.json has every run):\n\n"
-    + "\n".join(f"- {rate} {pol}: {c}" for rate, pol, c in picks)
+    "What each run's start-up calibration had auto pick for its compressed all_reduce "
+    "(per axis and message size; the exact op a candidate only under an 'auto:<spec>' "
+    "entry; results.json has every run, with the prediction for the step's own arrays):\n\n"
+    + "\n".join(f"- {rate} {pol}: {_picks(c)}" for rate, pol, c in picks)
     + "\n"
   )
+
+
+def _picks(choices: str) -> str:
+  """One run's ``choices`` (JSON) as the README lists it."""
+  if choices == "{}":
+    return "no compressed all_reduce (nothing for auto to pick)"
+  return "no calibrated cost model" if choices == "null" else choices
 
 
 if __name__ == "__main__":
