@@ -25,6 +25,7 @@ TINY = [
   "100",
   "--no-progress",
   "--no-hlo-wire",
+  "--no-exact-twin",
   "--steps",
   "6",
   "--sample-tokens",

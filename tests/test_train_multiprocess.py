@@ -60,6 +60,7 @@ ARGS = [
   "--steps",
   str(STEPS),
   "--no-progress",
+  "--no-exact-twin",  # what is compared is the run itself (a resumed run has no twin)
   # auto may choose the exact op on 'data'. The runs calibrate at start with a crafted
   # table (mp_train_worker.crafted; measured timings would differ between one process and
   # two), under which 'data' compresses.
