@@ -153,7 +153,7 @@ def command(args: argparse.Namespace, rate: str, policy: str, out: pathlib.Path)
 
 def run_one(args: argparse.Namespace, rate: str, policy: str, work: pathlib.Path) -> dict:
   """Runs one training; returns its step times, final validation loss and wall time."""
-  out = work / f"{rate}-{policy}"
+  out = work / f"{rate}-{pathlib.Path(policy).stem}"
   shutil.rmtree(out, ignore_errors=True)
   load = os.getloadavg()
   t0 = time.perf_counter()
