@@ -96,7 +96,8 @@ class ZeroShards:
     (qwZ); the master shards are not changed.
     """
 
-    # Each level gathers the whole pytree in one call (one chain per codec and dtype).
+    # Each level gathers the whole pytree in one call (one chain per codec and dtype for the
+    # leaves under 1 MiB; a larger leaf goes alone).
     s = jax.tree.map(lambda v: v.astype(self.dtype), shards)
     for axis in reversed(self.scatter_levels()):
       s = self.coll.all_gather(s, axis)
