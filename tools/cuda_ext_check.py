@@ -247,6 +247,12 @@ def _identity_want(xs, n: int):
   return [np.concatenate([w[i] for w in want]) for i in range(6)]
 
 
+# How long the return gate waits for a fused handler to return before it reports the
+# handler and releases its work. A mutant run shortens it: there a handler that waits for
+# its collective never returns by itself, so any limit finds it, and a short one sooner.
+GATE_TIMEOUT_MS = 3000
+
+
 def scenario_no_host_wait(ext: CudaExt) -> None:
   """Every fused handler returns before its NCCL work runs: the emulation's return gate holds
   that work until the handler has returned (a handler that waits for its collective is
@@ -289,7 +295,7 @@ def scenario_no_host_wait(ext: CudaExt) -> None:
         check_vma=False,
       )
     )
-    ext.gate(True)
+    ext.gate(True, GATE_TIMEOUT_MS)
     got = _run(mesh, coded, x)
     got_identity = jax.block_until_ready(ident(y))
     gated = ext.gate(False)
@@ -433,8 +439,11 @@ def main(argv: list[str] | None = None) -> int:
   os.environ.setdefault("JCOCCL_TIMEOUT_S", "10")
   if args.cmd == "check":
     return check(args.out, args.quick)
+  global GATE_TIMEOUT_MS
   ext = CudaExt(build(mutants=args.mutate is not None))
   ext.set_mutation(args.mutate)
+  if args.mutate is not None:
+    GATE_TIMEOUT_MS = 300
   try:
     SCENARIOS[args.name](ext)
   except Exception as e:  # a failed check, or the shim's finding as a runtime error
