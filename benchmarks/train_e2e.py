@@ -207,16 +207,11 @@ def choices(table: dict, mesh: str, auto: dict) -> dict:
   import jax
 
   import jcoccl
+  from models.calibration import load_table
 
   if not auto:
     return {}
-  fd, path = tempfile.mkstemp(suffix=".json")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(table, f)
-    models = jcoccl.read_cost_model(path)
-  finally:
-    os.unlink(path)
+  models = load_table(table)
   sizes = tuple(int(n) for n in mesh.split(","))
   abstract = jax.sharding.AbstractMesh(sizes, AXES[: len(sizes)])
   codecs = {a: r["codec"] for a, r in auto.items()}

@@ -157,11 +157,26 @@ def _install(table: Mapping[str, Any] | None) -> None:
   if table is None:
     jcoccl.set_cost_model(None)
     return
+  jcoccl.set_cost_model(load_table(table))
+
+
+def load_table(table: Mapping[str, Any]) -> Any:
+  """The cost model that a saved JSON ``table`` (a record's ``cost_model``) describes.
+
+  Args:
+    table: ``CostModels.to_json()``'s output, as calibration.json and checkpoints keep it.
+
+  Returns:
+    The ``CostModels`` object, read by ``jcoccl.read_cost_model`` (which takes a file).
+
+  Example:
+    >>> models = load_table(record["cost_model"])  # doctest: +SKIP
+  """
   fd, path = tempfile.mkstemp(suffix=".json", prefix="jcoccl-cost-model-")
   try:
     with os.fdopen(fd, "w") as f:
       json.dump(table, f)
-    jcoccl.set_cost_model(jcoccl.read_cost_model(path))
+    return jcoccl.read_cost_model(path)
   finally:
     os.unlink(path)
 
@@ -207,13 +222,7 @@ def verdict(
   table = record.get("cost_model")
   if not table:
     return {}
-  fd, path = tempfile.mkstemp(suffix=".json")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(table, f)
-    models = jcoccl.read_cost_model(path)
-  finally:
-    os.unlink(path)
+  models = load_table(table)
   out: dict[str, Any] = {}
   for axis, op, shape, dtype, comp in log:
     if op != "all_reduce" or comp is None or isinstance(comp, tuple) or axis not in mesh.shape:
