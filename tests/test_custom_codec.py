@@ -349,11 +349,18 @@ def test_custom_codec_trains_from_the_command_line(tmp_path):
   # The run calibrates at start (the default) and the codec is named: it is used, not
   # swapped for the exact op (topk:k=32 sends 0.19 of the raw bytes; exact would be ~1).
   assert 0 < wire["compressed"] < 0.5 * wire["uncompressed"], wire
-  r = subprocess.run(
-    [sys.executable, "-m", "models.train", "--codec", "no_such_module_x", "--steps", "1"],
-    cwd=ROOT, capture_output=True, text=True, timeout=300,
-  )  # fmt: skip
-  assert r.returncode == 2 and "--codec: cannot import codec module 'no_such_module_x'" in r.stderr
+
+
+def test_custom_codec_module_that_does_not_import_is_a_flag_error(capsys):
+  """In this process: the flag is checked by train.parse_args, before any work (the exit
+  status of ``python -m models.train`` on a flag error is test_train's
+  test_cli_errors_exit_2_without_traceback)."""
+  from models import train
+
+  with pytest.raises(SystemExit) as e:
+    train.parse_args(["--codec", "no_such_module_x", "--steps", "1"])
+  assert e.value.code == 2
+  assert "--codec: cannot import codec module 'no_such_module_x'" in capsys.readouterr().err
 
 
 _MP_WORKER = """
