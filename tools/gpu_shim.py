@@ -487,9 +487,16 @@ def specs() -> list[Spec]:
 
 
 def row_length(s: Spec) -> int:
-  """An odd multiple of the granule near 700 (at least 3 granules): partial CUDA blocks."""
+  """An odd multiple of the granule near 700 (at least 3 granules): partial CUDA blocks.
+
+  A Hadamard row has at most 65 granules: the block-wide kernel runs one CUDA block per
+  granule, and the shim runs each of its threads as a fiber (had2_none's 351 granules a row
+  took 38% of the comparison).
+  """
   g = s.granule()
   m = max(3, -(-700 // g))
+  if s.hadamard:
+    m = min(m, 65)
   return g * (m | 1)
 
 
