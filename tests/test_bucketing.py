@@ -227,20 +227,32 @@ def test_native_pack_and_unpack_equal_the_xla_ops(monkeypatch, gather_max):
   (one gather, or a pad per leaf): the same row, zeros in every gap, the same leaves back;
   a vmap batch (count 2), a leaf of whole blocks, two leading rows, three dtypes."""
   spans = [layout.Span(1, 5, 8), layout.Span(2, 3, 4), layout.Span(1, 8, 8), layout.Span(1, 1, 4)]
+  width = sum(s.count * s.padded for s in spans) + 4
   rng = np.random.default_rng(0)
+
+  def pack_unpack(parts):
+    """(row, leaves back) by one jitted program (not every op compiled alone), traced anew
+    (layout's switches are read at trace time); and the program's text."""
+
+    def f(ps):
+      row = layout.pack_parts(ps, spans, width)
+      return row, layout.unpack_parts(row, spans)
+
+    lowered = jax.jit(f).lower(parts)
+    return lowered.compile()(parts), lowered.as_text()
+
   for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
-    parts = [jnp.asarray(rng.standard_normal((2, s.count * s.length)), dtype) + 1 for s in spans]
-    width = sum(s.count * s.padded for s in spans) + 4
+    parts = [jnp.asarray(rng.standard_normal((2, s.count * s.length)) + 1, dtype) for s in spans]
     assert layout.native_packing()
-    row = layout.pack_parts(parts, spans, width)
-    back = layout.unpack_parts(row, spans)
+    (row, back), text = pack_unpack(parts)
+    assert "jcoccl_pack_rows" in text and "jcoccl_unpack_rows" in text
     with monkeypatch.context() as m:
       m.setattr(layout, "native_packing", lambda: False)
       m.setattr(layout, "GATHER_MAX", gather_max)
-      want = layout.pack_parts(parts, spans, width)
-      want_back = layout.unpack_parts(want, spans)
+      (want, want_back), text = pack_unpack(parts)
+    assert "jcoccl_pack_rows" not in text and "jcoccl_unpack_rows" not in text
     np.testing.assert_array_equal(bits(row), bits(want))
-    assert int(jnp.sum(row == 0)) == 2 * (3 + 2 * 1 + 3 + 4)  # the gaps and the tail
+    assert int(np.sum(np.asarray(row, np.float32) == 0)) == 2 * (3 + 2 * 1 + 3 + 4)  # gaps, tail
     for got, w, p in zip(back, want_back, parts):
       np.testing.assert_array_equal(bits(got), bits(w))
       np.testing.assert_array_equal(bits(got), bits(p))
