@@ -442,11 +442,16 @@ def test_vmap_with_a_key_is_a_loop_of_single_calls():
   call = lambda v, k: jcoccl.all_reduce(v, "b", compressor=c, min_bytes=0, key=k)
   got = jax.jit(_smap(lambda v: jax.vmap(call)(v[0], keys)[None]))(x)
   shared = jax.jit(_smap(lambda v: jax.vmap(call, (0, None))(v[0], keys[0])[None]))(x)
+  # The single call takes its key as an argument: one program for all six calls.
+  spec = P(("a", "b"))
+  single = jax.jit(
+    jax.shard_map(
+      lambda v, k: call(v[0], k)[None], mesh=_mesh(), in_specs=(spec, P()), out_specs=spec
+    )
+  )
   for i in range(3):
-    one = jax.jit(_smap(lambda v: call(v[0], keys[i])[None]))(x[:, i])
-    np.testing.assert_array_equal(bits(got[:, i]), bits(one))
-    one0 = jax.jit(_smap(lambda v: call(v[0], keys[0])[None]))(x[:, i])
-    np.testing.assert_array_equal(bits(shared[:, i]), bits(one0))
+    np.testing.assert_array_equal(bits(got[:, i]), bits(single(x[:, i], keys[i])))
+    np.testing.assert_array_equal(bits(shared[:, i]), bits(single(x[:, i], keys[0])))
 
 
 def test_vmap_with_spmd_axis_name_as_lax():
