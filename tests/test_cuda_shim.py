@@ -3,6 +3,7 @@ shim (cuda/hostshim/) and are compared bit for bit with the CPU codecs (tools/gp
 every codec family x dtype x block size (spike reserving included), NaN/Inf/subnormal data,
 partial CUDA blocks, the grid-stride paths; and deliberately broken copies must be caught."""
 
+import ctypes
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,16 @@ def _compare(*args: str) -> subprocess.CompletedProcess:
     text=True,
     timeout=900,
   )
+
+
+@pytest.fixture(scope="module")
+def mutant_libs() -> tuple[gpu_shim.CodecLib, gpu_shim.CodecLib]:
+  """The mutant shim library (every seeded defect behind jc_set_mutation) and its reference,
+  loaded as `gpu_shim.py compare --mutate` loads them."""
+  shim_path, ref_path = gpu_shim.build(ROOT / "build" / "gpu_shim", mutants=True)
+  shim, ref = gpu_shim.CodecLib(shim_path, 0xA5), gpu_shim.CodecLib(ref_path, 0x5A)
+  shim.lib.jc_set_max_grid(ctypes.c_uint(0))
+  return shim, ref
 
 
 @pytest.mark.slow
@@ -82,8 +93,20 @@ def test_grid_stride_paths_match():
     ("warp_spike_restore", r"^(spike2_fp8_e4m3_B64|spike4_int2_B256)$"),
   ],
 )
-def test_broken_packing_or_rounding_is_caught(mutation, cases):
-  r = _compare("--mutate", mutation, "--only", cases)
+def test_broken_packing_or_rounding_is_caught(mutant_libs, mutation, cases):
+  # In this process, as `gpu_shim.py compare --mutate` runs it (one library load serves
+  # every seeded defect; test_mutate_flag_runs_a_broken_copy runs the command itself).
+  shim, ref = mutant_libs
+  shim.lib.jc_set_mutation(gpu_shim.MUTATION_IDS[mutation])
+  try:
+    bad = [m for case in gpu_shim.run_all(shim, ref, cases) for m in case]
+  finally:
+    shim.lib.jc_set_mutation(0)
+  assert bad, f"{mutation} not caught by {cases}"
+
+
+def test_mutate_flag_runs_a_broken_copy():
+  r = _compare("--mutate", "sum_order", "--only", r"^cast_bf16$")
   assert r.returncode == 1 and "MISMATCH" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
 
 
@@ -155,8 +178,6 @@ JC const char* message() { return jcoccl_shim::g_last_message.c_str(); }
 def test_shim_synchronises_warps_and_blocks_and_reports_misuse(tmp_path, switch):
   # The shim's own semantics: shuffles see every lane's value, __syncthreads orders shared
   # memory across warps, and divergent collectives or bad launches are errors, not hangs.
-  import ctypes
-
   src = tmp_path / "k.cc"
   src.write_text(gpu_shim.translate(_SYNC_KERNELS))
   lib_path = tmp_path / "k.so"
