@@ -431,7 +431,8 @@ def test_stochastic_rounding(c):
   e1 = c.encode(x, key=k1)
   np.testing.assert_array_equal(e1.data, c.encode(x, key=k1).data)
   assert (e1.data != c.encode(x, key=k2).data).any()
-  draws = jax.vmap(lambda k: c.decode(c.encode(x, key=k)))(jax.random.split(k1, 400))
+  # One program: an eager vmap would compile each of the codec's ops on its own.
+  draws = jax.jit(jax.vmap(lambda k: c.decode(c.encode(x, key=k))))(jax.random.split(k1, 400))
   bound = np.asarray(c.error_bound(x))
   err = np.abs(np.asarray(draws, np.float64) - np.asarray(x, np.float64))
   assert (err <= bound).all()
@@ -448,7 +449,7 @@ def test_vmap_and_jit_row_api():
   enc = jax.jit(jax.vmap(lambda r: c.encode_rows(r, impl="jnp")))(x)
   ref = jnp.stack([c.encode_rows(x[i], impl="jnp") for i in range(5)])
   np.testing.assert_array_equal(enc, ref)
-  dec = jax.vmap(lambda b: c.decode_sum(b, 128, jnp.float32, impl="jnp"))(enc)
+  dec = jax.jit(jax.vmap(lambda b: c.decode_sum(b, 128, jnp.float32, impl="jnp")))(enc)
   np.testing.assert_array_equal(dec[3], c.decode_sum(enc[3], 128, jnp.float32, impl="jnp"))
 
 
