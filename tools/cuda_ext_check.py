@@ -7,6 +7,7 @@ what tools/gpu_check.sh --cpu runs: op matrix cases against the CPU paths, every
 on the shipped sources, and every seeded bug caught (--quick: one scenario and its bug).
 
   python tools/cuda_ext_check.py scenario NAME [--mutate BUG]  # exit 1 when the check fails
+  python tools/cuda_ext_check.py seeded NAME=BUG ...   # each without, then with its bug
   python tools/cuda_ext_check.py check [--quick] [--out F]     # everything, JSON + VERDICT
 """
 
@@ -421,12 +422,56 @@ def check(out: Path | None, quick: bool) -> int:
   return 0 if ok else 1
 
 
+def seeded(pairs: list[tuple[str, str]]) -> int:
+  """Each (scenario, seeded bug) in this one process on the mutant build: the scenario must
+  hold with the bug switched off, then fail with it on (the run before shows that what an
+  earlier bug left behind is not what fails it). Prints CAUGHT, MISSED or CLEAN FAILED per
+  scenario; returns 1 unless every bug is caught."""
+  global GATE_TIMEOUT_MS
+  ext = CudaExt(build(mutants=True))
+  ok = True
+  for name, bug in pairs:
+    for mutation in (None, bug):
+      ext.set_mutation(mutation)
+      GATE_TIMEOUT_MS = 3000 if mutation is None else 300
+      try:
+        SCENARIOS[name](ext)
+        error = None
+      except Exception as e:  # a failed check, or the shim's finding as a runtime error
+        error = f"{type(e).__name__}: {str(e)[-800:]}"
+      finally:
+        ext.set_mutation(None)
+        GATE_TIMEOUT_MS = 3000
+      if mutation is None and error is not None:
+        print(f"CLEAN FAILED {name}: {error}")
+        ok = False
+        break
+      if mutation is not None:
+        print(f"CAUGHT {name}: {error}" if error else f"MISSED {name} ({bug})")
+        ok = ok and error is not None
+  return 0 if ok else 1
+
+
+def _pair(text: str) -> tuple[str, str]:
+  name, _, bug = text.partition("=")
+  if name not in SCENARIOS or bug not in MUTATIONS:
+    raise argparse.ArgumentTypeError(
+      f"expected SCENARIO=BUG with SCENARIO in {sorted(SCENARIOS)} and BUG in "
+      f"{sorted(MUTATIONS)}, got {text!r}"
+    )
+  return name, bug
+
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   sub = p.add_subparsers(dest="cmd", required=True)
   s = sub.add_parser("scenario", help="run one scenario; exit 1 when its check fails")
   s.add_argument("name", choices=sorted(SCENARIOS))
   s.add_argument("--mutate", choices=sorted(MUTATIONS), default=None)
+  b = sub.add_parser(
+    "seeded", help="scenarios without, then with their seeded bugs, in one process (mutant build)"
+  )
+  b.add_argument("pairs", nargs="+", type=_pair, metavar="SCENARIO=BUG")
   c = sub.add_parser("check", help="matrix cases, scenarios and seeded bugs (CI's dry run)")
   c.add_argument("--out", type=Path, default=None, help="write the results as JSON")
   c.add_argument(
@@ -439,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
   os.environ.setdefault("JCOCCL_TIMEOUT_S", "10")
   if args.cmd == "check":
     return check(args.out, args.quick)
+  if args.cmd == "seeded":
+    return seeded(args.pairs)
   global GATE_TIMEOUT_MS
   ext = CudaExt(build(mutants=args.mutate is not None))
   ext.set_mutation(args.mutate)
