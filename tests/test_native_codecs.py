@@ -185,11 +185,8 @@ def test_bit_exact(c, dtype):
   ],
   ids=str,
 )
-@pytest.mark.parametrize(
-  "dtype",
-  [pytest.param(d, marks=_level(d)) for d in (DTYPES[0], DTYPES[2])],
-  ids=lambda d: jnp.dtype(d).name,
-)
+@pytest.mark.parametrize("dtype", (DTYPES[0], DTYPES[2]), ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.unoptimized  # checks the kernels' tiling; FMA hazards: test_bit_exact
 def test_rows_with_a_partial_last_tile(c, dtype):
   # The CPU kernels work in tiles of 4096 elements: a row of 3 tiles and 768 more elements
   # exercises the short last tile of every op (it once wrote past the end of the row).
@@ -203,6 +200,7 @@ def test_rows_with_a_partial_last_tile(c, dtype):
 
 
 @pytest.mark.parametrize("c", [jc.int8(block_size=256), jc.int4(block_size=128)], ids=str)
+@pytest.mark.unoptimized  # checks the kernels' result buffers; FMA hazards: test_bit_exact
 def test_large_results(c):
   # Results of several MiB get a huge-page hint (madvise) before the kernels write them; the
   # rows end off a 2 MiB boundary, so the hinted range is strictly inside the buffer.
