@@ -23,9 +23,12 @@ import gspmd_cases as G  # noqa: E402
 def main() -> None:
   mesh = G.make_mesh()
   for name, case in (("mlp", G.mlp(mesh)), ("lm", G.nnx_lm(mesh))):
-    exact, got, _ = G.exact_and(case, compressor="none")
-    G.check_close(exact, got)
-    print(f"ok {name}-none", flush=True)
+    # The exact codec's sums across processes are the same for both models: the MLP's run
+    # checks them (the LM's layout holds the MLP's; it runs int8, in one process both).
+    if name == "mlp":
+      exact, got, _ = G.exact_and(case, compressor="none")
+      G.check_close(exact, got)
+      print(f"ok {name}-none", flush=True)
     exact, (_, grads), _ = G.exact_and(
       case, compressor="int8", algorithm="two_shot", min_bytes=0, error_feedback=True
     )
