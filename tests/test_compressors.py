@@ -431,8 +431,11 @@ def test_stochastic_rounding(c):
   e1 = c.encode(x, key=k1)
   np.testing.assert_array_equal(e1.data, c.encode(x, key=k1).data)
   assert (e1.data != c.encode(x, key=k2).data).any()
-  # One program: an eager vmap would compile each of the codec's ops on its own.
-  draws = jax.jit(jax.vmap(lambda k: c.decode(c.encode(x, key=k))))(jax.random.split(k1, 400))
+  # One program (an eager vmap would compile each of the codec's ops on its own), x an
+  # argument as in the eager calls above (XLA folds constants without flushing subnormals).
+  draws = jax.jit(jax.vmap(lambda k, v: c.decode(c.encode(v, key=k)), in_axes=(0, None)))(
+    jax.random.split(k1, 400), x
+  )
   bound = np.asarray(c.error_bound(x))
   err = np.abs(np.asarray(draws, np.float64) - np.asarray(x, np.float64))
   assert (err <= bound).all()
