@@ -58,6 +58,14 @@ def rand(shape, dtype, seed=0, scale=1.0):
   return x.astype(dtype)
 
 
+def host_rand(shape, dtype, seed=0, scale=1.0) -> np.ndarray:
+  """Normal values in ``dtype`` drawn by numpy, on the host: nothing compiles, whereas rand
+  compiles its draw for every new shape, and a device array given to a sharded jit is split
+  by a compiled slice (a host array is split by numpy)."""
+  x = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32) * np.float32(scale)
+  return x.astype(jnp.dtype(dtype))
+
+
 def f64(x) -> np.ndarray:
   return np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
 

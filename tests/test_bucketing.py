@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from collectives_util import P, bits, mesh, rand
+from collectives_util import P, bits, host_rand, mesh
 
 import jcoccl
 from jcoccl import compressors as jc
@@ -49,7 +49,9 @@ def _mesh():
 
 
 def _leaves(shapes=SHAPES, dtypes=DTYPES, seed=0):
-  return [rand(s, d, seed=seed + i, scale=1 + i) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+  return [
+    host_rand(s, d, seed=seed + i, scale=1 + i) for i, (s, d) in enumerate(zip(shapes, dtypes))
+  ]
 
 
 def _smap(body, n, check_vma=True):
@@ -150,7 +152,7 @@ def test_grad_and_vmap_packed_bitwise_per_leaf():
     za = jax.vmap(lambda p: f([p])[0], in_axes=1, out_axes=1)(a)
     return ya, yb, za, f([b])[0]
 
-  a, b = rand((N, 3, 45), jnp.float32, seed=30), rand((N, 70), jnp.float32, seed=31)
+  a, b = host_rand((N, 3, 45), jnp.float32, seed=30), host_rand((N, 70), jnp.float32, seed=31)
   spec = P("d")
   sm = jax.shard_map(vbody, mesh=_mesh(), in_specs=(spec, spec), out_specs=spec)
   got = jax.jit(sm)(a, b)

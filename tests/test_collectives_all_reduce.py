@@ -11,9 +11,9 @@ from collectives_util import (
   bits,
   eb,
   f64,
+  host_rand,
   mesh,
   per_rank,
-  rand,
   sum_bound,
 )
 from jax import lax
@@ -35,7 +35,7 @@ MESHES = [
 def test_exact_path_is_lax_psum(shape, names, comp):
   m = mesh(shape, names)
   n = int(np.prod(shape))
-  x = {"w": rand((n, 5, 3), jnp.float32), "b": rand((n, 7), jnp.bfloat16, seed=1)}
+  x = {"w": host_rand((n, 5, 3), jnp.float32), "b": host_rand((n, 7), jnp.bfloat16, seed=1)}
   axes = names if len(names) > 1 else names[0]
   got = per_rank(m, lambda v: jcoccl.all_reduce(v, axes, compressor=comp, min_bytes=0), x)
   want = per_rank(m, lambda v: lax.psum(v, axes), x)
@@ -60,7 +60,7 @@ CASES = [
 def test_lossy_one_and_two_shot_within_bounds(cname, dname):
   c, dtype = LOSSY[cname], DTYPES[dname]
   m = mesh((4,), ("x",))
-  x = rand((4, 300), dtype, seed=3)  # 300: not a multiple of the blocks (padding)
+  x = host_rand((4, 300), dtype, seed=3)  # 300: not a multiple of the blocks (padding)
   one = per_rank(
     m, lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm="one_shot", min_bytes=0), x
   )
@@ -82,7 +82,7 @@ def test_lossy_one_and_two_shot_within_bounds(cname, dname):
 def test_chunks_bitwise_equal_to_unchunked(algorithm, chunks):
   c = LOSSY["int4a"]
   m = mesh((4,), ("x",))
-  x = rand((4, 1000), jnp.float32, seed=5)
+  x = host_rand((4, 1000), jnp.float32, seed=5)
   run = lambda k: per_rank(
     m,
     lambda v: jcoccl.all_reduce(v, "x", compressor=c, algorithm=algorithm, chunks=k, min_bytes=0),
@@ -98,7 +98,7 @@ def test_chunks_bitwise_equal_to_unchunked(algorithm, chunks):
 def test_tuple_axes_and_auto(shape, names, axes):
   c = LOSSY["int8"]
   m = mesh(shape, names)
-  x = rand((8, 4, 64), jnp.float32, seed=7)
+  x = host_rand((8, 4, 64), jnp.float32, seed=7)
   got = per_rank(m, lambda v: jcoccl.all_reduce(v, axes, compressor=c, min_bytes=0), x)
   want = per_rank(m, lambda v: lax.psum(v, axes), x)
   # The group of rank r sums the ranks sharing its other coordinates; bound per group.
@@ -117,7 +117,7 @@ def test_tuple_axes_and_auto(shape, names, axes):
 def test_hierarchical_is_rs_ar_ag_composition():
   c_in, c_out = jc.int8(block_size=64), jc.int4(block_size=64, symmetric=False)
   m = mesh((2, 4), ("node", "gpu"))
-  x = rand((8, 4 * 256), jnp.float32, seed=9)
+  x = host_rand((8, 4 * 256), jnp.float32, seed=9)
 
   def hier(v):
     return jcoccl.all_reduce(
@@ -138,7 +138,7 @@ def test_hierarchical_is_rs_ar_ag_composition():
 
 def test_hierarchical_pair_with_exact_level():
   m = mesh((2, 4), ("node", "gpu"))
-  x = rand((8, 512), jnp.float32, seed=2)
+  x = host_rand((8, 512), jnp.float32, seed=2)
   c = jc.cast("bfloat16")
   got = per_rank(
     m,
@@ -155,7 +155,7 @@ def test_hierarchical_pair_with_exact_level():
 
 def test_min_bytes_threshold_and_default():
   m = mesh((4,), ("x",))
-  x = rand((4, 256), jnp.float32)
+  x = host_rand((4, 256), jnp.float32)
   want = per_rank(m, lambda v: lax.psum(v, "x"), x)
   small = per_rank(m, lambda v: jcoccl.all_reduce(v, "x", compressor="int8"), x)
   np.testing.assert_array_equal(bits(small), bits(want))  # 1 KiB < 4 MiB default
@@ -185,7 +185,7 @@ def test_min_bytes_env(monkeypatch):
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
 def test_nan_inf_survive(algorithm):
   m = mesh((4,), ("x",))
-  x = np.array(rand((4, 256), jnp.float32))
+  x = np.array(host_rand((4, 256), jnp.float32))
   x[1, 10] = np.nan
   x[2, 200] = np.inf
   y = per_rank(

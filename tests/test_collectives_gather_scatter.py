@@ -10,9 +10,9 @@ from collectives_util import (
   bits,
   eb,
   f64,
+  host_rand,
   mesh,
   per_rank,
-  rand,
   sum_bound,
 )
 from jax import lax
@@ -32,7 +32,7 @@ EXACT_MESHES = [
 def test_exact_paths_are_lax(shape, names, axes):
   m = mesh(shape, names)
   n = int(np.prod([shape[names.index(a)] for a in (axes if isinstance(axes, tuple) else (axes,))]))
-  x = rand((int(np.prod(shape)), n * 2, 3), jnp.bfloat16)
+  x = host_rand((int(np.prod(shape)), n * 2, 3), jnp.bfloat16)
   pairs = [
     (
       lambda v: jcoccl.all_gather(v, axes, axis=1, compressor="none", min_bytes=0),
@@ -66,30 +66,29 @@ CASES = [
 def test_lossy_all_four_ops(cname, dname):
   c, dtype = LOSSY[cname], DTYPES[dname]
   m = mesh((4,), ("x",))
-  x = rand((4, 4, 3, 25), dtype, seed=11)  # per rank [4, 3, 25]; 75-element rows (padding)
+  x = host_rand((4, 4, 3, 25), dtype, seed=11)  # per rank [4, 3, 25]; 75-element rows (padding)
   kw = dict(compressor=c, min_bytes=0)
   xs = f64(x)
-  # The bounds from numpy slices (a jax array's slices compile an op each) and, since a
-  # codec's error_bound reads its input as one flat row, x_r[j : j + 1]'s as x_r[j]'s: two
-  # error_bound programs per case ([4, 3, 25] and [3, 25]) instead of three.
-  xn = np.asarray(x)
+  # x is a host array (its slices compile nothing), and since a codec's error_bound reads
+  # its input as one flat row, x_r[j : j + 1]'s bound is x_r[j]'s: two error_bound programs
+  # per case ([4, 3, 25] and [3, 25]) instead of three.
   # all_gather (axis=1, tiled): every rank gets every rank's x within eb.
   ag = per_rank(m, lambda v: jcoccl.all_gather(v, "x", axis=1, tiled=True, **kw), x)
   want = per_rank(m, lambda v: lax.all_gather(v, "x", axis=1, tiled=True), x)
   assert ag.shape == want.shape and ag.dtype == want.dtype
-  bound = np.concatenate([eb(c, xn[r]) for r in range(4)], axis=1)
+  bound = np.concatenate([eb(c, x[r]) for r in range(4)], axis=1)
   for r in range(4):
     assert_within(ag[r], f64(want[r]), bound, "all_gather")
   # reduce_scatter (non-tiled over dim 0): rank j gets sum_r x_r[j].
   rs = per_rank(m, lambda v: jcoccl.reduce_scatter(v, "x", scatter_dimension=0, **kw), x)
   for j in range(4):
-    assert_within(rs[j], xs[:, j].sum(0), sum_bound(c, xn[:, j], dtype), "reduce_scatter")
+    assert_within(rs[j], xs[:, j].sum(0), sum_bound(c, x[:, j], dtype), "reduce_scatter")
   # all_to_all (split 0, concat 2, tiled): rank j gets [x_0[j] | x_1[j] | ...] on axis 2.
   a2 = per_rank(m, lambda v: jcoccl.all_to_all(v, "x", 0, 2, tiled=True, **kw), x)
   want = per_rank(m, lambda v: lax.all_to_all(v, "x", 0, 2, tiled=True), x)
   assert a2.shape == want.shape
   for j in range(4):
-    bound = np.concatenate([eb(c, xn[r, j])[None] for r in range(4)], axis=2)
+    bound = np.concatenate([eb(c, x[r, j])[None] for r in range(4)], axis=2)
     assert_within(a2[j], f64(want[j]), bound, "all_to_all")
   # ppermute: a shift that leaves rank 0 without a sender (zeros, as lax).
   perm = [(0, 1), (1, 2), (2, 3)]
@@ -97,14 +96,14 @@ def test_lossy_all_four_ops(cname, dname):
   want = per_rank(m, lambda v: lax.ppermute(v, "x", perm), x)
   np.testing.assert_array_equal(bits(pp[0]), bits(want[0]))
   for s, d in perm:
-    assert_within(pp[d], xs[s], eb(c, xn[s]), "ppermute")
+    assert_within(pp[d], xs[s], eb(c, x[s]), "ppermute")
 
 
 @pytest.mark.parametrize("axis,tiled", [(0, False), (2, False), (1, True), (-1, True)])
 def test_all_gather_layouts(axis, tiled):
   c = LOSSY["bf16"]
   m = mesh((2, 4), ("a", "b"))
-  x = rand((8, 3, 5), jnp.float32, seed=4)
+  x = host_rand((8, 3, 5), jnp.float32, seed=4)
   got = per_rank(
     m, lambda v: jcoccl.all_gather(v, "b", axis=axis, tiled=tiled, compressor=c, min_bytes=0), x
   )
@@ -119,7 +118,7 @@ def test_reduce_scatter_layouts_and_chunks(dim, tiled, chunks):
   m = mesh((2, 4), ("a", "b"))
   shape = [8, 8, 4]
   shape[dim] = 4 if not tiled else 8
-  x = rand((8, *shape), jnp.float32, seed=6)
+  x = host_rand((8, *shape), jnp.float32, seed=6)
   got = per_rank(
     m,
     lambda v: jcoccl.reduce_scatter(
@@ -144,7 +143,7 @@ def test_reduce_scatter_layouts_and_chunks(dim, tiled, chunks):
 def test_all_to_all_non_tiled_and_tuple_axes():
   c = LOSSY["fp8"]
   m = mesh((2, 2, 2), ("a", "b", "c"))
-  x = rand((8, 5, 4, 32), jnp.float32, seed=8)
+  x = host_rand((8, 5, 4, 32), jnp.float32, seed=8)
   f = lambda v: jcoccl.all_to_all(v, ("a", "c"), 1, 2, compressor=c, min_bytes=0)
   got = per_rank(m, f, x)
   want = per_rank(m, lambda v: lax.all_to_all(v, ("a", "c"), 1, 2), x)

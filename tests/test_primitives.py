@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from collectives_util import P, assert_within, bits, eb, f64, mesh, rand
+from collectives_util import P, assert_within, bits, eb, f64, host_rand, mesh
 from jax import lax
 
 import jcoccl
@@ -72,7 +72,7 @@ def _names(fn, *args):
 
 
 def test_jaxpr_shows_one_readable_equation_per_call():
-  x = rand((8, 8, 64), jnp.float32, seed=1)
+  x = host_rand((8, 8, 64), jnp.float32, seed=1)
   body = lambda v: jcoccl.all_reduce(v, "b", compressor="int8", algorithm="two_shot", min_bytes=0)
   jaxpr = jax.make_jaxpr(_smap(body, out_specs=P("a")))(x)  # invariant over "b"
   inner = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name != "shard_map"]
@@ -104,7 +104,7 @@ def test_duals_table():
     "all_to_all": "all_to_all",
     "ppermute": "ppermute",
   }
-  x = rand((8, 8, 64), jnp.float32, seed=2)
+  x = host_rand((8, 8, 64), jnp.float32, seed=2)
   for name, (j, _) in OPS.items():
     loss = lambda v: jnp.sum(
       _smap(lambda u: j(u, compressor=INT8, min_bytes=0), check_vma=False)(v) ** 2
@@ -134,7 +134,7 @@ def test_jvp_matches_lax(op):
   """The tangent goes through the same collective with grad_compressor: exact (None) is
   lax's jvp bit for bit; int8 is the compressed op applied to the tangent."""
   j, l = OPS[op]
-  x, t = rand((8, 8, 64), jnp.float32, seed=3), rand((8, 8, 64), jnp.float32, seed=4)
+  x, t = host_rand((8, 8, 64), jnp.float32, seed=3), host_rand((8, 8, 64), jnp.float32, seed=4)
   f = lambda **k: jax.jit(
     lambda a, b: jax.jvp(_smap(lambda v: j(v, compressor=INT8, min_bytes=0, **k)), (a,), (b,))
   )
@@ -152,7 +152,7 @@ def test_jvp_matches_lax(op):
 @pytest.mark.parametrize("chunks", [1, 2])
 def test_vmap_is_bitwise_a_loop_of_single_calls(op, chunks):
   j, _ = OPS[op]
-  x = rand((8, 3, 2, 64), jnp.float32, seed=5)  # per rank: a batch of 3 [2, 64] messages
+  x = host_rand((8, 3, 2, 64), jnp.float32, seed=5)  # per rank: a batch of 3 [2, 64] messages
   call = lambda v: j(v, compressor=INT8, min_bytes=0, chunks=chunks)
   batched = jax.jit(_smap(lambda v: jax.vmap(call)(v[0])[None]))
   names = _names(_smap(lambda v: jax.vmap(call)(v[0])[None]), x)
@@ -164,7 +164,7 @@ def test_vmap_is_bitwise_a_loop_of_single_calls(op, chunks):
 
 
 def test_vmap_of_vmap_and_of_grad():
-  x = rand((8, 2, 3, 64), jnp.float32, seed=6)
+  x = host_rand((8, 2, 3, 64), jnp.float32, seed=6)
   call = lambda v: jcoccl.all_reduce(v, "b", compressor=INT8, min_bytes=0)
   two = jax.jit(_smap(lambda v: jax.vmap(jax.vmap(call))(v[0])[None]))(x)
   one = jax.jit(_smap(lambda v: call(v[0])[None]))
@@ -179,7 +179,7 @@ def test_vmap_of_vmap_and_of_grad():
 
 
 def test_remat_and_scan():
-  x = rand((8, 4, 128), jnp.float32, seed=7)
+  x = host_rand((8, 4, 128), jnp.float32, seed=7)
   call = lambda v: jnp.sin(jcoccl.all_reduce(v, "b", compressor=INT8, min_bytes=0))
 
   def loss(fn):
@@ -204,7 +204,7 @@ def test_remat_and_scan():
 def test_hessian_through_a_native_codec():
   """Second-order AD: the tangent of an int8 all_reduce is an exact one with
   grad_compressor=None, so the hessian of sum(y**2) is lax's bit for bit."""
-  x = rand((8, 32), jnp.float32, seed=8)
+  x = host_rand((8, 32), jnp.float32, seed=8)
   m = mesh((8,), ("d",))
 
   def loss(body):
@@ -230,7 +230,7 @@ def test_hessian_through_a_native_codec():
 
 
 def test_vmap_axis_name_runs_exactly():
-  v = rand((4, 64), jnp.float32, seed=9)
+  v = host_rand((4, 64), jnp.float32, seed=9)
   got = jax.vmap(
     lambda r: jcoccl.all_reduce(r, "b", compressor="int8", min_bytes=0), axis_name="b"
   )(v)
@@ -249,7 +249,7 @@ def test_vmap_axis_name_runs_exactly():
 
 
 def test_unbound_axis_name_is_a_name_error():
-  x = rand((8, 64), jnp.float32)
+  x = host_rand((8, 64), jnp.float32)
   for j in (
     lambda v: jcoccl.all_reduce(v, "nope", compressor="int8"),
     lambda v: jcoccl.all_gather(v, "nope"),
@@ -276,7 +276,7 @@ def test_exact_compressor_on_other_dtypes_is_lax(dtype):
 
 
 def test_pytree_with_integer_leaves_compresses_only_the_floats():
-  x = rand((8, 8, 64), jnp.float32, seed=10)
+  x = host_rand((8, 8, 64), jnp.float32, seed=10)
   step = jnp.arange(8, dtype=jnp.int32).reshape(8, 1, 1) * jnp.ones((1, 8, 64), jnp.int32)
   tree = {"g": x, "step": step}
   got = jax.jit(_smap(lambda t: jcoccl.all_reduce(t, "b", compressor=INT8, min_bytes=0)))(tree)
@@ -289,7 +289,7 @@ def test_pytree_with_integer_leaves_compresses_only_the_floats():
 
 
 def test_all_gather_to_invarying():
-  x = rand((8, 8, 64), jnp.float32, seed=11)
+  x = host_rand((8, 8, 64), jnp.float32, seed=11)
   for c, exact in ((None, True), (INT8, False)):
     body = lambda v: jcoccl.all_gather(
       v, "b", axis=0, tiled=True, to="invarying", compressor=c, min_bytes=0
@@ -336,7 +336,7 @@ def test_all_gather_to_invarying():
 def test_axis_index_groups_run_the_exact_lax_op():
   m = mesh((8,), ("d",))
   groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
-  x = rand((8, 64), jnp.float32, seed=12)
+  x = host_rand((8, 64), jnp.float32, seed=12)
   run = lambda body: jax.jit(
     jax.shard_map(
       lambda v: body(v[0])[None], mesh=m, in_specs=P("d"), out_specs=P("d"), check_vma=False
@@ -365,7 +365,7 @@ def test_axis_index_groups_run_the_exact_lax_op():
 def test_partial_auto_shard_map_ppermute():
   """shard_map over "i" with "j" left Auto and a sharding constraint inside."""
   m = jax.make_mesh((4, 2), ("i", "j"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  x = rand((8, 256), jnp.float32, seed=13)
+  x = host_rand((8, 256), jnp.float32, seed=13)
   perm = [(k, k + 1) for k in range(3)]  # rank 0 receives nothing: zeros
 
   def run(fn):
@@ -387,8 +387,8 @@ def test_unreduced_input_as_lax_psum():
   exactly without a compressor, within int8's one_shot bound with one; its cotangent is
   typed reduced, as lax's."""
   mesh_x = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
-  a_np = np.asarray(rand((16, 64), jnp.float32, seed=14))
-  b_np = np.asarray(rand((64, 256), jnp.float32, seed=15))
+  a_np = np.asarray(host_rand((16, 64), jnp.float32, seed=14))
+  b_np = np.asarray(host_rand((64, 256), jnp.float32, seed=15))
   c = jc.int8()
 
   def prog(fn):
@@ -437,7 +437,7 @@ def test_vmap_with_a_key_is_a_loop_of_single_calls():
   """Stochastic rounding draws its random stream per call: vmap with a key runs one call
   per element (mapped or shared key), each bitwise the single call."""
   c = jc.int8(block_size=32, rounding="stochastic")
-  x = rand((8, 3, 64), jnp.float32, seed=16)
+  x = host_rand((8, 3, 64), jnp.float32, seed=16)
   keys = jax.random.split(jax.random.key(5), 3)
   call = lambda v, k: jcoccl.all_reduce(v, "b", compressor=c, min_bytes=0, key=k)
   got = jax.jit(_smap(lambda v: jax.vmap(call)(v[0], keys)[None]))(x)
@@ -458,7 +458,7 @@ def test_vmap_with_spmd_axis_name_as_lax():
   """vmap of a shard_map over "b" with the batch sharded over "a" (spmd_axis_name): each
   element bitwise its own call, as lax.psum's."""
   m = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  x = rand((2, 4 * 64), jnp.float32, seed=17)
+  x = host_rand((2, 4 * 64), jnp.float32, seed=17)
   for body in (
     lambda v: lax.psum(v, "b"),
     lambda v: jcoccl.all_reduce(v, "b", compressor=INT8, min_bytes=0),
@@ -474,7 +474,7 @@ def test_reduced_input_keeps_its_type():
   out_specs=P(reduced={"y"}) is accepted, as for lax.psum; exact bitwise, int8 within
   its one_shot bound."""
   m = jax.make_mesh((4, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
-  x_np = np.asarray(rand((8, 256), jnp.float32, seed=18))
+  x_np = np.asarray(host_rand((8, 256), jnp.float32, seed=18))
   c = jc.int8()
   with jax.set_mesh(m):
     x = jax.device_put(x_np, P("x", reduced={"y"}))
