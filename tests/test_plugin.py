@@ -235,9 +235,12 @@ def test_plugin_header_conversions_match_jnp_bitwise(tmp_path):
 # ---- row operations: native == jnp, bit for bit ----------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block", [32, 256])
-def test_plugin_row_ops_match_jnp_bitwise(sign_plugin, dtype, block):
+# Every dtype at block 32, and block 256 (32 sign bytes a block instead of 4) once: the block
+# size only bounds sign.h's loops and places the scales, the dtype picks the loads and stores.
+@pytest.mark.parametrize(
+  "block, dtype", [(32, jnp.float32), (32, jnp.bfloat16), (32, jnp.float16), (256, jnp.float32)]
+)
+def test_plugin_row_ops_match_jnp_bitwise(sign_plugin, block, dtype):
   c = sign_codec.SignCompressor(block=block)
   x = jnp.asarray(_data(3, 1024, seed=block), dtype)
   n = x.shape[1]
