@@ -333,22 +333,31 @@ def test_custom_codec_unknown_and_unregistered_errors_say_how_to_register():
 @pytest.mark.slow
 def test_custom_codec_trains_from_the_command_line(tmp_path):
   """models.train --codec MODULE --compress data.all_reduce=topk:... trains a tiny model for
-  a few steps, its policy naming the codec, its gradients sent through it."""
+  a few steps in a new process, its policy naming the codec, its gradients sent through it.
+  The run calibrates at start, as users run it, with tests/mp_train_worker.py's crafted
+  table under which the exact op wins on every axis (measuring would take 5 s of CPU and
+  could go either way): a named codec is still used."""
   from models.configs.models import TINY_RUN
 
-  run = [a for a in TINY_RUN if a != "--no-calibrate"]  # calibrated, as users run it
-  cmd = [sys.executable, "-m", "models.train", *run, "--codec", "examples.custom_codecs.topk",
+  run = [a for a in TINY_RUN if a != "--no-calibrate"]
+  # mp_train_worker.py runs models.train.main with that stand-in calibration (99 0: no
+  # slowed steps); it imports no codec module, so topk is registered by --codec alone.
+  cmd = [sys.executable, str(ROOT / "tests" / "mp_train_worker.py"), "99", "0", *run,
+         "--codec", "examples.custom_codecs.topk",
          "--compress", "data.all_reduce=topk:k=32", "--compress", "data.min_bytes=0",
          "--steps", "3", "--warmup", "1", "--eval-batches", "1", "--sample-tokens", "0",
          "--no-exact-twin", "--no-progress", "--out", str(tmp_path / "run")]  # fmt: skip
-  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  env = {**os.environ, "JCOCCL_TEST_CALIBRATION": "exact"}
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "topk:k=32" in r.stdout, r.stdout
   assert re.search(r"^loss [\d.]+ -> [\d.]+ \(val [\d.]+\) over steps 0\.\.3", r.stdout, re.M)
   wire = json.loads((tmp_path / "run" / "summary.json").read_text())["wire"]["by_axis"]["data"]
-  # The run calibrates at start (the default) and the codec is named: it is used, not
-  # swapped for the exact op (topk:k=32 sends 0.19 of the raw bytes; exact would be ~1).
+  # The codec is named: it is used, not swapped for the exact op that the table favours
+  # (topk:k=32 sends 0.19 of the raw bytes; exact would be ~1).
   assert 0 < wire["compressed"] < 0.5 * wire["uncompressed"], wire
+  cal = json.loads((tmp_path / "run" / "calibration.json").read_text())
+  assert cal["cost_model"]["source"] == "test: exact wins", cal
 
 
 def test_custom_codec_module_that_does_not_import_is_a_flag_error(capsys):
