@@ -1,6 +1,7 @@
 """One process of the multi-process training tests (tests/test_train_multiprocess.py):
 ``python -m models.train`` with a visible, slowed-down step loop, so that a test can kill a
-process in the middle of training.
+process in the middle of training. (test_custom_codec runs it alone, not slowed, for its
+crafted calibration.)
 
     python -m jcoccl.launch -n 2 --devices-per-process 4 -- \\
         python tests/mp_train_worker.py SLOW_FROM SECONDS <models.train arguments>
