@@ -38,10 +38,13 @@ CASES = [
   ("qwen_untied", _qwen, (2, 2, 2), 2),
   ("qwen_tied", lambda: _qwen(True, layers=4), (2, 2, 2), 4),
   ("gpt", lambda: _gpt(layers=4), (1, 2, 4), 2),
-  ("qwen_untied", lambda: _qwen(False), (4, 2, 1), 1),
+  ("qwen_untied", _qwen, (4, 2, 1), 1),
   ("gpt", _gpt, (8, 1, 1), 1),
-  ("qwen_untied", lambda: _qwen(False), (1, 1, 2), 2),
+  ("qwen_untied", _qwen, (1, 1, 2), 2),
 ]
+
+
+_REFERENCE = {}
 
 
 @pytest.mark.parametrize(
@@ -50,7 +53,9 @@ CASES = [
 def test_exact_matches_single_device(name, make, mesh, micro):
   model = make()
   x, y = _batch()
-  want_loss, want = reference_loss_and_grads(model, x, y)
+  if make not in _REFERENCE:  # one model's reference serves each of its meshes
+    _REFERENCE[make] = reference_loss_and_grads(model, x, y)
+  want_loss, want = _REFERENCE[make]
   if (mesh, micro) == ((2, 2, 2), 2):
     # The exact run that the lossy tests below compare against (on this mesh, with a tap
     # that only copies the 'data' sum's inputs to the host): one compile for both.
@@ -152,9 +157,12 @@ def _per_device(par, c, grads):
   coords = {dev: tuple(int(i) for i in idx) for idx, dev in np.ndenumerate(par.mesh.devices)}
   for call, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(grads)[0]):
     name = jax.tree_util.keystr(path)
+    bounds = {}  # the 'data' ranks of one (tensor, pipe) position share the exact sum and bound
     for shard in sorted(leaf.addressable_shards, key=lambda s: coords[s.device]):
       _, t, p = coords[shard.device]
-      exact, bound = _sync_bound(par, c, name, call, t, p)
+      if (t, p) not in bounds:
+        bounds[t, p] = _sync_bound(par, c, name, call, t, p)
+      exact, bound = bounds[t, p]
       got = np.asarray(shard.data, np.float64)
       assert got.shape == exact.shape, (name, got.shape, exact.shape)
       yield name, coords[shard.device], got, exact, bound
@@ -171,11 +179,12 @@ def _assert_within(got, exact, bound, what):
     )
 
 
+# One codec per model: Parallel3D hands any codec to the same one_shot all_reduce, and the
+# bound is derived from the codec's own error_bound (which tests/test_compressors.py checks
+# for every codec, fp8 included).
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "make,spec",
-  [(_gpt, "int8"), (_qwen, "hadamard(int4)"), (_qwen, "fp8")],
-  ids=["gpt-int8", "qwen-hadamard_int4", "qwen-fp8"],
+  "make,spec", [(_gpt, "int8"), (_qwen, "hadamard(int4)")], ids=["gpt-int8", "qwen-hadamard_int4"]
 )
 def test_data_grad_compression_within_derived_bound(make, spec):
   """Only the 'data' gradient all_reduce is lossy (one_shot, no error feedback): every
