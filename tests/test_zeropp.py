@@ -272,7 +272,6 @@ def test_zeropp_run_loss_drops_and_resumes_bit_exactly(tmp_path):
     "--eval-every",
     "100",
     "--no-hlo-wire",
-    "--no-exact-twin",  # the resumed run trains none: the two runs themselves are compared
   ]
   a, b = tmp_path / "a", tmp_path / "b"
   summary = train.main(common + ["--steps", "8", "--out", str(a)])
