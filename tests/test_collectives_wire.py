@@ -10,6 +10,7 @@ from jax.sharding import Mesh
 
 import jcoccl
 from jcoccl import compressors as jc
+from jcoccl._src import _compat
 
 
 def _prog(m, body):
@@ -89,11 +90,16 @@ def _axes_program(m, k, c):
   return jax.jit(jax.shard_map(body, mesh=m, in_specs=P(AXES3), out_specs=P(AXES3)))
 
 
-def test_wire_bytes_by_axis_2x2x2():
+@pytest.mark.parametrize("program", ["compiled", "lowered"])
+def test_wire_bytes_by_axis_2x2x2(program):
+  # "lowered" reads the device assignment from the lowering instead of compiling: the same
+  # axes must come out on a mesh whose device ids are not the logical ids.
   m, k = _mesh_2x2x2_permuted(), 4096
   x = jax.ShapeDtypeStruct((8, k), jnp.float32)
   c = jc.int8(block_size=256)
-  wb = jcoccl.wire_bytes(_axes_program(m, k, c), x, reference=_axes_program(m, k, None), mesh=m)
+  wb = jcoccl.wire_bytes(
+    _axes_program(m, k, c), x, reference=_axes_program(m, k, None), mesh=m, program=program
+  )
   s = 4 * k  # f32 bytes per device
   # nccl-tests formulas, exactly: psum 2(n-1)/n S, all_gather (n-1)/n S (gathered), ppermute S
   # (every device sends), psum over the 4 devices of ('data', 'tensor').
@@ -113,6 +119,14 @@ def test_wire_bytes_by_axis_2x2x2():
     ("pipe",),
     ("data", "tensor"),
   }
+
+
+def test_lowered_device_ids_are_the_executables():
+  m = _mesh_2x2x2_permuted()
+  lowered = _axes_program(m, 256, None).lower(jax.ShapeDtypeStruct((8, 256), jnp.float32))
+  ids = _compat.lowered_device_ids(lowered)
+  assert ids == _compat.executable_device_ids(lowered.compile())
+  assert ids == [3, 1, 7, 5, 2, 0, 6, 4]
 
 
 def test_wire_bytes_mesh_on_other_axis_orders():

@@ -182,6 +182,19 @@ def executable_device_ids(compiled) -> list[int] | None:
   return [d.id for d in devices]
 
 
+def lowered_device_ids(lowered) -> list[int] | None:
+  """Device ids of a ``jax.stages.Lowered`` in logical order, without compiling it; None
+  where this JAX keeps its device assignment elsewhere.
+
+  ``executable_device_ids`` gives the same list once the program is compiled, which costs a
+  whole XLA compile when only the lowered program's text is read.
+  """
+  devices = getattr(getattr(lowered, "_lowering", None), "_device_list", None)
+  if devices is None:
+    return None
+  return [d.id for d in devices]
+
+
 # --- compress: tracing a rewritten sub-program to a closed jaxpr of given input types --------
 
 

@@ -322,6 +322,12 @@ def _compiled(traced: Any, program: str = "compiled") -> tuple[str, int, list[in
   # jax caches the executable by the traced program: the compile below is the one that a
   # Traced's owner already ran (models.train runs this executable), not a second one.
   lowered = traced.lower()
+  if program == "lowered" and jax.process_count() == 1:
+    # The lowered text needs no compile; only the device assignment did, and the lowering
+    # holds it. Across processes the compiled executable's local devices are what is read.
+    ids = _compat.lowered_device_ids(lowered)
+    if ids is not None:
+      return lowered.as_text(dialect="hlo"), jax.device_count(), ids
   compiled = lowered.compile()
   text = compiled.as_text() if program == "compiled" else lowered.as_text(dialect="hlo")
   return text, jax.device_count(), _compat.executable_device_ids(compiled)
