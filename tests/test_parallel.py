@@ -54,7 +54,9 @@ def test_exact_matches_single_device(name, make, mesh, micro):
   model = make()
   x, y = _batch()
   if make not in _REFERENCE:  # one model's reference serves each of its meshes
-    _REFERENCE[make] = reference_loss_and_grads(model, x, y)
+    # One program: eagerly each of the ~140 ops compiles alone. The float32 difference
+    # between jit and eager is far below the 1e-5 compared.
+    _REFERENCE[make] = nnx.jit(reference_loss_and_grads)(model, x, y)
   want_loss, want = _REFERENCE[make]
   if (mesh, micro) == ((2, 2, 2), 2):
     # The exact run that the lossy tests below compare against (on this mesh, with a tap
