@@ -32,10 +32,7 @@ def _compare(*args: str) -> subprocess.CompletedProcess:
 def mutant_libs() -> tuple[gpu_shim.CodecLib, gpu_shim.CodecLib]:
   """The mutant shim library (every seeded defect behind jc_set_mutation) and its reference,
   loaded as `gpu_shim.py compare --mutate` loads them."""
-  shim_path, ref_path = gpu_shim.build(ROOT / "build" / "gpu_shim", mutants=True)
-  shim, ref = gpu_shim.CodecLib(shim_path, 0xA5), gpu_shim.CodecLib(ref_path, 0x5A)
-  shim.lib.jc_set_max_grid(ctypes.c_uint(0))
-  return shim, ref
+  return gpu_shim.load(ROOT / "build" / "gpu_shim", mutants=True)
 
 
 @pytest.mark.slow

@@ -574,6 +574,20 @@ def compare(shim: CodecLib, ref: CodecLib, s: Spec, dtype: int, seed: int) -> li
   return bad
 
 
+def load(build_dir: Path, mutants: bool = False, max_grid: int = 0) -> tuple[CodecLib, CodecLib]:
+  """Builds (or reuses) and loads the shim and reference libraries, as `compare` runs them:
+  distinct fill bytes for their output buffers (a byte neither writes shows as a mismatch),
+  and every launch's grid capped at ``max_grid`` (0: none).
+
+  Example:
+    shim, ref = load(Path("build/gpu_shim"), mutants=True)
+  """
+  shim_path, ref_path = build(build_dir, mutants=mutants)
+  shim, ref = CodecLib(shim_path, 0xA5), CodecLib(ref_path, 0x5A)
+  shim.lib.jc_set_max_grid(ctypes.c_uint(max_grid))
+  return shim, ref
+
+
 def run_all(shim: CodecLib, ref: CodecLib, only: str | None = None) -> Iterator[list[str]]:
   for i, s in enumerate(specs()):
     if only and not re.search(only, s.name):
@@ -597,10 +611,8 @@ def main(argv: list[str] | None = None) -> int:
   c.add_argument("--only", default=None, help="regex over case names")
   args = p.parse_args(argv)
   t0 = time.perf_counter()
-  shim_path, ref_path = build(Path(args.build_dir), mutants=args.mutate is not None)
+  shim, ref = load(Path(args.build_dir), args.mutate is not None, args.max_grid)
   t_build = time.perf_counter() - t0
-  shim, ref = CodecLib(shim_path, 0xA5), CodecLib(ref_path, 0x5A)
-  shim.lib.jc_set_max_grid(ctypes.c_uint(args.max_grid))
   if args.mutate:
     shim.lib.jc_set_mutation(MUTATION_IDS[args.mutate])
   cases, bad = 0, []
