@@ -4,8 +4,9 @@
   python -m models.tune --model qwen --budget 1% --objective bytes --out p.toml
 
 Candidates: Hadamard-rotated ``int<b>`` on 'tensor' (all_reduce, both directions) and on
-'pipe' (ppermute and all_reduce) for each ``b`` of ``--bits``; 'data' keeps ``--data`` with
-error feedback in every candidate. The search:
+'pipe' (ppermute and all_reduce) for each ``b`` of ``--bits``, and on 'data' (the gradient
+all_reduce, error feedback on) for each ``b`` of ``--data-bits``; ``--data CODEC`` keeps
+'data' fixed instead. The search:
 
 1. Probe (``models.error_probe``) after ``--probe-warm`` exact steps: each point's injected
    error per bit width, its sensitivity (gradient error / injected error) and the gradient
@@ -13,7 +14,9 @@ error feedback in every candidate. The search:
    errors added in quadrature.
 2. Cost: each candidate's predicted step time of its tensor and pipe messages under the cost
    model (``--link`` Gbit/s or a ``--calibration`` file; ``--objective time``) or their bytes
-   (``--objective bytes``), from the messages of one traced step.
+   (``--objective bytes``), from the messages of one traced step. A searched 'data' point is
+   scored by its error without error feedback, which feedback lowers over steps: the score
+   ranks data bits too high in cost of accuracy, never too low.
 3. The Pareto frontier (cheaper candidates only where their score is higher) is searched by
    bisection with short runs (``--steps`` steps, ``--seed``; the exact policy trains once
    alongside): a candidate passes when its final validation loss is within ``--budget`` of
@@ -43,7 +46,8 @@ FAMILY = "hadamard(int{b})"
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """Bits per searched axis (``{"tensor": 4, "pipe": 3}``), its score and predicted cost."""
+  """Bits per searched axis (``(("tensor", 4), ("pipe", 3))``, 'data' last when searched),
+  its score and predicted cost."""
 
   bits: tuple[tuple[str, int], ...]
   score: float
@@ -133,48 +137,91 @@ def message_cost(
 
 def axis_costs(
   messages: Sequence[tuple[str, tuple, Any]],
-  bits: Sequence[int],
+  bits: Mapping[str, Sequence[int]],
   objective: str,
   models: Mapping[str, Any],
   ranks: Mapping[str, int],
 ) -> dict[str, dict[int, float]]:
-  """``{axis: {bits: cost of the step's messages on that axis}}`` for 'tensor' and 'pipe'."""
+  """``{axis: {bits: cost of the step's messages on that axis}}`` for each axis of ``bits``
+  ('tensor', 'pipe', 'data'): a message of point ``tensor.forward`` or ``data`` belongs to
+  the axis before the dot."""
   from jcoccl import compressors as jc
 
-  out: dict[str, dict[int, float]] = {"tensor": {}, "pipe": {}}
-  for b in bits:
-    c = jc.parse(FAMILY.format(b=b))
-    for axis in out:
+  out: dict[str, dict[int, float]] = {}
+  for axis, axis_bits in bits.items():
+    mine = [(shape, dt) for point, shape, dt in messages if point.split(".")[0] == axis]
+    out[axis] = {}
+    for b in axis_bits:
+      c = jc.parse(FAMILY.format(b=b))
       out[axis][b] = sum(
         message_cost(math.prod(shape), dt, c, objective, models.get(axis), ranks.get(axis, 2))
-        for point, shape, dt in messages
-        if point.startswith(axis + ".")
+        for shape, dt in mine
       )
   return out
 
 
 def candidates(
-  probe: Mapping[str, Any], costs: Mapping[str, Mapping[int, float]], bits: Sequence[int]
+  probe: Mapping[str, Any],
+  costs: Mapping[str, Mapping[int, float]],
+  bits: Mapping[str, Sequence[int]],
 ) -> list[Candidate]:
-  """Every (tensor bits, pipe bits) with its score and cost."""
+  """Every combination of the axes' bits (``{"tensor": [3, 4], "pipe": [4], ...}``), with
+  its score and the sum of its axes' costs."""
   out = []
-  for bt, bp in itertools.product(bits, bits):
-    b = {"tensor": bt, "pipe": bp}
+  axes = list(bits)
+  for combo in itertools.product(*(bits[a] for a in axes)):
+    b = dict(zip(axes, combo))
     s = score(b, probe["injected"], probe["sensitivity"], probe["noise"])
-    out.append(Candidate(tuple(b.items()), s, costs["tensor"][bt] + costs["pipe"][bp]))
+    out.append(Candidate(tuple(b.items()), s, sum(costs[a][b[a]] for a in axes)))
   return out
 
 
-def policy_toml(c: Candidate, data: str, comments: Sequence[str]) -> str:
-  """The chosen candidate as a models/configs TOML."""
+def policy_toml(c: Candidate, data: str | None, comments: Sequence[str]) -> str:
+  """The chosen candidate as a models/configs TOML; ``data``: the fixed data codec (None
+  when the candidate has data bits)."""
   b = dict(c.bits)
   t, p = FAMILY.format(b=b["tensor"]), FAMILY.format(b=b["pipe"])
+  data = FAMILY.format(b=b["data"]) if "data" in b else data
   head = "".join(f"# {line}\n" for line in comments)
   return (
     f'{head}[data]\nall_reduce = "{data}"\nerror_feedback = true\nmin_bytes = 0\n\n'
     f'[tensor]\nall_reduce = "{t}"\nmin_bytes = 0\n\n'
     f'[pipe]\nppermute = "{p}"\nall_reduce = "{p}"\nmin_bytes = 0\n'
   )
+
+
+def search_bits(tensor_pipe: str, data: str | None) -> dict[str, list[int]]:
+  """``{"tensor": [...], "pipe": [...], "data": [...]}`` from ``--bits`` and ``--data-bits``
+  (no 'data' when it is None).
+
+  Raises:
+    ValueError: a bit width the Hadamard int family lacks (2 to 8), or an empty list.
+  """
+  out = {"tensor": _bits("--bits", tensor_pipe)}
+  out["pipe"] = out["tensor"]
+  if data is not None:
+    out["data"] = _bits("--data-bits", data)
+  return out
+
+
+def _bits(flag: str, text: str) -> list[int]:
+  try:
+    got = sorted({int(b) for b in text.split(",") if b.strip()})
+  except ValueError:
+    got = []
+  if not got or any(not 2 <= b <= 8 for b in got):
+    raise ValueError(f"{flag} takes comma-separated bit widths from 2 to 8, got {text!r}")
+  return got
+
+
+def jc_parse(spec: str, flag: str) -> Any:
+  """A compressor from ``spec``; ValueError naming ``flag`` when jcoccl does not parse it."""
+  from jcoccl import compressors as jc
+
+  try:
+    return jc.parse(spec)
+  except ValueError as e:
+    raise ValueError(f"{flag} {spec!r}: {e}") from None
 
 
 def parse_budget(text: str) -> float:
@@ -190,15 +237,16 @@ def parse_budget(text: str) -> float:
   return v
 
 
-def cost_models(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-  """Per-axis cost models from ``--calibration`` or ``--link`` (None for bytes)."""
+def cost_models(args: argparse.Namespace, axes: Sequence[str]) -> tuple[dict[str, Any], str]:
+  """Per-axis cost models of the searched ``axes`` from ``--calibration`` or ``--link``
+  (none for ``--objective bytes``)."""
   import jcoccl
 
   if args.objective == "bytes":
     return {}, "bytes each rank sends per step"
   if args.calibration:
     models = jcoccl.read_cost_model(args.calibration)
-    out = {a: models.get((a,), "all_reduce") for a in ("tensor", "pipe")}
+    out = {a: models.get((a,), "all_reduce") for a in axes}
     missing = [a for a, m in out.items() if m is None]
     if missing:
       raise ValueError(f"--calibration {args.calibration} has no model for axes {missing}")
@@ -207,7 +255,7 @@ def cost_models(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
   m = jcoccl.CostModel(
     alpha_s=2e-5, beta_Bps=args.link * 1e9 / 8, gamma_Bps=4e9, source=f"--link {args.link}"
   )
-  return {"tensor": m, "pipe": m}, (
+  return dict.fromkeys(axes, m), (
     f"--link {args.link} Gbit/s (assumed: 20 us per collective step, codec 4 GB/s)"
   )
 
@@ -226,7 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
   ap.add_argument("--link", type=float, default=10.0, help="Gbit/s per rank (time objective)")
   ap.add_argument("--calibration", default=None, help="a jcoccl cost model JSON file")
   ap.add_argument("--bits", default="2,3,4,5,6,8")
-  ap.add_argument("--data", default="hadamard(int3)", help="data codec (error feedback on)")
+  ap.add_argument(
+    "--data-bits", default="3,4,6,8", help="bits searched on 'data' (error feedback on)"
+  )
+  ap.add_argument("--data", default=None, help="a fixed data codec instead (not searched)")
   ap.add_argument("--steps", type=int, default=100, help="steps of each short run")
   ap.add_argument("--seed", type=int, default=1, help="seed of the short runs")
   ap.add_argument("--probe-warm", type=int, default=50, help="exact steps before the probe")
@@ -236,15 +287,18 @@ def main(argv: list[str] | None = None) -> dict:
   a = ap.parse_args(argv)
   try:
     budget = parse_budget(a.budget)
-    bits = sorted({int(b) for b in a.bits.split(",")})
-    models, cost_source = cost_models(a)
+    bits = search_bits(a.bits, None if a.data else a.data_bits)
+    if a.data:
+      jc_parse(a.data, "--data")
+    models, cost_source = cost_models(a, list(bits))
   except ValueError as e:
     ap.error(str(e))
   if a.max_runs < 1 or a.steps < 1:
     ap.error("--max-runs and --steps must be >= 1")
   out = pathlib.Path(a.out)
   work = out.with_suffix(".runs")
-  probe, messages, ranks = _probe(a, bits, work)
+  every = sorted(set().union(*bits.values()))
+  probe, messages, ranks = _probe(a, every, work)
   costs = axis_costs(messages, bits, a.objective, models, ranks)
   cands = candidates(probe, costs, bits)
   base = _train_argv(a)
@@ -313,7 +367,8 @@ def report_md(r: Mapping[str, Any]) -> str:
     f"budget {r['budget']:.2%} of exact's validation loss ({r['exact']['val_loss']:.4f}); "
     f"objective {r['objective']} ({r['cost_source']}); gradient noise {r['probe']['noise']:.4f}",
     "",
-    "| candidate (tensor, pipe bits) | score | predicted cost | val loss | vs exact | bytes / exact |",
+    "| candidate (bits: t tensor, p pipe, d data) | score | predicted cost | val loss | vs exact "
+    "| bytes / exact |",
     "|---|---|---|---|---|---|",
   ]
   for t in r["tried"]:

@@ -19,6 +19,7 @@ import jcoccl
 from jcoccl.policy import Policy
 from models import adaptive, directions, error_probe, tune
 from models.configs.models import TINY_RUN
+from models.recipe import Recipe
 
 
 def test_relative_error_is_the_hand_computed_one():
@@ -110,6 +111,31 @@ def test_score_adds_points_in_quadrature():
   sens = {"tensor.forward": 0.5, "pipe.backward": 0.2}
   got = tune.score({"tensor": 4, "pipe": 3}, injected, sens, noise=0.5)
   assert got == pytest.approx(math.hypot(0.05, 0.06) / 0.5)
+
+
+def test_the_data_axis_joins_the_search(tmp_path):
+  # Messages of one traced step: point, shape, dtype (a 'data' point has no direction).
+  msgs = [("tensor.forward", (512,), np.float32), ("tensor.backward", (512,), np.float32),
+          ("pipe.forward", (256,), np.float32), ("data", (1024,), np.float32)]  # fmt: skip
+  bits = tune.search_bits("3,4", "4,8")
+  costs = tune.axis_costs(msgs, bits, "bytes", {}, {"tensor": 2, "pipe": 2, "data": 2})
+  one = jcoccl.compressors.parse("hadamard(int8)").payload_nbytes(1024, np.float32)
+  assert costs["data"][8] == one and costs["data"][4] < one
+  assert costs["tensor"][4] > costs["pipe"][4] > 0
+  injected = {p: {"int3": 0.3, "int4": 0.1, "int8": 0.01} for p in ("tensor.forward", "data")}
+  probe = {"injected": injected, "sensitivity": {"tensor.forward": 1.0, "data": 2.0}, "noise": 1.0}
+  cands = tune.candidates(probe, costs, bits)
+  assert len(cands) == 2 * 2 * 2
+  by = {c.name: c for c in cands}
+  assert by["t4-p3-d8"].score == pytest.approx(math.hypot(0.1, 0.02))
+  assert by["t4-p3-d8"].cost == costs["tensor"][4] + costs["pipe"][3] + costs["data"][8]
+  (tmp_path / "p.toml").write_text(tune.policy_toml(by["t3-p4-d8"], None, []))
+  recipe = Recipe.from_toml(str(tmp_path / "p.toml"))
+  assert recipe.error_feedback
+  assert recipe.source["data"]["all_reduce"] == "hadamard(int8)"
+  assert recipe.source["tensor"]["all_reduce"] == "hadamard(int3)"
+  with pytest.raises(ValueError, match="--data-bits"):
+    tune.search_bits("4", "1,4")
 
 
 def test_budget_parses():
