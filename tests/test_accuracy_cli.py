@@ -1,11 +1,13 @@
 """``python -m benchmarks.accuracy.run`` on a tiny budget: two policies, one seed, one model;
 the table, JSON and plot are written from what the runs report, a missing policy file is
-skipped with a message, and a finished run is read back instead of trained again."""
+skipped with a message, and a finished run is read back instead of trained again; its
+checkpoint evaluates again through its own and through exact collectives (exact_eval)."""
 
 import json
 
 import pytest
 
+from benchmarks.accuracy import exact_eval
 from benchmarks.accuracy import run as study
 
 
@@ -67,6 +69,13 @@ def test_two_policies_one_seed(tmp_path, capsys):
   again = study.main(argv)
   assert all(r["reused"] for r in again["runs"])
   assert again["table"] == result["table"]
+  # The float32 runs' checkpoints, evaluated again: the own-policy loss reproduces
+  # val_loss_end (exact_eval raises otherwise); only int8's changes with exact collectives.
+  dirs = [tmp_path / r["dir"] for r in result["runs"][:2]]
+  ex, q = exact_eval.main([str(d) for d in dirs])
+  assert ex["val_loss_exact_collectives"] == ex["val_loss"] == result["runs"][0]["val_loss"]
+  assert q["val_loss"] == result["runs"][1]["val_loss"]
+  assert q["val_loss_exact_collectives"] != q["val_loss"]
 
 
 @pytest.mark.parametrize(
