@@ -16,6 +16,16 @@ jcoccl's compressor keys and options (``all_reduce``, ..., ``min_bytes``, ``algo
       across nodes in separate steps. A ``[node]`` table sets the across-node compressors
       (default: ``[data]``'s).
 
+A top-level ``[directions]`` table gives one direction of an axis its own codec, as
+``python -m models.train --direction`` does (the flag wins over the file)::
+
+  [directions]
+  "tensor.backward" = "hadamard(int3)"   # the activation gradients; the forward keeps [tensor]'s
+
+Its keys are the points of :data:`models.directions.POINTS` (``tensor.forward``,
+``tensor.backward``, ``pipe.forward``, ``pipe.backward``, ``data``), its values codec specs
+or ``"exact"``; every message of a directed point is compressed (``min_bytes`` 0).
+
 A :class:`Recipe` splits these keys off and builds the jcoccl.Policy from the rest. Errors name
 the entry as its source writes it (``policy['data']['zero']`` for a dict, ``p.toml: [data]
 zero`` for a file, ``data.zero`` for a command-line spec) and say what is accepted.
@@ -34,8 +44,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jcoccl.policy import CODECS, OPS, OPTIONS, TRAINING_OPTIONS, Origin, Policy, load_toml
+from models.directions import POINTS, check_directions
 
 DATA_AXIS = "data"
+DIRECTIONS = "directions"  # the top-level table of per-direction codecs
 KEYS = TRAINING_OPTIONS  # ("error_feedback", "zero", "nodes"), on the data axis only
 
 
@@ -52,6 +64,7 @@ class Recipe:
   zero: bool = False
   nodes: int = 1
   source: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  directions: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     # The trainer draws no PRNG key per collective call, which stochastic rounding needs;
@@ -159,8 +172,9 @@ class Recipe:
     axes = dict(self.policy.axes)
     if switches and DATA_AXIS not in axes:
       axes[DATA_AXIS] = None
+    directed = [f"{p}={c}" for p, c in self.directions.items()]
     if not axes:
-      return "exact everywhere"
+      return "exact everywhere" if not directed else "directions: " + " ".join(directed)
     lines = []
     for axis, a in sorted(axes.items()):
       words = [] if a is None else [f"{op}={c}" for op, c in a.compressors.items()]
@@ -170,6 +184,8 @@ class Recipe:
       if a is not None and a.algorithm != "auto":
         words.append(f"algorithm={a.algorithm}")
       lines.append(f"{axis}: " + (" ".join(words) or "exact"))
+    if directed:
+      lines.append("directions: " + " ".join(directed))
     return "\n".join(lines)
 
 
@@ -215,6 +231,9 @@ def _split(table: Any, where: Origin) -> tuple[Any, dict[str, Any]]:
     if not isinstance(entry, Mapping) or axis == CODECS:  # [codecs] is the Policy's to read
       rest[axis] = entry
       continue
+    if axis == DIRECTIONS:
+      kw["directions"] = _directions(entry, where)
+      continue
     rest[axis] = {}
     for key, value in entry.items():
       if key in KEYS:
@@ -230,6 +249,19 @@ def _split(table: Any, where: Origin) -> tuple[Any, dict[str, Any]]:
           + (f" (did you mean {close[0]!r}?)" if close else "")
         )
   return rest, kw
+
+
+def _directions(entry: Mapping[str, Any], where: Origin) -> dict[str, str]:
+  """The checked ``[directions]`` table: ``{point: codec spec}``."""
+  for point, spec in entry.items():
+    at = where.at(DIRECTIONS, point)
+    if not isinstance(spec, str):
+      raise where.type_error(f"{at} must be a codec spec string, got {spec!r}")
+    try:
+      check_directions({point: spec})
+    except ValueError as e:
+      raise ValueError(f"{at}: {e} (points: {', '.join(POINTS)})") from None
+  return dict(entry)
 
 
 def _switch(axis: Any, key: str, value: Any, where: Origin) -> Any:

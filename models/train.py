@@ -131,7 +131,8 @@ def build_job(
   """The model on the mesh, its optimizer and state (restored with ``--resume``), the
   exact-policy twin for the wire report, config.json and the metrics kept so far.
 
-  ``directions`` (``--direction``) and ``adapt`` (``--adapt``) give points their own codecs
+  ``directions`` (``--direction``, over the policy file's ``[directions]``) and ``adapt``
+  (``--adapt``) give points their own codecs
   (``models.error_probe.DirectedParallel``); the adaptive controller continues from the
   restored checkpoint's state.
 
@@ -140,7 +141,7 @@ def build_job(
   """
   model = build_model(cfg, corpus.vocab_size)
   mesh = parallel.make_mesh(*cfg.mesh_shape)
-  directions = dict(directions or {})
+  directions = {**recipe.directions, **dict(directions or {})}  # the flag wins over the file
   controller = Adaptive(adapt) if adapt is not None else None
 
   def make(d: dict) -> parallel.Parallel3D:

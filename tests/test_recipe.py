@@ -189,3 +189,46 @@ def test_stochastic_rounding_is_refused_before_training(spec):
   assert Recipe.from_dict(
     {"data": {"all_reduce": spec.replace(",stochastic", "").replace(":stochastic", "")}}
   ).policy
+
+
+DIRECTED = '[tensor]\nall_reduce = "int8"\nmin_bytes = 0\n\n[directions]\n'
+
+
+@pytest.mark.parametrize(
+  "line,error,match",  # in a file a wrong type is a bad value (jcoccl.policy.Origin)
+  [
+    ('"tensor.sideways" = "int4"', ValueError, r"p.toml: \[directions\] tensor.sideways: .*points"),
+    ('"tensor.backward" = "int99"', ValueError, r"\[directions\] tensor.backward: .*int99"),
+    ('"pipe.forward" = 3', ValueError, r"\[directions\] pipe.forward must be a codec spec"),
+  ],
+)
+def test_bad_directions_name_the_file_and_point(tmp_path, line, error, match):
+  (tmp_path / "p.toml").write_text(DIRECTED + line + "\n")
+  with pytest.raises(error, match=match):
+    Recipe.from_toml(str(tmp_path / "p.toml"))
+
+
+def test_a_policy_files_directions_reach_the_trainer(tmp_path):
+  """[directions] in the file, --direction over it: the trainer's collectives get both."""
+  from models import cli, data, train
+  from models.configs.models import TINY_RUN
+  from models.error_probe import DirectedParallel
+  from models.run_config import RunConfig
+
+  p = tmp_path / "p.toml"
+  p.write_text(DIRECTED + '"tensor.backward" = "hadamard(int3)"\n"pipe.forward" = "int4"\n')
+  recipe = Recipe.from_toml(str(p))
+  assert recipe.directions == {"tensor.backward": "hadamard(int3)", "pipe.forward": "int4"}
+  assert recipe.describe().splitlines()[-1] == (
+    "directions: tensor.backward=hadamard(int3) pipe.forward=int4"
+  )
+  assert recipe.policy.compressor("tensor", "all_reduce") == jc.parse("int8")
+  args = cli.parse_args(
+    [*TINY_RUN, "--policy", str(p), "--out", str(tmp_path / "run"), "--no-calibrate"]
+    + ["--no-hlo-wire", "--direction", "pipe.forward=exact"]
+  )
+  corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
+  job = train.build_job(RunConfig.from_args(args), cli.load_policy(args), corpus, args.directions)
+  assert type(job.par) is DirectedParallel
+  got = job.par.coll.directions
+  assert got == {"tensor.backward": jc.parse("hadamard(int3)"), "pipe.forward": None}
