@@ -84,6 +84,7 @@ __all__ = [
   "parse_args",
   "policy_path",
   "read_records",
+  "run_directions",
 ]
 
 
@@ -141,7 +142,7 @@ def build_job(
   """
   model = build_model(cfg, corpus.vocab_size)
   mesh = parallel.make_mesh(*cfg.mesh_shape)
-  directions = {**recipe.directions, **dict(directions or {})}  # the flag wins over the file
+  directions = run_directions(recipe, directions)
   controller = Adaptive(adapt) if adapt is not None else None
 
   def make(d: dict) -> parallel.Parallel3D:
@@ -207,6 +208,17 @@ def build_job(
     job.make_par = lambda d: make({**directions, **d})
     job.adapt_probe = probe_fn(model, mesh, cfg, controller.config)
   return job
+
+
+def run_directions(recipe: Recipe, flags: dict | None) -> dict:
+  """The points given their own codecs: the policy file's ``[directions]``, then
+  ``--direction`` (``flags``), which wins.
+
+  Example:
+    >>> run_directions(Recipe(directions={"tensor.backward": "int4"}), {"pipe.forward": "int8"})
+    {'tensor.backward': 'int4', 'pipe.forward': 'int8'}
+  """
+  return {**recipe.directions, **dict(flags or {})}
 
 
 def _saved_calibration(mngr, step: int, cfg: RunConfig) -> dict | None:

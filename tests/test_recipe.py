@@ -209,11 +209,9 @@ def test_bad_directions_name_the_file_and_point(tmp_path, line, error, match):
 
 
 def test_a_policy_files_directions_reach_the_trainer(tmp_path):
-  """[directions] in the file, --direction over it: the trainer's collectives get both."""
-  from models import cli, data, train
-  from models.configs.models import TINY_RUN
-  from models.error_probe import DirectedParallel
-  from models.run_config import RunConfig
+  """[directions] in the file, --direction over it: models.train builds its collectives
+  (models.error_probe.DirectedParallel) from both."""
+  from models import cli, train
 
   p = tmp_path / "p.toml"
   p.write_text(DIRECTED + '"tensor.backward" = "hadamard(int3)"\n"pipe.forward" = "int4"\n')
@@ -223,12 +221,8 @@ def test_a_policy_files_directions_reach_the_trainer(tmp_path):
     "directions: tensor.backward=hadamard(int3) pipe.forward=int4"
   )
   assert recipe.policy.compressor("tensor", "all_reduce") == jc.parse("int8")
-  args = cli.parse_args(
-    [*TINY_RUN, "--policy", str(p), "--out", str(tmp_path / "run"), "--no-calibrate"]
-    + ["--no-hlo-wire", "--direction", "pipe.forward=exact"]
-  )
-  corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
-  job = train.build_job(RunConfig.from_args(args), cli.load_policy(args), corpus, args.directions)
-  assert type(job.par) is DirectedParallel
-  got = job.par.coll.directions
-  assert got == {"tensor.backward": jc.parse("hadamard(int3)"), "pipe.forward": None}
+  args = cli.parse_args(["--policy", str(p), "--direction", "pipe.forward=exact"])
+  assert train.run_directions(cli.load_policy(args), args.directions) == {
+    "tensor.backward": "hadamard(int3)",
+    "pipe.forward": "exact",
+  }
