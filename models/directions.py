@@ -55,6 +55,26 @@ FAMILY = "hadamard(int{b})"
 HYSTERESIS = 0.7
 
 
+def parse_bits(flag: str, text: str) -> tuple[int, ...]:
+  """The sorted distinct bit widths of a ``"3,4,8"`` flag value (``hadamard(int<b>)`` takes
+  2 to 8).
+
+  Raises:
+    ValueError: not comma-separated integers, or one outside 2..8, naming ``flag``.
+
+  Example:
+    >>> parse_bits("--adapt-bits", "8,3,4,3")
+    (3, 4, 8)
+  """
+  try:
+    bits = tuple(sorted({int(b) for b in text.split(",")}))
+  except ValueError:
+    raise ValueError(f"{flag} must be comma-separated integers, got {text}") from None
+  if not bits or not set(bits) <= {2, 3, 4, 5, 6, 7, 8}:
+    raise ValueError(f"{flag} must be among 2..8, got {text}")
+  return bits
+
+
 def add_flags(p: argparse.ArgumentParser) -> None:
   """The ``--adapt*`` flags of ``python -m models.train``."""
   p.add_argument(
@@ -95,14 +115,7 @@ def check_flags(args: argparse.Namespace) -> None:
     raise ValueError(f"--adapt-every must be >= 1, got {args.adapt_every}")
   if args.adapt_max_programs < 1:
     raise ValueError(f"--adapt-max-programs must be >= 1, got {args.adapt_max_programs}")
-  try:
-    bits = tuple(sorted({int(b) for b in args.adapt_bits.split(",")}))
-  except ValueError:
-    raise ValueError(
-      f"--adapt-bits must be comma-separated integers, got {args.adapt_bits}"
-    ) from None
-  if not bits or not set(bits) <= {2, 3, 4, 5, 6, 7, 8}:
-    raise ValueError(f"--adapt-bits must be among 2..8, got {args.adapt_bits}")
+  bits = parse_bits("--adapt-bits", args.adapt_bits)
   points = tuple(p.strip() for p in args.adapt_points.split(","))
   bad = [p for p in points if p not in POINTS]
   if bad:

@@ -83,6 +83,7 @@ __all__ = [
   "main",
   "parse_args",
   "policy_path",
+  "prepare",
   "read_records",
   "run_directions",
 ]
@@ -106,6 +107,23 @@ def main(argv: list[str] | None = None) -> dict:
   """
   use_host_devices()
   multi = jcoccl.distributed.initialize()
+  cfg, job = prepare(argv)
+  if not multi:
+    return loop.train(cfg, job)
+  try:
+    return loop.train(cfg, job)
+  except jax.errors.JaxRuntimeError as e:
+    _lost_peer(e)
+
+
+def prepare(argv: list[str] | None) -> tuple[RunConfig, loop.Job]:
+  """The checked flags and the job they describe (:func:`build_job`), nothing trained:
+  what :func:`main` trains, and what ``benchmarks.accuracy.exact_eval`` restores with
+  ``--resume``.
+
+  Raises:
+    SystemExit: a bad flag (status 2). SetupError: a bad policy or checkpoint.
+  """
   args = parse_args(argv)
   recipe = load_policy(args)
   corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
@@ -114,12 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
   job = build_job(
     cfg, recipe, corpus, getattr(args, "directions", None), getattr(args, "adapt_config", None)
   )
-  if not multi:
-    return loop.train(cfg, job)
-  try:
-    return loop.train(cfg, job)
-  except jax.errors.JaxRuntimeError as e:
-    _lost_peer(e)
+  return cfg, job
 
 
 def build_job(

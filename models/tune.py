@@ -195,23 +195,15 @@ def search_bits(tensor_pipe: str, data: str | None) -> dict[str, list[int]]:
   (no 'data' when it is None).
 
   Raises:
-    ValueError: a bit width the Hadamard int family lacks (2 to 8), or an empty list.
+    ValueError: a bit width the Hadamard int family lacks (2 to 8), or not a list of ints.
   """
-  out = {"tensor": _bits("--bits", tensor_pipe)}
+  from models.directions import parse_bits
+
+  out = {"tensor": list(parse_bits("--bits", tensor_pipe))}
   out["pipe"] = out["tensor"]
   if data is not None:
-    out["data"] = _bits("--data-bits", data)
+    out["data"] = list(parse_bits("--data-bits", data))
   return out
-
-
-def _bits(flag: str, text: str) -> list[int]:
-  try:
-    got = sorted({int(b) for b in text.split(",") if b.strip()})
-  except ValueError:
-    got = []
-  if not got or any(not 2 <= b <= 8 for b in got):
-    raise ValueError(f"{flag} takes comma-separated bit widths from 2 to 8, got {text!r}")
-  return got
 
 
 def jc_parse(spec: str, flag: str) -> Any:

@@ -28,9 +28,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make models/ importable
   sys.path.insert(0, str(ROOT))
 
-from models import data, loop, train  # noqa: E402
-from models.cli import load_policy, parse_args  # noqa: E402
-from models.run_config import RunConfig, use_host_devices  # noqa: E402
+from models import loop, train  # noqa: E402
+from models.run_config import use_host_devices  # noqa: E402
 
 
 def local_path(path: str) -> str:
@@ -70,13 +69,7 @@ def evaluate_run(run: pathlib.Path) -> dict:
     if "--policy" in argv:
       j = argv.index("--policy") + 1
       argv[j] = local_path(argv[j])
-    args = parse_args(argv)
-    recipe = load_policy(args)
-    corpus = data.load_corpus(args.tokenizer, max_chars=args.max_chars)
-    cfg = RunConfig.from_args(args)
-    job = train.build_job(
-      cfg, recipe, corpus, getattr(args, "directions", None), getattr(args, "adapt_config", None)
-    )
+    cfg, job = train.prepare(argv)
     own = loop.evaluate(cfg, job, jax.jit(lambda p, x, y: job.par.loss_and_grads(p, x, y)[0]))
     exact = job.exact or job.par
     ex = loop.evaluate(cfg, job, jax.jit(lambda p, x, y: exact.loss_and_grads(p, x, y)[0]))
