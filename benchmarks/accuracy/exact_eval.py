@@ -65,13 +65,16 @@ def evaluate_run(run: pathlib.Path) -> dict:
     copy = pathlib.Path(tmp) / run.name
     shutil.copytree(run, copy)
     i = argv.index("--out")
-    argv = [*argv[:i], "--out", str(copy), *argv[i + 2 :], "--resume"]
+    # Without --no-hlo-wire the job holds the exact-policy Parallel3D evaluated below.
+    argv = [a for a in [*argv[:i], "--out", str(copy), *argv[i + 2 :]] if a != "--no-hlo-wire"]
+    argv.append("--resume")
     if "--policy" in argv:
       j = argv.index("--policy") + 1
       argv[j] = local_path(argv[j])
     cfg, job = train.prepare(argv)
     own = loop.evaluate(cfg, job, jax.jit(lambda p, x, y: job.par.loss_and_grads(p, x, y)[0]))
-    exact = job.exact or job.par
+    exact = job.exact
+    assert exact is not None  # built by train.build_job without --no-hlo-wire
     ex = loop.evaluate(cfg, job, jax.jit(lambda p, x, y: exact.loss_and_grads(p, x, y)[0]))
   want = summary.get("val_loss_end")
   if want is not None and abs(own - want) > 1e-6 * abs(want):
