@@ -8,6 +8,7 @@
 // as unique symbols: this library, libjcoccl_nccl.so and the test program share one copy as
 // long as all are built with default visibility.
 #include <cstdlib>
+#include <string>
 
 #include "cuda_runtime.h"
 #include "nccl.h"
@@ -16,17 +17,20 @@
 #define JCT_API extern "C" __attribute__((visibility("default")))
 
 JCT_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  if (comm == nullptr) return ncclInvalidArgument;
+  const ncclResult_t u = jcoccl_emul::Usable(comm, "ncclCommCount");
+  if (u != ncclSuccess || count == nullptr) return u != ncclSuccess ? u : ncclInvalidArgument;
   *count = comm->nranks;
   return ncclSuccess;
 }
 JCT_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  if (comm == nullptr) return ncclInvalidArgument;
+  const ncclResult_t u = jcoccl_emul::Usable(comm, "ncclCommUserRank");
+  if (u != ncclSuccess || rank == nullptr) return u != ncclSuccess ? u : ncclInvalidArgument;
   *rank = comm->rank;
   return ncclSuccess;
 }
 JCT_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  if (comm == nullptr) return ncclInvalidArgument;
+  const ncclResult_t u = jcoccl_emul::Usable(comm, "ncclCommCuDevice");
+  if (u != ncclSuccess || device == nullptr) return u != ncclSuccess ? u : ncclInvalidArgument;
   *device = comm->device;
   return ncclSuccess;
 }
@@ -35,7 +39,7 @@ JCT_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 JCT_API ncclResult_t ncclGroupSimulateEnd(void*) {
   auto& g = jcoccl_emul::g_group;
   if (g.depth == 0) return ncclInvalidUsage;
-  if (--g.depth == 0) g.pending.clear();
+  if (--g.depth == 0) g = jcoccl_emul::GroupState();
   return ncclSuccess;
 }
 
@@ -64,6 +68,21 @@ JCT_API void emul_set_delay(unsigned kinds, int us) { jcoccl_shim::SetDelay(kind
 JCT_API int emul_inject(const char* op, int count) {
   return jcoccl_emul::InjectFailure(op, count) ? 1 : 0;
 }
+// What the shim and the emulation found since the last call (one per line), and forgets it.
+JCT_API const char* emul_findings() {
+  static thread_local std::string text;
+  text.clear();
+  for (const std::string& f : jcoccl_shim::Findings()) text += f + "\n";
+  return text.c_str();
+}
+// Uses of a communicator after its destroy or abort seen so far.
+JCT_API int emul_misuse() { return jcoccl_emul::g_misuse.load(); }
+// How long a wait for peers lasts before it fails (NCCL would hang); returns the old value.
+JCT_API int emul_set_timeout_ms(int ms) { return jcoccl_emul::g_timeout_ms.exchange(ms); }
+// How long nonblocking init, split and group work stays in progress; returns the old value.
+JCT_API int emul_set_nonblocking_delay_ms(int ms) {
+  return jcoccl_emul::g_nonblocking_delay_ms.exchange(ms);
+}
 // This thread's open ncclGroupStart calls in the emulation.
 JCT_API int emul_group_depth() { return jcoccl_emul::GroupDepth(); }
 JCT_API void emul_reset_group() { jcoccl_emul::ResetGroup(); }
@@ -74,6 +93,13 @@ JCT_API void emul_reset_group() { jcoccl_emul::ResetGroup(); }
 JCT_ALIAS(ncclGetVersion)
 JCT_ALIAS(ncclGetUniqueId)
 JCT_ALIAS(ncclCommInitRank)
+JCT_ALIAS(ncclCommInitRankConfig)
+JCT_ALIAS(ncclCommSplit)
+JCT_ALIAS(ncclRedOpCreatePreMulSum)
+JCT_ALIAS(ncclRedOpDestroy)
+JCT_ALIAS(ncclReduce)
+JCT_ALIAS(ncclBroadcast)
+JCT_ALIAS(ncclAlltoAll)
 JCT_ALIAS(ncclCommDestroy)
 JCT_ALIAS(ncclCommAbort)
 JCT_ALIAS(ncclCommGetAsyncError)
