@@ -1,0 +1,532 @@
+"""The strict NCCL emulation (cuda/emul/nccl_emul.h) on its own, in-process over ctypes: the
+library the interposer's tests load as the real NCCL (built once by
+cuda/nccl_interposer/test/emul_build.py).
+
+Checked: the ranks must agree on each collective and each send/recv pair, and a
+disagreement fails every rank involved with a finding that names both calls; every datatype
+and reduction against numpy/ml_dtypes references computed with NCCL's order and rounding;
+errors inside groups; nonblocking communicators and ncclCommSplit; abort from another thread
+and use after destroy/abort."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "cuda" / "nccl_interposer" / "test"))
+sys.path.insert(0, str(ROOT / "tools"))
+import emul_build  # noqa: E402
+import gpu_shim  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+  gpu_shim.compiler() is None or not sys.platform.startswith("linux"),
+  reason="needs a C++ compiler on Linux",
+)
+
+SUCCESS, SYSTEM, INTERNAL, INVALID_ARG, INVALID_USAGE, IN_PROGRESS = 0, 2, 3, 4, 5, 7
+SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
+NOCOLOR = -1
+# ncclDataType_t -> numpy dtype
+DTYPES = {
+  0: np.int8,
+  1: np.uint8,
+  2: np.int32,
+  3: np.uint32,
+  4: np.int64,
+  5: np.uint64,
+  6: np.float16,
+  7: np.float32,
+  8: np.float64,
+  9: ml_dtypes.bfloat16,
+  10: ml_dtypes.float8_e4m3fn,
+  11: ml_dtypes.float8_e5m2,
+}
+F32, F16, U8 = 7, 6, 1
+
+
+class UniqueId(ctypes.Structure):
+  _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+class Config(ctypes.Structure):
+  """ncclConfig_t (NCCL 2.32), set as NCCL_CONFIG_INITIALIZER sets it."""
+
+  _fields_ = [
+    ("size", ctypes.c_size_t),
+    ("magic", ctypes.c_uint),
+    ("version", ctypes.c_uint),
+    ("blocking", ctypes.c_int),
+    ("cgaClusterSize", ctypes.c_int),
+    ("minCTAs", ctypes.c_int),
+    ("maxCTAs", ctypes.c_int),
+    ("netName", ctypes.c_char_p),
+    ("splitShare", ctypes.c_int),
+    ("trafficClass", ctypes.c_int),
+    ("commName", ctypes.c_char_p),
+    *[
+      (n, ctypes.c_int)
+      for n in [
+        "collnetEnable",
+        "CTAPolicy",
+        "shrinkShare",
+        "nvlsCTAs",
+        "nChannelsPerNetPeer",
+        "nvlinkCentricSched",
+        "graphUsageMode",
+        "numRmaCtx",
+        "maxP2pPeers",
+        "graphStreamOrdering",
+        "launchOrderImplicit",
+        "numRmaSig",
+        "rmaEagerInit",
+        "hostCftMode",
+        "nvlsHostMode",
+      ]
+    ],
+  ]
+
+  @classmethod
+  def make(cls, blocking: int) -> Config:
+    c = cls()
+    undef = -(2**31)
+    for name, typ in cls._fields_[3:]:
+      if typ is ctypes.c_int:
+        setattr(c, name, undef)
+    c.size, c.magic, c.version, c.blocking = ctypes.sizeof(cls), 0xCAFEBEEF, 23206, blocking
+    return c
+
+
+class Emul:
+  """The emulation library loaded into this process."""
+
+  def __init__(self, path: Path):
+    self.lib = lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+    vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    for name in ("ncclAllReduce", "ncclReduceScatter"):
+      getattr(lib, name).argtypes = [vp, vp, sz, i32, i32, vp, vp]
+    lib.ncclReduce.argtypes = [vp, vp, sz, i32, i32, i32, vp, vp]
+    lib.ncclBroadcast.argtypes = [vp, vp, sz, i32, i32, vp, vp]
+    for name in ("ncclAllGather", "ncclAlltoAll"):
+      getattr(lib, name).argtypes = [vp, vp, sz, i32, vp, vp]
+    for name in ("ncclSend", "ncclRecv"):
+      getattr(lib, name).argtypes = [vp, sz, i32, i32, vp, vp]
+    lib.ncclCommInitRank.argtypes = [ctypes.POINTER(vp), i32, UniqueId, i32]
+    lib.ncclCommInitRankConfig.argtypes = [
+      ctypes.POINTER(vp),
+      i32,
+      UniqueId,
+      i32,
+      ctypes.POINTER(Config),
+    ]
+    lib.ncclCommSplit.argtypes = [vp, i32, i32, ctypes.POINTER(vp), ctypes.POINTER(Config)]
+    lib.ncclCommGetAsyncError.argtypes = [vp, ctypes.POINTER(i32)]
+    lib.ncclCommAbort.argtypes = [vp]
+    lib.ncclCommDestroy.argtypes = [vp]
+    lib.ncclCommCount.argtypes = [vp, ctypes.POINTER(i32)]
+    lib.ncclCommUserRank.argtypes = [vp, ctypes.POINTER(i32)]
+    lib.ncclRedOpCreatePreMulSum.argtypes = [ctypes.POINTER(i32), vp, i32, i32, vp]
+    lib.ncclRedOpDestroy.argtypes = [i32, vp]
+    lib.emul_stream.restype = vp
+    lib.emul_sync.argtypes = [vp]
+    lib.emul_findings.restype = ctypes.c_char_p
+    self.streams: dict[int, int] = {}
+
+  def stream(self, device: int) -> int:
+    """One stream per device, reused by every test."""
+    if device not in self.streams:
+      self.lib.emul_set_device(device)
+      self.streams[device] = self.lib.emul_stream()
+    return self.streams[device]
+
+  def comms(self, n: int, blocking: int = 1) -> list[tuple[int, int]]:
+    """n ranks on devices 0..n-1 (inside one group): [(communicator, stream)]."""
+    uid = UniqueId()
+    self.lib.ncclGetUniqueId(ctypes.byref(uid))
+    cfg = Config.make(blocking)
+    out = []
+    assert self.lib.ncclGroupStart() == SUCCESS
+    for r in range(n):
+      self.lib.emul_set_device(r)
+      c = ctypes.c_void_p()
+      assert self.lib.ncclCommInitRankConfig(ctypes.byref(c), n, uid, r, ctypes.byref(cfg)) == 0
+      out.append((c.value, self.stream(r)))
+    assert self.lib.ncclGroupEnd() == (SUCCESS if blocking else IN_PROGRESS)
+    if not blocking:
+      for c, _ in out:
+        self.ready(c)
+    return out
+
+  def async_error(self, comm: int) -> int:
+    err = ctypes.c_int(-1)
+    assert self.lib.ncclCommGetAsyncError(comm, ctypes.byref(err)) == SUCCESS
+    return err.value
+
+  def ready(self, comm: int, limit: float = 10.0) -> None:
+    """Polls ncclCommGetAsyncError until the communicator leaves ncclInProgress."""
+    t = time.monotonic()
+    while self.async_error(comm) == IN_PROGRESS:
+      assert time.monotonic() - t < limit, "still in progress"
+      time.sleep(0.002)
+
+  def sync(self, comms) -> None:
+    for _, s in comms:
+      self.lib.emul_sync(s)
+
+  def findings(self) -> str:
+    return self.lib.emul_findings().decode()
+
+
+@pytest.fixture(scope="module")
+def emul() -> Emul:
+  e = Emul(emul_build.build().emul)
+  old = e.lib.emul_set_timeout_ms(5000)  # a missed peer fails in 5 s, not 60
+  e.findings()
+  yield e
+  e.lib.emul_set_timeout_ms(old)
+
+
+@pytest.fixture(autouse=True)
+def _clean(emul):
+  yield
+  emul.lib.emul_reset_group()
+  emul.findings()
+
+
+# ---- rank agreement ---------------------------------------------------------------------------
+
+
+def _all_reduce(emul, comms, counts, dtypes=None, reds=None):
+  """One all-reduce per rank with per-rank count/dtype/reduction; returns the results."""
+  outs = []
+  for r, (c, s) in enumerate(comms):
+    emul.lib.emul_set_device(r)
+    t = (dtypes or [F32] * len(comms))[r]
+    x = np.ones(counts[r], DTYPES[t])
+    o = np.zeros(counts[r], DTYPES[t])
+    red = (reds or [SUM] * len(comms))[r]
+    assert emul.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, counts[r], t, red, c, s) == 0
+    outs.append((x, o))
+  emul.sync(comms)
+  return [o for _, o in outs]
+
+
+@pytest.mark.parametrize(
+  "counts,dtypes,reds,needle",
+  [
+    ([64, 32], None, None, "count 32"),
+    ([64, 64], [F32, F16], None, "ncclFloat16"),
+    ([64, 64], None, [SUM, MAX], "ncclMax"),
+  ],
+  ids=["count", "dtype", "reduction"],
+)
+def test_nccl_emul_ranks_that_disagree_fail_and_name_both_calls(emul, counts, dtypes, reds, needle):
+  comms = emul.comms(2)
+  outs = _all_reduce(emul, comms, counts, dtypes, reds)
+  assert [emul.async_error(c) for c, _ in comms] == [INVALID_USAGE] * 2
+  found = emul.findings()
+  assert "ranks disagree on collective #0" in found and needle in found
+  assert "rank 0 called ncclAllReduce(count 64" in found and "rank 1 called" in found
+  assert all((o == 0).all() for o in outs)  # no result is written
+
+
+def test_nccl_emul_send_and_recv_must_agree(emul):
+  comms = emul.comms(2)
+  x, y = np.ones(16, np.float32), np.zeros(16, np.float32)
+  emul.lib.emul_set_device(0)
+  assert emul.lib.ncclSend(x.ctypes.data, 16, F32, 1, *comms[0]) == SUCCESS
+  emul.lib.emul_set_device(1)
+  assert emul.lib.ncclRecv(y.ctypes.data, 8, F32, 0, *comms[1]) == SUCCESS
+  emul.sync(comms)
+  assert [emul.async_error(c) for c, _ in comms] == [INVALID_USAGE] * 2
+  found = emul.findings()
+  assert "ncclRecv(count 8, ncclFloat32, peer 0)" in found
+  assert "ncclSend(count 16, ncclFloat32, peer 1)" in found
+  assert (y == 0).all()
+
+
+# ---- datatypes and reductions -----------------------------------------------------------------
+
+
+def _reference(xs: list[np.ndarray], red: int, dt) -> np.ndarray:
+  """NCCL's result: fold in rank order, rounding to the datatype after every step."""
+  n = len(xs)
+  if np.issubdtype(dt, np.integer):
+    acc = xs[0].astype(np.int64 if np.dtype(dt).kind == "i" else np.uint64)
+    with np.errstate(over="ignore"):
+      for x in xs[1:]:
+        x = x.astype(acc.dtype)
+        acc = {
+          SUM: acc + x,
+          AVG: acc + x,
+          PROD: acc * x,
+          MAX: np.maximum(acc, x),
+          MIN: np.minimum(acc, x),
+        }[red]
+        acc = acc.astype(dt).astype(acc.dtype)  # wraps as the datatype does
+    if red == AVG:
+      v = acc.astype(dt).astype(object)
+      return np.array([int(a) // n if a >= 0 else -(-int(a) // n) for a in v], dt)  # toward 0
+    return acc.astype(dt)
+  f = [x.astype(np.float64) for x in xs]
+
+  def rnd(v):
+    with np.errstate(over="ignore"):  # fp16 products overflow to inf, as in NCCL
+      return v.astype(dt).astype(np.float64)
+
+  if red == AVG:
+    s = float(rnd(np.array(1.0 / n)))
+    f = [rnd(v * s) for v in f]
+  acc = f[0]
+  for x in f[1:]:
+    acc = {
+      SUM: lambda: rnd(acc + x),
+      AVG: lambda: rnd(acc + x),
+      PROD: lambda: rnd(acc * x),
+      MAX: lambda: np.fmax(acc, x),
+      MIN: lambda: np.fmin(acc, x),
+    }[red]()
+  return acc.astype(dt)
+
+
+def _inputs(t: int, n: int, count: int) -> list[np.ndarray]:
+  rng = np.random.default_rng(t)
+  dt = DTYPES[t]
+  if np.issubdtype(dt, np.integer):
+    info = np.iinfo(dt)
+    return [rng.integers(info.min, info.max, count, dtype=dt, endpoint=True) for _ in range(n)]
+  # Ranges whose sums and products stay finite (ml_dtypes' fp8 overflow differs from CUDA's).
+  scale = {10: 4.0, 11: 4.0}.get(t, 100.0)
+  return [(rng.standard_normal(count) * scale).astype(dt) for _ in range(n)]
+
+
+def test_nccl_emul_every_dtype_and_reduction_as_nccl(emul):
+  n, count = 3, 64
+  comms = emul.comms(n)
+  for t, dt in DTYPES.items():
+    for red in (SUM, PROD, MAX, MIN, AVG):
+      xs = _inputs(t, n, count)
+      outs = [np.zeros(count, dt) for _ in range(n)]
+      for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+        emul.lib.emul_set_device(r)
+        assert emul.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, count, t, red, c, s) == 0
+      emul.sync(comms)
+      want = _reference(xs, red, dt)
+      for o in outs:
+        np.testing.assert_array_equal(
+          o.view(np.uint8), want.view(np.uint8), err_msg=f"dtype {t} red {red}"
+        )
+  assert [emul.async_error(c) for c, _ in comms] == [SUCCESS] * n
+  assert emul.findings() == ""
+
+
+def test_nccl_emul_fp16_sum_rounds_every_step(emul):
+  # 2048 + 1 + 1 in fp16: each step rounds to 2048 (ulp 2 there, ties to even); a float32
+  # sum rounded once would give 2050.
+  comms = emul.comms(3)
+  xs = [np.array([2048.0], np.float16), np.ones(1, np.float16), np.ones(1, np.float16)]
+  outs = [np.zeros(1, np.float16) for _ in range(3)]
+  for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+    emul.lib.emul_set_device(r)
+    assert emul.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 1, F16, SUM, c, s) == 0
+  emul.sync(comms)
+  assert [float(o[0]) for o in outs] == [2048.0] * 3
+
+
+def test_nccl_emul_premulsum_and_the_other_collectives(emul):
+  n, count = 2, 8
+  comms = emul.comms(n)
+  scalars = [np.array([0.5], np.float32), np.array([4.0], np.float32)]
+  ops = []
+  for r, (c, _) in enumerate(comms):
+    op = ctypes.c_int()
+    residence = r  # rank 0's scalar is read at run time (device), rank 1's now (host)
+    assert (
+      emul.lib.ncclRedOpCreatePreMulSum(ctypes.byref(op), scalars[r].ctypes.data, F32, residence, c)
+      == SUCCESS
+    )
+    ops.append(op.value)
+  assert ops == [5, 5]
+  scalars[0][0], scalars[1][0] = 2.0, 8.0  # read at run time (device) / at creation (host)
+  xs = [np.arange(count, dtype=np.float32) + r for r in range(n)]
+  got = {k: [np.zeros(count * (n if k in ("ag", "a2a") else 1), np.float32) for _ in range(n)]
+         for k in ("pms", "ag", "a2a", "bc", "red")}  # fmt: skip
+  got["rs"] = [np.zeros(count // n, np.float32) for _ in range(n)]
+  a2a_in = [np.arange(count * n, dtype=np.float32) + 100 * r for r in range(n)]
+  inplace = [x.copy() for x in xs]
+  for r, ((c, s), x) in enumerate(zip(comms, xs)):
+    emul.lib.emul_set_device(r)
+    L = emul.lib
+    assert L.ncclAllReduce(x.ctypes.data, got["pms"][r].ctypes.data, count, F32, ops[r], c, s) == 0
+    assert L.ncclAllGather(x.ctypes.data, got["ag"][r].ctypes.data, count, F32, c, s) == 0
+    assert L.ncclAlltoAll(a2a_in[r].ctypes.data, got["a2a"][r].ctypes.data, count, F32, c, s) == 0
+    assert L.ncclBroadcast(x.ctypes.data, got["bc"][r].ctypes.data, count, F32, 1, c, s) == 0
+    assert L.ncclReduce(x.ctypes.data, got["red"][r].ctypes.data, count, F32, MAX, 0, c, s) == 0
+    assert (
+      L.ncclReduceScatter(x.ctypes.data, got["rs"][r].ctypes.data, count // n, F32, SUM, c, s) == 0
+    )
+    p = inplace[r].ctypes.data
+    assert L.ncclAllReduce(p, p, count, F32, SUM, c, s) == 0  # in place
+  emul.sync(comms)
+  for r in range(n):
+    np.testing.assert_array_equal(got["pms"][r], xs[0] * 2.0 + xs[1] * 4.0)
+    np.testing.assert_array_equal(got["ag"][r], np.concatenate(xs))
+    np.testing.assert_array_equal(
+      got["a2a"][r], np.concatenate([a[r * count : (r + 1) * count] for a in a2a_in])
+    )
+    np.testing.assert_array_equal(got["bc"][r], xs[1])
+    np.testing.assert_array_equal(inplace[r], xs[0] + xs[1])
+    np.testing.assert_array_equal(
+      got["rs"][r], (xs[0] + xs[1])[r * count // n : (r + 1) * count // n]
+    )
+  np.testing.assert_array_equal(got["red"][0], np.maximum(xs[0], xs[1]))
+  assert (got["red"][1] == 0).all()  # only the root receives
+  for r, (c, _) in enumerate(comms):
+    assert emul.lib.ncclRedOpDestroy(ops[r], c) == SUCCESS
+    assert emul.lib.ncclRedOpDestroy(ops[r], c) == INVALID_ARG
+  emul.lib.emul_set_device(0)
+  x = xs[0]
+  assert emul.lib.ncclAllReduce(x.ctypes.data, x.ctypes.data, count, F32, ops[0], *comms[0]) == 4
+  assert emul.lib.ncclAllReduce(x.ctypes.data, x.ctypes.data, count, 12, SUM, *comms[0]) == 4
+  assert emul.findings().count("invalid argument") == 2
+
+
+# ---- groups -----------------------------------------------------------------------------------
+
+
+def test_nccl_emul_error_inside_a_group_is_returned_by_its_end_and_closes_it(emul):
+  comms = emul.comms(2)
+  x, o = np.ones(4, np.float32), np.zeros(4, np.float32)
+  c, s = comms[0]
+  emul.lib.emul_set_device(0)
+  assert emul.lib.ncclGroupStart() == SUCCESS and emul.lib.ncclGroupStart() == SUCCESS
+  assert emul.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 4, F32, SUM, c, s) == SUCCESS
+  assert emul.lib.ncclSend(x.ctypes.data, 4, F32, 7, c, s) == INVALID_ARG  # no rank 7
+  assert emul.lib.ncclGroupEnd() == SUCCESS  # inner end
+  assert emul.lib.emul_group_depth() == 1
+  assert emul.lib.ncclGroupEnd() == INVALID_ARG  # the outermost end returns the error
+  assert emul.lib.emul_group_depth() == 0
+  emul.lib.emul_sync(s)
+  assert (o == 0).all() and emul.async_error(c) == SUCCESS  # the group's calls were dropped
+  # The next group starts clean.
+  outs = _all_reduce(emul, comms, [4, 4])
+  assert all((v == 2).all() for v in outs)
+
+
+def test_nccl_emul_group_mixing_blocking_and_nonblocking_is_invalid_usage_and_closed(emul):
+  blocking, nonblocking = emul.comms(1), emul.comms(1, blocking=0)
+  x, o = np.ones(4, np.float32), np.zeros(4, np.float32)
+  emul.lib.emul_set_device(0)
+  assert emul.lib.ncclGroupStart() == SUCCESS
+  for c, s in (blocking[0], nonblocking[0]):
+    assert emul.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 4, F32, SUM, c, s) == SUCCESS
+  assert emul.lib.ncclGroupEnd() == INVALID_USAGE
+  assert emul.lib.emul_group_depth() == 0
+  assert "mixes blocking and nonblocking" in emul.findings()
+  assert emul.async_error(nonblocking[0][0]) == SUCCESS
+
+
+# ---- nonblocking communicators and split ------------------------------------------------------
+
+
+def test_nccl_emul_nonblocking_init_and_calls_are_in_progress_until_done(emul):
+  n = 2
+  uid = UniqueId()
+  emul.lib.ncclGetUniqueId(ctypes.byref(uid))
+  cfg = Config.make(0)
+  comms = []
+  for r in range(n):
+    emul.lib.emul_set_device(r)
+    c = ctypes.c_void_p()
+    assert emul.lib.ncclCommInitRankConfig(ctypes.byref(c), n, uid, r, ctypes.byref(cfg)) == 7
+    comms.append((c.value, emul.stream(r)))
+  assert emul.async_error(comms[0][0]) == IN_PROGRESS
+  count = ctypes.c_int()
+  assert emul.lib.ncclCommCount(comms[0][0], ctypes.byref(count)) == INVALID_ARG  # in progress
+  x, o = np.ones(4, np.float32), np.zeros(4, np.float32)
+  emul.lib.emul_set_device(0)
+  assert emul.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 4, F32, SUM, *comms[0]) == 4
+  assert "still in progress" in emul.findings()
+  for c, _ in comms:
+    emul.ready(c)
+  outs = [np.zeros(4, np.float32) for _ in range(n)]
+  for r, (c, s) in enumerate(comms):
+    emul.lib.emul_set_device(r)
+    assert emul.lib.ncclAllReduce(x.ctypes.data, outs[r].ctypes.data, 4, F32, SUM, c, s) == 7
+  assert emul.async_error(comms[0][0]) == IN_PROGRESS
+  for c, _ in comms:
+    emul.ready(c)
+  emul.sync(comms)
+  assert all((v == 2).all() for v in outs) and emul.findings() == ""
+
+
+@pytest.mark.parametrize("blocking", [1, 0], ids=["blocking", "nonblocking"])
+def test_nccl_emul_split_inside_a_group_as_xla_does(emul, blocking):
+  n = 4
+  parents = emul.comms(n, blocking=blocking)
+  cfg = Config.make(blocking)
+  kids = [ctypes.c_void_p() for _ in range(n)]
+  assert emul.lib.ncclGroupStart() == SUCCESS
+  for r, (c, _) in enumerate(parents):
+    emul.lib.emul_set_device(r)
+    color = NOCOLOR if r == 3 else r % 2  # {0, 2}, {1}, and rank 3 in none
+    assert emul.lib.ncclCommSplit(c, color, -r, ctypes.byref(kids[r]), ctypes.byref(cfg)) == 0
+  assert emul.lib.ncclGroupEnd() == (SUCCESS if blocking else IN_PROGRESS)
+  assert kids[3].value is None
+  for k in kids[:3]:
+    emul.ready(k.value)
+  ranks, sizes = [], []
+  for k in kids[:3]:
+    v = ctypes.c_int()
+    assert emul.lib.ncclCommUserRank(k, ctypes.byref(v)) == SUCCESS
+    ranks.append(v.value)
+    assert emul.lib.ncclCommCount(k, ctypes.byref(v)) == SUCCESS
+    sizes.append(v.value)
+  assert ranks == [1, 0, 0] and sizes == [2, 1, 2]  # key -r: rank 2 comes first in {0, 2}
+  comms = [(kids[0].value, parents[0][1]), (kids[2].value, parents[2][1])]
+  xs = [np.full(4, 1.0, np.float32), np.full(4, 10.0, np.float32)]
+  outs = [np.zeros(8, np.float32) for _ in range(2)]
+  for (c, s), x, o, dev in zip(comms, xs, outs, (0, 2)):
+    emul.lib.emul_set_device(dev)
+    assert emul.lib.ncclAllGather(x.ctypes.data, o.ctypes.data, 4, F32, c, s) in (0, 7)
+  for c, _ in comms:
+    emul.ready(c)
+  emul.sync(comms)
+  for o in outs:
+    np.testing.assert_array_equal(o, np.concatenate([xs[1], xs[0]]))  # new rank order
+
+
+# ---- abort and use after free -----------------------------------------------------------------
+
+
+def test_nccl_emul_abort_from_another_thread_ends_a_waiting_call(emul):
+  (c0, _), (c1, _) = emul.comms(2)
+  kid = ctypes.c_void_p()
+  result = []
+  emul.lib.emul_set_device(0)
+  # Rank 0's blocking split waits for rank 1, which never comes.
+  t = threading.Thread(
+    target=lambda: result.append(emul.lib.ncclCommSplit(c0, 0, 0, ctypes.byref(kid), None))
+  )
+  t.start()
+  time.sleep(0.1)
+  assert result == []  # still waiting
+  assert emul.lib.ncclCommAbort(c0) == SUCCESS
+  t.join(timeout=2)
+  assert result == [SYSTEM]
+  before = emul.lib.emul_misuse()
+  err = ctypes.c_int()
+  assert emul.lib.ncclCommGetAsyncError(c0, ctypes.byref(err)) == INVALID_ARG
+  assert emul.lib.ncclCommDestroy(c1) == SUCCESS
+  assert emul.lib.ncclCommDestroy(c1) == INVALID_ARG
+  assert emul.lib.emul_misuse() == before + 2
+  found = emul.findings()
+  assert "ncclCommGetAsyncError on a communicator after its ncclCommAbort" in found
+  assert "ncclCommDestroy on a communicator after its ncclCommDestroy" in found
