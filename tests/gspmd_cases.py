@@ -32,18 +32,20 @@ def put(mesh, x: np.ndarray, spec: P) -> jax.Array:
   return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda i: x[i])
 
 
-def mlp(mesh, specs=None, dtype=jnp.float32) -> tuple:
-  """(loss_fn, params, specs, (x, y)): a two-layer MLP regression, batch 32."""
+def mlp(mesh, specs=None, dtype=jnp.float32, batch=None, hidden: int = 128) -> tuple:
+  """(loss_fn, params, specs, (x, y)): a two-layer MLP regression, batch 32 (sharded as
+  ``batch``, default P('data')), ``hidden`` units."""
+  batch = P("data") if batch is None else batch
   specs = specs or MLP_SPECS
   rng = np.random.default_rng(0)
   host = {
-    "w1": rng.normal(size=(64, 128)).astype(np.float32) / 8,
-    "b1": rng.normal(size=(128,)).astype(np.float32) / 8,
-    "w2": rng.normal(size=(128, 8)).astype(np.float32) / 8,
+    "w1": rng.normal(size=(64, hidden)).astype(np.float32) / 8,
+    "b1": rng.normal(size=(hidden,)).astype(np.float32) / 8,
+    "w2": rng.normal(size=(hidden, 8)).astype(np.float32) / 8,
   }
   params = {k: put(mesh, v, specs[k]).astype(dtype) for k, v in host.items()}
-  x = put(mesh, rng.normal(size=(32, 64)).astype(np.float32), P("data")).astype(dtype)
-  y = put(mesh, rng.normal(size=(32, 8)).astype(np.float32), P("data"))
+  x = put(mesh, rng.normal(size=(32, 64)).astype(np.float32), batch).astype(dtype)
+  y = put(mesh, rng.normal(size=(32, 8)).astype(np.float32), batch)
 
   def loss_fn(p, x, y):
     h = jnp.tanh(x @ p["w1"] + p["b1"])
