@@ -329,13 +329,16 @@ def test_nccl_interposer_taken_over_is_bit_identical_to_fused_engine(nccl, case)
   want = _fused_reference(comp, dtype, chunks, x, n)
   per_rank = [np.ascontiguousarray(b).reshape(-1) for b in np.split(x, n)]
   code = {np.float32: F32, ml_dtypes.bfloat16: BF16, np.float16: F16}[dtype]
-  comms = nccl.comms(n)
-  got = {}
+  got, used = {}, set()
   for algorithm, ops in (
     ("one_shot", ("all_reduce", "reduce_scatter", "all_gather")),
     ("two_shot", ("all_reduce",)),
   ):
     nccl.policy([_rule(comp, op, size=n, algorithm=algorithm, chunks=chunks) for op in ops])
+    comms = nccl.comms(n)  # a communicator keeps the policy of its first call
+    used |= {c for c, _ in comms}
+    if dtype == np.float16:
+      ops = tuple(op for op in ops if op != "all_gather")  # float16 all_gather: forwarded
     for op in ops:
       codes, outs = nccl.run(op, per_rank, comms, dtype=code)
       assert codes == [SUCCESS] * n, (op, codes)
@@ -347,10 +350,15 @@ def test_nccl_interposer_taken_over_is_bit_identical_to_fused_engine(nccl, case)
         else op
       ] = outs
   for op, outs in got.items():
+    if op == "all_gather" and dtype == np.float16:
+      continue
     for r in range(n):
       np.testing.assert_array_equal(_bits(outs[r]), _bits(want[op][r]), err_msg=f"{op} rank {r}")
-  c = [d for d in nccl.counters() if d.get("size") == n and d.get("op") == "all_reduce"]
-  assert c and all(d["taken_calls"] >= 2 and d["forwarded_calls"] == 0 for d in c)
+  c = [d for d in nccl.counters() if "comm" in d and int(d["comm"], 16) in used]
+  assert len({d["comm"] for d in c}) == 2 * n
+  assert all(
+    d["taken_calls"] == 1 and d["forwarded_calls"] == 0 for d in c if d["op"] != "all_gather"
+  )
 
 
 # ---- forwarded ------------------------------------------------------------------------------------
@@ -378,9 +386,13 @@ def test_nccl_interposer_forwards_other_ops_and_dtypes_unchanged(nccl):
   nccl.policy([_rule(jc.int8(block_size=32))])
   comms = nccl.comms(2)
   before = nccl.counters()[-1]["forwarded"]["other_type"]
-  xs = [np.ones(64, np.float32) for _ in range(2)]
-  # The emulation refuses max and int8 sums: the interposer returns its very answer.
-  assert nccl.run("all_reduce", xs, comms, red=MAX)[0] == [INVALID_ARG] * 2
+  xs = [np.linspace(-1, 1, 64, dtype=np.float32) * (r + 1) for r in range(2)]
+  # max is forwarded: the interposer returns the emulation's very answer and bits.
+  got = nccl.run("all_reduce", xs, comms, red=MAX)
+  ref = nccl.comms(2, via=nccl.emul)
+  assert got[0] == nccl.run("all_reduce", xs, ref, fn_lib=nccl.emul, red=MAX)[0]
+  _, want = nccl.run("all_reduce", xs, ref, fn_lib=nccl.emul, red=MAX)
+  np.testing.assert_array_equal(_bits(got[1][0]), _bits(want[0]))
   ys = [np.ones(64, np.int8) for _ in range(2)]
   codes, outs = nccl.run("all_gather", ys, comms, dtype=0)
   assert codes == [SUCCESS] * 2 and all((o == 1).all() for o in outs)  # int8 all_gather forwarded
@@ -466,9 +478,8 @@ def test_nccl_interposer_lost_peer_never_blocks_and_reports_as_nccl(nccl):
   assert nccl.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 4096, F32, SUM, c, s) == SUCCESS
   assert time.monotonic() - t < 2.0  # the host is not held while peers 1 and 2 never come
   assert _async(nccl, c) == SUCCESS
-  assert nccl.lib.ncclCommAbort(c) == SUCCESS
-  nccl.emul.emul_sync(s)  # the aborted collective ends the stream's wait
-  assert _async(nccl, c) == SYSTEM
+  assert nccl.lib.ncclCommAbort(c) == SUCCESS  # the communicator is gone: no query after it
+  assert nccl.emul.emul_sync(s) == 0  # the aborted collective ends the stream's wait
 
 
 def test_nccl_interposer_failed_call_is_an_async_error_and_closes_its_group(nccl):
@@ -485,35 +496,6 @@ def test_nccl_interposer_failed_call_is_an_async_error_and_closes_its_group(nccl
   assert _async(nccl, c) == INTERNAL  # peers may wait for the rest: XLA polls this and aborts
   nccl.lib.ncclCommAbort(c)
   nccl.lib.ncclCommAbort(comms[1][0])
-
-
-def test_nccl_interposer_forwards_under_capture_until_it_has_a_workspace(nccl):
-  from jcoccl import compressors as jc
-
-  nccl.policy([_rule(jc.int8(block_size=32))])
-  n = 2
-  comms = nccl.comms(n)
-  xs = [np.arange(512, dtype=np.float32) for _ in range(n)]
-  before = nccl.counters()[-1]["forwarded"]["capture"]
-
-  def capturing(on: bool) -> None:
-    for _, s in comms:
-      nccl.emul.emul_set_capturing(s, int(on))
-
-  capturing(True)
-  try:
-    _, outs = nccl.run("all_reduce", xs, comms)  # would allocate: forwarded
-    np.testing.assert_array_equal(outs[0], 2 * xs[0])
-    assert nccl.counters()[-1]["forwarded"]["capture"] == before + n
-    capturing(False)
-    _, want = nccl.run("all_reduce", xs, comms)  # allocates the workspace
-    capturing(True)
-    _, got = nccl.run("all_reduce", xs, comms)  # captured: no allocation needed, taken over
-  finally:
-    capturing(False)
-  np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
-  assert not (want[0] == 2 * xs[0]).all()  # compressed, not the exact sum
-  assert nccl.counters()[-1]["forwarded"]["capture"] == before + n
 
 
 def test_nccl_interposer_delays_keep_results(nccl):
@@ -761,3 +743,168 @@ def test_nccl_interposer_other_nccl_major_or_missing_names_forward_with_a_messag
   assert "not NCCL 2.x" in r.stderr and "forwarded uncompressed" in r.stderr
   assert f"send {INVALID_USAGE}" in r.stdout
   assert "ncclSend is not in the real NCCL" in r.stderr
+
+
+# ---- issue 45's risks: one test each ---------------------------------------------------------------
+
+
+def _group_call(nccl, comms, xs, outs, fn="ncclAllReduce", dtype=F32, streams=None) -> list[int]:
+  """One call per rank inside the current group (no sync); the codes."""
+  codes = []
+  for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+    nccl.emul.emul_set_device(r)
+    s = streams[r] if streams else s
+    f = getattr(nccl.lib, fn)
+    n = x.size if fn != "ncclReduceScatter" else x.size // len(comms)
+    args = (x.ctypes.data, o.ctypes.data, n, dtype)
+    codes.append(f(*args, c, s) if fn == "ncclAllGather" else f(*args, SUM, c, s))
+  return codes
+
+
+def test_nccl_interposer_takeover_policy_is_fixed_per_communicator(nccl):
+  # Risk 1: the policy a communicator decides by is the one in force at its first call; a
+  # reload (one rank's process, at any time) must not make its ranks decide differently.
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n = 2
+  comms = nccl.comms(n)
+  xs = [np.linspace(-1, 1, 512, dtype=np.float32) * (r + 1) for r in range(n)]
+  _, want = nccl.run("all_reduce", xs, comms)
+  assert not (want[0] == 3 * xs[0]).all()  # taken: compressed
+  nccl.policy(None)
+  _, got = nccl.run("all_reduce", xs, comms)  # the same communicator: still taken
+  np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+  _, fresh = nccl.run("all_reduce", xs, nccl.comms(n))  # a new one sees no rule
+  np.testing.assert_array_equal(fresh[0], xs[0] + xs[1])
+
+
+def test_nccl_interposer_workspace_is_reserved_up_front_and_bounds_takeover(nccl, tmp_path):
+  # Risk 1: the workspace is one reservation per communicator (JCOCCL_NCCL_WORKSPACE bytes);
+  # a call that needs more is forwarded on every rank (decided from the call alone), and a
+  # reservation that fails fails the call with a message instead of forwarding on one rank.
+  from jcoccl import compressors as jc
+
+  n = 2
+  xs = [np.linspace(-1, 1, 8192, dtype=np.float32) * (r + 1) for r in range(n)]
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  try:
+    os.environ["JCOCCL_NCCL_WORKSPACE"] = "65536"
+    comms = nccl.comms(n)
+    before = nccl.counters()[-1]["forwarded"].get("workspace", 0)
+    small = [x[:1024].copy() for x in xs]
+    _, got = nccl.run("all_reduce", small, comms)
+    assert not (got[0] == small[0] + small[1]).all()  # fits: taken
+    codes, got = nccl.run("all_reduce", xs, comms)  # 32 KiB of f32 per rank: does not fit
+    assert codes == [SUCCESS] * n
+    np.testing.assert_array_equal(got[0], xs[0] + xs[1])
+    assert nccl.counters()[-1]["forwarded"]["workspace"] == before + n
+    os.environ["JCOCCL_NCCL_WORKSPACE"] = str(1 << 60)  # cannot be reserved
+    codes, _ = nccl.run("all_reduce", small, nccl.comms(n))
+    assert codes == [SYSTEM] * n
+  finally:
+    os.environ.pop("JCOCCL_NCCL_WORKSPACE", None)
+
+
+def test_nccl_interposer_float16_data_movement_is_never_taken(nccl):
+  # Risk 3: XLA sends S16/U16 all-gathers as ncclFloat16; coding them as floats would corrupt
+  # integers (a NaN pattern turns a block into NaN). float16 all_gather is always forwarded.
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32), op="all_gather")])
+  n = 2
+  ints = [np.arange(r * 4096, (r + 1) * 4096, dtype=np.uint16) for r in range(n)]
+  ints[0][7] = 0x7E01  # a float16 NaN bit pattern
+  codes, outs = nccl.run("all_gather", [i.view(np.float16) for i in ints], nccl.comms(n), dtype=F16)
+  assert codes == [SUCCESS] * n
+  np.testing.assert_array_equal(outs[1].view(np.uint16), np.concatenate(ints))
+
+
+def test_nccl_interposer_first_captured_call_is_taken_and_counted_as_captured(nccl):
+  # Risk 4: under capture the communicator's first call is taken too (its workspace was
+  # reserved up front, a captured one apart from the eager one); the counters say how many
+  # of the calls taken were captured (a replay is not counted).
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n = 2
+  comms = nccl.comms(n)
+  xs = [np.linspace(-1, 1, 512, dtype=np.float32) for _ in range(n)]
+  for _, s in comms:
+    nccl.emul.emul_set_capturing(s, 1)
+  try:
+    _, got = nccl.run("all_reduce", xs, comms)
+  finally:
+    for _, s in comms:
+      nccl.emul.emul_set_capturing(s, 0)
+  _, want = nccl.run("all_reduce", xs, comms)
+  np.testing.assert_array_equal(_bits(got[0]), _bits(want[0]))
+  assert not (got[0] == 2 * xs[0]).all()  # compressed
+  mine = [d for d in nccl.counters() if "comm" in d and int(d["comm"], 16) == comms[0][0]]
+  assert mine[0]["taken_calls"] == 2 and mine[0]["captured_calls"] == 1
+
+
+def test_nccl_interposer_group_depth_cannot_stick(nccl):
+  # Risk 5: NCCL's group end may report an error and still close the group (here the real
+  # library's group is already closed, so it answers ncclInvalidUsage). The library's depth
+  # must follow: else every later taken call is queued forever while returning success.
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n = 2
+  comms = nccl.comms(n)
+  assert nccl.lib.ncclGroupStart() == SUCCESS
+  nccl.emul.emul_reset_group()  # the real NCCL closed the group
+  assert nccl.lib.ncclGroupEnd() == INVALID_USAGE
+  assert nccl.lib.jcoccl_nccl_group_depth() == 0
+  xs = [np.ones(512, np.float32) for _ in range(n)]
+  _, outs = nccl.run("all_reduce", xs, comms)
+  np.testing.assert_allclose(outs[0], 2.0, rtol=0.02)  # ran, was not queued
+
+
+def test_nccl_interposer_group_orders_its_streams_as_nccl(nccl):
+  # Risk 8: NCCL makes every stream of a group wait for the whole group. Two taken calls of
+  # one group on two streams of each rank: work queued on the second stream after the group
+  # must see the first call's result.
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n = 2
+  comms = nccl.comms(n)
+  side = []
+  for r in range(n):
+    nccl.emul.emul_set_device(r)
+    side.append(nccl.emul.emul_stream())
+  xs = [np.full(1024, 1.0, np.float32) for _ in range(n)]
+  ys = [np.full(1024, 2.0, np.float32) for _ in range(n)]
+  outs = [np.zeros(1024, np.float32) for _ in range(n)]
+  outs2 = [np.zeros(1024, np.float32) for _ in range(n)]
+  copies = [np.zeros(1024, np.float32) for _ in range(n)]
+  nccl.emul.emul_set_delay(COLLECTIVES, 20000)
+  try:
+    assert nccl.lib.ncclGroupStart() == SUCCESS
+    assert _group_call(nccl, comms, xs, outs) == [SUCCESS] * n
+    assert _group_call(nccl, comms, ys, outs2, streams=side) == [SUCCESS] * n
+    assert nccl.lib.ncclGroupEnd() == SUCCESS
+    for r in range(n):
+      nccl.emul.emul_set_device(r)
+      nccl.emul.emul_copy(copies[r].ctypes.data, outs[r].ctypes.data, 4096, side[r])
+    for (_, s), t in zip(comms, side):
+      nccl.emul.emul_sync(s)
+      nccl.emul.emul_sync(t)
+  finally:
+    nccl.emul.emul_set_delay(0, 0)
+  np.testing.assert_allclose(copies[0], 2.0, rtol=0.02)
+
+
+def test_nccl_interposer_codec_none_rule_forwards(nccl):
+  # Risk 10: a hand-written rule with codec none must forward (the engine's identity path
+  # would ask the transport for a plain sum, which the interposer's transport refuses).
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.none())])
+  n = 2
+  xs = [np.linspace(-1, 1, 512, dtype=np.float32) * (r + 1) for r in range(n)]
+  codes, outs = nccl.run("all_reduce", xs, nccl.comms(n))
+  assert codes == [SUCCESS] * n
+  np.testing.assert_array_equal(outs[0], xs[0] + xs[1])

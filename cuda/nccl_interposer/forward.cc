@@ -9,6 +9,7 @@
 // ncclResult_t function returns ncclInvalidUsage, a string function a message, others 0.
 // The calls interposer.cc takes over (JCN_TAKEN) get a pointer but no trampoline.
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <cstdio>
@@ -97,10 +98,37 @@ std::string& ErrorStore() {
   return *s;
 }
 int g_missing = 0;
+// The real library's mapped segments [lo, hi).
+uintptr_t g_real_lo = 0, g_real_hi = 0;
+
+// Finds the segments of the object loaded at `base` (the real library's link map).
+void RecordRange(void* lib) {
+  struct link_map* lm = nullptr;
+  if (dlinfo(lib, RTLD_DI_LINKMAP, &lm) != 0 || lm == nullptr) return;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* data) -> int {
+        auto* map = static_cast<struct link_map*>(data);
+        if (info->dlpi_addr != map->l_addr || std::strcmp(info->dlpi_name, map->l_name) != 0)
+          return 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr) & ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD) continue;
+          const uintptr_t lo = info->dlpi_addr + ph.p_vaddr, hi = lo + ph.p_memsz;
+          if (g_real_lo == 0 || lo < g_real_lo) g_real_lo = lo;
+          if (hi > g_real_hi) g_real_hi = hi;
+        }
+        return 1;
+      },
+      lm);
+}
 
 }  // namespace
 
 const std::string& RealPath() { return PathStore(); }
+bool CalledFromReal(const void* addr) {
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  return a >= g_real_lo && a < g_real_hi;
+}
 const std::string& LoadError() { return ErrorStore(); }
 int MissingCount() { return g_missing; }
 
@@ -127,6 +155,7 @@ bool OpenReal() {
     ErrorStore() = std::string("cannot open the real NCCL ") + path + ": " + (e ? e : "?");
     return false;
   }
+  RecordRange(lib);
   for (const Entry& e : kEntries) {
     void* f = dlsym(lib, e.name);
     if (f != nullptr) {

@@ -1,17 +1,24 @@
 // libjcoccl_nccl.so's takeover half: ncclAllReduce (sum), ncclReduceScatter (sum) and
-// ncclAllGather on float32 / bfloat16 / float16 buffers, where the policy has a rule for the
-// communicator's size, the op, the dtype and the message size, run as jcoccl's fused engine
-// (engine/engine.h) on the caller's communicator; everything else goes to the real NCCL
-// unchanged. The engine talks to the real NCCL only through the pointers forward.cc resolved
-// (the nccl* names in this library are the interposer itself).
+// ncclAllGather on float32 / bfloat16 / float16 buffers (never a float16 all-gather: XLA sends
+// 16-bit integers that way), where the policy has a rule for the communicator's size, the op,
+// the dtype and the message size, run as jcoccl's fused engine (engine/engine.h) on the
+// caller's communicator; everything else goes to the real NCCL unchanged. The engine talks to
+// the real NCCL only through the pointers forward.cc resolved (the nccl* names in this library
+// are the interposer itself).
+//
+// Every rank of a communicator must take or forward the same calls. So each decision depends
+// only on what all ranks see alike: the op, count, dtype, reduction, the communicator's size,
+// the policy and the workspace size fixed at the communicator's first call. A per-rank event
+// (the workspace reservation failing) fails the call with a message and sets the
+// communicator's asynchronous error; it never forwards on one rank.
 //
 // Ordering, per communicator: three lanes (encode, communicate, decode: streams of the
 // communicator's device) as in cuda/gpu/fused.cu. A call forks them off the caller's stream
 // (each lane waits for it), runs the engine, and joins them back (the caller's stream waits
 // for the decode lane, which waited for the other two). The next call's lanes also wait for
-// the previous call's decode lane, as its workspace is reused. Nothing waits on the host, and
-// under stream capture the same calls record the fork and join into the graph; a call that
-// would need to allocate while capturing is forwarded instead.
+// the previous call's decode lane, as its workspace is reused. Nothing waits on the host.
+// Calls made while their stream is being captured into a CUDA graph use a second set of lanes
+// and a second workspace, so a replay never shares them with eager calls.
 //
 // Counters per communicator and op (bytes taken over and forwarded, payload bytes this rank
 // handed to NCCL) are printed at exit with JCOCCL_NCCL_REPORT=1 and readable through
@@ -33,6 +40,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "codecs/codec.h"
@@ -107,8 +115,9 @@ struct Policy {
 // Function statics, not globals: Init (a load-time constructor) may run before this file's
 // dynamic initializers.
 std::mutex g_mu;  // the policy, the communicator table and the forwarding reasons
-Policy& Pol() {
-  static auto* p = new Policy();
+// The policy in force; a communicator keeps the one it saw at its first call.
+std::shared_ptr<const Policy>& Pol() {
+  static auto* p = new std::shared_ptr<const Policy>(std::make_shared<Policy>());
   return *p;
 }
 bool g_takeover_ok = false;  // the real NCCL opened and its version is one this was built for
@@ -191,10 +200,9 @@ Policy ReadPolicy(const std::string& path) {
   return p;
 }
 
-// The first rule for this call (a copy: the policy may be replaced meanwhile).
-bool Match(int size, OpKind op, int dtype, int64_t bytes, Rule* out) {
-  std::lock_guard<std::mutex> lk(g_mu);
-  for (const Rule& r : Pol().rules) {
+// The first rule of `pol` for this call.
+bool Match(const Policy& pol, int size, OpKind op, int dtype, int64_t bytes, Rule* out) {
+  for (const Rule& r : pol.rules) {
     if ((r.size == 0 || r.size == size) && (r.ops >> op & 1u) && (r.dtypes >> dtype & 1u) &&
         bytes >= r.min_bytes) {
       *out = r;
@@ -206,18 +214,20 @@ bool Match(int size, OpKind op, int dtype, int64_t bytes, Rule* out) {
 
 // ---- counters --------------------------------------------------------------------------------
 struct OpCounters {
-  uint64_t taken_calls = 0, taken_bytes = 0, taken_wire = 0;
+  // taken_calls counts calls as issued: a captured call once, at its capture (its replays
+  // run no code of this library); captured_calls says how many of them were captured.
+  uint64_t taken_calls = 0, taken_bytes = 0, taken_wire = 0, captured_calls = 0;
   uint64_t fwd_calls = 0, fwd_bytes = 0, fwd_wire = 0;
 };
 
 enum Reason : int {
-  kNoRule = 0,  // no rule for this size / op / dtype / size of message
-  kOtherType,   // not a sum, or not float32 / bfloat16 / float16
-  kCapture,     // would allocate while the stream is being captured
+  kNoRule = 0,  // no rule for this size / op / dtype / size of message, or its codec is none
+  kOtherType,   // not a sum, not float32 / bfloat16 / float16, or a float16 all-gather
+  kWorkspace,   // needs more than the communicator's workspace (JCOCCL_NCCL_WORKSPACE)
   kDisabled,    // no policy, or the real NCCL is not one this was built for
   kNumReasons
 };
-const char* const kReasonNames[kNumReasons] = {"no_rule", "other_type", "capture", "disabled"};
+const char* const kReasonNames[kNumReasons] = {"no_rule", "other_type", "workspace", "disabled"};
 uint64_t g_reasons[kNumReasons] = {};
 
 // ---- per communicator ------------------------------------------------------------------------
@@ -247,18 +257,44 @@ void* DeviceAlloc(size_t b) {
 }
 #endif
 
-struct Comm {
-  ncclComm_t comm = nullptr;
-  int rank = 0, size = 0, device = 0;
+// Bytes of workspace per communicator and lane set unless JCOCCL_NCCL_WORKSPACE says
+// otherwise: calls needing more are forwarded. XLA preallocates 75% of the device by
+// default, so this comes out of the rest (docs/nccl.md "Workspace").
+constexpr int64_t kDefaultWorkspace = int64_t{256} << 20;
+
+int64_t WorkspaceSetting() {
+  const char* e = std::getenv("JCOCCL_NCCL_WORKSPACE");
+  if (e == nullptr || *e == '\0') return kDefaultWorkspace;
+  char* end = nullptr;
+  const long long v = std::strtoll(e, &end, 10);
+  if (end == e || *end != '\0' || v < 0) {
+    std::fprintf(stderr, "jcoccl nccl: JCOCCL_NCCL_WORKSPACE=%s is not a byte count; using %lld\n",
+                 e, static_cast<long long>(kDefaultWorkspace));
+    return kDefaultWorkspace;
+  }
+  return v;
+}
+
+// The lanes, their events and the workspace of one kind of call (eager or captured).
+struct LaneSet {
   cudaStream_t lane[3] = {nullptr, nullptr, nullptr};
   cudaEvent_t ev[3] = {nullptr, nullptr, nullptr};  // one per source lane
   cudaEvent_t fork = nullptr;                       // recorded on the caller's stream
   uint8_t* ws = nullptr;
-  int64_t cap = 0;
-  std::vector<void*> retired;  // earlier workspaces: queued work may still use them
+  std::string error;  // why the lanes or the workspace could not be made ("": not tried yet)
+  bool ready = false;
+};
+
+struct Comm {
+  ncclComm_t comm = nullptr;
+  int rank = 0, size = 0, device = 0;
+  std::shared_ptr<const Policy> pol;  // fixed at the communicator's first call
+  int64_t ws_bytes = 0;               // each lane set's workspace, fixed then too
+  LaneSet sets[2];                    // [0] eager calls, [1] calls under stream capture
   std::atomic<int> async{ncclSuccess};
+  std::atomic<bool> aborting{false};  // ncclCommAbort from another thread: stop waiting
   OpCounters ops[kNumOps];
-  std::mutex mu;
+  std::mutex mu;  // one taken call at a time; ncclCommAbort waits for it
 };
 
 std::map<ncclComm_t, std::unique_ptr<Comm>>& Comms() {
@@ -271,8 +307,9 @@ Status Cuda(cudaError_t e, const char* what) {
   return Status::Error(std::string("jcoccl nccl: CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
-// The communicator's record, made at its first collective (size, rank, device, lanes).
-Comm* CommOf(ncclComm_t comm, std::string* err) {
+// The communicator's record, made at its first collective (size, rank, device, the policy
+// and workspace size in force then); null if the communicator cannot be queried.
+Comm* CommOf(ncclComm_t comm) {
   std::lock_guard<std::mutex> lk(g_mu);
   auto& m = Comms();
   auto it = m.find(comm);
@@ -281,10 +318,20 @@ Comm* CommOf(ncclComm_t comm, std::string* err) {
   c->comm = comm;
   if (JCN_REAL(CommIntFn, ncclCommCount)(comm, &c->size) != ncclSuccess ||
       JCN_REAL(CommIntFn, ncclCommUserRank)(comm, &c->rank) != ncclSuccess ||
-      JCN_REAL(CommIntFn, ncclCommCuDevice)(comm, &c->device) != ncclSuccess) {
-    *err = "ncclCommCount / ncclCommUserRank / ncclCommCuDevice failed";
+      JCN_REAL(CommIntFn, ncclCommCuDevice)(comm, &c->device) != ncclSuccess)
     return nullptr;
-  }
+  c->pol = Pol();
+  c->ws_bytes = WorkspaceSetting();
+  Comm* out = c.get();
+  m[comm] = std::move(c);
+  return out;
+}
+
+// Makes the lanes, events and workspace of `set` once (the caller holds c->mu); false with
+// set->error when they cannot be made. Relaxed capture mode: the caller's stream may be
+// capturing.
+bool Prepare(Comm* c, LaneSet* set) {
+  if (set->ready || !set->error.empty()) return set->ready;
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(c->device);
@@ -292,19 +339,24 @@ Comm* CommOf(ncclComm_t comm, std::string* err) {
   int lo = 0, hi = 0;
   Status s = Cuda(cudaDeviceGetStreamPriorityRange(&lo, &hi), "priority range");
   for (int l = 0; l < 3 && s.ok(); ++l)
-    s = Cuda(
-        cudaStreamCreateWithPriority(&c->lane[l], cudaStreamNonBlocking, l == je::kComm ? hi : lo),
-        "stream");
-  for (cudaEvent_t* e : {&c->ev[0], &c->ev[1], &c->ev[2], &c->fork})
+    s = Cuda(cudaStreamCreateWithPriority(&set->lane[l], cudaStreamNonBlocking,
+                                          l == je::kComm ? hi : lo),
+             "stream");
+  for (cudaEvent_t* e : {&set->ev[0], &set->ev[1], &set->ev[2], &set->fork})
     if (s.ok()) s = Cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "event");
-  cudaSetDevice(prev);
-  if (!s.ok()) {
-    *err = s.msg;
-    return nullptr;
+  if (s.ok()) {
+    set->ws = static_cast<uint8_t*>(DeviceAlloc(static_cast<size_t>(c->ws_bytes)));
+    if (set->ws == nullptr)
+      s = Status::Error("jcoccl nccl: cannot reserve the workspace of " +
+                        std::to_string(c->ws_bytes) + " bytes on device " +
+                        std::to_string(c->device) +
+                        " (JCOCCL_NCCL_WORKSPACE; XLA_PYTHON_CLIENT_MEM_FRACTION leaves "
+                        "the rest of the device to it)");
   }
-  Comm* out = c.get();
-  m[comm] = std::move(c);
-  return out;
+  cudaSetDevice(prev);
+  set->ready = s.ok();
+  set->error = s.ok() ? "" : s.msg;
+  return set->ready;
 }
 
 // `to` waits for everything queued on `from` so far, through `ev`.
@@ -315,18 +367,18 @@ Status Wait(cudaEvent_t ev, cudaStream_t from, cudaStream_t to) {
 
 class Lanes final : public je::Lanes {
  public:
-  explicit Lanes(Comm* c) : c_(c) {}
-  void* stream(je::Lane l) override { return c_->lane[l]; }
+  explicit Lanes(LaneSet* s) : s_(s) {}
+  void* stream(je::Lane l) override { return s_->lane[l]; }
   Status Handoff(je::Lane from, je::Lane to) override {
     if (from == to) return Status::Ok();
-    return Wait(c_->ev[from], c_->lane[from], c_->lane[to]);
+    return Wait(s_->ev[from], s_->lane[from], s_->lane[to]);
   }
   Status Zero(je::Lane l, void* p, int64_t bytes) override {
-    return Cuda(cudaMemsetAsync(p, 0, bytes, c_->lane[l]), "memset");
+    return Cuda(cudaMemsetAsync(p, 0, bytes, s_->lane[l]), "memset");
   }
 
  private:
-  Comm* c_;
+  LaneSet* s_;
 };
 
 class Codec final : public je::Codec {
@@ -396,11 +448,18 @@ class Transport final : public jcoccl::transport::Transport {
   static cudaStream_t St(const CallCtx& c) { return static_cast<cudaStream_t>(c.stream); }
   Status Check(ncclResult_t r, const char* what) {
     // A nonblocking communicator: the call is being queued; NCCL wants no other call on the
-    // communicator until its state leaves ncclInProgress (host time of the enqueue only).
+    // communicator until its state leaves ncclInProgress (host time of the enqueue only; a
+    // blocking communicator never answers so). ncclCommAbort from another thread ends the
+    // wait before it frees the communicator (CommAbort waits for c_->mu).
     while (r == ncclInProgress) {
+      if (c_->aborting.load()) {
+        r = ncclInvalidUsage;
+        break;
+      }
       ncclResult_t state = ncclSuccess;
       if (JCN_REAL(AsyncFn, ncclCommGetAsyncError)(c_->comm, &state) != ncclSuccess) break;
       r = state;
+      if (r == ncclInProgress) std::this_thread::yield();
     }
     if (r == ncclSuccess) return Status::Ok();
     if (code_ == ncclSuccess) code_ = r;
@@ -467,45 +526,51 @@ Status Restage(bool to_rows, const uint8_t* src, uint8_t* dst, int n, int64_t co
   return Status::Ok();
 }
 
-// Room for the engine's workspace and the staging rows; false if it would have to allocate
-// while `stream` is being captured.
-bool Reserve(Comm* c, int64_t need, cudaStream_t stream, Status* err) {
-  if (need <= c->cap) return true;
-  if (Capturing(stream)) return false;
-  const int64_t cap = std::max<int64_t>(need, 2 * c->cap);
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(c->device);
-  void* p = DeviceAlloc(static_cast<size_t>(cap));
-  cudaSetDevice(prev);
-  if (p == nullptr) {
-    *err = Status::Error("jcoccl nccl: cannot allocate a workspace of " + std::to_string(cap) +
-                         " bytes");
-    return false;
-  }
-  if (c->ws != nullptr) c->retired.push_back(c->ws);
-  c->ws = static_cast<uint8_t*>(p);
-  c->cap = cap;
-  return true;
-}
+bool Misaligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; }
 
-Status RunTaken(Comm* c, OpKind op, const Rule& rule, const void* send, void* recv, int64_t count,
-                jc::DType dtype, cudaStream_t stream, const Plan& p, int64_t ws_bytes,
-                Transport* t) {
-  const int64_t eb = jc::DTypeBytes(dtype);
-  uint8_t* ws = c->ws;
-  uint8_t* in = p.stage_in ? ws + Align(ws_bytes) : nullptr;
-  uint8_t* out = p.stage_out ? ws + Align(ws_bytes) + Align(p.in_bytes) : nullptr;
-  Lanes lanes(c);
-  // Fork: the lanes start after the caller's stream (its inputs) and after the previous
-  // call's decode lane (which joined that call's other lanes: its workspace is reused).
+// Forks `set`'s lanes off every stream of `streams` (the caller's, or its group's): each lane
+// waits for the work queued on them so far, and for the set's previous call (its decode lane
+// joined that call's other lanes: the workspace is reused).
+Status Fork(LaneSet* set, const std::vector<cudaStream_t>& streams) {
+  Lanes lanes(set);
   Status s = Status::Ok();
-  for (int l = 0; l < 3 && s.ok(); ++l) s = Wait(c->fork, stream, c->lane[l]);
+  for (cudaStream_t st : streams)
+    for (int l = 0; l < 3 && s.ok(); ++l) s = Wait(set->fork, st, set->lane[l]);
   if (s.ok()) s = lanes.Handoff(je::kDecode, je::kEncode);
   if (s.ok()) s = lanes.Handoff(je::kDecode, je::kComm);
-  cudaStream_t enc = c->lane[je::kEncode], dec = c->lane[je::kDecode];
-  const int n = op == kReduceScatter ? c->size : 1;
-  if (s.ok() && p.stage_in) {
+  return s;
+}
+
+// Joins `set`'s lanes back into every stream of `streams`: the decode lane waits for the
+// other two, and the streams for the decode lane. Done on every path, a failed one included:
+// the caller may reuse its buffers once its stream passes this point.
+Status Join(LaneSet* set, const std::vector<cudaStream_t>& streams) {
+  Lanes lanes(set);
+  Status s = Status::Ok();
+  for (int l : {je::kEncode, je::kComm}) {
+    Status j = lanes.Handoff(static_cast<je::Lane>(l), je::kDecode);
+    if (s.ok()) s = j;
+  }
+  for (cudaStream_t st : streams) {
+    Status j = Wait(set->ev[je::kDecode], set->lane[je::kDecode], st);
+    if (s.ok()) s = j;
+  }
+  return s;
+}
+
+// The engine's work of one call on `set`'s lanes (forked and joined by the caller).
+Status RunTaken(LaneSet* set, OpKind op, const Rule& rule, const void* send, void* recv,
+                int64_t count, jc::DType dtype, int size, const Plan& p, int64_t ws_bytes,
+                Transport* t) {
+  const int64_t eb = jc::DTypeBytes(dtype);
+  uint8_t* ws = set->ws;
+  uint8_t* in = p.stage_in ? ws + Align(ws_bytes) : nullptr;
+  uint8_t* out = p.stage_out ? ws + Align(ws_bytes) + Align(p.in_bytes) : nullptr;
+  Lanes lanes(set);
+  cudaStream_t enc = set->lane[je::kEncode], dec = set->lane[je::kDecode];
+  const int n = op == kReduceScatter ? size : 1;
+  Status s = Status::Ok();
+  if (p.stage_in) {
     s = Cuda(cudaMemsetAsync(in, 0, p.in_bytes, enc), "memset");
     if (s.ok() && op == kAllReduce) {
       s = Cuda(cudaMemcpyAsync(in, send, count * eb, cudaMemcpyDeviceToDevice, enc), "copy");
@@ -527,19 +592,12 @@ Status RunTaken(Comm* c, OpKind op, const Rule& rule, const void* send, void* re
   }
   if (s.ok() && p.stage_out) {
     if (op == kAllGather) {
-      s = Restage(false, out, static_cast<uint8_t*>(recv), c->size, count, p, eb, dec);
+      s = Restage(false, out, static_cast<uint8_t*>(recv), size, count, p, eb, dec);
     } else {
       s = Cuda(cudaMemcpyAsync(recv, out, count * eb, cudaMemcpyDeviceToDevice, dec), "copy");
     }
   }
-  // Join on every path, a failed one included: the caller may reuse its buffers once its
-  // stream passes this point.
-  for (int l : {je::kEncode, je::kComm}) {
-    Status j = lanes.Handoff(static_cast<je::Lane>(l), je::kDecode);
-    if (s.ok()) s = j;
-  }
-  Status j = Wait(c->ev[je::kDecode], dec, stream);
-  return s.ok() ? j : s;
+  return s;
 }
 
 // Payload bytes this rank sends in NCCL's own algorithm for the same call (ring).
@@ -584,57 +642,88 @@ ncclResult_t ForwardReal(const Args& a) {
                                            a.stream);
 }
 
-// Runs a matched call with the engine; false: it must be forwarded (`*res` unset).
-bool Execute(Comm* c, const Rule& rule, const Args& a, ncclResult_t* res) {
+// A matched call's plan and the workspace it needs (the same on every rank).
+struct Sized {
+  Plan plan;
+  int64_t ws_bytes = 0, need = 0;
+};
+
+Sized SizeOf(const Comm* c, const Rule& rule, const Args& a) {
   const int dt = DTypeOf(a.type);
-  const int64_t eb = dt == 0 ? 4 : 2;
-  const int64_t bytes = static_cast<int64_t>(a.count) * eb;
-  std::lock_guard<std::mutex> lk(c->mu);
-  const jc::DType dtype = static_cast<jc::DType>(dt);
-  const Plan p = MakePlan(a.op, rule, c->size, static_cast<int64_t>(a.count), eb);
-  Codec sizing(rule.spec, dtype);
+  Sized z;
+  z.plan = MakePlan(a.op, rule, c->size, static_cast<int64_t>(a.count), dt == 0 ? 4 : 2);
+  Codec sizing(rule.spec, static_cast<jc::DType>(dt));
   je::SizeOnlyTransport st(c->size);
   je::Call call;
-  call.op = p.op;
-  call.k = p.k;
-  call.m = p.m;
+  call.op = z.plan.op;
+  call.k = z.plan.k;
+  call.m = z.plan.m;
   call.codec = &sizing;
   call.comm = &st;
-  const int64_t ws_bytes = je::WorkspaceBytes(call);
-  const int64_t need = Align(ws_bytes) + Align(p.in_bytes) + Align(p.out_bytes);
-  Status s = Status::Ok();
-  if (!Reserve(c, need, a.stream, &s)) {
-    if (!s.ok()) {
-      std::fprintf(stderr, "%s; the call is forwarded\n", s.msg.c_str());
-      return Forwarded(c, a.op, bytes, kDisabled), false;
-    }
-    return Forwarded(c, a.op, bytes, kCapture), false;
+  z.ws_bytes = je::WorkspaceBytes(call);
+  z.need = Align(z.ws_bytes) + Align(z.plan.in_bytes) + Align(z.plan.out_bytes);
+  return z;
+}
+
+// A taken call that failed on this rank after its peers may have started theirs: NCCL's
+// answer is an asynchronous error, which XLA polls and then aborts the communicator.
+ncclResult_t Failed(Comm* c, ncclResult_t r, const std::string& msg) {
+  int expected = ncclSuccess;
+  c->async.compare_exchange_strong(expected, r);
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  return r;
+}
+
+// Enqueues a taken call's engine work on the lanes of its kind (eager or captured); the
+// caller forks and joins them. `*set` is the lane set used (null if none could be made).
+ncclResult_t Enqueue(Comm* c, const Rule& rule, const Args& a, LaneSet** set) {
+  const int dt = DTypeOf(a.type);
+  const int64_t bytes = static_cast<int64_t>(a.count) * (dt == 0 ? 4 : 2);
+  const bool captured = Capturing(a.stream);
+  *set = &c->sets[captured ? 1 : 0];
+  if (!Prepare(c, *set)) {
+    const std::string e = (*set)->error;
+    *set = nullptr;
+    return Failed(c, ncclSystemError, e + "; the call fails");
   }
+  Sized z = SizeOf(c, rule, a);
+  // Unaligned buffers go through the workspace: the codec kernels load 16 bytes at a time.
+  z.plan.stage_in |= Misaligned(a.send);
+  z.plan.stage_out |= Misaligned(a.recv);
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(c->device);
   Transport t(c);
-  s = RunTaken(c, a.op, rule, a.send, a.recv, static_cast<int64_t>(a.count), dtype, a.stream, p,
-               ws_bytes, &t);
+  Status s = RunTaken(*set, a.op, rule, a.send, a.recv, static_cast<int64_t>(a.count),
+                      static_cast<jc::DType>(dt), c->size, z.plan, z.ws_bytes, &t);
   cudaSetDevice(prev);
   {
     std::lock_guard<std::mutex> g(g_mu);
     OpCounters& k = c->ops[a.op];
     ++k.taken_calls;
+    k.captured_calls += captured ? 1 : 0;
     k.taken_bytes += bytes;
     k.taken_wire += t.sent();
   }
-  if (s.ok()) {
-    *res = ncclSuccess;
-  } else {
-    // Part of the call may be queued while peers wait for the rest: NCCL's answer to that is
-    // an asynchronous error, which XLA polls and then aborts the communicator.
-    *res = t.code() != ncclSuccess ? t.code() : ncclInternalError;
-    int expected = ncclSuccess;
-    c->async.compare_exchange_strong(expected, *res);
-    std::fprintf(stderr, "%s\n", s.msg.c_str());
+  if (s.ok()) return ncclSuccess;
+  return Failed(c, t.code() != ncclSuccess ? t.code() : ncclInternalError, s.msg);
+}
+
+// Runs one taken call now: fork off its stream, the engine, join back.
+ncclResult_t Execute(Comm* c, const Rule& rule, const Args& a) {
+  std::lock_guard<std::mutex> lk(c->mu);
+  const std::vector<cudaStream_t> streams{a.stream};
+  LaneSet* set = &c->sets[Capturing(a.stream) ? 1 : 0];
+  if (Prepare(c, set)) {
+    Status f = Fork(set, streams);
+    if (!f.ok()) return Failed(c, ncclInternalError, f.msg);
   }
-  return true;
+  ncclResult_t r = Enqueue(c, rule, a, &set);
+  if (set != nullptr) {
+    Status j = Join(set, streams);
+    if (!j.ok() && r == ncclSuccess) r = Failed(c, ncclInternalError, j.msg);
+  }
+  return r;
 }
 
 // Calls taken over inside ncclGroupStart / ncclGroupEnd, run when the outermost group ends.
@@ -643,49 +732,126 @@ struct Deferred {
   Rule rule;
   Args args;
 };
-thread_local std::vector<Deferred> g_deferred;
+// One group's taken calls and the streams of all its calls that passed through here.
+struct Group {
+  std::vector<Deferred> calls;
+  std::vector<cudaStream_t> streams;
+};
+thread_local Group g_group;
 uint64_t g_grouped = 0;  // calls taken over at their group's end
+// Groups whose real ncclGroupEnd answered ncclInProgress (nonblocking communicators): they
+// run once every communicator of theirs has left that state, when the caller polls it
+// (ncclCommGetAsyncError, as NCCL asks of it) or makes its next group.
+std::vector<Group>& Held() {
+  static auto* h = new std::vector<Group>();
+  return *h;
+}
+std::mutex g_held_mu;
+
+void AddStream(std::vector<cudaStream_t>* v, cudaStream_t s) {
+  if (std::find(v->begin(), v->end(), s) == v->end()) v->push_back(s);
+}
 
 // Decides a call: forwarded (false), run now, or (inside a group) queued for the group's end.
-// XLA issues every collective inside a group, so the group is where the calls are.
+// XLA issues every collective inside a group, so the group is where the calls are. Every
+// input of the decision is the same on every rank (see the top of the file).
 bool Take(const Args& a, ncclResult_t* res) {
+  if (g_group_depth > 0) AddStream(&g_group.streams, a.stream);
   const int dt = DTypeOf(a.type);
   if (!g_takeover_ok) return Forwarded(nullptr, a.op, 0, kDisabled), false;
-  if (dt < 0 || (a.op != kAllGather && a.red != ncclSum))
+  // float16 all-gathers are forwarded: XLA sends S16/U16 data movement as ncclFloat16.
+  if (dt < 0 || (a.op != kAllGather && a.red != ncclSum) || (a.op == kAllGather && dt == 2))
     return Forwarded(nullptr, a.op, 0, kOtherType), false;
-  std::string err;
-  Comm* c = CommOf(a.comm, &err);
+  Comm* c = CommOf(a.comm);
   if (c == nullptr) return Forwarded(nullptr, a.op, 0, kDisabled), false;
   // The message: what one rank contributes (all_reduce, all_gather) or receives (reduce_scatter).
   const int64_t bytes = static_cast<int64_t>(a.count) * (dt == 0 ? 4 : 2);
   Rule rule;
-  if (c->size < 2 || a.count == 0 || !Match(c->size, a.op, dt, bytes, &rule))
+  if (c->size < 2 || a.count == 0 || !Match(*c->pol, c->size, a.op, dt, bytes, &rule) ||
+      rule.spec.kind == jc::Kind::kNone)
     return Forwarded(c, a.op, bytes, kNoRule), false;
+  if (SizeOf(c, rule, a).need > c->ws_bytes) return Forwarded(c, a.op, bytes, kWorkspace), false;
   if (g_group_depth > 0) {
-    // NCCL would start it at the group's end too; every rank defers the same calls (the rule
-    // depends only on what all ranks pass), so they stay in step.
-    g_deferred.push_back({c, rule, a});
+    // NCCL would start it at the group's end too.
+    g_group.calls.push_back({c, rule, a});
     *res = ncclSuccess;
     return true;
   }
-  return Execute(c, rule, a, res);
+  *res = Execute(c, rule, a);
+  return true;
 }
 
-// The group's own calls went to the real NCCL with its ncclGroupEnd; the deferred ones run
-// now, in issue order, each as its own engine call. The first failure is the group's result.
-ncclResult_t RunDeferred(ncclResult_t r) {
-  std::vector<Deferred> todo;
-  todo.swap(g_deferred);
-  for (const Deferred& d : todo) {
+// A group's taken calls, after the real ncclGroupEnd launched its other calls: each call's
+// lanes fork off every stream of the group, all calls are enqueued, then every stream of
+// the group waits for all of them (NCCL orders a group's streams so). The first failure is
+// the group's result.
+ncclResult_t RunGroup(Group& g, ncclResult_t r) {
+  std::vector<Comm*> comms;
+  for (const Deferred& d : g.calls)
+    if (std::find(comms.begin(), comms.end(), d.comm) == comms.end()) comms.push_back(d.comm);
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (Comm* c : comms) locks.emplace_back(c->mu);
+  std::vector<LaneSet*> used;
+  for (const Deferred& d : g.calls) {
     ncclResult_t x = ncclSuccess;
-    if (!Execute(d.comm, d.rule, d.args, &x)) x = ForwardReal(d.args);
+    LaneSet* set = &d.comm->sets[Capturing(d.args.stream) ? 1 : 0];
+    if (Prepare(d.comm, set) && std::find(used.begin(), used.end(), set) == used.end()) {
+      used.push_back(set);
+    }
+    if (set->ready) {
+      Status f = Fork(set, g.streams);
+      x = f.ok() ? Enqueue(d.comm, d.rule, d.args, &set) : Failed(d.comm, ncclInternalError, f.msg);
+    } else {
+      x = Enqueue(d.comm, d.rule, d.args, &set);  // fails with the reason
+    }
     {
       std::lock_guard<std::mutex> lk(g_mu);
       ++g_grouped;
     }
-    if ((r == ncclSuccess || r == ncclInProgress) && x != ncclSuccess && x != ncclInProgress) r = x;
+    if ((r == ncclSuccess || r == ncclInProgress) && x != ncclSuccess) r = x;
+  }
+  for (LaneSet* set : used) {
+    Status j = Join(set, g.streams);
+    if (!j.ok() && r == ncclSuccess) r = ncclInternalError;
   }
   return r;
+}
+
+// Whether every communicator of `g` has left ncclInProgress; an error is set in `*err`.
+bool GroupReady(const Group& g, ncclResult_t* err) {
+  for (const Deferred& d : g.calls) {
+    ncclResult_t state = ncclSuccess;
+    if (JCN_REAL(AsyncFn, ncclCommGetAsyncError)(d.comm->comm, &state) != ncclSuccess) continue;
+    if (state == ncclInProgress) return false;
+    if (state != ncclSuccess) *err = state;
+  }
+  return true;
+}
+
+// Runs the held groups that are ready, in the order they were made; ncclSuccess or the
+// first failure.
+ncclResult_t RunHeld() {
+  ncclResult_t r = ncclSuccess;
+  std::lock_guard<std::mutex> lk(g_held_mu);
+  auto& held = Held();
+  while (!held.empty()) {
+    ncclResult_t err = ncclSuccess;
+    if (!GroupReady(held.front(), &err)) break;
+    Group g = std::move(held.front());
+    held.erase(held.begin());
+    // A communicator whose group failed runs none of the group's taken calls.
+    ncclResult_t x = err == ncclSuccess ? RunGroup(g, ncclSuccess) : err;
+    if (r == ncclSuccess) r = x;
+  }
+  return r;
+}
+
+bool Holds(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lk(g_held_mu);
+  for (const Group& g : Held())
+    for (const Deferred& d : g.calls)
+      if (d.comm->comm == comm) return true;
+  return false;
 }
 
 void DropComm(ncclComm_t comm) {
@@ -710,8 +876,8 @@ std::string CountersText() {
       o << "comm=" << static_cast<const void*>(comm) << " size=" << c->size << " rank=" << c->rank
         << " op=" << kOpNames[op] << " taken_calls=" << k.taken_calls
         << " taken_bytes=" << k.taken_bytes << " taken_wire=" << k.taken_wire
-        << " forwarded_calls=" << k.fwd_calls << " forwarded_bytes=" << k.fwd_bytes
-        << " forwarded_wire=" << k.fwd_wire << "\n";
+        << " captured_calls=" << k.captured_calls << " forwarded_calls=" << k.fwd_calls
+        << " forwarded_bytes=" << k.fwd_bytes << " forwarded_wire=" << k.fwd_wire << "\n";
     }
   }
   o << "grouped taken_at_group_end=" << g_grouped << "\n";
@@ -726,11 +892,15 @@ std::string StatusText() {
   o << "real=" << (RealPath().empty() ? "-" : RealPath()) << "\n";
   if (!LoadError().empty()) o << "error=" << LoadError() << "\n";
   if (!VersionNote().empty()) o << "version=" << VersionNote() << "\n";
-  std::lock_guard<std::mutex> lk(g_mu);
-  o << "policy=" << (Pol().source.empty() ? "-" : Pol().source) << "\n";
-  if (!Pol().error.empty()) o << "policy_error=" << Pol().error << "\n";
-  o << "rules=" << Pol().rules.size() << "\n";
-  o << "active=" << (g_takeover_ok && !Pol().rules.empty() ? 1 : 0) << "\n";
+  std::shared_ptr<const Policy> pol;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    pol = Pol();
+  }
+  o << "policy=" << (pol->source.empty() ? "-" : pol->source) << "\n";
+  if (!pol->error.empty()) o << "policy_error=" << pol->error << "\n";
+  o << "rules=" << pol->rules.size() << "\n";
+  o << "active=" << (g_takeover_ok && !pol->rules.empty() ? 1 : 0) << "\n";
   return o.str();
 }
 
@@ -740,7 +910,7 @@ void LoadPolicy(const char* path) {
   Policy p = path != nullptr && *path ? ReadPolicy(path) : Policy();
   if (!p.error.empty()) Say(p.error + "; every call is forwarded uncompressed");
   std::lock_guard<std::mutex> lk(g_mu);
-  Pol() = std::move(p);
+  Pol() = std::make_shared<const Policy>(std::move(p));
 }
 
 __attribute__((constructor)) void Init() {
@@ -798,36 +968,90 @@ ncclResult_t AllGather(const void* send, void* recv, size_t count, ncclDataType_
   return Take(a, &r) ? r : ForwardReal(a);
 }
 ncclResult_t GroupStart() {
+  // A nonblocking communicator's earlier group may still wait: it goes first.
+  ncclResult_t h = RunHeld();
+  if (h != ncclSuccess) return h;
   ncclResult_t r = JCN_REAL(GroupFn, ncclGroupStart)();
   if (r == ncclSuccess) ++g_group_depth;
   return r;
 }
 ncclResult_t GroupEnd() {
   ncclResult_t r = JCN_REAL(GroupFn, ncclGroupEnd)();
-  if (g_group_depth > 0 && r != ncclInvalidUsage) --g_group_depth;
-  return g_group_depth == 0 && !g_deferred.empty() ? RunDeferred(r) : r;
+  if (g_group_depth == 0) return r;  // no group: the real NCCL's answer (ncclInvalidUsage)
+  // NCCL closes the group even when it reports an error: so does the depth here.
+  if (--g_group_depth > 0) return r;
+  Group g = std::move(g_group);
+  g_group = Group();
+  if (g.calls.empty()) return r;
+  if (r == ncclInProgress) {
+    // Nonblocking communicators: nothing may be issued on them until they leave
+    // ncclInProgress, so the taken calls wait for the caller's poll (or its next group).
+    std::lock_guard<std::mutex> lk(g_held_mu);
+    Held().push_back(std::move(g));
+    return r;
+  }
+  if (r != ncclSuccess) {
+    // The group failed: its taken calls are not run, and their communicators say so.
+    for (const Deferred& d : g.calls)
+      Failed(d.comm, r,
+             std::string("jcoccl nccl: ncclGroupEnd failed (") + ErrorString(r) +
+                 "); the calls taken over in the group were not run");
+    return r;
+  }
+  return RunGroup(g, r);
 }
 // A simulated group's calls are not run (NCCL only estimates them): neither are the ones it
 // queued.
 ncclResult_t GroupSimulateEnd(ncclSimInfo_t* info) {
   ncclResult_t r = JCN_REAL(SimulateFn, ncclGroupSimulateEnd)(info);
-  if (g_group_depth > 0 && r != ncclInvalidUsage) --g_group_depth;
-  if (g_group_depth == 0) g_deferred.clear();
+  if (g_group_depth > 0 && --g_group_depth == 0) g_group = Group();
   return r;
 }
 ncclResult_t CommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {
   ncclResult_t r = JCN_REAL(AsyncFn, ncclCommGetAsyncError)(comm, err);
-  if (r != ncclSuccess || *err != ncclSuccess) return r;
+  if (r != ncclSuccess) return r;
+  if (*err == ncclSuccess && Holds(comm)) {
+    // The caller polls a nonblocking communicator after its group: run what waited for it.
+    ncclResult_t h = RunHeld();
+    if (h != ncclSuccess) *err = h;
+    if (*err == ncclSuccess && Holds(comm)) *err = ncclInProgress;
+  }
+  if (*err != ncclSuccess) return r;
   std::lock_guard<std::mutex> lk(g_mu);
   auto it = Comms().find(comm);
   if (it != Comms().end()) *err = static_cast<ncclResult_t>(it->second->async.load());
   return r;
 }
+// Waits for a taken call in flight on `comm` in another thread (told to stop waiting on the
+// communicator) before the real NCCL frees it.
+void Quiesce(ncclComm_t comm) {
+  Comm* c = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = Comms().find(comm);
+    if (it != Comms().end()) c = it->second.get();
+  }
+  if (c == nullptr) return;
+  c->aborting = true;
+  std::lock_guard<std::mutex> wait(c->mu);
+  // A held group on it will never run (its peers' groups fail as the communicator goes).
+  std::lock_guard<std::mutex> lk(g_held_mu);
+  auto& held = Held();
+  held.erase(std::remove_if(held.begin(), held.end(),
+                            [&](const Group& g) {
+                              for (const Deferred& d : g.calls)
+                                if (d.comm == c) return true;
+                              return false;
+                            }),
+             held.end());
+}
 ncclResult_t CommDestroy(ncclComm_t comm) {
+  Quiesce(comm);
   DropComm(comm);
   return JCN_REAL(CommFn, ncclCommDestroy)(comm);
 }
 ncclResult_t CommAbort(ncclComm_t comm) {
+  Quiesce(comm);
   DropComm(comm);
   return JCN_REAL(CommFn, ncclCommAbort)(comm);
 }
@@ -835,10 +1059,20 @@ ncclResult_t CommAbort(ncclComm_t comm) {
 }  // namespace jcn
 
 // The nccl* and pnccl* names call the functions above (never each other by name: with a real
-// libnccl.so.2 loaded globally, such a call could bind to it).
-#define JCN_DEFINE(ret, name, fn, params, args)       \
-  JCN_EXPORT ret name params { return jcn::fn args; } \
-  JCN_EXPORT ret p##name params { return jcn::fn args; }
+// libnccl.so.2 loaded globally, such a call could bind to it). A call from inside the real
+// NCCL (its own use of a public name, which binds here when this library is preloaded) goes
+// straight back to the real function: it is none of the caller's calls.
+#define JCN_DEFINE(ret, name, fn, params, args)                      \
+  JCN_EXPORT ret name params {                                       \
+    if (jcn::CalledFromReal(__builtin_return_address(0)))            \
+      return reinterpret_cast<ret(*) params>(jcn_real_##name) args;  \
+    return jcn::fn args;                                             \
+  }                                                                  \
+  JCN_EXPORT ret p##name params {                                    \
+    if (jcn::CalledFromReal(__builtin_return_address(0)))            \
+      return reinterpret_cast<ret(*) params>(jcn_real_p##name) args; \
+    return jcn::fn args;                                             \
+  }
 JCN_DEFINE(ncclResult_t, ncclAllReduce, AllReduce,
            (const void* a, void* b, size_t n, ncclDataType_t t, ncclRedOp_t o, ncclComm_t c,
             cudaStream_t s),
@@ -866,5 +1100,9 @@ JCN_EXPORT const char* jcoccl_nccl_status() { return jcn::Text(jcn::StatusText()
 JCN_EXPORT const char* jcoccl_nccl_counters() { return jcn::Text(jcn::CountersText()); }
 // Replaces the policy with a resolved policy file (null or "": none); the status tells how it went.
 JCN_EXPORT void jcoccl_nccl_load_policy(const char* path) { jcn::LoadPolicy(path); }
+// The real NCCL's function `name` (null if it lacks it): jcoccl's own NCCL transport
+// (transport/nccl.cc) resolves its calls through this when the library answers for
+// libnccl.so.2, so jcoccl's exact collectives are never taken over.
+JCN_EXPORT void* jcoccl_nccl_real_symbol(const char* name) { return jcn::Real(name); }
 // This thread's depth of ncclGroupStart calls not yet ended.
 JCN_EXPORT int jcoccl_nccl_group_depth() { return jcn::g_group_depth; }

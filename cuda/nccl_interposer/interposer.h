@@ -18,5 +18,8 @@ const std::string& RealPath();
 const std::string& LoadError();
 // How many generated names the real library lacks.
 int MissingCount();
+// Whether `addr` (a return address) lies in the real library's code: a call the real NCCL
+// makes to one of its own public names, which binds to this library when it is preloaded.
+bool CalledFromReal(const void* addr);
 
 }  // namespace jcn

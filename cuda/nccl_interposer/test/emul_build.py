@@ -44,8 +44,8 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
   # The lanes no longer wait for the caller's stream: the encode reads inputs not yet written.
   "no_fork_wait": (
     "interposer.cc",
-    "for (int l = 0; l < 3 && s.ok(); ++l) s = Wait(c->fork, stream, c->lane[l]);",
-    "(void)stream;",
+    "for (int l = 0; l < 3 && s.ok(); ++l) s = Wait(set->fork, st, set->lane[l]);",
+    "(void)st;",
   ),
   # A failed send returns from inside the engine's ncclGroupStart / ncclGroupEnd.
   "group_left_open": (
