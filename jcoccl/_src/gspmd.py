@@ -51,20 +51,6 @@ class _OpPlan:
     return dict(self.options)
 
 
-def _data_axes(axes: Any) -> tuple[str, ...]:
-  names = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
-  if not names or not all(isinstance(a, str) for a in names) or len(set(names)) != len(names):
-    raise ValueError(f"axes must be a mesh axis name or a tuple of distinct names, got {axes!r}")
-  return names
-
-
-def _argnums(argnums: Any) -> tuple[int, ...]:
-  nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-  if not nums or not all(isinstance(i, int) and i >= 0 for i in nums):
-    raise ValueError(f"argnums must be a non-negative int or a tuple of them, got {argnums!r}")
-  return nums
-
-
 @dataclasses.dataclass(frozen=True, eq=False)  # jit keys a callable by identity
 class DataParallelGrad:
   """A ``jax.value_and_grad`` whose data-parallel gradient sum goes through jcoccl.
@@ -448,17 +434,25 @@ def value_and_grad(
       (:meth:`DataParallelGrad.init`) passed as ``state=`` and returned updated.
     accumulate: split each shard's batch into this many micro-batches, add their
       gradients (in float32) and sync once.
-    param_specs: PartitionSpecs of the differentiated arguments (a matching pytree, as
-      given to NamedSharding). A leaf whose spec shards one dimension over ``axes`` is
-      FSDP: all-gathered for ``fun`` and its gradient reduce-scattered back. None: every
-      parameter replicated over ``axes``.
+    param_specs: PartitionSpecs of the differentiated arguments, in their pytree form or
+      another with the same leaf paths (an nnx Module's or its State's
+      ``nnx.get_partition_spec``). A leaf sharded over all data axes on one dimension is
+      FSDP (all-gathered for ``fun``, its gradient reduce-scattered back); over a subset of
+      them, HSDP (reduce-scattered over the subset, all-reduced over the rest). Checked
+      against each array's rank, the mesh's axes and, where known, its sharding. None:
+      read from the arrays (concrete arrays, or Explicit-mesh types; under ``jax.jit`` on
+      Auto axes they are unknown and taken as replicated, with a warning).
     batch_argnums: the positional arguments whose leaves are split over ``axes`` on their
       first dimension; default: all that are not differentiated. Others pass whole.
     mesh: the mesh; default: the one set by ``jax.set_mesh``.
     algorithm: the all_reduce algorithm (default: its own, "auto"); reduce_scatter and
       all_gather keep theirs.
-    min_bytes: leaves smaller than this go exactly (default: the ops' own, 4 MiB).
+    min_bytes: leaves smaller than this (each whole leaf's bytes) go exactly (default:
+      the ops' own, 4 MiB).
     chunks: as in :func:`jcoccl.all_reduce`.
+    replicated_closure: allow ``fun`` to close over arrays sharded over the data axes or
+      with the batch's leading size (by default an error: such an array is usually the
+      batch, which every shard would then compute on whole).
 
   Returns:
     A :class:`DataParallelGrad`: ``grad_fn(*args)`` gives ``(value, grads)``; with
@@ -466,7 +460,8 @@ def value_and_grad(
 
   Raises:
     ValueError: ``axes`` not in the mesh, a batch whose first dimension does not split over
-      them or that is sharded otherwise, bad ``param_specs`` / ``accumulate`` / ``state``.
+      them or that is sharded otherwise, bad ``param_specs`` (naming the leaf) /
+      ``accumulate`` / ``state``, a closed-over batch-like array.
     TypeError: ``fun``'s loss is not a scalar.
 
   Example:
@@ -478,7 +473,7 @@ def value_and_grad(
     raise TypeError(f"fun must be callable, got {type(fun).__name__}")
   if not isinstance(accumulate, int) or accumulate < 1:
     raise ValueError(f"accumulate must be a positive int, got {accumulate!r}")
-  data_axes = _data_axes(axes)
+  data_axes = S.data_axes(axes)
   options = {"algorithm": algorithm, "min_bytes": min_bytes, "chunks": chunks}
   plans = _plans(data_axes, compressor, gather_compressor, policy, options)
   if error_feedback:
@@ -488,7 +483,7 @@ def value_and_grad(
   return DataParallelGrad(
     fun=fun,
     axes=data_axes,
-    argnums=_argnums(argnums),
+    argnums=S.argnums_of(argnums),
     has_aux=has_aux,
     plans=plans,
     error_feedback=bool(error_feedback),

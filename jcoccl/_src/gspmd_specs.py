@@ -21,6 +21,20 @@ from jax.sharding import PartitionSpec as P
 from jcoccl._src import _compat
 
 
+def data_axes(axes: Any) -> tuple[str, ...]:
+  names = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+  if not names or not all(isinstance(a, str) for a in names) or len(set(names)) != len(names):
+    raise ValueError(f"axes must be a mesh axis name or a tuple of distinct names, got {axes!r}")
+  return names
+
+
+def argnums_of(argnums: Any) -> tuple[int, ...]:
+  nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+  if not nums or not all(isinstance(i, int) and i >= 0 for i in nums):
+    raise ValueError(f"argnums must be a non-negative int or a tuple of them, got {argnums!r}")
+  return nums
+
+
 def is_spec(x: Any) -> bool:
   return isinstance(x, P)
 
