@@ -70,7 +70,10 @@ def all_reduce(
       (S bytes, r payload/raw ratio, n ranks; a, b, g measured on the link and backend in
       use: :func:`jcoccl.calibrate`, or ``python -m jcoccl.bench collectives --fit-out``
       and ``JCOCCL_COST_MODEL=m.json``), i.e. one_shot for small messages or n <= 2,
-      two_shot for large ones on many ranks. Without a calibration it never sends more
+      two_shot for large ones on many ranks. With no cost model at all (the platform's
+      default) it picks by size: one_shot under 256 KiB per leaf
+      (:data:`TWO_SHOT_MIN_BYTES`) or on 2 ranks, two_shot from there. Without a
+      calibration it never sends more
       bytes than ``lax.psum`` (ring: 2(n-1)/n S) with a codec that shrinks its input:
       one_shot, (n-1) r S, is a candidate only where r <= 2/n.
     auto_exact: as auto, and the exact lax op is a candidate too (under a calibrated cost
@@ -111,7 +114,7 @@ def all_reduce(
       devices (2 cores, 1 MiB int8): chunks=4 is 20-30% slower than chunks=1, since XLA
       CPU runs collectives synchronously; the overlap needs an asynchronous backend (GPU).
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default
-      (:func:`jcoccl.set_default_min_bytes`, env ``JCOCCL_MIN_BYTES``, 4 MiB).
+      (``jcoccl.set_config_defaults(min_bytes=...)``, env ``JCOCCL_MIN_BYTES``, 4 MiB).
     grad_compressor: compressor of the backward pass; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
     axis_index_groups: as lax's; given, the exact lax op runs (the compressed algorithms
@@ -330,14 +333,33 @@ def decision(
   return made(comp, algo, k, why)
 
 
+# Without any cost model (the platform's default), auto picks by message size as NCCL picks
+# its algorithm and protocol: one_shot (n-1 steps) where a message is latency-bound,
+# two_shot (2(n-1) steps, 2/n of one_shot's bytes per rank beyond) where it is
+# bandwidth-bound. one_shot's extra (n-1)(1-2/n) r S bytes outlast two_shot's extra n-1
+# steps above S = n alpha beta / ((n-2) r): 246 KB for int8 (r = 0.254) on 4 ranks at
+# alpha = 50 us per step and beta = 1.25 GB/s (10 Gbit/s); less on slower links and more
+# ranks. A calibration (jcoccl.calibrate) or a cost model of one's own decides instead.
+TWO_SHOT_MIN_BYTES = 256 << 10
+
+
 def _uncalibrated(
   comp: Any, algorithm: str, model: Any, nbytes: int, n: int, ratio: float, chunks: int
 ) -> Decision:
   """auto under a model without the exact op's cost: one_shot or two_shot, and never more
-  bytes than the exact op (its times are the platform's guess, its bytes are certain)."""
+  bytes than the exact op (its times are the platform's guess, its bytes are certain).
+  The platform's default model decides by size (:data:`TWO_SHOT_MIN_BYTES`); a model the
+  caller set (without exact terms) by its predicted times."""
   times = tuple((a, model.cost(a, nbytes, n, ratio)) for a in ("one_shot", "two_shot"))
-  algo = model.choose(nbytes, n, ratio)
-  why = "least predicted time (cost model not calibrated: the exact op is no candidate)"
+  if any(model is m for m in cost_model.DEFAULTS.values()):
+    algo = "two_shot" if n > 2 and nbytes >= TWO_SHOT_MIN_BYTES else "one_shot"
+    why = (
+      f"message size (no cost model): one_shot under {TWO_SHOT_MIN_BYTES} bytes or on 2 "
+      "ranks (latency-bound), two_shot from there (bandwidth-bound)"
+    )
+  else:
+    algo = model.choose(nbytes, n, ratio)
+    why = "least predicted time (cost model not calibrated: the exact op is no candidate)"
   if algo == "one_shot" and not one_shot_within_exact_bytes(n, ratio):
     algo = "two_shot"
     why = (
