@@ -39,12 +39,24 @@ pytestmark = pytest.mark.skipif(
 PLUGIN_SYMBOLS = ROOT / "cuda" / "nccl_interposer" / "test" / "plugin_symbols.txt"
 F32, BF16, F16, U8 = 7, 9, 6, 1  # ncclDataType_t
 SUM, MAX = 0, 2  # ncclRedOp_t
-SUCCESS, INTERNAL, INVALID_ARG, INVALID_USAGE, SYSTEM = 0, 3, 4, 5, 2
+SUCCESS, INTERNAL, INVALID_ARG, INVALID_USAGE, SYSTEM, IN_PROGRESS = 0, 3, 4, 5, 2, 7
 COPIES, COLLECTIVES = 2, 4  # jcoccl_shim::WorkKind bits
 
 
 class UniqueId(ctypes.Structure):
   _fields_ = [("internal", ctypes.c_char * 128)]  # passed by value, as ncclUniqueId is
+
+
+class Config(ctypes.Structure):
+  """ncclConfig_t's leading fields (the rest left at zero, as the emulation reads blocking)."""
+
+  _fields_ = [
+    ("size", ctypes.c_size_t),
+    ("magic", ctypes.c_uint),
+    ("version", ctypes.c_uint),
+    ("blocking", ctypes.c_int),
+    ("rest", ctypes.c_char * 252),
+  ]
 
 
 class Nccl:
@@ -63,8 +75,10 @@ class Nccl:
     self.lib.ncclCommInitRank.argtypes = [ctypes.POINTER(vp), i32, UniqueId, i32]
     self.lib.ncclCommGetAsyncError.argtypes = [vp, ctypes.POINTER(i32)]
     self.lib.ncclCommAbort.argtypes = [vp]
+    self.lib.ncclCommDestroy.argtypes = [vp]
     self.lib.jcoccl_nccl_load_policy.argtypes = [ctypes.c_char_p]
     self.emul.emul_stream.restype = vp
+    self.emul.emul_findings.restype = ctypes.c_char_p
     self.emul.emul_sync.argtypes = [vp]
     self.emul.emul_copy.argtypes = [vp, vp, sz, vp]
     self.emul.emul_inject.argtypes = [ctypes.c_char_p, i32]
@@ -908,3 +922,176 @@ def test_nccl_interposer_codec_none_rule_forwards(nccl):
   codes, outs = nccl.run("all_reduce", xs, nccl.comms(n))
   assert codes == [SUCCESS] * n
   np.testing.assert_array_equal(outs[0], xs[0] + xs[1])
+
+
+def _nonblocking_comms(nccl, n: int) -> list[tuple[int, int]]:
+  """n ranks of a nonblocking communicator (ncclConfig_t.blocking = 0), ready for use."""
+  uid = UniqueId()
+  nccl.lib.ncclGetUniqueId(ctypes.byref(uid))
+  cfg = Config(size=ctypes.sizeof(Config), magic=0xCAFEBEEF, version=23206, blocking=0)
+  out = []
+  for r in range(n):
+    nccl.emul.emul_set_device(r)
+    c = ctypes.c_void_p()
+    code = nccl.lib.ncclCommInitRankConfig(ctypes.byref(c), n, uid, r, ctypes.byref(cfg))
+    assert code in (SUCCESS, IN_PROGRESS)
+    out.append((c.value, nccl.emul.emul_stream()))
+  for c, _ in out:
+    _poll(nccl, c)
+  return out
+
+
+def _poll(nccl, comm, limit_s: float = 20.0) -> int:
+  """Polls ncclCommGetAsyncError as NCCL asks of a nonblocking communicator's user."""
+  t = time.monotonic()
+  while (state := _async(nccl, comm)) == IN_PROGRESS:
+    assert time.monotonic() - t < limit_s, "still in progress"
+    time.sleep(0.002)
+  return state
+
+
+def test_nccl_interposer_nonblocking_group_runs_after_the_communicator_is_ready(nccl):
+  # Risk 2: with a nonblocking communicator the real group end answers ncclInProgress; the
+  # taken calls must not be issued on the communicator until it has left that state.
+  from jcoccl import compressors as jc
+
+  nccl.lib.ncclCommInitRankConfig.argtypes = [
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_int,
+    UniqueId,
+    ctypes.c_int,
+    ctypes.POINTER(Config),
+  ]
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n = 2
+  comms = _nonblocking_comms(nccl, n)
+  nccl.emul.emul_findings()
+  xs = [np.full(512, r + 1.0, np.float32) for r in range(n)]
+  outs = [np.zeros(512, np.float32) for _ in range(n)]
+  bs = [np.full(8, r, np.int8) for r in range(n)]
+  gathered = [np.zeros(8 * n, np.int8) for _ in range(n)]
+  assert nccl.lib.ncclGroupStart() == SUCCESS
+  assert _group_call(nccl, comms, xs, outs) == [SUCCESS] * n
+  assert _group_call(nccl, comms, bs, gathered, fn="ncclAllGather", dtype=0) == [SUCCESS] * n
+  assert nccl.lib.ncclGroupEnd() == IN_PROGRESS
+  assert [_poll(nccl, c) for c, _ in comms] == [SUCCESS] * n
+  for _, s in comms:
+    nccl.emul.emul_sync(s)
+  assert nccl.emul.emul_findings().decode() == ""
+  np.testing.assert_allclose(outs[0], 3.0, rtol=0.02)
+  np.testing.assert_array_equal(gathered[1], np.repeat(np.arange(n, dtype=np.int8), 8))
+  for c, _ in comms:
+    nccl.lib.ncclCommDestroy(c)
+
+
+def test_nccl_interposer_abort_from_another_thread_ends_a_waiting_call(nccl):
+  # Risk 7: a taken call waits for its nonblocking communicator to leave ncclInProgress;
+  # ncclCommAbort from another thread must end that wait before the communicator is freed
+  # (a later ncclCommGetAsyncError on it is a use after free, which the emulation counts).
+  import threading
+
+  from jcoccl import compressors as jc
+
+  nccl.lib.ncclCommInitRankConfig.argtypes = [
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_int,
+    UniqueId,
+    ctypes.c_int,
+    ctypes.POINTER(Config),
+  ]
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  comms = _nonblocking_comms(nccl, 2)
+  c, s = comms[0]
+  misuse = nccl.emul.emul_misuse()
+  old = nccl.emul.emul_set_nonblocking_delay_ms(800)
+  x, o = np.ones(512, np.float32), np.zeros(512, np.float32)
+  codes = []
+
+  def call() -> None:
+    nccl.emul.emul_set_device(0)
+    codes.append(nccl.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, 512, F32, SUM, c, s))
+
+  try:
+    t = threading.Thread(target=call)
+    t.start()
+    time.sleep(0.1)
+    assert nccl.lib.ncclCommAbort(c) == SUCCESS
+    t.join(10)
+    assert not t.is_alive() and codes and codes[0] != SUCCESS
+  finally:
+    nccl.emul.emul_set_nonblocking_delay_ms(old)
+  time.sleep(0.8)  # the emulation's own in-progress work on the communicator ends
+  assert nccl.emul.emul_misuse() == misuse
+  nccl.emul.emul_findings()
+
+
+def test_nccl_interposer_real_nccls_own_calls_never_reenter(built, tmp_path):
+  # Risk 11: preloaded, the library is what the real NCCL's own calls to its public names
+  # bind to (a library's calls to its exported functions go through the PLT). Here the "real
+  # NCCL"'s ncclBroadcast calls its own ncclAllGather: the interposer must not see it.
+  src = tmp_path / "fake.c"
+  src.write_text(
+    "#include <stddef.h>\n"
+    "int ncclGetVersion(int* v) { *v = 99999; return 0; }\n"
+    'const char* ncclGetErrorString(int r) { return "fake"; }\n'
+    "int ncclAllGather(const void* s, void* r, size_t n, int t, void* c, void* st) { return 0; }\n"
+    "int ncclBroadcast(const void* s, void* r, size_t n, int t, int root, void* c, void* st) {\n"
+    "  return ncclAllGather(s, r, n, t, c, st) + 40;\n}\n"
+  )
+  fake = tmp_path / "libfake.so"
+  subprocess.run([gpu_shim.compiler(), "-x", "c", "-shared", "-fPIC", str(src), "-o", str(fake)],
+                 check=True)  # fmt: skip
+  code = (
+    "import ctypes\n"
+    f"lib = ctypes.CDLL({str(built.interposer)!r})\n"
+    "lib.jcoccl_nccl_counters.restype = ctypes.c_char_p\n"
+    "print('bcast', lib.ncclBroadcast(None, None, ctypes.c_size_t(8), 0, 0, None, None))\n"
+    "print(lib.jcoccl_nccl_counters().decode())\n"
+  )
+  env = {**os.environ, "JCOCCL_NCCL_REAL": str(fake), "LD_PRELOAD": str(built.interposer)}
+  env.pop("JCOCCL_NCCL_POLICY", None)
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                     timeout=60)  # fmt: skip
+  assert r.returncode == 0, r.stderr
+  assert "bcast 40" in r.stdout  # reached the fake's own ncclAllGather
+  assert "other_type=0" in r.stdout, r.stdout  # which the interposer never saw
+
+
+_REAL_PROBE = r"""
+// Loads the interposer as the plugin does, then jcoccl's own NCCL transport's table.
+#include <dlfcn.h>
+#include <cstdio>
+#include <string>
+#include "transport/nccl.h"
+int main(int argc, char** argv) {
+  if (argc != 3 || dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL) == nullptr) return 2;
+  std::string err;
+  const jcoccl::transport::NcclApi* api = jcoccl::transport::Nccl(&err);
+  void* real = dlopen(argv[2], RTLD_NOW | RTLD_NOLOAD);
+  if (api == nullptr || real == nullptr) return std::printf("error %s\n", err.c_str()), 3;
+  const bool ok = reinterpret_cast<void*>(api->AllReduce) == dlsym(real, "ncclAllReduce") &&
+                  reinterpret_cast<void*>(api->GroupEnd) == dlsym(real, "ncclGroupEnd");
+  std::printf("%s\n", ok ? "real" : "interposer");
+  return 0;
+}
+"""
+
+
+def test_nccl_interposer_jcoccls_own_transport_reaches_the_real_nccl(built, tmp_path):
+  # Risk 6: jcoccl's transport opens "libnccl.so.2" by name, which is the interposer once it
+  # is loaded; its exact float32 sums must still reach the real NCCL.
+  src = tmp_path / "probe.cc"
+  src.write_text(_REAL_PROBE)
+  inc = [gpu_shim.SHIM_DIR, ROOT / "cuda" / "emul", ROOT / "cuda", gpu_shim.PUBLIC_INCLUDE]
+  prog = tmp_path / "probe"
+  r = subprocess.run(
+    [gpu_shim.compiler(), *emul_build.FLAGS, *[f"-I{i}" for i in inc], str(src),
+     str(ROOT / "cuda" / "transport" / "nccl.cc"), "-ldl", "-o", str(prog)],
+    capture_output=True, text=True,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  env = {**os.environ, "JCOCCL_NCCL_REAL": str(built.emul)}
+  env.pop("JCOCCL_NCCL_POLICY", None)
+  out = subprocess.run([str(prog), str(built.interposer), str(built.emul)], capture_output=True,
+                       text=True, env=env, timeout=60)  # fmt: skip
+  assert out.stdout.strip() == "real", out.stdout + out.stderr

@@ -12,11 +12,19 @@ namespace jcoccl::transport {
 
 namespace {
 
-template <class F>
-bool Sym(void* lib, const char* name, F* fn) {
-  *fn = reinterpret_cast<F>(dlsym(lib, name));
-  return *fn != nullptr;
-}
+// Where the entry points come from: the library's own symbols, or, when the library that
+// answers for libnccl.so.2 is jcoccl's NCCL interposer (libjcoccl_nccl.so, loaded in front of
+// the real NCCL), the real NCCL's functions behind it: jcoccl's exact collectives are never
+// taken over and compressed.
+struct Resolver {
+  void* lib;
+  void* (*real)(const char*);  // the interposer's jcoccl_nccl_real_symbol, or null
+  template <class F>
+  bool operator()(const char* name, F* fn) const {
+    *fn = reinterpret_cast<F>(real != nullptr ? real(name) : dlsym(lib, name));
+    return *fn != nullptr;
+  }
+};
 
 NcclApi* LoadApi(std::string* error) {
   // RTLD_NOLOAD first: reuse a libnccl.so.2 the process already has (jcoccl/_src/_ffi.py
@@ -32,18 +40,17 @@ NcclApi* LoadApi(std::string* error) {
     return nullptr;
   }
   auto* api = new NcclApi();
+  const Resolver sym{
+      lib, reinterpret_cast<void* (*)(const char*)>(dlsym(lib, "jcoccl_nccl_real_symbol"))};
   bool ok =
-      Sym(lib, "ncclGetUniqueId", &api->GetUniqueId) &&
-      Sym(lib, "ncclCommInitRank", &api->CommInitRank) &&
-      Sym(lib, "ncclCommDestroy", &api->CommDestroy) &&
-      Sym(lib, "ncclCommAbort", &api->CommAbort) &&
-      Sym(lib, "ncclCommGetAsyncError", &api->CommGetAsyncError) &&
-      Sym(lib, "ncclAllGather", &api->AllGather) && Sym(lib, "ncclAllReduce", &api->AllReduce) &&
-      Sym(lib, "ncclReduceScatter", &api->ReduceScatter) && Sym(lib, "ncclSend", &api->Send) &&
-      Sym(lib, "ncclRecv", &api->Recv) && Sym(lib, "ncclGroupStart", &api->GroupStart) &&
-      Sym(lib, "ncclGroupEnd", &api->GroupEnd) &&
-      Sym(lib, "ncclGetErrorString", &api->GetErrorString) &&
-      Sym(lib, "ncclGetVersion", &api->GetVersion);
+      sym("ncclGetUniqueId", &api->GetUniqueId) && sym("ncclCommInitRank", &api->CommInitRank) &&
+      sym("ncclCommDestroy", &api->CommDestroy) && sym("ncclCommAbort", &api->CommAbort) &&
+      sym("ncclCommGetAsyncError", &api->CommGetAsyncError) &&
+      sym("ncclAllGather", &api->AllGather) && sym("ncclAllReduce", &api->AllReduce) &&
+      sym("ncclReduceScatter", &api->ReduceScatter) && sym("ncclSend", &api->Send) &&
+      sym("ncclRecv", &api->Recv) && sym("ncclGroupStart", &api->GroupStart) &&
+      sym("ncclGroupEnd", &api->GroupEnd) && sym("ncclGetErrorString", &api->GetErrorString) &&
+      sym("ncclGetVersion", &api->GetVersion);
   if (!ok) {
     *error = "jcoccl: libnccl.so.2 lacks a required symbol (need NCCL >= 2.18)";
     delete api;
