@@ -1095,3 +1095,28 @@ def test_nccl_interposer_jcoccls_own_transport_reaches_the_real_nccl(built, tmp_
   out = subprocess.run([str(prog), str(built.interposer), str(built.emul)], capture_output=True,
                        text=True, env=env, timeout=60)  # fmt: skip
   assert out.stdout.strip() == "real", out.stdout + out.stderr
+
+
+def test_nccl_interposer_unaligned_buffers_never_reach_vector_loads(nccl):
+  # Risk 9: NCCL takes any element-aligned buffer; the codec kernels load 16 bytes at a
+  # time, so buffers that are not 16-byte aligned are staged through the workspace.
+  from jcoccl import compressors as jc
+
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n = 2
+  comms = nccl.comms(n)
+  base = [np.linspace(-1, 1, 1025, dtype=np.float32) * (r + 1) for r in range(n)]
+  aligned = [b[:1024].copy() for b in base]
+  _, want = nccl.run("all_reduce", aligned, comms)
+  nccl.emul.emul_findings()
+  shifted = [np.zeros(1025, np.float32) for _ in range(n)]
+  outs = [np.zeros(1025, np.float32) for _ in range(n)]
+  for r, ((c, s), x, o) in enumerate(zip(comms, shifted, outs)):
+    x[1:] = aligned[r]
+    nccl.emul.emul_set_device(r)
+    code = nccl.lib.ncclAllReduce(x.ctypes.data + 4, o.ctypes.data + 4, 1024, F32, SUM, c, s)
+    assert code == SUCCESS
+  for _, s in comms:
+    nccl.emul.emul_sync(s)
+  assert nccl.emul.emul_findings().decode() == ""
+  np.testing.assert_array_equal(_bits(outs[0][1:]), _bits(want[0]))
