@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import pathlib
+import tempfile
 
 import jax
 
@@ -24,7 +26,7 @@ from models.directions import add_flags as add_adapt_flags
 from models.directions import check_directions
 from models.directions import check_flags as check_adapt_flags
 from models.recipe import Recipe
-from models.run_config import SetupError, checkpoint_steps, mesh_shape, policy_path
+from models.run_config import SetupError, checkpoint_steps, mesh_shape, policy_path, runs_dir
 from models.sharding import POLICY_AXES
 
 PROG = "python -m models.train"
@@ -102,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--log-every", type=int, default=10)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--name", default=None, help="run name (default <model>-<size>)")
-  p.add_argument("--out", default=None, help="output dir (default runs/<name>)")
+  p.add_argument(
+    "--out",
+    default=None,
+    help="output dir (default runs/<name>, or $JCOCCL_RUNS_DIR/<name> where that is set)",
+  )
   p.add_argument(
     "--resume", action="store_true", help="continue from the newest checkpoint that restores"
   )
@@ -216,7 +222,6 @@ def check_args(args: argparse.Namespace, n_devices: int) -> None:
       )
   args.mesh_shape = mesh_shape(args.mesh, n_devices)
   _check_mesh_fits(args)
-  _check_output(args)
   args.policy_path = policy_path(args.policy)
   try:
     args.codec = import_codecs(args.codec)
@@ -229,6 +234,9 @@ def check_args(args: argparse.Namespace, n_devices: int) -> None:
       raise ValueError(f"--compress {spec!r}: {e}") from None
   args.directions = directions(args.direction)
   check_adapt_flags(args)
+  # Last: what the flags ask is reported before what the output directory holds, and the
+  # directory is created only for a command line that is otherwise good.
+  _check_output(args)
 
 
 def _check_mesh_fits(args: argparse.Namespace) -> None:
@@ -259,24 +267,55 @@ def _check_mesh_fits(args: argparse.Namespace) -> None:
 
 
 def _check_output(args: argparse.Namespace) -> None:
-  """--name and --out; a fresh run must not land on an earlier run's checkpoints."""
+  """--name and --out: a directory this process can write (created here when missing), and
+  a fresh run must not land on an earlier run's checkpoints."""
   if args.name is not None and (
     not args.name.strip() or "/" in args.name or args.name in (".", "..")
   ):
     raise ValueError(f"--name must be a non-empty name without '/', got {args.name!r}")
   args.name = args.name or f"{args.model}-{args.size}"
-  args.out = pathlib.Path(args.out or pathlib.Path("runs") / args.name)
-  if args.out.exists() and not args.out.is_dir():
-    raise ValueError(f"--out {args.out} is a file, not a directory")
+  args.out = pathlib.Path(args.out or runs_dir() / args.name)
+  _check_no_file_on_path(args.out, "--out")
   steps = checkpoint_steps(args.out)
   if args.resume and not steps:
     raise ValueError(f"--resume: no checkpoint under {args.out / 'ckpt'}")
+  check_writable_dir(args.out, "--out")
   if not args.resume and steps:
     raise ValueError(
       f"--out {args.out} holds checkpoints of an earlier run (steps "
       f"{', '.join(map(str, steps))}): pass --resume to continue it, or choose "
       f"another --out or --name"
     )
+
+
+def _check_no_file_on_path(path: pathlib.Path, flag: str) -> None:
+  """Neither ``path`` nor the nearest of its parents that exists is a file."""
+  for part in (path, *path.parents):
+    if part.exists() or part.is_symlink():
+      if not part.is_dir():
+        where = "" if part == path else f": {part}"
+        raise ValueError(f"{flag} {path}{where} is a file, not a directory")
+      return
+
+
+def check_writable_dir(path: pathlib.Path, flag: str) -> None:
+  """Makes sure ``path`` is a directory this process can write files in, creating it (and
+  its parents) when missing: an output that cannot be written is found before any work
+  starts, not as a traceback at the first file written.
+
+  Raises:
+    ValueError: ``{flag} PATH: ...`` naming the path and what is wrong with it.
+  """
+  _check_no_file_on_path(path, flag)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    # A file created and removed: permissions, read-only mounts and /sys-like trees alike.
+    fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as e:
+    why = e.strerror or type(e).__name__
+    raise ValueError(f"{flag} {path}: cannot write there ({why})") from None
 
 
 def load_policy(args: argparse.Namespace) -> Recipe:

@@ -29,6 +29,15 @@ from models.directions import DEFAULT_BITS, DIRECTED
 
 CONFIGS = pathlib.Path(__file__).parent / "configs"
 HOST_DEVICES = 8
+# Where runs go without --out: runs/<name>, or $JCOCCL_RUNS_DIR/<name> (the tests set it to a
+# temporary directory, so that they never read or write a working tree's runs/).
+RUNS_ENV = "JCOCCL_RUNS_DIR"
+
+
+def runs_dir() -> pathlib.Path:
+  """The directory that holds runs by name: ``$JCOCCL_RUNS_DIR`` when set, else ``runs``
+  (relative to the current directory)."""
+  return pathlib.Path(os.environ.get(RUNS_ENV) or "runs")
 
 
 def use_host_devices() -> None:

@@ -34,7 +34,13 @@ from flax import nnx
 
 from jcoccl.policy import Policy
 from models import data, parallel
-from models.run_config import build_model, checkpoint_steps, mesh_shape, use_host_devices
+from models.run_config import (
+  build_model,
+  checkpoint_steps,
+  mesh_shape,
+  runs_dir,
+  use_host_devices,
+)
 
 PROG = "python -m models.sample"
 DEFAULT_PROMPT = "**HAMLET**  \n"
@@ -129,19 +135,21 @@ def generate(
 
 
 def run_dir(name: str | None, out: str | None) -> pathlib.Path:
-  """``--out``, else runs/<--name>; the directory must exist."""
+  """``--out``, else runs/<--name> (``models.run_config.runs_dir``); the directory must
+  exist."""
   if out is None and name is None:
     raise ValueError("give --name (a run under runs/) or --out (a run directory)")
   if name is not None and (not name.strip() or "/" in name or name in (".", "..")):
     raise ValueError(f"--name must be a run name without '/', got {name!r}")
-  path = pathlib.Path(out) if out is not None else pathlib.Path("runs") / name
+  runs = runs_dir()
+  path = pathlib.Path(out) if out is not None else runs / name
   if not path.is_dir():
     if out is not None:
       raise ValueError(f"--out: no run directory {path}")
-    known = sorted(p.parent.name for p in pathlib.Path("runs").glob("*/ckpt"))
+    known = sorted(p.parent.name for p in runs.glob("*/ckpt"))
     raise ValueError(
       f"--name {name}: no run directory {path} (runs with checkpoints under "
-      f"runs/: {', '.join(known) or 'none'})"
+      f"{runs}/: {', '.join(known) or 'none'})"
     )
   return path
 

@@ -10,14 +10,23 @@ specification left unguarded off the kernels' bits. ``unoptimized`` marks the ex
 inside an ``optimized`` module. ``JCOCCL_TEST_OPTIMIZED=1`` compiles everything as users do.
 """
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Runs without --out (models.run_config.runs_dir) go to a directory of this test process,
+# never to the working tree's runs/, which a user's `python -m models.train` fills; the
+# processes the tests start inherit it.
+_RUNS = tempfile.mkdtemp(prefix="jcoccl-test-runs-")
+os.environ["JCOCCL_RUNS_DIR"] = _RUNS
+atexit.register(shutil.rmtree, _RUNS, True)
 
 _FLAG = "jax_disable_most_optimizations"
 _ALL_OPTIMIZED = os.environ.get("JCOCCL_TEST_OPTIMIZED", "") == "1"

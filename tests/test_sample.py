@@ -157,6 +157,7 @@ def test_errors_name_what_is_missing(run, tmp_path, monkeypatch, capsys):
     return capsys.readouterr().err
 
   monkeypatch.chdir(tmp_path)
+  monkeypatch.delenv("JCOCCL_RUNS_DIR")  # the default: runs/ in the current directory
   assert "--name nope: no run directory runs/nope" in err(["--name", "nope"])
   assert "give --name" in err([])
   assert "--out: no run directory" in err(["--out", str(tmp_path / "x")])
