@@ -241,6 +241,8 @@ def test_parse_examples(spec, want):
   "spec,match",
   [
     ("int16", "'int16'.*int8"),
+    ("hadamrd(int4)", r"unknown compressor 'hadamrd' \(did you mean 'hadamard'\?\)"),
+    ("int9", r"unknown compressor 'int9' \(did you mean 'int8'\?\)"),
     ("int8:blk=3", "'blk=3'.*block=INT"),
     ("fp8:e3m4", "'e3m4'.*e4m3"),
     ("int8:block=100", "block_size.*power of two"),

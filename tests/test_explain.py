@@ -116,4 +116,6 @@ def test_default_min_bytes_warns_once_per_op_and_axes(m8):
   msg = str(got[0].message)
   assert "all_reduce over ('x',)" in msg and "int8" in msg and "256 B" in msg
   assert "4194304 B" in msg and "min_bytes=0" in msg and "jcoccl.config(min_bytes" in msg
+  # The one documented process default (the README's): not a second spelling of it.
+  assert "jcoccl.set_config_defaults(min_bytes=...)" in msg and "set_default_min" not in msg
   assert got[0].filename == __file__  # points at the caller's line

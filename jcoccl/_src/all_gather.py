@@ -52,7 +52,7 @@ def all_gather(
       granule boundaries: the same bits as chunks=1). Values above the number of granules
       the message holds are clamped to it; more than 64 slices raises ValueError.
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default
-      (:func:`jcoccl.set_default_min_bytes`, 4 MiB).
+      (``jcoccl.set_config_defaults(min_bytes=...)``, 4 MiB).
     grad_compressor: compressor of the backward reduce_scatter; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors.
     to: the result's type over ``axis_name``, as lax.all_gather's: "varying", or

@@ -21,9 +21,10 @@ def set_default_min_bytes(nbytes: int | None) -> None:
 
   Messages (each pytree leaf's local size in bytes) smaller than this go uncompressed
   through the plain lax collective. The built-in default is 4 MiB; the environment
-  variable ``JCOCCL_MIN_BYTES`` overrides it; ``None`` restores that. Shorthand for
-  ``jcoccl.set_config_defaults(min_bytes=...)``; ``with jcoccl.config(min_bytes=...)``
-  sets it for a block.
+  variable ``JCOCCL_MIN_BYTES`` overrides it; ``None`` restores that. A shorthand kept for
+  existing code: the documented way is ``jcoccl.set_config_defaults(min_bytes=...)`` (the
+  README's, and what the :class:`SkippedCompression` warning names); ``with
+  jcoccl.config(min_bytes=...)`` sets it for a block.
 
   Args:
     nbytes: non-negative int, or None.
@@ -120,8 +121,9 @@ def warn_default_threshold(
     f"jcoccl.{op} over {axes}: a {jnp.dtype(x.dtype).name}{list(x.shape)} leaf "
     f"({nbytes} B) goes exactly, without compressor {named}: it is under the built-in "
     f"default min_bytes of {threshold} B. To compress it pass min_bytes=0 (or a smaller threshold) "
-    "to the call, or set jcoccl.config(min_bytes=...) / jcoccl.set_default_min_bytes(...) "
-    "or a policy's min_bytes. Said once per op and axes; jcoccl.explain(fn, ...) lists "
+    "to the call, use a policy's min_bytes, or set it for a block with "
+    "jcoccl.config(min_bytes=...) or for the process with "
+    "jcoccl.set_config_defaults(min_bytes=...). Said once per op and axes; jcoccl.explain(fn, ...) lists "
     "every leaf.",
     SkippedCompression,
     skip_file_prefixes=(_package_dir(), os.path.dirname(jax.__file__)),

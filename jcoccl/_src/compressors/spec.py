@@ -26,6 +26,7 @@ colon is followed by at least one option ("int8:" is an error), INT is decimal d
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -109,9 +110,13 @@ def parse(spec: str) -> Any:
   m = _NAME.match(s)
   fam = registry.family_of_name(m.group()) if m else None
   if m is None or fam is None:
+    word = s.split(":")[0].split("(")[0]
+    bare = [n.removesuffix("(...)") for n in registry.spec_names()]
+    close = difflib.get_close_matches(word, bare, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(
-      f"bad compressor spec {spec!r}: unknown compressor "
-      f"{s.split(':')[0].split('(')[0]!r}; registered: {', '.join(registry.spec_names())}. "
+      f"bad compressor spec {spec!r}: unknown compressor {word!r}{hint}; "
+      f"registered: {', '.join(registry.spec_names())}. "
       "A codec of your own is named here once its module has run "
       "@jcoccl.compressors.register('name') (a policy file can import it: [codecs] "
       "modules = [...]), and a native plugin once jcoccl.compressors.load_plugin(path) ran"
