@@ -530,3 +530,85 @@ def test_nccl_emul_abort_from_another_thread_ends_a_waiting_call(emul):
   found = emul.findings()
   assert "ncclCommGetAsyncError on a communicator after its ncclCommAbort" in found
   assert "ncclCommDestroy on a communicator after its ncclCommDestroy" in found
+
+
+# ---- graph capture and vector alignment in the host shim --------------------------------------
+
+
+def _capture_setup(emul):
+  L = emul.lib
+  vp = ctypes.c_void_p
+  L.emul_event.restype = vp
+  L.emul_record.argtypes = [vp, vp]
+  L.emul_wait.argtypes = [vp, vp]
+  L.emul_begin_capture.argtypes = [vp]
+  L.emul_end_capture.argtypes = [vp, ctypes.POINTER(vp)]
+  L.emul_graph_launch.argtypes = [vp, vp]
+  L.emul_copy.argtypes = [vp, vp, ctypes.c_size_t, vp]
+  return L
+
+
+def test_nccl_emul_captured_collective_runs_at_each_replay_not_at_capture(emul):
+  L = _capture_setup(emul)
+  n, count = 2, 16
+  comms = emul.comms(n)
+  src = [np.full(count, r + 1.0, np.float32) for r in range(n)]
+  x = [np.zeros(count, np.float32) for _ in range(n)]
+  o = [np.zeros(count, np.float32) for _ in range(n)]
+  execs = []
+  for r, (c, s) in enumerate(comms):
+    L.emul_set_device(r)
+    assert L.emul_begin_capture(s) == 0
+    assert L.emul_copy(x[r].ctypes.data, src[r].ctypes.data, count * 4, s) == 0
+    assert L.ncclAllReduce(x[r].ctypes.data, o[r].ctypes.data, count, F32, SUM, c, s) == 0
+    g = ctypes.c_void_p()
+    assert L.emul_end_capture(s, ctypes.byref(g)) == 0
+    execs.append(g.value)
+  emul.sync(comms)
+  assert all((v == 0).all() for v in x + o)  # recorded, not run
+  for replay in (1, 2):
+    for r, (c, s) in enumerate(comms):
+      src[r][:] = replay * (r + 1)
+      L.emul_set_device(r)
+      assert L.emul_graph_launch(execs[r], s) == 0
+    emul.sync(comms)
+    assert all((v == 3 * replay).all() for v in o)
+  assert [emul.async_error(c) for c, _ in comms] == [SUCCESS] * n
+
+
+def test_nccl_emul_capture_with_an_unjoined_side_stream_fails(emul):
+  L = _capture_setup(emul)
+  L.emul_set_device(0)
+  origin, side = emul.stream(0), L.emul_stream()
+  a, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+  for join in (False, True):
+    fork, back = L.emul_event(), L.emul_event()
+    assert L.emul_begin_capture(origin) == 0
+    assert L.emul_record(fork, origin) == 0 and L.emul_wait(side, fork) == 0  # fork
+    assert L.emul_copy(b.ctypes.data, a.ctypes.data, 16, side) == 0
+    if join:
+      assert L.emul_record(back, side) == 0 and L.emul_wait(origin, back) == 0
+    g = ctypes.c_void_p()
+    assert L.emul_end_capture(origin, ctypes.byref(g)) == (0 if join else 904)
+    assert "never joined back" in emul.findings() or join
+  L.emul_sync(origin)
+  L.emul_sync(side)
+  assert (b == 0).all()  # captured work never ran eagerly
+  assert L.emul_graph_launch(g.value, origin) == 0
+  L.emul_sync(origin)
+  assert (b == 1).all()  # the origin's end waited for the joined side stream
+
+
+@pytest.mark.parametrize("kind,align", [(0, 16), (1, 8), (2, 16)], ids=["float4", "uint2", "store"])
+def test_nccl_emul_shim_faults_misaligned_vector_access(emul, kind, align):
+  emul.lib.emul_vector_access.argtypes = [
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_char_p),
+  ]
+  buf = np.zeros(64, np.uint8)
+  base = buf.ctypes.data + (-buf.ctypes.data) % 16
+  why = ctypes.c_char_p()
+  assert emul.lib.emul_vector_access(kind, base, ctypes.byref(why)) == 0
+  assert emul.lib.emul_vector_access(kind, base + align // 2, ctypes.byref(why)) == 716
+  assert b"misaligned address" in why.value and f"{align}-byte".encode() in why.value

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -52,22 +53,56 @@ struct dim3 {
   unsigned x, y, z;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+namespace jcoccl_shim {
+// Records a misaligned vector access of `align` bytes at p as the kernel's fault.
+inline void CheckAligned(const void* p, size_t align, const char* type);
+}  // namespace jcoccl_shim
+
+// The vector types check every load and store through them: the GPU faults (misaligned
+// address) on a float4 / uint2 access that is not 16- / 8-byte aligned, where x86 would
+// just read. The copy constructor is a load, the assignment a store.
 struct alignas(16) float4 {
   float x, y, z, w;
+  float4() = default;
+  float4(float a, float b, float c, float d) : x(a), y(b), z(c), w(d) {}
+  float4(const float4& o) : x(o.x), y(o.y), z(o.z), w(o.w) {
+    ::jcoccl_shim::CheckAligned(&o, 16, "float4 load");
+  }
+  float4& operator=(const float4& o) {
+    ::jcoccl_shim::CheckAligned(this, 16, "float4 store");
+    x = o.x, y = o.y, z = o.z, w = o.w;
+    return *this;
+  }
 };
 struct alignas(8) uint2 {
   unsigned x, y;
+  uint2() = default;
+  uint2(unsigned a, unsigned b) : x(a), y(b) {}
+  uint2(const uint2& o) : x(o.x), y(o.y) { ::jcoccl_shim::CheckAligned(&o, 8, "uint2 load"); }
+  uint2& operator=(const uint2& o) {
+    ::jcoccl_shim::CheckAligned(this, 8, "uint2 store");
+    x = o.x, y = o.y;
+    return *this;
+  }
 };
 
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUevent_st* cudaEvent_t;
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
 enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
+  cudaErrorMisalignedAddress = 716,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureUnjoined = 904,
+  cudaErrorStreamCaptureIsolation = 905,
 };
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyDeviceToDevice = 3 };
 
@@ -175,6 +210,16 @@ inline void SetError(cudaError_t e, const std::string& why) {
     g_last_error = e;
     g_last_message = why;
   }
+}
+
+inline void CheckAligned(const void* p, size_t align, const char* type) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a % align == 0) return;
+  char where[32];
+  std::snprintf(where, sizeof(where), "%#llx", static_cast<unsigned long long>(a));
+  SetError(cudaErrorMisalignedAddress, std::string("misaligned address: ") + type + " at " + where +
+                                           " (needs " + std::to_string(align) +
+                                           "-byte alignment; the GPU faults here)");
 }
 
 // Work kinds of a stream's queue (streams.h), for the delay mode.
@@ -425,6 +470,18 @@ inline const char* cudaGetErrorString(cudaError_t e) {
       return "invalid resource handle";
     case cudaErrorNotReady:
       return "device not ready";
+    case cudaErrorMisalignedAddress:
+      return "misaligned address";
+    case cudaErrorIllegalState:
+      return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnjoined:
+      return "capture was not joined back into the origin stream";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream";
     default:
       return "unspecified launch failure";
   }

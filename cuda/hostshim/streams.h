@@ -14,8 +14,17 @@
 //     for it (a record on the same stream covers the earlier one: waiting is longer, never
 //     wrong, so it is not reported);
 //   - a kernel that fails on a worker (warp divergence, ...) makes the stream's error sticky.
-// Capture: cudaStreamIsCapturing reports a stream's `capturing` flag, which only tests set
-// (nothing is recorded into a graph).
+// Graph capture (cudaStreamBeginCapture ... cudaStreamEndCapture, cudaGraphInstantiate,
+// cudaGraphLaunch): work queued on a capturing stream is recorded, not run, and runs at each
+// launch of the instantiated graph. A stream that waits on an event recorded in a capture
+// joins it (a fork); cudaStreamEndCapture fails with cudaErrorStreamCaptureUnjoined, as CUDA
+// does, when a forked stream's last work was never waited on by the origin (directly or
+// through other joined streams). Synchronising a capturing stream invalidates the capture.
+// A launch runs each captured stream's work on a stream of its own, with the recorded event
+// waits between them, after the work queued before it on the launching stream, and the
+// launching stream's later work waits for all of it.
+// Tests may also set a stream's `capturing` flag: cudaStreamIsCapturing then says so, but
+// work runs as it is queued.
 // Delay mode (SetDelay): queued work of the chosen kinds sleeps a fixed time before it runs,
 // so a missing wait turns into a wrong result every time instead of once in a while.
 #pragma once
@@ -29,6 +38,8 @@
 #include <mutex>
 #include <thread>
 
+struct CaptureState;
+
 struct CUstream_st {
   int device = 0;
   int id = 0;
@@ -39,15 +50,52 @@ struct CUstream_st {
   uint64_t completed = 0;  // items finished (in order)
   cudaError_t error = cudaSuccess;
   bool capturing = false;  // as if a CUDA graph capture were under way (tests set it)
+  CaptureState* capture = nullptr;  // the graph capture this stream records into
+  int lane = -1;                    // its lane in that capture's graph
 };
 
 struct CUevent_st {
   CUstream_st* stream = nullptr;  // stream of the last record (null: none, or the null stream)
   uint64_t target = 0;            // its `completed` count once the recorded work is done
   bool observed = true;           // the last record was waited on, queried or synchronised
+  CaptureState* capture = nullptr;  // recorded inside this capture (then lane, pos)
+  int lane = -1;
+  size_t pos = 0;
+};
+
+// One captured operation: work, or (wait_lane >= 0) a wait until lane `wait_lane` of the same
+// graph has run its first `wait_pos` nodes.
+struct GraphNode {
+  unsigned kind = 0;
+  std::function<void()> fn;
+  int wait_lane = -1;
+  size_t wait_pos = 0;
+};
+
+// A captured graph: one lane of nodes per stream that took part, lane 0 the origin's.
+struct CUgraph_st {
+  std::vector<std::vector<GraphNode>> lanes;
+  std::vector<int> device;  // of each lane's stream
+};
+
+struct CaptureState {
+  CUgraph_st* graph = nullptr;
+  std::vector<CUstream_st*> streams;  // by lane
+  cudaError_t invalid = cudaSuccess;  // set once an operation broke the capture
+};
+
+// An instantiated graph: a stream per lane, on which launches run.
+struct CUgraphExec_st {
+  CUgraph_st graph;
+  std::vector<CUstream_st*> lanes;
 };
 
 enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
 enum cudaStreamCaptureStatus {
   cudaStreamCaptureStatusNone = 0,
   cudaStreamCaptureStatusActive = 1,
@@ -134,6 +182,13 @@ inline void Worker(CUstream_st* s) {
 
 inline void Enqueue(cudaStream_t s, unsigned kind, std::function<void()> fn) {
   std::lock_guard<std::mutex> lk(Rt().mu);
+  if (s->capture != nullptr) {  // recorded into the graph: runs at each launch
+    GraphNode node;
+    node.kind = kind;
+    node.fn = std::move(fn);
+    s->capture->graph->lanes[s->lane].push_back(std::move(node));
+    return;
+  }
   s->queue.emplace_back(kind, std::move(fn));
   ++s->enqueued;
   s->work.notify_one();
@@ -204,6 +259,10 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   uint64_t target;
   {
     std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+    if (s->capture != nullptr) {  // as CUDA: not allowed, and the capture is broken
+      s->capture->invalid = cudaErrorStreamCaptureUnsupported;
+      return cudaErrorStreamCaptureUnsupported;
+    }
     target = s->enqueued;
   }
   ::jcoccl_shim::WaitFor(s, target);
@@ -232,6 +291,15 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
   if (e == nullptr) return cudaErrorInvalidResourceHandle;
   ::jcoccl_shim::Runtime& rt = ::jcoccl_shim::Rt();
   std::lock_guard<std::mutex> lk(rt.mu);
+  if (s != nullptr && s->capture != nullptr) {  // a node of the graph: where its lane stands
+    e->capture = s->capture;
+    e->lane = s->lane;
+    e->pos = s->capture->graph->lanes[s->lane].size();
+    e->stream = nullptr;
+    e->observed = true;
+    return cudaSuccess;
+  }
+  e->capture = nullptr;
   if (!e->observed && e->stream != s)
     rt.findings.emplace_back(
         ::jcoccl_shim::g_device,
@@ -249,6 +317,24 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned =
   uint64_t target;
   {
     std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+    if (e->capture != nullptr) {
+      CaptureState* c = e->capture;
+      if (s->capture != nullptr && s->capture != c) return cudaErrorStreamCaptureIsolation;
+      if (s->capture == nullptr) {  // a fork: s joins the capture
+        s->capture = c;
+        s->lane = static_cast<int>(c->streams.size());
+        c->streams.push_back(s);
+        c->graph->lanes.emplace_back();
+        c->graph->device.push_back(s->device);
+      }
+      if (s->lane != e->lane) {
+        GraphNode wait;
+        wait.wait_lane = e->lane;
+        wait.wait_pos = e->pos;
+        c->graph->lanes[s->lane].push_back(std::move(wait));
+      }
+      return cudaSuccess;
+    }
     e->observed = true;
     src = e->stream;
     target = e->target;
@@ -280,7 +366,140 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 inline cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
   std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
-  *status =
-      s != nullptr && s->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  const bool on = s != nullptr && (s->capturing || s->capture != nullptr);
+  *status = !on                                          ? cudaStreamCaptureStatusNone
+            : s->capture && s->capture->invalid != cudaSuccess ? cudaStreamCaptureStatusInvalidated
+                                                               : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  if (s == nullptr) return cudaErrorStreamCaptureUnsupported;  // the legacy null stream
+  std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+  if (s->capture != nullptr) return cudaErrorIllegalState;
+  auto* c = new CaptureState();
+  c->graph = new CUgraph_st();
+  c->graph->lanes.emplace_back();
+  c->graph->device.push_back(s->device);
+  c->streams.push_back(s);
+  s->capture = c;
+  s->lane = 0;
+  return cudaSuccess;
+}
+
+namespace jcoccl_shim {
+// The lanes of capture c whose last node the origin (lane 0) waits for, directly or through
+// other such lanes.
+inline std::vector<bool> JoinedLanes(const CUgraph_st& g) {
+  const size_t n = g.lanes.size();
+  std::vector<bool> joined(n, false);
+  joined[0] = true;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (size_t m = 0; m < n; ++m) {
+      if (!joined[m]) continue;
+      for (const GraphNode& node : g.lanes[m]) {
+        const int l = node.wait_lane;
+        if (l >= 0 && !joined[l] && node.wait_pos >= g.lanes[l].size()) joined[l] = grew = true;
+      }
+    }
+  }
+  return joined;
+}
+}  // namespace jcoccl_shim
+
+inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  if (s == nullptr || graph == nullptr) return cudaErrorInvalidValue;
+  CaptureState* c;
+  {
+    std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
+    c = s->capture;
+    if (c == nullptr || s->lane != 0) return cudaErrorIllegalState;
+    for (CUstream_st* x : c->streams) {
+      x->capture = nullptr;
+      x->lane = -1;
+    }
+  }
+  *graph = nullptr;
+  cudaError_t e = c->invalid;
+  if (e == cudaSuccess) {
+    const std::vector<bool> joined = ::jcoccl_shim::JoinedLanes(*c->graph);
+    for (size_t l = 1; l < joined.size(); ++l) {
+      if (joined[l]) continue;
+      ::jcoccl_shim::Report("graph capture: stream " + std::to_string(c->streams[l]->id) +
+                            " was forked into the capture of stream " + std::to_string(s->id) +
+                            " and never joined back (cudaErrorStreamCaptureUnjoined)");
+      e = cudaErrorStreamCaptureUnjoined;
+    }
+  } else {
+    e = cudaErrorStreamCaptureInvalidated;
+  }
+  if (e == cudaSuccess) {
+    *graph = c->graph;
+  } else {
+    delete c->graph;
+  }
+  delete c;
+  return e;
+}
+
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                        unsigned long long = 0) {
+  if (exec == nullptr || graph == nullptr) return cudaErrorInvalidValue;
+  auto* x = new CUgraphExec_st();
+  x->graph = *graph;
+  const int saved = ::jcoccl_shim::g_device;
+  for (int d : graph->device) {
+    ::jcoccl_shim::g_device = d;
+    x->lanes.push_back(::jcoccl_shim::NewStream(0));
+  }
+  ::jcoccl_shim::g_device = saved;
+  *exec = x;
+  return cudaSuccess;
+}
+
+// Queues one run of the graph after the work queued so far on `s`.
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (exec == nullptr || s == nullptr) return cudaErrorInvalidValue;
+  namespace js = ::jcoccl_shim;
+  const size_t n = exec->lanes.size();
+  std::vector<uint64_t> base(n);
+  uint64_t start;
+  {
+    std::lock_guard<std::mutex> lk(js::Rt().mu);
+    if (s->capture != nullptr) return cudaErrorStreamCaptureUnsupported;
+    start = s->enqueued;
+    for (size_t l = 0; l < n; ++l) base[l] = exec->lanes[l]->enqueued;
+  }
+  // A lane's node p completes as its stream's item base + 1 + p (item base + 0: the start).
+  for (size_t l = 0; l < n; ++l) {
+    CUstream_st* lane = exec->lanes[l];
+    js::Enqueue(lane, 0, [s, start] { js::WaitFor(s, start); });
+    for (const GraphNode& node : exec->graph.lanes[l]) {
+      if (node.wait_lane < 0) {
+        js::Enqueue(lane, node.kind, node.fn);
+      } else {
+        CUstream_st* other = exec->lanes[node.wait_lane];
+        const uint64_t target = base[node.wait_lane] + 1 + node.wait_pos;
+        js::Enqueue(lane, 0, [other, target] { js::WaitFor(other, target); });
+      }
+    }
+  }
+  for (size_t l = 0; l < n; ++l) {
+    CUstream_st* lane = exec->lanes[l];
+    const uint64_t end = base[l] + 1 + exec->graph.lanes[l].size();
+    js::Enqueue(s, 0, [lane, end] { js::WaitFor(lane, end); });
+  }
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+// The lane streams stay (their workers never end); the graph's nodes are freed.
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (exec != nullptr) exec->graph.lanes.clear();
   return cudaSuccess;
 }

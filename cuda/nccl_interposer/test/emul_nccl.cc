@@ -62,6 +62,62 @@ JCT_API void emul_set_capturing(void* s, int on) {
   std::lock_guard<std::mutex> lk(jcoccl_shim::Rt().mu);
   static_cast<cudaStream_t>(s)->capturing = on != 0;
 }
+// Events and graph capture of the shim (cuda_runtime.h, streams.h), for tests.
+JCT_API void* emul_event() {
+  cudaEvent_t e = nullptr;
+  cudaEventCreate(&e);
+  return e;
+}
+JCT_API int emul_record(void* e, void* s) {
+  return cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s));
+}
+JCT_API int emul_wait(void* s, void* e) {
+  return cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0);
+}
+JCT_API int emul_begin_capture(void* s) {
+  return cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeThreadLocal);
+}
+// Ends the capture of `s` and instantiates its graph into *exec; the CUDA error code.
+JCT_API int emul_end_capture(void* s, void** exec) {
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(s), &g);
+  if (e != cudaSuccess) return e;
+  cudaGraphExec_t x = nullptr;
+  const cudaError_t i = cudaGraphInstantiate(&x, g, 0);
+  cudaGraphDestroy(g);
+  *exec = x;
+  return i;
+}
+JCT_API int emul_graph_launch(void* exec, void* s) {
+  return cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), static_cast<cudaStream_t>(s));
+}
+
+namespace {
+__global__ void VectorAccess(int kind, void* p) {
+  if (kind == 0) {
+    const float4 v = *static_cast<const float4*>(p);
+    (void)v;
+  } else if (kind == 1) {
+    const uint2 v = *static_cast<const uint2*>(p);
+    (void)v;
+  } else {
+    *static_cast<float4*>(p) = float4{1, 2, 3, 4};
+  }
+}
+}  // namespace
+
+// One thread of a kernel makes a float4 load (kind 0), uint2 load (1) or float4 store (2) at
+// p, on the null stream; returns the launch's CUDA error (cudaErrorMisalignedAddress if p is
+// not aligned as the GPU requires) and puts its message in *why.
+JCT_API int emul_vector_access(int kind, void* p, const char** why) {
+  cudaGetLastError();
+  ::jcoccl_shim::LaunchCfg(dim3(1), dim3(1)).Run(VectorAccess, kind, p);
+  static thread_local std::string text;
+  text = ::jcoccl_shim::g_last_message;
+  *why = text.c_str();
+  return cudaGetLastError();
+}
+
 // Queued work of `kinds` (jcoccl_shim::WorkKind bits) sleeps `us` before it runs.
 JCT_API void emul_set_delay(unsigned kinds, int us) { jcoccl_shim::SetDelay(kinds, us); }
 // The next `count` calls of entry point `op` fail with ncclInternalError; 0 if unknown.
