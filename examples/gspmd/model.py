@@ -28,13 +28,14 @@ class ModelConfig:
   n_heads: int = 4
   seq_len: int = 64
   dtype: str = "float32"  # parameters and activations; "bfloat16" for mixed precision
-  fsdp: bool = False  # kernels' first dimension sharded over 'data' too (ZeRO-3 style)
+  fsdp: bool = False  # kernels' first dimension sharded over fsdp_axis too (ZeRO-3 style)
+  fsdp_axis: str = "data"  # 'fsdp' for HSDP (mesh replica x fsdp x model)
 
 
 def _sharded(cfg: ModelConfig, *names: str | None) -> nnx.Initializer:
   """A kernel initializer annotated with its dimensions' mesh axes."""
   if cfg.fsdp and names[0] is None:
-    names = ("data", *names[1:])
+    names = (cfg.fsdp_axis, *names[1:])
   return nnx.with_partitioning(nnx.initializers.lecun_normal(), names)
 
 

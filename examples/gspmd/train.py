@@ -49,6 +49,7 @@ class TrainConfig:
   n_layers: int = 2
   dtype: str = "float32"
   fsdp: bool = False
+  replicas: int = 1  # > 1: HSDP, mesh (replica, fsdp = data / replicas, model), kernels over fsdp
   compressor: str | None = None  # None: the original program
   algorithm: str = "two_shot"
   error_feedback: bool = False
@@ -99,16 +100,15 @@ def _on_mesh(mesh: Any, abstract: Any) -> Any:
 
 
 def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
-  mesh = jax.make_mesh(
-    (cfg.data, cfg.model), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto)
-  )
+  mesh, axes = make_mesh(cfg)
   mcfg = ModelConfig(
     vocab_size=-(-corpus.vocab_size // 8) * 8,
     d_model=cfg.d_model,
     n_layers=cfg.n_layers,
     seq_len=cfg.seq_len,
     dtype=cfg.dtype,
-    fsdp=cfg.fsdp,
+    fsdp=cfg.fsdp or cfg.replicas > 1,
+    fsdp_axis="fsdp" if cfg.replicas > 1 else "data",
   )
   with jax.set_mesh(mesh):
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: TransformerLM(mcfg, nnx.Rngs(0))))
@@ -130,7 +130,7 @@ def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
   if cfg.compressor is not None:  # jcoccl
     grad_fn = jcoccl.value_and_grad(  # jcoccl
       loss_fn,
-      "data",
+      axes,
       compressor=cfg.compressor,
       algorithm=cfg.algorithm,
       min_bytes=0,  # jcoccl
@@ -161,8 +161,20 @@ def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
     "opt_state": opt_state,
     "ef": ef,
     "step": train_step,
-    "batch_sharding": NamedSharding(mesh, P("data")),
+    "batch_sharding": NamedSharding(mesh, P(axes)),
   }
+
+
+def make_mesh(cfg: TrainConfig) -> tuple[jax.sharding.Mesh, tuple[str, ...]]:
+  """The mesh and its data axes: (data, model), or (replica, fsdp, model) for HSDP."""
+  if cfg.replicas > 1:
+    if cfg.data % cfg.replicas:
+      raise ValueError(f"--replicas {cfg.replicas} must divide --data {cfg.data}")
+    shape, names = (cfg.replicas, cfg.data // cfg.replicas, cfg.model), ("replica", "fsdp")
+  else:
+    shape, names = (cfg.data, cfg.model), ("data",)
+  mesh = jax.make_mesh(shape, (*names, "model"), axis_types=(AxisType.Auto,) * len(shape))
+  return mesh, names
 
 
 def _checkpointer(cfg: TrainConfig) -> Any:
@@ -260,7 +272,10 @@ def wire_report(cfg: TrainConfig) -> dict[str, Any]:
   traced = s["step"].trace(s["params"], s["opt_state"], s["ef"], x, y)
   reference = ref["step"].trace(ref["params"], ref["opt_state"], None, x, y)
   wb = jcoccl.wire_bytes(traced, reference=reference, mesh=s["mesh"])
-  data, ref_data = wb["by_axis"].get("data", 0.0), wb["reference_by_axis"].get("data", 0.0)
+  axes = set(make_mesh(cfg)[1])
+  # Bytes over the data axes (one of them or several together: "replica,fsdp").
+  over = lambda by: sum(v for k, v in by.items() if set(k.split(",")) <= axes)
+  data, ref_data = over(wb["by_axis"]), over(wb["reference_by_axis"])
   return {
     "by_axis": wb["by_axis"],
     "reference_by_axis": wb["reference_by_axis"],
