@@ -567,7 +567,7 @@ def test_nccl_emul_captured_collective_runs_at_each_replay_not_at_capture(emul):
   emul.sync(comms)
   assert all((v == 0).all() for v in x + o)  # recorded, not run
   for replay in (1, 2):
-    for r, (c, s) in enumerate(comms):
+    for r, (_, s) in enumerate(comms):
       src[r][:] = replay * (r + 1)
       L.emul_set_device(r)
       assert L.emul_graph_launch(execs[r], s) == 0
@@ -612,3 +612,121 @@ def test_nccl_emul_shim_faults_misaligned_vector_access(emul, kind, align):
   assert emul.lib.emul_vector_access(kind, base, ctypes.byref(why)) == 0
   assert emul.lib.emul_vector_access(kind, base + align // 2, ctypes.byref(why)) == 716
   assert b"misaligned address" in why.value and f"{align}-byte".encode() in why.value
+
+
+# ---- XLA's call patterns (cuda/nccl_interposer/test/xla_patterns.cc) ----------------------------
+
+
+def _patterns(built, lib: Path, n: int, blocking: int, out: Path, policy: str | None = None):
+  """Runs the driver; {pattern: {device: (input bytes, output bytes)}}, checking every call
+  succeeded and the emulation found nothing."""
+  import os
+  import subprocess
+
+  out.mkdir(parents=True, exist_ok=True)
+  env = {**os.environ, "JCOCCL_NCCL_REAL": str(built.emul)}
+  env.pop("JCOCCL_NCCL_POLICY", None)
+  if policy:
+    env["JCOCCL_NCCL_POLICY"] = policy
+  r = subprocess.run(
+    [str(built.patterns), str(lib), str(n), str(blocking), str(out)],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=120,
+  )
+  assert r.returncode == 0 and r.stdout.endswith("done\n"), r.stdout + r.stderr
+  lines = r.stdout.splitlines()
+  assert not [line for line in lines if line.startswith("finding")], r.stdout
+  results = [line for line in lines if " result " in line]
+  assert len(results) == n * 20 and all(line.endswith(" result 0") for line in results), r.stdout
+  got: dict[str, dict[int, tuple[bytes, bytes]]] = {}
+  for f in sorted(out.glob("*.out")):
+    name, dev = f.name[: -len(".out")].rsplit(".d", 1)
+    got.setdefault(name, {})[int(dev)] = (f.with_suffix(".in").read_bytes(), f.read_bytes())
+  return got
+
+
+def _f32(b: bytes) -> np.ndarray:
+  return np.frombuffer(b, np.float32)
+
+
+@pytest.fixture(scope="module")
+def patterns_ref(tmp_path_factory):
+  """The driver on the emulation alone, 4 ranks, blocking."""
+  built = emul_build.build()
+  return built, _patterns(built, built.emul, 4, 1, tmp_path_factory.mktemp("ref"))
+
+
+def test_nccl_emul_xla_patterns_without_the_interposer_are_nccl_semantics(patterns_ref):
+  _, got = patterns_ref
+  n = 4
+  rank = {d: n - 1 - d for d in range(n)}  # the clique communicator reverses the order
+  by_rank = lambda name: [got[name][d] for d in sorted(range(n), key=rank.get)]
+  ins = [_f32(i) for i, _ in by_rank("all_reduce_f32_x2")]
+  acc = ins[0].copy()
+  for x in ins[1:]:
+    acc = acc + x  # float32, in rank order
+  for _, o in by_rank("all_reduce_f32_x2"):
+    np.testing.assert_array_equal(_f32(o), acc)
+  gathered = b"".join(i for i, _ in by_rank("all_gather_s16"))
+  assert all(o == gathered for _, o in by_rank("all_gather_s16"))  # NaN patterns kept
+  a2a = [np.frombuffer(i, np.uint16).reshape(n, 64) for i, _ in by_rank("all_to_all_u16")]
+  for r, (_, o) in enumerate(by_rank("all_to_all_u16")):
+    np.testing.assert_array_equal(np.frombuffer(o, np.uint16).reshape(n, 64), [a[r] for a in a2a])
+  perm = by_rank("collective_permute_s16")
+  for r in range(n):
+    assert perm[r][1] == perm[(r - 1) % n][0]
+  pair = by_rank("collective_permute_f32_pair")
+  assert pair[1][1] == pair[0][0] and set(pair[2][1]) == {0xEE}  # rank 2 took no part
+  assert by_rank("send_recv_f32")[n - 1][1] == by_rank("send_recv_f32")[0][0]
+  assert all(o == by_rank("broadcast_f32")[0][0] for _, o in by_rank("broadcast_f32"))
+  pairs = got["pair_all_reduce_f32"]
+  np.testing.assert_array_equal(_f32(pairs[2][1]), _f32(pairs[2][0]) + _f32(pairs[3][0]))
+
+
+@pytest.mark.parametrize("blocking", [1, 0], ids=["blocking", "nonblocking"])
+def test_nccl_emul_xla_patterns_through_the_interposer(patterns_ref, tmp_path, blocking):
+  # Forwarded calls (no policy: all of them) are bit-identical to the emulation alone; with an
+  # int8 one_shot all-reduce rule the float32 sums are taken, within the codec's bound, and
+  # everything else (bf16/prod/integer reductions, S16 all-gathers sent as float16, ...) is
+  # still bit-identical.
+  from jcoccl import compressors as jc
+  from jcoccl._src import nccl_interposer as ni
+
+  built, ref = patterns_ref
+  got = _patterns(built, built.interposer, 4, blocking, tmp_path / "fwd")
+  assert got == ref
+  comp = jc.int8(block_size=32)
+  rules = [
+    ni.Rule("t", 0, "all_reduce", ("float32",), 0, "one_shot", 1, str(comp), ni.codec_fields(comp)),
+    # float16 included: XLA's S16 all-gathers come as float16 and must still be forwarded.
+    ni.Rule("t", 0, "all_gather", ni.DTYPES, 0, "auto", 1, str(comp), ni.codec_fields(comp)),
+  ]  # fmt: skip
+  policy = ni.write_rules(rules, str(tmp_path / "policy.rules"))
+  got = _patterns(built, built.interposer, 4, blocking, tmp_path / "taken", policy)
+  taken = {"all_reduce_f32_x2", "all_reduce_c64_sum", "pair_all_reduce_f32"}
+  for name in ref:
+    if name not in taken and name != "all_gather_f32":
+      assert got[name] == ref[name], name
+  # The float32 all-gather is taken: each block within the bound of its rank's input.
+  by_rank = [_f32(ref["all_gather_f32"][d][0]) for d in (3, 2, 1, 0)]
+  for d in range(4):
+    o = _f32(got["all_gather_f32"][d][1]).reshape(4, -1)
+    for r, x in enumerate(by_rank):
+      assert (np.abs(o[r] - x) <= np.asarray(comp.error_bound(x))).all()
+  for name in taken:
+    devs = sorted(got[name])
+    if name == "pair_all_reduce_f32":
+      groups = [[0, 1], [2, 3]]
+    else:
+      groups = [devs]
+    for g in groups:
+      xs = [_f32(ref[name][d][0]) for d in g]
+      exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+      bound = sum(np.asarray(comp.error_bound(x), np.float64) for x in xs)
+      bound += 1e-6 * np.sum(np.abs(np.stack(xs)), axis=0)  # float32 summation
+      outs = [_f32(got[name][d][1]) for d in g]
+      assert all(np.array_equal(o, outs[0]) for o in outs), name  # every rank alike
+      assert (np.abs(outs[0] - exact) <= bound).all(), name
+  assert got["all_reduce_f32_x2"] != ref["all_reduce_f32_x2"]  # it was compressed

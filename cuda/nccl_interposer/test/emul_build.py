@@ -1,11 +1,12 @@
 """Build libjcoccl_nccl.so for the CPU: the interposer against the NCCL emulation and the
 host shim, with g++ (no CUDA, no GPU), for tests/test_nccl_interposer.py.
 
-Three products, cached under build/nccl_interposer/ by a hash of their inputs:
+Four products, cached under build/nccl_interposer/ by a hash of their inputs:
   libnccl_emul-<key>.so     the "real NCCL": cuda/emul/nccl_emul.h + test/emul_nccl.cc
   libjcoccl_nccl-<key>.so   the interposer (forward.cc, interposer.cc, the codec kernels of
                             cuda/gpu/codecs.cu run on the shim), SONAME libnccl.so.2
   xla_load-<key>            test/xla_load.cc: loads NCCL as XLA's plugin does
+  xla_patterns-<key>        test/xla_patterns.cc: XLA's NCCL call sequences on N ranks
 The mutant interposer (mutants=True) holds every MUTATIONS entry behind jcn_test_mutation,
 and its generated API lacks one forwarded name; each must be caught by the tests.
 
@@ -61,6 +62,7 @@ class Built(NamedTuple):
   emul: Path
   interposer: Path
   program: Path
+  patterns: Path
 
 
 def _run(cmd: list[str]) -> None:
@@ -110,7 +112,7 @@ def build(mutants: bool = False) -> Built:
       jcn_test_mutation variable is set) and without the DROPPED forwarder.
 
   Returns:
-    The three paths.
+    The four paths.
 
   Example:
     b = build(); subprocess.run([b.program, b.interposer, b.emul])
@@ -204,7 +206,15 @@ def build(mutants: bool = False) -> Built:
       [cxx, *FLAGS, "-rdynamic", *[f"-I{i}" for i in base_inc], str(prog_src), "-ldl", "-o", str(t)]
     ),
   )
-  return Built(emul, lib, program)
+  pat_src = HERE / "test" / "xla_patterns.cc"
+  k = _key([pat_src, *shim, CUDA / "emul" / "nccl.h"], f"{cxx} {FLAGS}")
+  patterns = _atomic(
+    OUT / f"xla_patterns-{k}",
+    lambda t: _run(
+      [cxx, *FLAGS, "-rdynamic", *[f"-I{i}" for i in base_inc], str(pat_src), "-ldl", "-o", str(t)]
+    ),
+  )
+  return Built(emul, lib, program, patterns)
 
 
 if __name__ == "__main__":
