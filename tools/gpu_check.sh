@@ -10,9 +10,10 @@
 #                jnp spec, NCCL's plain ops vs numpy (tools/gpu_collectives.py launch)
 #   world4       the same with 4 processes
 #   xla_comm     does XLA hand an FFI handler its own communicator (tools/xla_comm_probe.py)
-#   nccl_interposer  a GSPMD jit program that never imports jcoccl, 2 processes, with and
-#                without libjcoccl_nccl.so: NCCL bytes, step-time ratio, loss difference
-#                (tools/gpu_nccl_interposer.py; --cpu: 1 process, the emulation-built library)
+#   nccl_interposer  docs/nccl.md's train.py (GSPMD jit, never imports jcoccl), 2 processes,
+#                plain and with libjcoccl_nccl.so in three XLA modes (command buffers on and
+#                off, nonblocking communicators): NCCL bytes, step-time ratio, loss difference
+#                (tools/gpu_nccl_interposer.py; --cpu: on CPU, the emulation-built library)
 #   codec_bench  codec throughput vs the device copy bandwidth:   } JCOCCL_GPU_ROUNDS rounds
 #                jitted calls, and the kernels alone timed with  }
 #                CUDA events (decode_sum, decode_sum_encode too)  }
@@ -114,7 +115,7 @@ import jax; print(jax.devices())"
   step world4 60 "$PY" "$GC" launch --world 4 --timeout 20 --deadline 50 --dir "$OUT/world4" \
     --out "$OUT/world4.json"
   step xla_comm 30 "$PY" tools/xla_comm_probe.py --platform cuda --out "$OUT/xla_comm.json"
-  step nccl_interposer 90 "$PY" tools/gpu_nccl_interposer.py --timeout 40 \
+  step nccl_interposer 150 "$PY" tools/gpu_nccl_interposer.py --timeout 35 \
     --dir "$OUT/nccl_interposer" --out "$OUT/nccl_interposer.json"
   # Timings in rounds, each round timing every codec and collective once: the report gives
   # each figure's median and its spread over the rounds.
@@ -175,7 +176,7 @@ print('jcoccl._cpu', m); import jax; print(jax.devices())"
     --sizes-mib 0.25 --iters 1 --timeout 30 --deadline 55 --dir "$OUT/bench1" \
     --out "$OUT/bench1.json"
   step cuda_ext 240 "$PY" tools/cuda_ext_check.py check "${QUICK[@]}" --out "$OUT/cuda_ext.json"
-  step nccl_interposer 90 "$PY" tools/gpu_nccl_interposer.py --platform cpu \
+  step nccl_interposer 120 "$PY" tools/gpu_nccl_interposer.py --cpu \
     --dir "$OUT/nccl_interposer" --out "$OUT/nccl_interposer.json"
 fi
 

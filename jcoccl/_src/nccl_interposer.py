@@ -322,11 +322,13 @@ def summary() -> str:
 def counters() -> list[dict[str, Any]]:
   """What the library did in this process: one dict per communicator and op (``comm``,
   ``size``, ``rank``, ``op``, ``taken_calls``, ``taken_bytes``, ``taken_wire``,
-  ``forwarded_calls``, ``forwarded_bytes``, ``forwarded_wire``; bytes are the messages' own,
-  wire bytes what this rank handed to NCCL, for forwarded calls those of NCCL's ring), then
-  ``{"grouped": {"taken_at_group_end": calls}}`` (calls issued inside ncclGroupStart /
-  ncclGroupEnd, as XLA issues them) and ``{"forwarded": {reason: calls}}``. Empty when the
-  library is not loaded.
+  ``captured_calls``, ``forwarded_calls``, ``forwarded_bytes``, ``forwarded_wire``; bytes are
+  the messages' own, wire bytes what this rank handed to NCCL, for forwarded calls those of
+  NCCL's ring; a call captured into a CUDA graph counts once, at its capture, not per
+  replay), then ``{"grouped": {"taken_at_group_end": calls}}`` (calls issued inside
+  ncclGroupStart / ncclGroupEnd, as XLA issues them) and ``{"forwarded": {reason: calls}}``
+  (reasons ``no_rule``, ``other_type``, ``workspace``, ``disabled``). Empty when the library
+  is not loaded.
 
   Example:
     >>> counters()
