@@ -730,3 +730,12 @@ def test_nccl_emul_xla_patterns_through_the_interposer(patterns_ref, tmp_path, b
       assert all(np.array_equal(o, outs[0]) for o in outs), name  # every rank alike
       assert (np.abs(outs[0] - exact) <= bound).all(), name
   assert got["all_reduce_f32_x2"] != ref["all_reduce_f32_x2"]  # it was compressed
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_nccl_emul_xla_patterns_on_fewer_ranks_forward_bit_identical(patterns_ref, tmp_path, n):
+  # 3 ranks: one rank in no pair (NCCL_SPLIT_NOCOLOR). Nonblocking alone vs blocking through
+  # the interposer with no policy: the same bits.
+  built, _ = patterns_ref
+  alone = _patterns(built, built.emul, n, 0, tmp_path / "alone")
+  assert _patterns(built, built.interposer, n, 1, tmp_path / "via") == alone
