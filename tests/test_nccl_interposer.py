@@ -1080,16 +1080,26 @@ int main(int argc, char** argv) {
 def test_nccl_interposer_jcoccls_own_transport_reaches_the_real_nccl(built, tmp_path):
   # Risk 6: jcoccl's transport opens "libnccl.so.2" by name, which is the interposer once it
   # is loaded; its exact float32 sums must still reach the real NCCL.
-  src = tmp_path / "probe.cc"
-  src.write_text(_REAL_PROBE)
+  import hashlib
+
   inc = [gpu_shim.SHIM_DIR, ROOT / "cuda" / "emul", ROOT / "cuda", gpu_shim.PUBLIC_INCLUDE]
-  prog = tmp_path / "probe"
-  r = subprocess.run(
-    [gpu_shim.compiler(), *emul_build.FLAGS, *[f"-I{i}" for i in inc], str(src),
-     str(ROOT / "cuda" / "transport" / "nccl.cc"), "-ldl", "-o", str(prog)],
-    capture_output=True, text=True,
-  )  # fmt: skip
-  assert r.returncode == 0, r.stderr[-3000:]
+  inputs = [ROOT / "cuda" / "transport" / n for n in ("nccl.cc", "nccl.h", "transport.h")]
+  h = hashlib.sha256((_REAL_PROBE + " ".join(emul_build.FLAGS)).encode())
+  for f in [*inputs, *sorted(gpu_shim.SHIM_DIR.glob("*")), *sorted((ROOT / "cuda/emul").glob("*"))]:
+    h.update(f.read_bytes())
+  prog = emul_build.OUT / f"transport_probe-{h.hexdigest()[:16]}"
+  if not prog.exists():  # built once per source state, as emul_build caches its products
+    src = tmp_path / "probe.cc"
+    src.write_text(_REAL_PROBE)
+    emul_build.OUT.mkdir(parents=True, exist_ok=True)
+    tmp = emul_build.OUT / f"{prog.name}.{os.getpid()}.tmp"  # renamed: workers may race
+    r = subprocess.run(
+      [gpu_shim.compiler(), *emul_build.FLAGS, *[f"-I{i}" for i in inc], str(src),
+       str(inputs[0]), "-ldl", "-o", str(tmp)],
+      capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    tmp.replace(prog)
   env = {**os.environ, "JCOCCL_NCCL_REAL": str(built.emul)}
   env.pop("JCOCCL_NCCL_POLICY", None)
   out = subprocess.run([str(prog), str(built.interposer), str(built.emul)], capture_output=True,
@@ -1120,3 +1130,43 @@ def test_nccl_interposer_unaligned_buffers_never_reach_vector_loads(nccl):
     nccl.emul.emul_sync(s)
   assert nccl.emul.emul_findings().decode() == ""
   np.testing.assert_array_equal(_bits(outs[0][1:]), _bits(want[0]))
+
+
+def test_nccl_interposer_captured_call_replays_compressed_and_counts_once(nccl):
+  # Risk 4 with the shim's real graph capture: a taken call recorded into a graph (its
+  # lanes forked off the capturing stream and joined back, so the capture ends cleanly) runs
+  # the compressed collective at each replay, on new inputs; the counters count the capture.
+  from jcoccl import compressors as jc
+
+  L = nccl.emul
+  vp = ctypes.c_void_p
+  L.emul_begin_capture.argtypes = [vp]
+  L.emul_end_capture.argtypes = [vp, ctypes.POINTER(vp)]
+  L.emul_graph_launch.argtypes = [vp, vp]
+  nccl.policy([_rule(jc.int8(block_size=32))])
+  n, count = 2, 1024
+  comms = nccl.comms(n)
+  xs = [np.zeros(count, np.float32) for _ in range(n)]
+  outs = [np.zeros(count, np.float32) for _ in range(n)]
+  execs = []
+  for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+    L.emul_set_device(r)
+    assert L.emul_begin_capture(s) == 0
+    assert nccl.lib.ncclAllReduce(x.ctypes.data, o.ctypes.data, count, F32, SUM, c, s) == 0
+    g = ctypes.c_void_p()
+    assert L.emul_end_capture(s, ctypes.byref(g)) == 0  # no lane left unjoined
+    execs.append(g.value)
+  ref = [np.linspace(-1, 1, count, dtype=np.float32) * (r + 1) for r in range(n)]
+  _, want = nccl.run("all_reduce", ref, nccl.comms(n))  # eager, on a fresh communicator
+  for replay in (1, 2):
+    for r, (_, s) in enumerate(comms):
+      xs[r][:] = ref[r]
+      outs[r][:] = 0
+      L.emul_set_device(r)
+      assert L.emul_graph_launch(execs[r], s) == 0
+    for _, s in comms:
+      L.emul_sync(s)
+    np.testing.assert_array_equal(_bits(outs[1]), _bits(want[0]), err_msg=f"replay {replay}")
+  assert not (want[0] == ref[0] + ref[1]).all()  # compressed
+  mine = [d for d in nccl.counters() if "comm" in d and int(d["comm"], 16) == comms[0][0]]
+  assert mine[0]["taken_calls"] == 1 and mine[0]["captured_calls"] == 1
