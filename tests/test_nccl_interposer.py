@@ -73,6 +73,13 @@ class Nccl:
     for name in ("ncclAllGather", "pncclAllGather"):
       getattr(self.lib, name).argtypes = [vp, vp, sz, i32, vp, vp]
     self.lib.ncclCommInitRank.argtypes = [ctypes.POINTER(vp), i32, UniqueId, i32]
+    self.lib.ncclCommInitRankConfig.argtypes = [
+      ctypes.POINTER(vp),
+      i32,
+      UniqueId,
+      i32,
+      ctypes.POINTER(Config),
+    ]
     self.lib.ncclCommGetAsyncError.argtypes = [vp, ctypes.POINTER(i32)]
     self.lib.ncclCommAbort.argtypes = [vp]
     self.lib.ncclCommDestroy.argtypes = [vp]
@@ -955,13 +962,6 @@ def test_nccl_interposer_nonblocking_group_runs_after_the_communicator_is_ready(
   # taken calls must not be issued on the communicator until it has left that state.
   from jcoccl import compressors as jc
 
-  nccl.lib.ncclCommInitRankConfig.argtypes = [
-    ctypes.POINTER(ctypes.c_void_p),
-    ctypes.c_int,
-    UniqueId,
-    ctypes.c_int,
-    ctypes.POINTER(Config),
-  ]
   nccl.policy([_rule(jc.int8(block_size=32))])
   n = 2
   comms = _nonblocking_comms(nccl, n)
@@ -992,13 +992,6 @@ def test_nccl_interposer_abort_from_another_thread_ends_a_waiting_call(nccl):
 
   from jcoccl import compressors as jc
 
-  nccl.lib.ncclCommInitRankConfig.argtypes = [
-    ctypes.POINTER(ctypes.c_void_p),
-    ctypes.c_int,
-    UniqueId,
-    ctypes.c_int,
-    ctypes.POINTER(Config),
-  ]
   nccl.policy([_rule(jc.int8(block_size=32))])
   comms = _nonblocking_comms(nccl, 2)
   c, s = comms[0]
