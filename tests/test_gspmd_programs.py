@@ -17,6 +17,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jcoccl
+from jcoccl._src import wire_bytes as wb
 
 pytestmark = pytest.mark.unoptimized
 
@@ -65,6 +66,13 @@ def test_closed_over_batch_is_an_error(mesh):
   closure = lambda p: loss_fn(p, x, y)
   with pytest.raises(ValueError, match=r"fun closes over an array 'x' of shape \(32, 64\)"):
     jcoccl.value_and_grad(closure, mesh=mesh)(params)
+
+  @jax.jit
+  def step(params, x, y):  # the original programs' shape: the loss closes over the batch
+    return jcoccl.value_and_grad(lambda p: loss_fn(p, x, y), mesh=mesh)(params)
+
+  with pytest.raises(ValueError, match=r"batch: .* has none .*closes over x \(32, 64\)"):
+    step(params, x, y)
   table = G.put(mesh, np.ones((32, 8), np.float32), P())  # batch-sized but a real constant
   scaled = lambda p, x, y: loss_fn(p, x, y) + 1e-3 * jnp.sum(table)
   with jax.set_mesh(mesh):
@@ -180,9 +188,14 @@ def test_explicit_fsdp_out_sharding_and_init_in_jit():
     out = jnp.dot(h, p["w2"], out_sharding=P("data", None))
     return jnp.mean((out - y) ** 2)
 
+  def loss_fn_typed(p, x, y):
+    # The types the model's code sees are the original's: the batch still over 'data'.
+    assert jax.typeof(x).sharding.spec[0] == "data", jax.typeof(x)
+    return loss_fn(p, x, y)
+
   with jax.set_mesh(mesh):
     exact = jax.jit(jax.value_and_grad(loss_fn))(params, x, y)
-    got = jax.jit(jcoccl.value_and_grad(loss_fn, compressor="none"))(params, x, y)
+    got = jax.jit(jcoccl.value_and_grad(loss_fn_typed, compressor="none"))(params, x, y)
     G.check_close(exact, got)
     grad_fn = jcoccl.value_and_grad(loss_fn, compressor="int8", min_bytes=0, error_feedback=True)
     state = jax.jit(grad_fn.init)(params)
@@ -190,3 +203,43 @@ def test_explicit_fsdp_out_sharding_and_init_in_jit():
     (loss, _), state = jax.jit(lambda p, x, y, s: grad_fn(p, x, y, state=s))(params, x, y, state)
   np.testing.assert_allclose(float(loss), float(exact[0]), rtol=1e-5)
   assert isinstance(state["w1"].sharding, NamedSharding)
+
+
+def test_scanned_remat_model_with_constraints(mesh):
+  """Layers under lax.scan and jax.checkpoint, a custom_jvp activation (relu) and a
+  constraint on the batch axis inside the scanned body: the exact codec equals the
+  original."""
+  rng = np.random.default_rng(5)
+  ws = G.put(mesh, rng.normal(size=(3, 64, 64)).astype(np.float32) / 8, P(None, None, "model"))
+  x = G.put(mesh, rng.normal(size=(32, 64)).astype(np.float32), P("data"))
+
+  def loss_fn(ws, x):
+    @jax.checkpoint
+    def layer(h, w):
+      h = jax.nn.relu(h @ w)
+      return jax.lax.with_sharding_constraint(h, P("data", None)), None
+
+    h, _ = jax.lax.scan(layer, x, ws)
+    return jnp.mean(h**2)
+
+  with jax.set_mesh(mesh):
+    exact = jax.jit(jax.value_and_grad(loss_fn))(ws, x)
+    grad_fn = jcoccl.value_and_grad(loss_fn, compressor="none", param_specs=P(None, None, "model"))
+    G.check_close(exact, jax.jit(grad_fn)(ws, x))
+
+
+def test_size_aware_default_algorithm(mesh):
+  """Uncalibrated auto: a 1 MiB gradient leaf goes two_shot on 4 data shards (0.254x of
+  the exact bytes, where one_shot sends 0.51x), a small one one_shot."""
+  rng = np.random.default_rng(6)
+  params = {
+    "w": G.put(mesh, rng.normal(size=(256, 1024)).astype(np.float32) / 16, P()),
+    "b": G.put(mesh, np.zeros((1024,), np.float32), P()),
+  }
+  x = G.put(mesh, rng.normal(size=(32, 256)).astype(np.float32), P("data"))
+  loss_fn = lambda p, x: jnp.mean(jnp.tanh(x @ p["w"] + p["b"]) ** 2)
+  grad_fn = jcoccl.value_and_grad(loss_fn, compressor="int8", min_bytes=0, mesh=mesh)
+  (choice,) = wb.choices(grad_fn, params, x)  # one call: both leaves, per-leaf values
+  algos = list(choice["algorithm"].values)
+  # The 1 MiB leaf is cut in 2 over 'model' (which replicates it): 512 KiB per device.
+  assert sorted(algos) == ["one_shot", "two_shot"], algos

@@ -33,22 +33,17 @@ from jax.sharding import PartitionSpec as P
 from jcoccl._src import _compat
 from jcoccl._src import gspmd_specs as S
 from jcoccl._src.error_feedback import error_feedback as _error_feedback
-from jcoccl._src.gspmd_local import Layout, Local
-from jcoccl._src.gspmd_trace import aval_of, check_closure, local_aval, loss_of, positions, trace
+from jcoccl._src.gspmd_local import Layout, Local, OpPlan, make_plans
+from jcoccl._src.gspmd_trace import (
+  aval_of,
+  check_batch_given,
+  check_closure,
+  local_aval,
+  loss_of,
+  positions,
+  trace,
+)
 from jcoccl.policy import Policy
-
-_OPS = ("all_reduce", "reduce_scatter", "all_gather")
-
-
-@dataclasses.dataclass(frozen=True)
-class _OpPlan:
-  """What one data-axis op runs with: its compressor and keyword options."""
-
-  compressor: Any
-  options: tuple[tuple[str, Any], ...]
-
-  def kw(self) -> dict[str, Any]:
-    return dict(self.options)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # jit keys a callable by identity
@@ -64,7 +59,7 @@ class DataParallelGrad:
   axes: tuple[str, ...]
   argnums: tuple[int, ...]
   has_aux: bool
-  plans: tuple[tuple[str, _OpPlan], ...]
+  plans: tuple[tuple[str, OpPlan], ...]
   error_feedback: bool
   accumulate: int
   param_specs: Any
@@ -72,7 +67,7 @@ class DataParallelGrad:
   mesh: Any
   replicated_closure: bool = False
 
-  def _plan(self, op: str) -> _OpPlan:
+  def _plan(self, op: str) -> OpPlan:
     return dict(self.plans)[op]
 
   def _mesh(self) -> Any:
@@ -222,9 +217,10 @@ class DataParallelGrad:
     diff_pos = [i for a in self.argnums for i in pos[a]]
     batch_pos = [i for a in batch for i in pos[a]]
     closed, out_tree = self._trace(args, flat, args_tree, diff_pos, batch_pos, n, mesh)
+    rows = next((jnp.shape(flat[i])[0] for i in batch_pos if jnp.ndim(flat[i])), None)
     if not self.replicated_closure:
-      rows = next((jnp.shape(flat[i])[0] for i in batch_pos if jnp.ndim(flat[i])), None)
       check_closure(self.fun, closed.consts, self.axes, rows)
+    check_batch_given(self.fun, closed.consts, rows is not None)
     in_specs = [P() for _ in flat]
     for i, s in zip(diff_pos, specs):
       in_specs[i] = S.strip(s, self.axes, keep=True)
@@ -355,41 +351,6 @@ class DataParallelGrad:
           )
 
 
-def _plans(
-  axes: tuple[str, ...],
-  compressor: Any,
-  gather_compressor: Any,
-  policy: Policy | None,
-  options: dict[str, Any],
-) -> tuple[tuple[str, _OpPlan], ...]:
-  """Each op's compressor and options: from ``policy`` (per axis and op) or the arguments."""
-  if policy is None:
-    given = {k: v for k, v in options.items() if v is not None}
-    # ``algorithm`` names all_reduce's (two_shot...); the other ops keep their own default.
-    gather = {k: v for k, v in given.items() if k != "algorithm"}
-    return (
-      ("all_reduce", _OpPlan(compressor, tuple(sorted(given.items())))),
-      ("reduce_scatter", _OpPlan(compressor, tuple(sorted(gather.items())))),
-      ("all_gather", _OpPlan(gather_compressor, tuple(sorted(gather.items())))),
-    )
-  if not isinstance(policy, Policy):
-    raise TypeError(f"policy must be a jcoccl.Policy, got {type(policy).__name__}")
-  if compressor is not None or gather_compressor is not None:
-    raise ValueError("policy: give either policy= or compressor=/gather_compressor=, not both")
-  plans = []
-  for op in _OPS:
-    seen = {(repr(policy.compressor(a, op)), repr(policy.options(a, op))) for a in axes}
-    if len(seen) > 1:
-      raise ValueError(
-        f"policy: the data axes {axes} name different settings for {op}; give them one entry"
-      )
-    kw = dict(policy.options(axes[0], op), **{k: v for k, v in options.items() if v is not None})
-    if op == "all_gather":
-      kw.pop("algorithm", None)
-    plans.append((op, _OpPlan(policy.compressor(axes[0], op), tuple(sorted(kw.items())))))
-  return tuple(plans)
-
-
 def value_and_grad(
   fun: Callable[..., Any],
   axes: str | Sequence[str] = "data",
@@ -475,7 +436,7 @@ def value_and_grad(
     raise ValueError(f"accumulate must be a positive int, got {accumulate!r}")
   data_axes = S.data_axes(axes)
   options = {"algorithm": algorithm, "min_bytes": min_bytes, "chunks": chunks}
-  plans = _plans(data_axes, compressor, gather_compressor, policy, options)
+  plans = make_plans(data_axes, compressor, gather_compressor, policy, options)
   if error_feedback:
     for op, plan in plans:
       if op != "all_gather":

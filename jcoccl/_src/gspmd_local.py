@@ -25,8 +25,57 @@ from jcoccl._src.axes import match_vma, vma_of
 from jcoccl._src.error_feedback import error_feedback as _error_feedback
 from jcoccl._src.gspmd_trace import Region
 from jcoccl._src.reduce_scatter import reduce_scatter
+from jcoccl.policy import Policy
 
 Place = tuple[int, tuple[str, ...]] | None
+
+_OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpPlan:
+  """What one data-axis op runs with: its compressor and keyword options."""
+
+  compressor: Any
+  options: tuple[tuple[str, Any], ...]
+
+  def kw(self) -> dict[str, Any]:
+    return dict(self.options)
+
+
+def make_plans(
+  axes: tuple[str, ...],
+  compressor: Any,
+  gather_compressor: Any,
+  policy: Policy | None,
+  options: dict[str, Any],
+) -> tuple[tuple[str, OpPlan], ...]:
+  """Each op's compressor and options: from ``policy`` (per axis and op) or the arguments."""
+  if policy is None:
+    given = {k: v for k, v in options.items() if v is not None}
+    # ``algorithm`` names all_reduce's (two_shot...); the other ops keep their own default.
+    gather = {k: v for k, v in given.items() if k != "algorithm"}
+    return (
+      ("all_reduce", OpPlan(compressor, tuple(sorted(given.items())))),
+      ("reduce_scatter", OpPlan(compressor, tuple(sorted(gather.items())))),
+      ("all_gather", OpPlan(gather_compressor, tuple(sorted(gather.items())))),
+    )
+  if not isinstance(policy, Policy):
+    raise TypeError(f"policy must be a jcoccl.Policy, got {type(policy).__name__}")
+  if compressor is not None or gather_compressor is not None:
+    raise ValueError("policy: give either policy= or compressor=/gather_compressor=, not both")
+  plans = []
+  for op in _OPS:
+    seen = {(repr(policy.compressor(a, op)), repr(policy.options(a, op))) for a in axes}
+    if len(seen) > 1:
+      raise ValueError(
+        f"policy: the data axes {axes} name different settings for {op}; give them one entry"
+      )
+    kw = dict(policy.options(axes[0], op), **{k: v for k, v in options.items() if v is not None})
+    if op == "all_gather":
+      kw.pop("algorithm", None)
+    plans.append((op, OpPlan(policy.compressor(axes[0], op), tuple(sorted(kw.items())))))
+  return tuple(plans)
 
 
 @dataclasses.dataclass

@@ -142,8 +142,12 @@ class Region:
     return [match_vma(x, self.vary) for x in xs]
 
   def _scan(self, p: dict, invals: list) -> list:
-    nc, nk = p["num_consts"], p["num_carry"]
-    consts, init, xs = invals[:nc], invals[nc : nc + nk], invals[nc + nk :]
+    if "ft_in" in p:  # JAX 0.11: the operands' (consts, carry, xs) as one flat tree
+      consts, init, xs = (list(t) for t in p["ft_in"].update(invals).unpack())
+    else:
+      nc, nk = p["num_consts"], p["num_carry"]
+      consts, init, xs = invals[:nc], invals[nc : nc + nk], invals[nc + nk :]
+    nk = len(init)
 
     def body(carry: list, x: list) -> tuple:
       outs = self._closed(p["jaxpr"], [*consts, *carry, *x])
@@ -222,6 +226,28 @@ def check_closure(
       "split over the data axes as a batch), or, for a constant that really is replicated, "
       "pass replicated_closure=True"
     )
+
+
+def check_batch_given(fun: Callable[..., Any], consts: Sequence[Any], given: bool) -> None:
+  """Refuses a call with no batch argument to split (every shard would compute the same).
+
+  Raises:
+    ValueError: naming the arrays ``fun`` closes over (where found), the likely batch.
+  """
+  if given:
+    return
+  names = _names(fun)
+  seen = [
+    f"{names.get(id(c), 'an array')} {tuple(np.shape(c))}"
+    for c in consts
+    if isinstance(c, jax.Array) and np.ndim(c)
+  ]
+  closes = f"; fun closes over {', '.join(seen)}" if seen else ""
+  raise ValueError(
+    "batch: value_and_grad splits the non-differentiated arguments over the data axes, and "
+    f"this call has none with a leading dimension{closes}. Pass the batch as arguments "
+    "(grad_fn(params, x, y) with fun(params, x, y)) rather than closing over it"
+  )
 
 
 def _entry_names(entry: Any) -> tuple:
