@@ -327,6 +327,20 @@ Comm* CommOf(ncclComm_t comm) {
   return out;
 }
 
+// The communicator's device is current while its work is enqueued (a held group may run on
+// another device's thread, at its poll); the caller's device afterwards.
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    cudaGetDevice(&prev_);
+    cudaSetDevice(device);
+  }
+  ~OnDevice() { cudaSetDevice(prev_); }
+
+ private:
+  int prev_ = 0;
+};
+
 // Makes the lanes, events and workspace of `set` once (the caller holds c->mu); false with
 // set->error when they cannot be made. Relaxed capture mode: the caller's stream may be
 // capturing.
@@ -712,6 +726,7 @@ ncclResult_t Enqueue(Comm* c, const Rule& rule, const Args& a, LaneSet** set) {
 // Runs one taken call now: fork off its stream, the engine, join back.
 ncclResult_t Execute(Comm* c, const Rule& rule, const Args& a) {
   std::lock_guard<std::mutex> lk(c->mu);
+  OnDevice on(c->device);
   const std::vector<cudaStream_t> streams{a.stream};
   LaneSet* set = &c->sets[Capturing(a.stream) ? 1 : 0];
   if (Prepare(c, set)) {
@@ -791,13 +806,14 @@ ncclResult_t RunGroup(Group& g, ncclResult_t r) {
     if (std::find(comms.begin(), comms.end(), d.comm) == comms.end()) comms.push_back(d.comm);
   std::vector<std::unique_lock<std::mutex>> locks;
   for (Comm* c : comms) locks.emplace_back(c->mu);
-  std::vector<LaneSet*> used;
+  std::vector<std::pair<LaneSet*, int>> used;  // with its communicator's device
   for (const Deferred& d : g.calls) {
+    OnDevice on(d.comm->device);
     ncclResult_t x = ncclSuccess;
     LaneSet* set = &d.comm->sets[Capturing(d.args.stream) ? 1 : 0];
-    if (Prepare(d.comm, set) && std::find(used.begin(), used.end(), set) == used.end()) {
-      used.push_back(set);
-    }
+    const std::pair<LaneSet*, int> u{set, d.comm->device};
+    if (Prepare(d.comm, set) && std::find(used.begin(), used.end(), u) == used.end())
+      used.push_back(u);
     if (set->ready) {
       Status f = Fork(set, g.streams);
       x = f.ok() ? Enqueue(d.comm, d.rule, d.args, &set) : Failed(d.comm, ncclInternalError, f.msg);
@@ -810,7 +826,8 @@ ncclResult_t RunGroup(Group& g, ncclResult_t r) {
     }
     if ((r == ncclSuccess || r == ncclInProgress) && x != ncclSuccess) r = x;
   }
-  for (LaneSet* set : used) {
+  for (const auto& [set, device] : used) {
+    OnDevice on(device);
     Status j = Join(set, g.streams);
     if (!j.ok() && r == ncclSuccess) r = ncclInternalError;
   }
