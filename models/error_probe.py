@@ -80,7 +80,9 @@ def relative_error(x: Any, codec: Any) -> float:
 
 class Tap:
   """Host-side sums of squared norms and errors, sent from inside the step by
-  ``jax.debug.callback`` (per device and call).
+  ``jax.debug.callback`` (per device and call), then summed over every process
+  (:meth:`share`): each process receives its own devices' callbacks only, and every process
+  must decide from the same, global, numbers.
 
   Args:
     codecs: ``{point: [(label, compressor), ...]}``: the codecs to measure at each point.
@@ -117,6 +119,22 @@ class Tap:
   def _add_noise(self, vals: Any) -> None:
     self.noise = self.noise + np.asarray(vals, np.float64)
 
+  def share(self) -> None:
+    """Replaces this process's sums by the sums over all processes, the same on every one
+    (added in process order); nothing changes in a single-process run."""
+    if jax.process_count() == 1:
+      return
+    mine = {
+      "sums": [[p, layer, list(np.atleast_1d(v))] for (p, layer), v in self.sums.items()],
+      "noise": list(self.noise),
+    }
+    self.sums.clear()
+    self.noise = np.zeros(2)
+    for part in gather_json(mine):
+      for p, layer, v in part["sums"]:
+        self.sums[(p, layer)] = self.sums[(p, layer)] + np.asarray(v, np.float64)
+      self.noise = self.noise + np.asarray(part["noise"], np.float64)
+
   def noise_ratio(self) -> float:
     """The gradient noise relative to the gradient sum's norm."""
     return float(np.sqrt(max(self.noise[0], 0.0) / self.noise[1])) if self.noise[1] else 0.0
@@ -129,6 +147,24 @@ class Tap:
       key = point if layer < 0 else f"{point}@{layer}"
       out[key] = {lab: float(np.sqrt(e / v[0])) if v[0] else 0.0 for lab, e in zip(labels, v[1:])}
     return out
+
+
+def gather_json(obj: Any) -> list[Any]:
+  """``obj`` (JSON-serialisable) of every process, in process order, on every process.
+
+  Floats survive exactly (JSON writes their shortest round-trip repr). One gather of the
+  sizes and one of the padded bytes (``multihost_utils.process_allgather``)."""
+  if jax.process_count() == 1:
+    return [obj]
+  from jax.experimental import multihost_utils
+
+  mine = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.asarray(mine.size, np.int32)))
+  sizes = sizes.reshape(-1)
+  buf = np.zeros(int(sizes.max()), np.uint8)
+  buf[: mine.size] = mine
+  rows = np.asarray(multihost_utils.process_allgather(buf)).reshape(sizes.size, -1)
+  return [json.loads(rows[i, : sizes[i]].tobytes().decode()) for i in range(sizes.size)]
 
 
 class DirectedCollectives(Collectives):
@@ -376,6 +412,7 @@ class Prober:
     for x, y in batches:
       jax.block_until_ready(self._tapped(params, x, y))
     jax.effects_barrier()
+    self.tap.share()
     return {"noise": self.tap.noise_ratio(), "injected": self.tap.errors()}
 
   def gradient(self, params: Any, batches: Sequence[tuple]) -> dict[str, float]:

@@ -10,11 +10,15 @@ Prints ``pid <pid>`` once and ``batch <step>`` before each training step; from s
 SLOW_FROM on, each batch takes SECONDS longer (the test's time to kill a process while the
 others are still training). With JCOCCL_TEST_CALIBRATION=compress or =exact, the start-up
 calibration installs :func:`crafted` instead of measuring (the same table on every process,
-whatever the machine's timings). Everything else is models.train unchanged.
+whatever the machine's timings). With JCOCCL_TEST_ADAPT_LOG=1, every process prints what
+each --adapt probe measured and the bits it chose (``adapt <json>``; models.train itself
+logs the changes on process 0 only), for a test to compare between processes. Everything
+else is models.train unchanged.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -22,7 +26,20 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jcoccl
-from models import loop, train
+from models import adaptive, loop, train
+
+
+def log_adapt_probes() -> None:
+  """Makes every process print each probe's measurements and the bits chosen."""
+  update = adaptive.Adaptive.update
+
+  def logged(self, step, measured):
+    rec = update(self, step, measured)
+    seen = {k: measured.get(k) for k in ("noise", "injected", "sensitivity")}
+    print("adapt " + json.dumps({"step": step, **seen, "bits": self.bits}), flush=True)
+    return rec
+
+  adaptive.Adaptive.update = logged
 
 
 def crafted(winner: str, mesh) -> jcoccl.CostModels:
@@ -68,6 +85,8 @@ def main(argv: list[str]) -> None:
   winner = os.environ.get("JCOCCL_TEST_CALIBRATION")
   if winner:
     jcoccl.calibrate = fake_calibrate([winner])
+  if os.environ.get("JCOCCL_TEST_ADAPT_LOG") == "1":
+    log_adapt_probes()
   print(f"pid {os.getpid()}", flush=True)
   train.main(rest)
 
