@@ -7,6 +7,8 @@ Each process gets JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID 
 CPU, K host devices. Their output is streamed line by line with a ``[rank]`` prefix. The
 launcher exits with the first non-zero exit status of any process; once one process has
 failed, the others get ``--kill-after`` seconds to stop by themselves, then are terminated.
+Ctrl-C or SIGTERM of the launcher sends SIGTERM to every process and gives it as long to stop
+(``python -m models.train`` saves a checkpoint at the step reached); a second one hurries it.
 
 ``--link-rate`` runs every process in a fresh network namespace whose loopback device is
 shaped with ``tc`` (a token bucket of that rate): all traffic between the processes, which
@@ -255,7 +257,13 @@ def run(
       t.join(timeout=5)
     return status
   except KeyboardInterrupt:
-    _terminate(procs)
+    # Ctrl-C or SIGTERM of the launcher: each process gets SIGTERM and kill_after seconds to
+    # stop by itself (python -m models.train saves a checkpoint first). A second signal
+    # ends the wait; the SIGTERM sent again below then stops them at once.
+    try:
+      _terminate(procs, grace_s=kill_after)
+    except KeyboardInterrupt:
+      pass
     return 130
   finally:
     _terminate(procs)
@@ -292,12 +300,12 @@ def _wait(procs: list[subprocess.Popen], kill_after: float, lock: threading.Lock
     time.sleep(0.05)
 
 
-def _terminate(procs: list[subprocess.Popen]) -> None:
-  """SIGTERM to each live process group, then SIGKILL after 5 s."""
+def _terminate(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+  """SIGTERM to each live process group, then SIGKILL after ``grace_s`` seconds."""
   live = [p for p in procs if p.poll() is None]
   for p in live:
     _signal_group(p, signal.SIGTERM)
-  end = time.monotonic() + 5
+  end = time.monotonic() + grace_s
   for p in live:
     try:
       p.wait(timeout=max(0.0, end - time.monotonic()))

@@ -260,42 +260,65 @@ def verdict(
 
 
 def verdict_lines(v: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
-  """:func:`verdict` as the lines the run prints, with what to write to change it."""
+  """:func:`verdict` as the lines the run prints: per axis, what the run does with its
+  arrays and why, and what to write to change it."""
   if not v:
     why = record.get("why") or "no calibrated cost model"
     return [f"no calibrated cost model ({why}): auto compresses with the codecs as named"]
   lines = [
     "calibration's prediction for this step's compressed all_reduce arrays (times summed; "
-    "error feedback's codec passes counted; 'auto:<spec>' decides per array and compresses "
-    "where that is predicted 1.25x faster than the exact op):"
+    "error feedback's codec passes counted), and what the run does with them: "
+    "'auto:<spec>' compresses an array where that is predicted 1.25x faster than the exact "
+    "op, a plain <spec> always compresses:"
   ]
   for axis, r in v.items():
     ef = " with error feedback" if r["error_feedback"] else ""
     lo, hi = r["bytes"]
     size = _kib(lo) if lo == hi else f"{_kib(lo)}..{_kib(hi)}"
-    keeps, n = r["auto_exact_keeps"], r["messages"]
-    if keeps == n:
-      would = "would keep the exact op for all"
-    elif keeps == 0:
-      would = "would compress all"
-    else:
-      would = f"would keep the exact op for {keeps} of {n}"
+    spec = f"auto:{r['codec']}" if r["opted_in"] else r["codec"]
     lines.append(
-      f"  {axis:6s} all_reduce {r['codec']}{ef}, {n} arrays of {size}: exact "
-      f"{_ms(r['exact_s'])} vs compressed {_ms(r['compressed_s'])} predicted -> "
-      f"'auto:{r['codec']}' {would}"
+      f"  {axis:6s} all_reduce {spec}{ef}, {r['messages']} arrays of {size}: {_did(r)}: "
+      f"{_faster(r)} (exact {_ms(r['exact_s'])} vs compressed {_ms(r['compressed_s'])})"
     )
   plain = [a for a, r in v.items() if not r["opted_in"]]
   slower = [a for a in plain if v[a]["auto_exact_keeps"]]
   if slower:
     lines.append(
       f"  this run compresses on {', '.join(slower)} although the exact op is predicted "
-      "faster for some or all of the arrays there, because the policy names the codec (inside one process the link is "
-      "memory; across a slow link compression pays). To let auto decide, write "
-      f"all_reduce = 'auto:<spec>' in the policy, e.g. --compress "
+      "faster for some or all of the arrays there, because the policy names the codec "
+      "(inside one process the link is memory; across a slow link compression pays). To let "
+      "auto decide, write all_reduce = 'auto:<spec>' in the policy, e.g. --compress "
       f"{slower[0]}.all_reduce=auto:{v[slower[0]]['codec']}"
     )
   return lines
+
+
+def _did(r: Mapping[str, Any]) -> str:
+  """What the run does with an axis's arrays (:func:`verdict`'s row ``r``)."""
+  keeps, n = r["auto_exact_keeps"], r["messages"]
+  if not r["opted_in"]:
+    would = f"all {n}" if keeps == n else f"{keeps} of {n}"
+    kept = f"; 'auto:{r['codec']}' would keep the exact op for {would}" if keeps else ""
+    return f"compressed all {n}, as the policy names the codec{kept}"
+  if keeps == n:
+    return f"kept the exact op for all {n}"
+  if keeps == 0:
+    return f"compressed all {n}"
+  return f"kept the exact op for {keeps} of {n}, compressed {n - keeps}"
+
+
+def _faster(r: Mapping[str, Any]) -> str:
+  """Which of the exact op and compression the calibration predicted faster, and by how much
+  (all of the axis's arrays together)."""
+  exact, comp = r["exact_s"], r["compressed_s"]
+  if exact <= comp:
+    return f"calibration predicted the exact op {_times(comp, exact)} faster"
+  return f"calibration predicted compression {_times(exact, comp)} faster"
+
+
+def _times(slow: float, fast: float) -> str:
+  ratio = slow / max(fast, 1e-12)
+  return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:.0f}x" if ratio < 1000 else "over 1000x"
 
 
 def _kib(b: int) -> str:

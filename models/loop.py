@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,9 +25,9 @@ import numpy as np
 import optax
 
 import jcoccl
-from models import calibration, data, sample
+from models import calibration, data, interrupt, sample
 from models.checkpoint import State, save
-from models.metrics import NO_WIRE, lead, plot, print_summary, say, wire_report
+from models.metrics import NO_WIRE, lead, machine, plot, print_summary, say, wire_report
 from models.parallel import Parallel3D
 from models.recipe import Recipe
 from models.run_config import RunConfig, build_model
@@ -74,6 +75,8 @@ class Job:
   adapt: Any = None
   make_par: Callable[[dict], Parallel3D] | None = None
   adapt_probe: Callable[..., dict] | None = None
+  # The command line's flags (None: sys.argv[1:]), for the resume command a signal prints.
+  argv: list[str] | None = None
 
 
 def lr_schedule(cfg: Any) -> optax.Schedule:
@@ -123,8 +126,12 @@ def train(cfg: RunConfig, job: Job) -> dict:
   ``cfg.log_every`` steps (and at the first step and every validation); the first step
   also writes the wire record. Checkpoints every ``cfg.ckpt_every`` steps and at the end.
 
+  SIGINT or SIGTERM during the steps (``models.interrupt``) stops after the current step
+  with a checkpoint of it and a line naming the step and the resume command.
+
   Raises:
     FloatingPointError: the loss is not finite.
+    models.interrupt.Interrupted: stopped by a signal (a SystemExit of status 130 or 143).
   """
   state, par = job.state, job.par
   step_fn = par.train_step(job.tx, state.params, clip_norm=cfg.clip)
@@ -135,24 +142,23 @@ def train(cfg: RunConfig, job: Job) -> dict:
     exact_eval = jax.jit(lambda p, x, y: exact.loss_and_grads(p, x, y)[0])
   start_step = state.step
   _announce(cfg, job)
-  from tqdm import tqdm
+  # The progress bar appears once the first step is compiled: what is printed before it
+  # (the calibration's prediction) never shares its line. Later lines go through its write.
+  bar: Any = None
 
-  bar = tqdm(
-    range(start_step, cfg.steps),
-    initial=start_step,
-    total=cfg.steps,
-    disable=cfg.no_progress or not lead(),
-    desc="train",
-  )
+  def write(text: str) -> None:
+    if lead():
+      (print if bar is None else bar.write)(text)
+
   wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(cfg)
   # The step is traced and compiled once, here: the wire report reads that executable.
   traced = run = auto = ref_traced = ref_run = None
   t_twin = 0.0
   programs: dict = {}  # --adapt: each bit set's (Parallel3D, compiled step)
-  with open(job.metrics_path if lead() else os.devnull, "a") as log:
-    for step in bar:
+  with open(job.metrics_path if lead() else os.devnull, "a") as log, interrupt.Stop() as stop:
+    for step in range(start_step, cfg.steps):
       x, y = batch_at(job.corpus, cfg, par, "train", step)
-      if job.adapt is not None and _adapt(job, step, x, y, log, lambda t: lead() and bar.write(t)):
+      if job.adapt is not None and _adapt(job, step, x, y, log, write):
         key = job.adapt.key()
         if key in programs:
           par, run = programs[key]
@@ -165,8 +171,7 @@ def train(cfg: RunConfig, job: Job) -> dict:
       if run is None:
         first = len(par.coll.log)
         traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y)
-        # Through the bar, which is on screen by now: a plain print would land on its line.
-        auto = _auto_verdict(job, par.coll.log[first:], lambda t: lead() and bar.write(t))
+        auto = _auto_verdict(job, par.coll.log[first:], write)
         run = traced.lower().compile()
         if job.adapt is not None:
           programs[job.adapt.key()] = (par, run)
@@ -175,6 +180,8 @@ def train(cfg: RunConfig, job: Job) -> dict:
         if twin is not None and ref_run is None:
           ref_traced = exact_step.trace(twin.params, twin.opt_state, twin.ef, x, y)
           ref_run = ref_traced.lower().compile()
+      if bar is None:
+        bar = _progress_bar(cfg, start_step)
       t0 = time.perf_counter()
       state.params, state.opt_state, state.ef, m = run(
         state.params, state.opt_state, state.ef, x, y
@@ -217,16 +224,41 @@ def train(cfg: RunConfig, job: Job) -> dict:
         log.write(json.dumps(rec) + "\n")
         log.flush()
         job.records.append(rec)
-      bar.set_postfix(loss=f"{loss:.3f}")
+      bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+      bar.update(1)
       if job.adapt is not None:
         job.adapt.count_step()
-      if state.step % cfg.ckpt_every == 0 or state.step == cfg.steps:
-        save(job.mngr, state, job.calibration or None, job.adapt and job.adapt.state_dict())
-  bar.close()
+      saved = state.step % cfg.ckpt_every == 0 or state.step == cfg.steps
+      if saved:
+        _save(job)
+      signum = stop.agreed()
+      if signum is not None and state.step < cfg.steps:
+        if not saved:
+          _save(job)
+        log.flush()
+        bar.close()
+        say(interrupt.message(signum, state.step, cfg.steps, str(cfg.out / "ckpt"), job.argv))
+        raise interrupt.Interrupted(128 + signum)
+  if bar is not None:
+    bar.close()
   tps = cfg.batch * cfg.seq_len * n_steady / t_steady if n_steady else None
   if twin is not None and n_steady:
     job.twin_tokens_per_s = cfg.batch * cfg.seq_len * n_steady / t_twin
   return finish(cfg, job, wire or NO_WIRE, tps, start_step, auto)
+
+
+def _progress_bar(cfg: RunConfig, start_step: int) -> Any:
+  """The steps' progress bar on process 0's terminal; none with --no-progress or when stderr
+  is not a terminal (a log file would hold every redraw of the bar)."""
+  from tqdm import tqdm
+
+  shown = lead() and not cfg.no_progress and sys.stderr.isatty()
+  return tqdm(initial=start_step, total=cfg.steps, disable=not shown, desc="train")
+
+
+def _save(job: Job) -> None:
+  """A checkpoint of the run's state with its calibration and adaptive state."""
+  save(job.mngr, job.state, job.calibration or None, job.adapt and job.adapt.state_dict())
 
 
 def _adapt(job: Job, step: int, x: Any, y: Any, log: Any, write: Callable[[str], Any]) -> bool:
@@ -325,6 +357,7 @@ def finish(
     "auto": auto or {},
     "exact_twin": _twin_summary(job),
     "sample": None,
+    "machine": machine(),
   }
   if job.adapt is not None:
     summary["adaptive"] = {**job.adapt.state_dict(), "mean_bytes": job.adapt.mean_bytes()}

@@ -11,7 +11,9 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import platform
 import sys
 from typing import Any
 
@@ -248,6 +250,39 @@ def _print_twin(summary: dict, val: float | None) -> None:
     print("  what compression cost in this run: " + "; ".join(cost))
 
 
+# The x86 vector extensions XLA:CPU may compile for, widest first.
+VECTOR_ISAS = ("avx512f", "avx2", "avx", "sse4_2")
+
+
+def machine() -> dict[str, str]:
+  """The CPU this process's XLA:CPU programs are compiled for (summary.json "machine"):
+  its model name, its widest vector extension (``+fma`` where it has FMA) and XLA_FLAGS.
+
+  XLA:CPU targets the CPU it runs on, and the code around the codecs (rotations, scales,
+  error feedback) rounds differently with other vector instructions: a compressed run's
+  losses are bitwise the same on one machine and can differ between CPUs (README, "Set up").
+  """
+  try:
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    text = ""
+  info: dict[str, str] = {}
+  for line in text.splitlines():
+    key, _, value = line.partition(":")
+    info.setdefault(key.strip(), value.strip())
+  flags = set(info.get("flags", "").split())
+  isa = next((i for i in VECTOR_ISAS if i in flags), platform.machine())
+  return {
+    "cpu": info.get("model name") or platform.processor() or platform.machine(),
+    "vector_isa": isa + ("+fma" if "fma" in flags else ""),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
+
+
+# Model sizes whose end-of-run sample is gibberish after the default number of steps.
+SMALL_SIZES = ("tiny", "small")
+
+
 def print_summary(cfg: Any, summary: dict, start_step: int, sampling: tuple[float, int]) -> None:
   """The end-of-run lines: the loss over the steps run, throughput, the sample (drawn at
   ``sampling`` = (temperature, seed)), the wire table and where the outputs are."""
@@ -270,5 +305,18 @@ def print_summary(cfg: Any, summary: dict, start_step: int, sampling: tuple[floa
         f"{seed}; more: python -m models.sample --out {cfg.out}):\n  "
         + summary["sample"].replace("\n", "\n  ")
       )
+      if cfg.size in SMALL_SIZES:
+        print(
+          f"  (expected of a {cfg.model}-{cfg.size} after {steps} steps: the plays' layout "
+          "and some short words, otherwise gibberish; the sample shows that the trained "
+          "weights load and generate, not that they write sense)"
+        )
   print_wire(summary["wire"])
+  if "machine" in summary and jax.default_backend() == "cpu":
+    m = summary["machine"]
+    print(
+      f"compiled for {m['cpu']} ({m['vector_isa']}): XLA:CPU targets this CPU, so a compressed "
+      "run's losses repeat bitwise here and may differ on a CPU with other vector "
+      "instructions"
+    )
   print(f"outputs in {cfg.out}/ (metrics.jsonl, loss.png, summary.json, config.json, ckpt/)")

@@ -43,7 +43,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jcoccl.policy import CODECS, OPS, OPTIONS, TRAINING_OPTIONS, Origin, Policy, load_toml
+from jcoccl.policy import (
+  AUTO_PREFIX,
+  CODECS,
+  OPS,
+  OPTIONS,
+  TRAINING_OPTIONS,
+  Origin,
+  Policy,
+  load_toml,
+)
 from models.directions import POINTS, check_directions
 
 DATA_AXIS = "data"
@@ -177,7 +186,9 @@ class Recipe:
       return "exact everywhere" if not directed else "directions: " + " ".join(directed)
     lines = []
     for axis, a in sorted(axes.items()):
-      words = [] if a is None else [f"{op}={c}" for op, c in a.compressors.items()]
+      # As the policy writes them: an "auto:<spec>" entry keeps its prefix (it may run the
+      # exact op), a plain spec always compresses.
+      words = [] if a is None else [_entry(a, op, c) for op, c in a.compressors.items()]
       words += switches if axis == DATA_AXIS else []
       if a is not None and a.min_bytes is not None:
         words.append(f"min_bytes={a.min_bytes}")
@@ -187,6 +198,12 @@ class Recipe:
     if directed:
       lines.append("directions: " + " ".join(directed))
     return "\n".join(lines)
+
+
+def _entry(axis_policy: Any, op: str, codec: Any) -> str:
+  """``op=spec`` of one policy entry, ``op=auto:spec`` where the policy wrote it so."""
+  auto = AUTO_PREFIX if op in axis_policy.auto_ops else ""
+  return f"{op}={auto}{codec}"
 
 
 def as_recipe(recipe: Recipe | Policy | Mapping | None) -> Recipe:

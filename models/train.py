@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
   use_host_devices()
   multi = jcoccl.distributed.initialize()
   cfg, job = prepare(argv)
+  job.argv = argv
   if not multi:
     return loop.train(cfg, job)
   try:
@@ -280,6 +281,15 @@ def cli(argv: list[str] | None = None) -> int:
   except SetupError as e:
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:
+    # Ctrl-C outside the steps (set-up, compiling before the loop, the final sample): the
+    # steps' own handler (models.interrupt) saves; here there is nothing new to save.
+    print(
+      "\nmodels.train: interrupted outside the training steps; nothing saved (the "
+      "checkpoints on disk are as they were)",
+      file=sys.stderr,
+    )
+    return 130
   return 0
 
 

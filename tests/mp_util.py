@@ -1,4 +1,4 @@
-"""Helpers of the multi-process tests: kill one process of a running launch."""
+"""Helpers of the multi-process tests: kill (or signal) one process of a running launch."""
 
 from __future__ import annotations
 
@@ -13,10 +13,17 @@ HEARTBEAT_S = 8
 
 
 def kill_when_ready(
-  cmd: list[str], cwd: str, pid_line: str, ready_line: str, ranks: set[int], victim: int
+  cmd: list[str],
+  cwd: str,
+  pid_line: str,
+  ready_line: str,
+  ranks: set[int],
+  victim: int,
+  sig: int = signal.SIGKILL,
 ) -> tuple[float, str, int]:
   """Starts ``cmd`` (a ``jcoccl.launch`` command line), waits until every rank in ``ranks``
-  printed ``ready_line``, kills rank ``victim`` with SIGKILL and waits for the launch to end.
+  printed ``ready_line``, sends rank ``victim`` ``sig`` (SIGKILL: kills it) and waits for the
+  launch to end.
 
   The processes declare a silent peer dead after :data:`HEARTBEAT_S` seconds
   (JCOCCL_HEARTBEAT_S) instead of the default 20: the survivors of the kill wait that long,
@@ -29,6 +36,7 @@ def kill_when_ready(
     ready_line: regex of the rank-prefixed line that says a rank is ready (group: rank).
     ranks: the ranks to wait for.
     victim: the rank to kill.
+    sig: the signal sent to it.
 
   Returns:
     (seconds from the kill until the launcher exited, its whole output, its exit status).
@@ -53,7 +61,7 @@ def kill_when_ready(
       if ready >= ranks:
         break
     assert ready >= ranks and victim in pids, "".join(lines)[-4000:]
-    os.kill(pids[victim], signal.SIGKILL)
+    os.kill(pids[victim], sig)
     killed = time.monotonic()
     rest, _ = p.communicate(timeout=120)
   finally:

@@ -3,11 +3,13 @@ point) with tiny settings: loss falls (also in ZeRO mode); a resumed run reprodu
 uninterrupted one exactly, also past a corrupt latest checkpoint or a torn metrics line;
 every flag and policy entry is checked before any work starts."""
 
+import dataclasses
 import json
 import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -83,11 +85,73 @@ def no_cost_model():
   jcoccl.set_cost_model(None)
 
 
+WORKER = pathlib.Path(__file__).with_name("mp_train_worker.py")
+
+
+def _stopped_by_signal(argv: list[str], sig: int, before: int, env: dict) -> str:
+  """Runs ``models.train`` with ``argv`` in a subprocess (mp_train_worker: it prints
+  ``batch <step>`` before each step and sleeps 2 s before each from step ``before`` on),
+  sends ``sig`` once it has printed ``batch <before>``, i.e. while it is training, and
+  returns its output after it ended with status 128 + ``sig``."""
+  p = subprocess.Popen(
+    [sys.executable, str(WORKER), str(before), "2", *argv],
+    cwd=WORKER.parents[1],
+    env={**os.environ, **env},
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  lines = []
+  try:
+    assert p.stdout is not None
+    for line in p.stdout:
+      lines.append(line)
+      if line.strip() == f"batch {before}":
+        p.send_signal(sig)
+        break
+    rest, _ = p.communicate(timeout=300)
+  finally:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+  text = "".join(lines) + rest
+  assert p.returncode == 128 + sig, text[-3000:]
+  return text
+
+
+def _signal_in_process(monkeypatch, capfd, argv: list[str], sig: int, before: int) -> str:
+  """Runs ``train.main(argv)`` in this process, which sends itself ``sig`` as it draws the
+  batch of step ``before``; returns what the run printed after it ended in a SystemExit of
+  128 + ``sig``."""
+  from models import loop
+
+  batch_at = loop.batch_at
+
+  def signalling(corpus, cfg, par, split, step, i=0):
+    if split == "train" and step == before:
+      os.kill(os.getpid(), sig)
+    return batch_at(corpus, cfg, par, split, step, i)
+
+  monkeypatch.setattr(loop, "batch_at", signalling)
+  capfd.readouterr()
+  with pytest.raises(SystemExit) as e:
+    train.main(argv)
+  monkeypatch.setattr(loop, "batch_at", batch_at)
+  assert e.value.code == 128 + sig
+  got = capfd.readouterr()  # the handler's notice goes straight to file descriptor 2
+  return got.out + got.err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["coccl", "coccl --zero"])
-def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, no_cost_model, policy):
-  """Resume from a checkpoint ends bitwise where the uninterrupted run ends. The coccl case
-  runs with the start-up calibration and an "auto:<spec>" data all_reduce: a stand-in
+def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capfd, no_cost_model, policy):
+  """A run stopped by a signal, then resumed, ends bitwise where the uninterrupted run ends.
+  The copy is run b, sent SIGINT (coccl: a subprocess, which must exit with status 130 and
+  no traceback) or SIGTERM (ZeRO: this process signals itself, and the run ends in a
+  SystemExit of 143; tests/test_train_multiprocess.py sends SIGTERM to a subprocess) while
+  it waits to run step ``at``: it finishes that step, saves a checkpoint of it (b saves no
+  other) and says so in one line with the resume command. The
+  coccl case runs with the start-up calibration and an "auto:<spec>" data all_reduce: a stand-in
   calibrate makes compression win the first time and the exact op any later time, so a
   resumed run that measured again (as before calibrations were saved) would send 'data'
   exactly and end elsewhere; it must reuse the checkpoint's calibration instead. The ZeRO
@@ -118,12 +182,30 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, no_cost_mode
   a, b = tmp_path / "a", tmp_path / "b"
   # The ZeRO run measures its wire bytes (an extra compile of the exact step).
   sa = train.main(common + ([] if zero else ["--no-hlo-wire"]) + ["--out", str(a)])
-  # An interrupted copy of run a: its checkpoint at step `at` and the metrics up to then.
-  shutil.copytree(a, b)
-  shutil.rmtree(b / "ckpt" / str(steps))
+  sig = signal.SIGTERM if zero else signal.SIGINT
+  # The worker's calibration is the stand-in's first table (mp_train_worker.crafted).
+  env = {"JCOCCL_TEST_CALIBRATION": "compress"} if calibrated else {}
+  argv = common + ["--no-hlo-wire", "--out", str(b), "--ckpt-every", "100"]
+  if zero:
+    text = _signal_in_process(monkeypatch, capfd, argv, sig, at - 1)
+  else:
+    text = _stopped_by_signal(argv, sig, at - 1, env)
+  name = signal.Signals(sig).name
+  assert f"models.train: {name}: saving a checkpoint after the current step" in text, text
+  # At step `at`, or the next one where the signal came late on a loaded machine.
+  found = re.search(
+    rf"^models\.train: stopped by {name} at step (\d+) of {steps}; checkpoint saved in "
+    rf"{re.escape(str(b / 'ckpt'))}; resume with: python -m models\.train .* --ckpt-every "
+    r"100 --resume$",
+    text,
+    re.M,
+  )
+  assert found and "Traceback" not in text, text
+  stop = int(found.group(1))
+  assert stop in (at, at + 1) and train.checkpoint_steps(b) == [stop]
   jcoccl.set_cost_model(None)
   summary = train.main(common + ["--no-hlo-wire", "--out", str(b), "--resume"])
-  assert summary["resumed_from"] == at and summary["steps"] == steps
+  assert summary["resumed_from"] == stop and summary["steps"] == steps
   assert summary["wire"]["source"] is None and "--no-hlo-wire" in summary["wire"]["note"]
   ta, tb = _restore(a, steps), _restore(b, steps)
   assert int(tb["step"]) == steps
@@ -134,7 +216,7 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, no_cost_mode
   recorded = [json.loads(l)["step"] for l in (b / "metrics.jsonl").read_text().splitlines()]
   assert recorded == sorted(recorded) and recorded[-1] == steps
   ca, cb = (json.loads((d / "calibration.json").read_text()) for d in (a, b))
-  assert cb.pop("reused_from_step", at) == at and ca == cb
+  assert cb.pop("reused_from_step", stop) == stop and ca == cb
   assert summary["auto"] == sa["auto"]
   if calibrated:
     assert fake.calls == ["compress"]  # run a measured; the resumed run did not
@@ -149,6 +231,42 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, no_cost_mode
     opt = ta["opt_state"]
     for t in (opt["master"], opt["tx"][0]["mu"]):
       assert all(x.ndim == 1 and "data" in x.sharding.spec[0] for x in jax.tree.leaves(t))
+
+
+def test_a_second_signal_ends_the_process_at_once(monkeypatch):
+  """The first SIGINT/SIGTERM asks the loop to stop after its step (test_resume_reproduces_
+  uninterrupted_run); a second ends the process there and then (os._exit, stubbed here),
+  with 128 + that signal. Leaving the steps restores the handlers that were there."""
+  from models import interrupt
+
+  ended = []
+  monkeypatch.setattr(interrupt.os, "_exit", ended.append)
+  before = signal.getsignal(signal.SIGTERM)
+  with interrupt.Stop() as stop:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert stop.signum == stop.agreed() == signal.SIGINT and ended == []
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert ended == [143]
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGTERM) == before
+  assert interrupt.resume_command(["--steps", "9", "--out", "a b"]) == (
+    "python -m models.train --steps 9 --out 'a b' --resume"
+  )
+
+
+def test_the_policy_header_keeps_auto_and_the_bar_stays_off_a_log(tmp_path):
+  """The run's policy header writes an "auto:<spec>" entry as the file does (it may run the
+  exact op; a plain spec always compresses). The progress bar is drawn only on a terminal:
+  a log file would hold each of its redraws (here stderr is pytest's capture)."""
+  from models import loop
+  from models.recipe import Recipe
+
+  lean = Recipe.from_toml(str(train.CONFIGS / "lean.toml")).describe().splitlines()
+  assert lean[0] == "data: all_reduce=auto:hadamard(int4) error_feedback min_bytes=0"
+  assert lean[1].startswith("pipe: ppermute=hadamard(int4) all_reduce=auto:hadamard(int4)")
+  args = train.parse_args(TINY + ["--out", str(tmp_path / "run")])
+  cfg = train.RunConfig.from_args(args)
+  assert loop._progress_bar(dataclasses.replace(cfg, no_progress=False), 0).disable
 
 
 def test_calibration_modes_and_verdict():
@@ -179,7 +297,18 @@ def test_calibration_modes_and_verdict():
   assert v["data"]["auto_exact_keeps"] == 2 and not v["data"]["opted_in"]
   assert v["pipe"]["opted_in"] and v["pipe"]["exact_s"] < v["pipe"]["compressed_s"]
   text = "\n".join(calibration.verdict_lines(v, record))
-  assert "'auto:int8' would keep the exact op for all" in text
+  # Per axis, what the run did: 'data' names its codec, 'pipe' opted in to auto.
+  assert re.search(
+    r"data   all_reduce int8, 2 arrays of 1.0 KiB: compressed all 2, as the policy names "
+    r"the codec; 'auto:int8' would keep the exact op for all 2: calibration predicted the "
+    r"exact op over 1000x faster \(exact",
+    text,
+  ), text
+  assert re.search(
+    r"pipe   all_reduce auto:int8, 1 arrays of 16 KiB: kept the exact op for all 1: "
+    r"calibration predicted the exact op over 1000x faster",
+    text,
+  ), text
   assert "compresses on data although" in text and "--compress data.all_reduce=auto:int8" in text
   none = {"calibrated": False, "why": "--no-calibrate"}
   assert calibration.verdict(none, log, policy, mesh) == {}
@@ -231,6 +360,10 @@ BAD_FLAGS = [
   (["--policy", "nope"], "--policy must be a TOML file or one of"),
   (["--compress", "model.all_reduce=int8"], "--compress 'model.all_reduce=int8': .*unknown axis"),
   (["--compress", "data.all_reduce=int8:"], "--compress 'data.all_reduce=int8:': .*cannot parse"),
+  (
+    ["--compress", "data.all_reduce=fp9"],
+    "--compress .*unknown compressor 'fp9' \\(did you mean 'fp8'",
+  ),
   (["--compress", "data.all_reduce=int8:sym,asym"], "--compress .*at most once"),
   (["--compress", "data.broadcast=int8"], "--compress .*unknown key 'broadcast'"),
   (["--compress", "tensor.zero=true"], "--compress .*zero applies to the 'data' axis only"),
@@ -256,8 +389,11 @@ def test_bad_flag_is_an_argparse_error(tmp_path, capsys, argv, match):
 
 def test_defaults_and_tiny_flags_parse(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
+  monkeypatch.delenv("JCOCCL_RUNS_DIR")  # conftest points it away from any runs/
   args = train.parse_args([])
   assert args.mesh_shape == (2, 2, 2) and args.out == pathlib.Path("runs/gpt-small")
+  monkeypatch.setenv("JCOCCL_RUNS_DIR", str(tmp_path / "elsewhere"))
+  assert train.parse_args([]).out == tmp_path / "elsewhere" / "gpt-small"
   args = train.parse_args(
     TINY
     + [
@@ -288,8 +424,21 @@ def test_resume_and_fresh_runs_check_the_output_dir(tmp_path, capsys):
   err = _parse_error(["--out", str(out)], capsys)
   assert "holds checkpoints of an earlier run (steps 3): pass --resume" in err
   assert train.parse_args(["--out", str(out), "--resume"]).resume
+  # A bad flag is reported first, whatever the output directory holds.
+  err = _parse_error(["--out", str(out), "--codec", "no_such_module_x"], capsys)
+  assert "error: --codec: cannot import codec module 'no_such_module_x'" in err
   (tmp_path / "file").write_text("")
   assert "is a file" in _parse_error(["--out", str(tmp_path / "file")], capsys)
+  # Checked before any work, not found as a traceback at the first file written.
+  err = _parse_error(["--out", str(tmp_path / "file" / "run")], capsys)
+  assert f"error: --out {tmp_path / 'file' / 'run'}: {tmp_path / 'file'} is a file" in err
+  if os.geteuid() == 0:  # root writes anywhere a mode allows: sysfs refuses even root
+    locked = pathlib.Path("/sys/jcoccl-test")
+  else:
+    (tmp_path / "ro").mkdir(mode=0o500)
+    locked = tmp_path / "ro" / "run"
+  err = _parse_error(["--out", str(locked)], capsys)
+  assert re.search(rf"error: --out {re.escape(str(locked))}: cannot write there \(\w", err), err
 
 
 BAD_TOML = [

@@ -1,7 +1,7 @@
 """``python -m models.train`` across processes (``python -m jcoccl.launch -n 2
 --devices-per-process 4``): the same training as one process with 8 devices, process 0's
-outputs, the wire report's split between processes, and a process killed mid-training
-followed by ``--resume``.
+outputs, the wire report's split between processes, a run stopped by SIGTERM and resumed,
+the same adaptive decisions on every process, and a process killed mid-training.
 
 Why the runs must agree bit for bit: both run the same SPMD program on the same 2x2x2 mesh
 (data rank = process, tensor x pipe = its 4 devices) with the same data, and every
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -116,32 +117,46 @@ def _losses(out) -> dict[int, tuple]:
   return {r["step"]: (r["loss"], r.get("val_loss")) for r in recs if "loss" in r}
 
 
-def _kill_at_step_3(out) -> tuple[float, str]:
-  """Runs the slowed worker on 2 processes and kills process 1 (kill -9) once both have
-  saved the step-2 checkpoint and started step 3. Returns (seconds from the kill until
-  every process stopped, the launcher's output); the launcher must have failed."""
-  cmd = _launch_cmd(WORKER, "3", "2", *ARGS, "--no-hlo-wire", "--out", str(out))
-  took, text, rc = kill_when_ready(
-    cmd, ROOT, r"\[(\d)\] pid (\d+)$", r"\[(\d)\] batch 3$", {0, 1}, 1
+def _sigterm_at_step_3(out) -> int:
+  """Runs the slowed worker on 2 processes and sends SIGTERM to process 1 alone while it
+  waits to run step 3 (its line ``batch 2`` printed, the worker sleeping). Returns the step
+  the run stopped at; the launch must have exited with 143."""
+  # No periodic checkpoint on the way: the one at the stop is the signal's own.
+  argv = [*ARGS, "--no-hlo-wire", "--out", str(out), "--ckpt-every", "100"]
+  cmd = _launch_cmd(WORKER, "2", "3", *argv)
+  _, text, rc = kill_when_ready(
+    cmd, ROOT, r"\[(\d)\] pid (\d+)$", r"\[(\d)\] batch 2$", {0, 1}, 1, signal.SIGTERM
   )
-  assert rc != 0, text[-3000:]
-  return took, text
+  assert rc == 143, text[-3000:]
+  stops = re.findall(
+    r"^\[(\d)\] models\.train: stopped by SIGTERM at step (\d) of 6; checkpoint saved in "
+    rf"{re.escape(str(out / 'ckpt'))}; resume with: start every process again with "
+    r"python -m models\.train .* --ckpt-every 100 --resume$",
+    text,
+    re.M,
+  )
+  assert [rank for rank, _ in stops] == ["0"], text[-3000:]
+  assert "models.train: SIGTERM: saving a checkpoint after the current step" in text
+  assert "Traceback" not in text, text[-3000:]
+  return int(stops[0][1])
 
 
 @pytest.mark.slow
-def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path, monkeypatch):
+def test_two_processes_train_as_one_stop_on_sigterm_and_resume(tmp_path, monkeypatch):
   """One scenario, three checks (CI time: two launches in all):
   1. 2 processes x 4 devices train exactly as 1 process x 8 devices (losses of the steps
-     before the kill);
-  2. kill -9 of process 1 at step 3: process 0 stops by itself within 60 s with one clear
-     line, no traceback, leaving the step-2 checkpoint;
-  3. ``--resume`` on both processes continues from step 2 and ends bit for bit where the
-     uninterrupted single-process run ends (parameters, AdamW state, error-feedback
-     residuals; losses of steps 3-6), with process 0's outputs and the wire report split
-     between processes ('data') and inside them ('tensor', 'pipe').
+     before the stop);
+  2. SIGTERM (a cluster's preemption notice) to process 1 alone before step 3 stops both
+     after the same step (3, or 4 if the signal came late): a checkpoint of it, one line
+     from process 0 naming the step and the resume command, exit status 143, no traceback;
+  3. ``--resume`` on both processes continues from that checkpoint and ends bit for bit
+     where the uninterrupted single-process run ends (parameters, AdamW state,
+     error-feedback residuals; losses of the later steps), with process 0's outputs and the
+     wire report split between processes ('data') and inside them ('tensor', 'pipe').
   Every run calibrates at start, with a crafted table under which 'data' compresses; the
   resume's processes would measure one under which it goes exactly, so they pass only by
-  reusing the calibration saved with the checkpoint."""
+  reusing the calibration saved with the checkpoint. (A process killed outright, kill -9,
+  is test_adaptive_bits_are_the_same_on_every_process's end.)"""
   single, out = tmp_path / "single", tmp_path / "run"
   jcoccl.set_cost_model(None)
   monkeypatch.setattr(jcoccl, "calibrate", mp_train_worker.fake_calibrate(["compress"]))
@@ -153,15 +168,10 @@ def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path, monkeypa
   assert sorted(want) == list(range(1, STEPS + 1))
 
   monkeypatch.setenv("JCOCCL_TEST_CALIBRATION", "compress")
-  took, text = _kill_at_step_3(out)
-  got = _losses(out)  # up to step 2 or 3: process 1 may have finished step 3 when killed
-  assert {1, 2} <= set(got) and got == {s: want[s] for s in got}
-  assert took < 60, f"process 0 took {took:.0f} s to stop"
-  assert re.search(
-    r"^\[0\] models\.train: a peer process failed: .*; resume with --resume$", text, re.M
-  ), text[-3000:]
-  assert "Traceback" not in text, text[-3000:]
-  assert checkpoint.checkpointer(out).latest_step() == 2
+  stop = _sigterm_at_step_3(out)
+  assert stop in (3, 4) and checkpoint.checkpointer(out).latest_step() == stop
+  got = _losses(out)
+  assert set(got) == set(range(1, stop + 1)) and got == {s: want[s] for s in got}
 
   monkeypatch.setenv("JCOCCL_TEST_CALIBRATION", "exact")
   r = _launch(WORKER, "99", "0", *ARGS, "--out", str(out), "--resume")
@@ -172,18 +182,18 @@ def test_two_processes_train_as_one_survive_a_kill_and_resume(tmp_path, monkeypa
   assert re.findall(r"^\[(\d)\] resumed with its calibration", r.stdout, re.M) == ["0"]
   saved = json.loads((out / "calibration.json").read_text())
   assert saved["cost_model"]["source"] == "test: compress wins"
-  assert saved["reused_from_step"] == 2
-  _check_lead_outputs(r.stdout, out)
+  assert saved["reused_from_step"] == stop
+  _check_lead_outputs(r.stdout, out, stop)
 
 
-def _check_lead_outputs(stdout: str, out) -> None:
+def _check_lead_outputs(stdout: str, out, start: int) -> None:
   """Process 0 alone reports (one summary line, one wire table); 'data' crosses processes."""
-  assert re.findall(r"^\[(\d)\] loss [\d.]+ -> .* over steps 2\.\.6", stdout, re.M) == ["0"]
+  assert re.findall(rf"^\[(\d)\] loss [\d.]+ -> .* over steps {start}\.\.6", stdout, re.M) == ["0"]
   assert "over 2 process(es)" in stdout
   # The end-of-run sample is drawn on process 0 from its own copy of the parameters.
   assert re.findall(r"^\[(\d)\] sample \(48 tokens", stdout, re.M) == ["0"]
   summary = json.loads((out / "summary.json").read_text())
-  assert summary["steps"] == STEPS and summary["resumed_from"] == 2
+  assert summary["steps"] == STEPS and summary["resumed_from"] == start
   assert (out / "loss.png").stat().st_size > 1000
   wire = summary["wire"]
   crossing = {a: row["crosses_processes"] for a, row in wire["by_axis"].items()}
@@ -245,3 +255,35 @@ def test_batch_is_the_same_global_batch_however_it_is_split():
   np.testing.assert_array_equal(
     picked[0], corpus.train[np.array([3, 7, 11])[:, None] + np.arange(16)]
   )
+
+
+@pytest.mark.slow
+def test_adaptive_bits_are_the_same_on_every_process(tmp_path, monkeypatch):
+  """--adapt over 2 processes: each probe's measurements (injected errors, gradient noise,
+  sensitivities) are sums over all 8 devices, the same on both processes, so both choose
+  the same bits and compile the same programs. Every process prints each probe
+  (mp_train_worker's JCOCCL_TEST_ADAPT_LOG); the lines must be equal. (Each process used
+  to sum only its own devices' measurements: the noise differed, 0.190 against 0.162.)
+  After the probes at steps 0 and 2, process 1 is killed (kill -9) before step 3: process 0
+  stops by itself within 60 s with one clear line and no traceback."""
+  argv = [*ARGS[: ARGS.index("--steps")], "--steps", "4", "--no-progress", "--no-exact-twin"]
+  argv += ["--no-hlo-wire", "--no-calibrate", "--sample-tokens", "0", "--ckpt-every", "100"]
+  argv += ["--adapt", "0.5", "--adapt-every", "2", "--adapt-bits", "3,8"]
+  argv += ["--adapt-max-programs", "1", "--adapt-points", "data"]
+  monkeypatch.setenv("JCOCCL_TEST_ADAPT_LOG", "1")
+  cmd = _launch_cmd(WORKER, "3", "2", *argv, "--out", str(tmp_path / "run"))
+  took, text, rc = kill_when_ready(
+    cmd, ROOT, r"\[(\d)\] pid (\d+)$", r"\[(\d)\] batch 3$", {0, 1}, 1
+  )
+  assert rc != 0, text[-3000:]
+  assert took < 60, f"process 0 took {took:.0f} s to stop"
+  assert re.search(
+    r"^\[0\] models\.train: a peer process failed: .*; resume with --resume$", text, re.M
+  ), text[-3000:]
+  assert "Traceback" not in text, text[-3000:]
+  probes: dict[str, list] = {"0": [], "1": []}
+  for rank, rec in re.findall(r"^\[(\d)\] adapt (\{.*\})$", text, re.M):
+    probes[rank].append(json.loads(rec))
+  assert [p["step"] for p in probes["0"]] == [0, 2], text[-3000:]
+  assert probes["0"] == probes["1"]
+  assert probes["0"][0]["noise"] > 0 and probes["0"][0]["injected"]["data"]["int3"] > 0
