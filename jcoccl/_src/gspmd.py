@@ -254,8 +254,8 @@ class DataParallelGrad:
     """The error-feedback state per leaf, checked against the leaves' placement."""
     try:
       states = grad_tree.flatten_up_to(state)
-    except (ValueError, TypeError) as e:
-      raise ValueError(f"state: not the structure grad_fn.init(params) gives: {e}") from None
+    except (ValueError, TypeError) as err:
+      raise ValueError(f"state: not the structure grad_fn.init(params) gives: {err}") from None
     for e, place in zip(states, layout.places):
       hsdp = place is not None and place[1] != self.axes
       if isinstance(e, tuple) != hsdp:

@@ -132,6 +132,7 @@ class Local:
     ]
     # Replicated leaves are marked varying: the program's values are then per shard.
     sharded = [i for i, place in enumerate(self.layout.places) if place is not None]
+    where = [place for place in self.layout.places if place is not None]
     if sharded:
       plan = self.g._plan("all_gather")
 
@@ -140,7 +141,7 @@ class Local:
           all_gather(
             x, place[1], axis=place[0], tiled=True, compressor=plan.compressor, **plan.kw()
           )
-          for x, place in zip(xs, [self.layout.places[i] for i in sharded])
+          for x, place in zip(xs, where)
         ]
 
       for i, x in zip(sharded, self._blockwise(gather, sharded, [params[i] for i in sharded])):

@@ -64,7 +64,7 @@ def strip(spec: Any, axes: tuple[str, ...], keep: bool) -> P:
 
 def strip_names(spec: P, axes: tuple[str, ...]) -> P:
   """``spec`` without ``axes`` anywhere (dimensions, unreduced, reduced), same length."""
-  parts = []
+  parts: list[Any] = []
   for entry in spec:
     if entry is P.UNCONSTRAINED:
       parts.append(entry)
@@ -146,7 +146,8 @@ def resolve(param_specs: Any, diff: Any, mesh: Any) -> list[P]:
   if param_specs is None:
     return [known_spec(x) or P() for _, x in leaves]
   try:
-    specs = jax.tree_util.tree_structure(diff).flatten_up_to(param_specs)
+    treedef: Any = jax.tree_util.tree_structure(diff)
+    specs = treedef.flatten_up_to(param_specs)
   except (ValueError, TypeError):
     specs = _by_path(param_specs, diff)
   out = []

@@ -153,7 +153,7 @@ class Region:
       outs = self._closed(p["jaxpr"], [*consts, *carry, *x])
       return self._vary(outs[:nk]), outs[nk:]
 
-    carry, ys = lax.scan(
+    carry, ys = lax.scan(  # type: ignore[var-annotated]
       body, self._vary(init), xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
     )
     return [*carry, *ys]
@@ -280,9 +280,9 @@ def local_aval(aval: Any, per: int, axes: tuple[str, ...]) -> Any:
   if not aval.shape:
     return aval
   shape = (aval.shape[0] // per, *aval.shape[1:])
-  sharding = getattr(aval, "sharding", None)
+  sharding: Any = getattr(aval, "sharding", None)
   mesh = getattr(sharding, "mesh", None)
-  if mesh is None or mesh.empty:
+  if sharding is None or mesh is None or mesh.empty:
     return aval.update(shape=shape)
   first = S.names_of(sharding.spec[0]) if len(sharding.spec) else ()
   size = 1
