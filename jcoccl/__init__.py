@@ -42,8 +42,6 @@ from jcoccl import compressors as compressors
 from jcoccl import distributed as distributed
 from jcoccl._src.error_feedback import ErrorFeedback as ErrorFeedback
 from jcoccl._src.error_feedback import error_feedback as error_feedback
-from jcoccl._src.error_feedback import ef_all_reduce as ef_all_reduce
-from jcoccl._src.error_feedback import ef_reduce_scatter as ef_reduce_scatter
 from jcoccl._src.wire_bytes import wire_bytes as wire_bytes
 from jcoccl._src.explain import explain as explain
 

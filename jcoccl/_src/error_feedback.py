@@ -23,7 +23,6 @@ import jax.numpy as jnp
 
 from jcoccl._src import all_reduce as _ar
 from jcoccl._src import reduce_scatter as _rs
-from jcoccl._src import residual as R
 from jcoccl._src.axes import match_vma, vma_of
 from jcoccl._src.compressor_args import resolve_compressor
 
@@ -36,15 +35,11 @@ class ErrorFeedback(NamedTuple):
     init: ``init(grads) -> state`` (float32 zeros shaped like ``grads``).
     all_reduce: ``all_reduce(grads, state, axis_name, **kw) -> (reduced, new_state)``.
     reduce_scatter: ``reduce_scatter(grads, state, axis_name, **kw) -> (shards, new_state)``.
-    compensate: ``compensate(grads, state, roundtrip) -> (to_send, new_state)`` low level:
-      the same rule around a round trip ``roundtrip(y)`` of your own (None: sent exactly,
-      the new residual is zero).
   """
 
   init: Any
   all_reduce: Any
   reduce_scatter: Any
-  compensate: Any
 
 
 def error_feedback(compressor: Any) -> ErrorFeedback:
@@ -72,21 +67,6 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
       lambda g: match_vma(jnp.zeros(jnp.shape(g), jnp.float32), vma_of(g)), grads
     )
 
-  def compensate(grads: Any, state: Any, roundtrip: Any) -> tuple[Any, Any]:
-    """y = g + e (cast to g's dtype); new e = y - roundtrip(y) in float32 (zero where
-    ``roundtrip`` returns None), non-finite elements as 0 (:mod:`jcoccl._src.residual`)."""
-
-    def leaf(g: jax.Array, e: jax.Array) -> tuple[jax.Array, jax.Array]:
-      y, rest = R.feed(g, e)
-      sent = roundtrip(y)
-      if sent is None:
-        return y, jnp.zeros_like(rest)
-      return y, R.keep(R.lost(y, sent), rest)
-
-    leaves, treedef = jax.tree_util.tree_flatten(grads)
-    pairs = [leaf(g, e) for g, e in zip(leaves, R.leaves_like(state, treedef, "state"))]
-    return tuple(jax.tree_util.tree_unflatten(treedef, [p[j] for p in pairs]) for j in (0, 1))
-
   def all_reduce(grads: Any, state: Any, axis_name: Any, **kw: Any) -> tuple[Any, Any]:
     """:func:`jcoccl.all_reduce` of ``grads`` with ``residual=state``; returns (reduced,
     new_state). ``algorithm="auto"`` keeps to one_shot and two_shot, and under a
@@ -98,24 +78,10 @@ def error_feedback(compressor: Any) -> ErrorFeedback:
     (shards, new_state)."""
     return _rs.reduce_scatter(grads, axis_name, compressor=comp, residual=_checked(state), **kw)
 
-  return ErrorFeedback(init, all_reduce, reduce_scatter, compensate)
+  return ErrorFeedback(init, all_reduce, reduce_scatter)
 
 
 def _checked(state: Any) -> Any:
   if state is None:
     raise ValueError("state: pass the residuals from ef.init(grads) (or the last call's)")
   return state
-
-
-def ef_all_reduce(
-  grads: Any, state: Any, axis_name: Any, *, compressor: Any, **kw: Any
-) -> tuple[Any, Any]:
-  """``error_feedback(compressor).all_reduce(grads, state, axis_name, **kw)``."""
-  return error_feedback(compressor).all_reduce(grads, state, axis_name, **kw)
-
-
-def ef_reduce_scatter(
-  grads: Any, state: Any, axis_name: Any, *, compressor: Any, **kw: Any
-) -> tuple[Any, Any]:
-  """``error_feedback(compressor).reduce_scatter(grads, state, axis_name, **kw)``."""
-  return error_feedback(compressor).reduce_scatter(grads, state, axis_name, **kw)
