@@ -639,7 +639,7 @@ def _patterns(built, lib: Path, n: int, blocking: int, out: Path, policy: str | 
   lines = r.stdout.splitlines()
   assert not [line for line in lines if line.startswith("finding")], r.stdout
   results = [line for line in lines if " result " in line]
-  assert len(results) == n * 20 and all(line.endswith(" result 0") for line in results), r.stdout
+  assert len(results) == n * 21 and all(line.endswith(" result 0") for line in results), r.stdout
   got: dict[str, dict[int, tuple[bytes, bytes]]] = {}
   for f in sorted(out.glob("*.out")):
     name, dev = f.name[: -len(".out")].rsplit(".d", 1)
@@ -705,7 +705,13 @@ def test_nccl_emul_xla_patterns_through_the_interposer(patterns_ref, tmp_path, b
   ]  # fmt: skip
   policy = ni.write_rules(rules, str(tmp_path / "policy.rules"))
   got = _patterns(built, built.interposer, 4, blocking, tmp_path / "taken", policy)
-  taken = {"all_reduce_f32_x2", "all_reduce_c64_sum", "pair_all_reduce_f32"}
+  # Taken: the float32 sums, as (first, end) element ranges of one call each.
+  taken = {
+    "all_reduce_f32_x2": [(0, 1000), (1000, 1300)],
+    "all_reduce_c64_sum": [(0, 256)],
+    "pair_all_reduce_f32": [(0, 1000)],
+    "all_reduce_f32_bf16": [(0, 400)],  # its bfloat16 half is forwarded
+  }
   for name in ref:
     if name not in taken and name != "all_gather_f32":
       assert got[name] == ref[name], name
@@ -715,20 +721,19 @@ def test_nccl_emul_xla_patterns_through_the_interposer(patterns_ref, tmp_path, b
     o = _f32(got["all_gather_f32"][d][1]).reshape(4, -1)
     for r, x in enumerate(by_rank):
       assert (np.abs(o[r] - x) <= np.asarray(comp.error_bound(x))).all()
-  for name in taken:
-    devs = sorted(got[name])
-    if name == "pair_all_reduce_f32":
-      groups = [[0, 1], [2, 3]]
-    else:
-      groups = [devs]
+  for name, calls in taken.items():
+    groups = [[0, 1], [2, 3]] if name == "pair_all_reduce_f32" else [[0, 1, 2, 3]]
     for g in groups:
-      xs = [_f32(ref[name][d][0]) for d in g]
-      exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
-      bound = sum(np.asarray(comp.error_bound(x), np.float64) for x in xs)
-      bound += 1e-6 * np.sum(np.abs(np.stack(xs)), axis=0)  # float32 summation
-      outs = [_f32(got[name][d][1]) for d in g]
-      assert all(np.array_equal(o, outs[0]) for o in outs), name  # every rank alike
-      assert (np.abs(outs[0] - exact) <= bound).all(), name
+      outs = [got[name][d][1] for d in g]
+      assert all(o == outs[0] for o in outs), name  # every rank alike
+      for a, b in calls:
+        xs = [_f32(ref[name][d][0])[a:b] for d in g]
+        exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+        bound = sum(np.asarray(comp.error_bound(x), np.float64) for x in xs)
+        bound += 1e-6 * np.sum(np.abs(np.stack(xs)), axis=0)  # float32 summation
+        assert (np.abs(_f32(outs[0])[a:b] - exact) <= bound).all(), name
+      rest = 4 * calls[-1][1]
+      assert outs[0][rest:] == ref[name][g[0]][1][rest:], name
   assert got["all_reduce_f32_x2"] != ref["all_reduce_f32_x2"]  # it was compressed
 
 
@@ -739,3 +744,215 @@ def test_nccl_emul_xla_patterns_on_fewer_ranks_forward_bit_identical(patterns_re
   built, _ = patterns_ref
   alone = _patterns(built, built.emul, n, 0, tmp_path / "alone")
   assert _patterns(built, built.interposer, n, 1, tmp_path / "via") == alone
+
+
+# ---- seeded bugs that only the strict emulation catches -----------------------------------------
+
+
+class _DropIn:
+  """A mutant libjcoccl_nccl.so (emul_build MUTATIONS behind jcn_test_mutation) in front of an
+  NCCL emulation, both loaded into this process. Also run by hand against cdd5d83's lenient
+  emulation (see the test below), so it uses only the controls both emulations export."""
+
+  def __init__(self, emul: Path, interposer: Path):
+    import os
+
+    old = os.environ.get("JCOCCL_NCCL_REAL")
+    os.environ["JCOCCL_NCCL_REAL"] = str(emul)  # read once, when the library loads
+    try:
+      self.emul = ctypes.CDLL(str(emul), mode=ctypes.RTLD_LOCAL)
+      self.lib = lib = ctypes.CDLL(str(interposer), mode=ctypes.RTLD_LOCAL)
+    finally:
+      os.environ.pop("JCOCCL_NCCL_REAL") if old is None else os.environ.update(JCOCCL_NCCL_REAL=old)
+    vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    lib.ncclAllReduce.argtypes = [vp, vp, sz, i32, i32, vp, vp]
+    lib.ncclAllGather.argtypes = [vp, vp, sz, i32, vp, vp]
+    lib.ncclCommInitRankConfig.argtypes = [
+      ctypes.POINTER(vp), i32, UniqueId, i32, ctypes.POINTER(Config)
+    ]  # fmt: skip
+    lib.ncclCommGetAsyncError.argtypes = [vp, ctypes.POINTER(i32)]
+    lib.ncclCommAbort.argtypes = [vp]
+    lib.jcoccl_nccl_load_policy.argtypes = [ctypes.c_char_p]
+    e = self.emul
+    e.emul_stream.restype = vp
+    e.emul_sync.argtypes = [vp]
+    e.emul_findings.restype = ctypes.c_char_p
+    e.emul_begin_capture.argtypes = [vp]
+    e.emul_end_capture.argtypes = [vp, ctypes.POINTER(vp)]
+    e.emul_graph_launch.argtypes = [vp, vp]
+    self.streams = {d: self._stream(d) for d in range(2)}
+
+  def _stream(self, device: int) -> int:
+    self.emul.emul_set_device(device)
+    return self.emul.emul_stream()
+
+  def mutation(self, bug: str | None) -> None:
+    ctypes.c_int.in_dll(self.lib, "jcn_test_mutation").value = emul_build.MUTATION_IDS.get(bug, 0)
+
+  def policy(self, op: str | None, path: Path, algorithm: str = "auto") -> None:
+    """One int8 rule for `op` (every dtype), or none."""
+    from jcoccl import compressors as jc
+    from jcoccl._src import nccl_interposer as ni
+
+    if op is None:
+      self.lib.jcoccl_nccl_load_policy(None)
+      return
+    comp = jc.int8(block_size=32)
+    rule = ni.Rule("t", 0, op, ni.DTYPES, 0, algorithm, 1, str(comp), ni.codec_fields(comp))
+    self.lib.jcoccl_nccl_load_policy(ni.write_rules([rule], str(path)).encode())
+
+  def state(self, comm: int) -> int:
+    err = ctypes.c_int(-1)
+    self.lib.ncclCommGetAsyncError(comm, ctypes.byref(err))
+    return err.value
+
+  def comms(self, blocking: int = 1) -> list[tuple[int, int]]:
+    """Two ranks (devices 0 and 1), made in one group, ready for use."""
+    uid = UniqueId()
+    self.lib.ncclGetUniqueId(ctypes.byref(uid))
+    cfg = Config.make(blocking)
+    out = []
+    self.lib.ncclGroupStart()
+    for r in range(2):
+      self.emul.emul_set_device(r)
+      c = ctypes.c_void_p()
+      self.lib.ncclCommInitRankConfig(ctypes.byref(c), 2, uid, r, ctypes.byref(cfg))
+      out.append((c.value, self.streams[r]))
+    self.lib.ncclGroupEnd()
+    self.ready(out)
+    return out
+
+  def ready(self, comms) -> None:
+    t = time.monotonic()
+    while any(self.state(c) == IN_PROGRESS for c, _ in comms):
+      assert time.monotonic() - t < 10, "still in progress"
+      time.sleep(0.002)
+
+
+def _seeded_run(h: _DropIn, bug: str, tmp: Path) -> list[str]:
+  """The scenario that shows `bug` (run with the mutation on or off): what went wrong in it,
+  as the emulation and the results tell; [] when the run looks right."""
+  from jcoccl import compressors as jc
+
+  n, count, slack = 2, 1024, 16
+  taken = bug != "count_padded_on_one_rank"
+  op = "all_gather" if bug == "float16_gather_taken" else "all_reduce"
+  # two_shot: an all-to-all, then an all-gather, on the communicator
+  algorithm = "two_shot" if bug == "in_progress_taken_as_done" else "auto"
+  h.policy(op if taken else None, tmp / f"{bug}.rules", algorithm)
+  comms = h.comms(blocking=0 if bug.startswith("in_progress") else 1)
+  problems, codes = [], []
+  if op == "all_gather":  # XLA's S16 all-gather, sent as float16; one NaN bit pattern
+    xs = [np.arange(r * count, (r + 1) * count, dtype=np.uint16) for r in range(n)]
+    xs[0][7] = 0x7E01
+    outs = [np.zeros(n * count + slack, np.uint16) for _ in range(n)]
+  else:
+    xs = [np.linspace(-1, 1, count + slack, dtype=np.float32) * (r + 1) for r in range(n)]
+    outs = [np.zeros(count + slack, np.float32) for _ in range(n)]
+  shift = 4 if bug.startswith("unaligned") else 0  # buffers 4 bytes past alignment
+  grouped = bug == "in_progress_comm_used"
+  if grouped:
+    h.lib.ncclGroupStart()
+  for r, ((c, s), x, o) in enumerate(zip(comms, xs, outs)):
+    h.emul.emul_set_device(r)
+    if bug == "host_wait_for_previous_call":
+      h.emul.emul_begin_capture(s)
+    if op == "all_gather":
+      codes.append(h.lib.ncclAllGather(x.ctypes.data, o.ctypes.data, count, F16, c, s))
+    else:
+      px, po = x.ctypes.data + shift, o.ctypes.data + shift
+      codes.append(h.lib.ncclAllReduce(px, po, count, F32, SUM, c, s))
+    if bug == "host_wait_for_previous_call":
+      g = ctypes.c_void_p()
+      if (e := h.emul.emul_end_capture(s, ctypes.byref(g))) != 0:
+        problems.append(f"rank {r}: the capture failed ({e})")
+      elif h.emul.emul_graph_launch(g, s) != 0:
+        problems.append(f"rank {r}: the graph launch failed")
+  if grouped:  # with a forwarded call, the real group end answers ncclInProgress
+    bs = [np.full(8, r, np.int8) for r in range(n)]
+    gathered = [np.zeros(8 * n, np.int8) for _ in range(n)]
+    for r, ((c, s), b, o) in enumerate(zip(comms, bs, gathered)):
+      h.emul.emul_set_device(r)
+      codes.append(h.lib.ncclAllGather(b.ctypes.data, o.ctypes.data, 8, 0, c, s))
+    codes.append(h.lib.ncclGroupEnd())
+  h.ready(comms)
+  for _, s in comms:
+    h.emul.emul_sync(s)
+  problems += [f"call {i} returned {c}" for i, c in enumerate(codes) if c not in (0, IN_PROGRESS)]
+  problems += [f"rank {r}: asynchronous error {e}" for r, (c, _) in enumerate(comms)
+               if (e := h.state(c)) != SUCCESS]  # fmt: skip
+  problems += [f"finding: {f}" for f in h.emul.emul_findings().decode().splitlines()]
+  if grouped:
+    want8 = np.concatenate(bs)
+    problems += [f"rank {r}: int8 gather wrong" for r, o in enumerate(gathered)
+                 if not np.array_equal(o, want8)]  # fmt: skip
+  k = shift // 4
+  if op == "all_gather":
+    want = np.concatenate(xs)
+    problems += [f"rank {r}: gathered integers changed" for r, o in enumerate(outs)
+                 if not np.array_equal(o[: n * count], want)]  # fmt: skip
+  else:
+    exact = (xs[0] + xs[1])[k : k + count]  # float32, both emulations add in rank order
+    got = [o[k : k + count] for o in outs]
+    if not taken:
+      problems += [
+        f"rank {r}: not the sum" for r, g in enumerate(got) if not np.array_equal(g, exact)
+      ]
+    else:
+      bound = sum(np.asarray(jc.int8(block_size=32).error_bound(x[k : k + count])) for x in xs)
+      problems += [f"rank {r}: out of the codec's bound" for r, g in enumerate(got)
+                   if not (np.abs(g - exact) <= 1.0001 * bound).all()]  # fmt: skip
+      problems += ["the ranks' results differ"] * (not np.array_equal(got[0], got[1]))
+  for c, _ in comms:
+    h.lib.ncclCommAbort(c)
+  return problems
+
+
+SEEDED = [
+  "count_padded_on_one_rank",
+  "in_progress_comm_used",
+  "host_wait_for_previous_call",
+  "unaligned_input_not_staged",
+  "in_progress_taken_as_done",
+]
+
+
+@pytest.fixture(scope="module")
+def drop_in(tmp_path_factory) -> _DropIn:
+  built = emul_build.build()
+  h = _DropIn(built.emul, emul_build.build(mutants=True).interposer)
+  old = h.emul.emul_set_timeout_ms(200)  # a peer that never comes fails in 0.2 s
+  yield h
+  h.emul.emul_set_timeout_ms(old)
+  h.mutation(None)
+
+
+@pytest.mark.parametrize("bug", SEEDED)
+def test_nccl_emul_catches_seeded_bugs(drop_in, tmp_path, bug):
+  # Each seeded bug of the interposer (emul_build.MUTATIONS) passes its scenario with the
+  # mutation off and fails it with the mutation on. The same scenarios were run against
+  # cdd5d83's lenient emulation and host shim (the mutant interposer built against that shim;
+  # its missing controls exported as that emulation had them: InitRankConfig as InitRank, a
+  # capture as the stream's `capturing` flag), where every run looked right:
+  #   bug                          strict emulation                              lenient
+  #   count_padded_on_one_rank     ranks disagree on collective #0 (count 1024   missed
+  #                                vs 1025): ncclInvalidUsage on both, finding
+  #   in_progress_comm_used        ncclAllGather on a communicator still in      missed
+  #                                progress: ncclInvalidArgument, finding
+  #   host_wait_for_previous_call  the capture is invalidated (901); the call    missed
+  #                                fails with ncclInternalError
+  #   unaligned_input_not_staged   misaligned float4 load (the GPU faults):      missed
+  #                                finding
+  #   in_progress_taken_as_done    the two_shot all-gather on a communicator     missed
+  #                                still in progress: ncclInvalidArgument
+  # (Two more seeded bugs were dropped: one rank forwarding what the other takes over, and a
+  # taken float16 all-gather; the lenient emulation shows both as wrong results.)
+  drop_in.mutation(None)
+  assert _seeded_run(drop_in, bug, tmp_path) == []
+  drop_in.mutation(bug)
+  try:
+    problems = _seeded_run(drop_in, bug, tmp_path)
+  finally:
+    drop_in.mutation(None)
+  assert problems, bug
+  print(bug, problems)

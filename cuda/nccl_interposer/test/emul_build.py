@@ -54,6 +54,43 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "    // Closed on every path: a group left open would swallow the caller's next calls.",
     "    if (!st.ok()) return st;",
   ),
+  # The seeded bugs below pass unnoticed by the lenient NCCL emulation (cdd5d83) and are
+  # caught by the strict one (tests/test_nccl_emul.py).
+  # Rank 1 forwards an all-reduce / reduce-scatter with one element more (a padded count).
+  "count_padded_on_one_rank": (
+    "interposer.cc",
+    "  return reinterpret_cast<AllReduceFn>(fn)(a.send, a.recv, a.count, a.type, a.red, a.comm,\n"
+    "                                           a.stream);",
+    "  Comm* mc = CommOf(a.comm);\n"
+    "  const size_t n = a.count + (mc != nullptr && mc->rank == 1 ? 1 : 0);\n"
+    "  return reinterpret_cast<AllReduceFn>(fn)(a.send, a.recv, n, a.type, a.red, a.comm, a.stream);",
+  ),
+  # A nonblocking group's taken calls run at once, on communicators still in progress.
+  "in_progress_comm_used": (
+    "interposer.cc",
+    "    Held().push_back(std::move(g));",
+    "    const ncclResult_t x = RunGroup(g, ncclSuccess);\n    return x == ncclSuccess ? r : x;",
+  ),
+  # The lanes wait on the host for the previous call (a stream synchronize instead of an event
+  # wait): right when eager, but a capture cannot hold a host wait and is invalidated.
+  "host_wait_for_previous_call": (
+    "interposer.cc",
+    "  if (s.ok()) s = lanes.Handoff(je::kDecode, je::kEncode);",
+    '  if (s.ok()) s = Cuda(cudaStreamSynchronize(set->lane[je::kDecode]), "synchronize");',
+  ),
+  # Unaligned inputs are no longer staged: the codec kernels' 16-byte loads are misaligned.
+  "unaligned_input_not_staged": (
+    "interposer.cc",
+    "  z.plan.stage_in |= Misaligned(a.send);",
+    "  (void)0;",
+  ),
+  # A nonblocking communicator's ncclInProgress is taken as done: the engine's next NCCL call
+  # is issued on a communicator still in progress.
+  "in_progress_taken_as_done": (
+    "interposer.cc",
+    "    // wait before it frees the communicator (CommAbort waits for c_->mu).",
+    "    if (r == ncclInProgress) r = ncclSuccess;",
+  ),
 }
 MUTATION_IDS = {name: i + 1 for i, name in enumerate(MUTATIONS)}
 

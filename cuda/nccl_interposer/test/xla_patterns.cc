@@ -65,8 +65,8 @@ struct Api {
   ncclResult_t (*GroupEnd)();
   ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                             cudaStream_t);
-  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                ncclComm_t, cudaStream_t);
+  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                cudaStream_t);
   ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
                             cudaStream_t);
@@ -175,8 +175,7 @@ std::vector<uint8_t> Data(ncclDataType_t t, size_t count, int p, int r, bool s16
 }
 
 void Write(const std::string& name, int device, const char* ext, const std::vector<uint8_t>& v) {
-  std::ofstream f(g_out + "/" + name + ".d" + std::to_string(device) + "." + ext,
-                  std::ios::binary);
+  std::ofstream f(g_out + "/" + name + ".d" + std::to_string(device) + "." + ext, std::ios::binary);
   f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size()));
 }
 
@@ -221,6 +220,16 @@ void RunPatterns(Rank& k) {
             Grouped(r, c, [&] {
               r += A.AllReduce(x, y, 1000, ncclFloat32, ncclSum, c, s);
               r += A.AllReduce(x + 4000, y + 4000, 300, ncclFloat32, ncclSum, c, s);
+            });
+          });
+  // A variadic all-reduce of two element types (XLA's all-reduce combiner makes them): one
+  // group, one call per buffer.
+  ++p;
+  Pattern(k, "all_reduce_f32_bf16", Data(ncclFloat32, 600, p, me, false), 600 * 4,
+          [&](Result& r, const uint8_t* x, uint8_t* y) {
+            Grouped(r, c, [&] {
+              r += A.AllReduce(x, y, 400, ncclFloat32, ncclSum, c, s);
+              r += A.AllReduce(x + 1600, y + 1600, 400, ncclBfloat16, ncclSum, c, s);
             });
           });
   struct Red {
@@ -319,7 +328,8 @@ void RunPatterns(Rank& k) {
   Pattern(k, "pair_all_reduce_f32", Data(ncclFloat32, 1000, p, k.device, false), 1000 * 4,
           [&](Result& r, const uint8_t* x, uint8_t* y) {
             if (k.pair == nullptr) return;
-            Grouped(r, k.pair, [&] { r += A.AllReduce(x, y, 1000, ncclFloat32, ncclSum, k.pair, s); });
+            Grouped(r, k.pair,
+                    [&] { r += A.AllReduce(x, y, 1000, ncclFloat32, ncclSum, k.pair, s); });
           });
 }
 
