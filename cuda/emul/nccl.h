@@ -98,15 +98,13 @@ typedef struct ncclConfig_v23100 {
 } ncclConfig_t;
 
 // Every field after `version` unset, as NCCL_CONFIG_INITIALIZER does.
-#define NCCL_CONFIG_INITIALIZER                                                   \
-  {sizeof(ncclConfig_t),  NCCL_API_MAGIC,        NCCL_EMUL_VERSION_CODE,         \
-   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,          \
-   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT,          \
-   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
-   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,          \
+#define NCCL_CONFIG_INITIALIZER                                                                 \
+  {sizeof(ncclConfig_t),  NCCL_API_MAGIC,        NCCL_EMUL_VERSION_CODE, NCCL_CONFIG_UNDEF_INT, \
+   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,  NCCL_CONFIG_UNDEF_PTR, \
+   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR,  NCCL_CONFIG_UNDEF_INT, \
+   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,  NCCL_CONFIG_UNDEF_INT, \
+   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,  NCCL_CONFIG_UNDEF_INT, \
+   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,  NCCL_CONFIG_UNDEF_INT, \
    NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT}
 
 #define JCE_NCCL_API extern "C" __attribute__((visibility("default")))
@@ -138,8 +136,8 @@ JCE_NCCL_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t
                                             ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                             cudaStream_t s);
 JCE_NCCL_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count,
-                                     ncclDataType_t type, ncclRedOp_t op, int root,
-                                     ncclComm_t comm, cudaStream_t s);
+                                     ncclDataType_t type, ncclRedOp_t op, int root, ncclComm_t comm,
+                                     cudaStream_t s);
 JCE_NCCL_API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count,
                                         ncclDataType_t type, int root, ncclComm_t comm,
                                         cudaStream_t s);

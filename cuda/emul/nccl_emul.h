@@ -85,9 +85,9 @@ enum OpKind {
   kRecv,
   kNumOps
 };
-inline const char* const kOpNames[kNumOps] = {
-    "ncclAllGather", "ncclAllReduce", "ncclReduceScatter", "ncclReduce",
-    "ncclBroadcast", "ncclAlltoAll",  "ncclSend",          "ncclRecv"};
+inline const char* const kOpNames[kNumOps] = {"ncclAllGather", "ncclAllReduce", "ncclReduceScatter",
+                                              "ncclReduce",    "ncclBroadcast", "ncclAlltoAll",
+                                              "ncclSend",      "ncclRecv"};
 
 struct Op {
   OpKind kind;
@@ -106,9 +106,9 @@ struct Op {
 struct PreMul {
   bool live = false;
   ncclDataType_t type = ncclFloat32;
-  bool on_device = false;    // ncclScalarDevice: read at run time from `ptr`
+  bool on_device = false;  // ncclScalarDevice: read at run time from `ptr`
   const void* ptr = nullptr;
-  uint8_t bytes[8] = {};     // ncclScalarHostImmediate: the value at creation
+  uint8_t bytes[8] = {};  // ncclScalarHostImmediate: the value at creation
 };
 
 enum : uint32_t { kLive = 0x4c495645u, kDestroyed = 0xdead0001u, kAborted = 0xdead0002u };
@@ -126,7 +126,7 @@ struct ncclComm {
   uint64_t splits = 0;  // ncclCommSplit calls so far (their order matches the ranks')
   std::atomic<int> async{ncclSuccess};
   std::atomic<int> in_progress{0};  // init, split or group work not finished yet
-  std::mutex mu;                     // premul
+  std::mutex mu;                    // premul
   std::vector<jcoccl_emul::PreMul> premul;
 };
 
@@ -153,8 +153,9 @@ inline size_t TypeBytes(ncclDataType_t t) {
 
 inline const char* TypeName(int t) {
   static const char* const names[ncclNumTypes] = {
-      "ncclInt8",    "ncclUint8",   "ncclInt32",    "ncclUint32",     "ncclInt64",     "ncclUint64",
-      "ncclFloat16", "ncclFloat32", "ncclFloat64",  "ncclBfloat16",   "ncclFloat8e4m3", "ncclFloat8e5m2"};
+      "ncclInt8",    "ncclUint8",    "ncclInt32",      "ncclUint32",
+      "ncclInt64",   "ncclUint64",   "ncclFloat16",    "ncclFloat32",
+      "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2"};
   return t >= 0 && t < ncclNumTypes ? names[t] : "ncclDataType?";
 }
 
@@ -192,7 +193,9 @@ inline ncclResult_t Usable(ncclComm_t c, const char* fn, bool ready = true) {
   const uint32_t m = c->magic.load();
   if (m != kLive) {
     Loud(std::string(fn) + " on a communicator after its " +
-         (m == kAborted ? "ncclCommAbort" : m == kDestroyed ? "ncclCommDestroy" : "free?") +
+         (m == kAborted     ? "ncclCommAbort"
+          : m == kDestroyed ? "ncclCommDestroy"
+                            : "free?") +
          " (a use after free in NCCL)");
     return ncclInvalidArgument;
   }
@@ -247,7 +250,8 @@ inline bool IsFloat(ncclDataType_t t) {
 // v rounded to format f (round to nearest even). Overflow gives infinity for fp16/bf16 and
 // the largest finite value for the fp8 types (CUDA's __nv_fp8 conversions saturate).
 inline double RoundMini(const Mini& f, double v, bool saturate) {
-  if (std::isnan(v) || v == 0 || std::isinf(v)) return saturate && std::isinf(v) ? std::copysign(f.max, v) : v;
+  if (std::isnan(v) || v == 0 || std::isinf(v))
+    return saturate && std::isinf(v) ? std::copysign(f.max, v) : v;
   int e;
   std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
   const int q = std::max(e - 1, f.emin) - (f.p - 1);
@@ -362,7 +366,8 @@ void ReduceInt(int red, const Inputs& in, size_t off, size_t count, void* out) {
   using U = std::make_unsigned_t<T>;
   const int n = static_cast<int>(in.src.size());
   std::vector<U> s(n, 1);
-  for (int r = 0; r < n && !in.scalar.empty(); ++r) std::memcpy(&s[r], in.scalar[r].data(), sizeof(T));
+  for (int r = 0; r < n && !in.scalar.empty(); ++r)
+    std::memcpy(&s[r], in.scalar[r].data(), sizeof(T));
   const bool premul = !in.scalar.empty() && red >= ncclNumOps;
   for (size_t i = 0; i < count; ++i) {
     auto term = [&](int r) {
@@ -453,7 +458,8 @@ inline std::atomic<int> g_nonblocking_delay_ms{20};
 template <class P>
 ncclResult_t Await(Clique& c, std::unique_lock<std::mutex>& lk, P pred,
                    const std::function<std::string()>& what) {
-  const auto limit = std::chrono::steady_clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
+  const auto limit =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
   while (!pred()) {
     if (c.aborted) return ncclSystemError;
     if (std::chrono::steady_clock::now() > limit) {
@@ -602,18 +608,20 @@ inline void RunP2P(const std::vector<Op>& ops) {
     Clique& c = *op.comm->clique;
     std::unique_lock<std::mutex> lk(c.mu);
     auto& q = c.chan[{op.peer, op.comm->rank}];
-    const ncclResult_t w = Await(c, lk, [&] { return !q.empty(); }, [&] {
-      return "rank " + std::to_string(op.peer) + "'s send to rank " +
-             std::to_string(op.comm->rank) + "'s " + Describe(op);
-    });
+    const ncclResult_t w = Await(
+        c, lk, [&] { return !q.empty(); },
+        [&] {
+          return "rank " + std::to_string(op.peer) + "'s send to rank " +
+                 std::to_string(op.comm->rank) + "'s " + Describe(op);
+        });
     if (w != ncclSuccess) return Fail(op.comm, w);
     std::shared_ptr<Msg> m = q.front();
     q.pop_front();
     lk.unlock();
     if (m->op.count != op.count || m->op.type != op.type) {
-      m->bad = "NCCL emulation: rank " + std::to_string(op.comm->rank) + " called " +
-               Describe(op) + " and its peer, rank " + std::to_string(op.peer) + ", called " +
-               Describe(m->op) + " (count and datatype must match)";
+      m->bad = "NCCL emulation: rank " + std::to_string(op.comm->rank) + " called " + Describe(op) +
+               " and its peer, rank " + std::to_string(op.peer) + ", called " + Describe(m->op) +
+               " (count and datatype must match)";
       jcoccl_shim::Report(m->bad);
       Fail(op.comm, ncclInvalidUsage);
     } else {
@@ -626,10 +634,12 @@ inline void RunP2P(const std::vector<Op>& ops) {
   for (auto& [comm, m] : posted) {
     Clique& c = *comm->clique;
     std::unique_lock<std::mutex> lk(c.mu);
-    const ncclResult_t w = Await(c, lk, [&] { return m->taken; }, [&] {
-      return "rank " + std::to_string(m->op.peer) + "'s receive of rank " +
-             std::to_string(comm->rank) + "'s " + Describe(m->op);
-    });
+    const ncclResult_t w = Await(
+        c, lk, [&] { return m->taken; },
+        [&] {
+          return "rank " + std::to_string(m->op.peer) + "'s receive of rank " +
+                 std::to_string(comm->rank) + "'s " + Describe(m->op);
+        });
     if (w != ncclSuccess) return Fail(comm, w);
     if (!m->bad.empty()) {
       jcoccl_shim::Report(m->bad);
@@ -757,11 +767,13 @@ inline ncclResult_t Note(ncclResult_t r) {
 inline ncclResult_t FinishInit(ncclComm_t comm) {
   Clique& c = *comm->clique;
   std::unique_lock<std::mutex> lk(c.mu);
-  return Await(c, lk, [&] { return c.joined == c.nranks; }, [&] {
-    return "the other ranks' ncclCommInitRankConfig of rank " + std::to_string(comm->rank) +
-           "'s nonblocking communicator (" + std::to_string(c.joined) + " of " +
-           std::to_string(c.nranks) + " joined)";
-  });
+  return Await(
+      c, lk, [&] { return c.joined == c.nranks; },
+      [&] {
+        return "the other ranks' ncclCommInitRankConfig of rank " + std::to_string(comm->rank) +
+               "'s nonblocking communicator (" + std::to_string(c.joined) + " of " +
+               std::to_string(c.nranks) + " joined)";
+      });
 }
 
 // Registers a split with its parent's clique (the last rank to come builds the children).
@@ -802,12 +814,14 @@ inline void ArriveSplit(const SplitReq& q) {
 inline ncclResult_t AwaitSplit(const SplitReq& q) {
   Clique& c = *q.parent->clique;
   std::unique_lock<std::mutex> lk(c.mu);
-  const ncclResult_t w = Await(c, lk, [&] { return c.splits[q.number].done; }, [&] {
-    return "the other ranks' ncclCommSplit #" + std::to_string(q.number) + " of rank " +
-           std::to_string(q.parent->rank) + "'s communicator (" +
-           std::to_string(c.splits[q.number].arrived) + " of " + std::to_string(c.nranks) +
-           " came)";
-  });
+  const ncclResult_t w = Await(
+      c, lk, [&] { return c.splits[q.number].done; },
+      [&] {
+        return "the other ranks' ncclCommSplit #" + std::to_string(q.number) + " of rank " +
+               std::to_string(q.parent->rank) + "'s communicator (" +
+               std::to_string(c.splits[q.number].arrived) + " of " + std::to_string(c.nranks) +
+               " came)";
+      });
   return w;
 }
 
@@ -957,7 +971,8 @@ inline ncclResult_t CheckConfig(const ncclConfig_t* config, const char* fn) {
 inline ncclResult_t InitRank(ncclComm_t* comm, int nranks, const ncclUniqueId& id, int rank,
                              const ncclConfig_t* config) {
   if (comm == nullptr || nranks < 1 || rank < 0 || rank >= nranks) return Note(ncclInvalidArgument);
-  if (CheckConfig(config, "ncclCommInitRankConfig") != ncclSuccess) return Note(ncclInvalidArgument);
+  if (CheckConfig(config, "ncclCommInitRankConfig") != ncclSuccess)
+    return Note(ncclInvalidArgument);
   std::shared_ptr<Clique> c;
   {
     std::lock_guard<std::mutex> lk(RegistryMu());
@@ -1067,8 +1082,8 @@ JCE_NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e
   const ncclResult_t u = jcoccl_emul::Usable(comm, "ncclCommGetAsyncError", false);
   if (u != ncclSuccess) return u;
   if (err == nullptr) return ncclInvalidArgument;
-  *err = comm->in_progress.load() > 0 ? ncclInProgress
-                                      : static_cast<ncclResult_t>(comm->async.load());
+  *err =
+      comm->in_progress.load() > 0 ? ncclInProgress : static_cast<ncclResult_t>(comm->async.load());
   return ncclSuccess;
 }
 
@@ -1176,8 +1191,8 @@ JCE_NCCL_API ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t
 }
 
 JCE_NCCL_API ncclResult_t ncclReduce(const void* send, void* recv, size_t count,
-                                     ncclDataType_t type, ncclRedOp_t op, int root,
-                                     ncclComm_t comm, cudaStream_t s) {
+                                     ncclDataType_t type, ncclRedOp_t op, int root, ncclComm_t comm,
+                                     cudaStream_t s) {
   return JCE_SUBMIT(kReduce, send, recv, count, type, op, root, -1);
 }
 

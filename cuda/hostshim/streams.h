@@ -49,15 +49,15 @@ struct CUstream_st {
   uint64_t enqueued = 0;   // items ever queued
   uint64_t completed = 0;  // items finished (in order)
   cudaError_t error = cudaSuccess;
-  bool capturing = false;  // as if a CUDA graph capture were under way (tests set it)
+  bool capturing = false;           // as if a CUDA graph capture were under way (tests set it)
   CaptureState* capture = nullptr;  // the graph capture this stream records into
   int lane = -1;                    // its lane in that capture's graph
 };
 
 struct CUevent_st {
-  CUstream_st* stream = nullptr;  // stream of the last record (null: none, or the null stream)
-  uint64_t target = 0;            // its `completed` count once the recorded work is done
-  bool observed = true;           // the last record was waited on, queried or synchronised
+  CUstream_st* stream = nullptr;    // stream of the last record (null: none, or the null stream)
+  uint64_t target = 0;              // its `completed` count once the recorded work is done
+  bool observed = true;             // the last record was waited on, queried or synchronised
   CaptureState* capture = nullptr;  // recorded inside this capture (then lane, pos)
   int lane = -1;
   size_t pos = 0;
@@ -367,7 +367,7 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 inline cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
   std::lock_guard<std::mutex> lk(::jcoccl_shim::Rt().mu);
   const bool on = s != nullptr && (s->capturing || s->capture != nullptr);
-  *status = !on                                          ? cudaStreamCaptureStatusNone
+  *status = !on                                                ? cudaStreamCaptureStatusNone
             : s->capture && s->capture->invalid != cudaSuccess ? cudaStreamCaptureStatusInvalidated
                                                                : cudaStreamCaptureStatusActive;
   return cudaSuccess;
