@@ -737,13 +737,15 @@ def test_nccl_emul_xla_patterns_through_the_interposer(patterns_ref, tmp_path, b
   assert got["all_reduce_f32_x2"] != ref["all_reduce_f32_x2"]  # it was compressed
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_nccl_emul_xla_patterns_on_fewer_ranks_forward_bit_identical(patterns_ref, tmp_path, n):
-  # 3 ranks: one rank in no pair (NCCL_SPLIT_NOCOLOR). Nonblocking alone vs blocking through
-  # the interposer with no policy: the same bits.
+@pytest.mark.parametrize("n,alone_blocking", [(2, 0), (3, 1)])
+def test_nccl_emul_xla_patterns_on_fewer_ranks_forward_bit_identical(
+  patterns_ref, tmp_path, n, alone_blocking
+):
+  # 3 ranks: one rank in no pair (NCCL_SPLIT_NOCOLOR). The emulation alone in one mode vs
+  # through the interposer with no policy in the other: the same bits (each mode, each way).
   built, _ = patterns_ref
-  alone = _patterns(built, built.emul, n, 0, tmp_path / "alone")
-  assert _patterns(built, built.interposer, n, 1, tmp_path / "via") == alone
+  alone = _patterns(built, built.emul, n, alone_blocking, tmp_path / "alone")
+  assert _patterns(built, built.interposer, n, 1 - alone_blocking, tmp_path / "via") == alone
 
 
 # ---- seeded bugs that only the strict emulation catches -----------------------------------------
