@@ -367,6 +367,23 @@ def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None
   batching.primitive_batchers[p] = batch
 
 
+def define_note(p) -> None:
+  """Registers ``p`` as an identity on one array whose parameters only annotate the
+  program (as ``checkpoint_name`` does): it lowers to nothing, its tangent and cotangent
+  pass through unannotated, and a batch keeps the parameters."""
+  from jax.interpreters import ad, batching, mlir
+
+  p.def_impl(lambda x, **_: x)
+  p.def_abstract_eval(lambda aval, **_: aval)
+  mlir.register_lowering(p, lambda ctx, x, **_: [x])
+  ad.primitive_jvps[p] = lambda primals, tangents, **params: (
+    p.bind(primals[0], **params),
+    tangents[0],
+  )
+  ad.primitive_transposes[p] = lambda ct, x, **params: [ct]
+  batching.primitive_batchers[p] = lambda args, dims, **params: (p.bind(args[0], **params), dims[0])
+
+
 def is_zero_cotangent(ct) -> bool:
   """True for AD's symbolic zero."""
   from jax.interpreters import ad

@@ -12,9 +12,9 @@ from jax import lax
 
 from jcoccl._src import _backend, _compat, auto_model, cost_model
 from jcoccl._src import all_gather as _ag
-from jcoccl._src import explain as _explain
 from jcoccl._src import layout as L
 from jcoccl._src import primitives as P
+from jcoccl._src import reason as _reason
 from jcoccl._src import reduce_scatter as _rs
 from jcoccl._src import residual as R
 from jcoccl._src.axes import canonical_axes, group_size, rank_key
@@ -145,11 +145,10 @@ def all_reduce(
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
   compressor, algorithm = split_auto(compressor, algorithm)
   if axis_index_groups is not None:
-    for leaf in jax.tree_util.tree_leaves(x):
-      why = "axis_index_groups: the lax op (compression works over whole mesh axes)"
-      _explain.record("all_reduce", axes, leaf, compressor, None, "exact", why)
-    with _explain.exact_scope():
+    with _reason.exact_scope():
       out = lax.psum(x, axes, axis_index_groups=axis_index_groups)
+    why = "axis_index_groups: the lax op (compression works over whole mesh axes)"
+    out = _reason.exact("all_reduce", axes, x, out, _reason.reason(compressor, "exact", why))
     return out if residual is None else (out, residual)
   comp = resolve_levels(compressor, axes, "compressor")
   gcomp = (
@@ -484,11 +483,10 @@ def _settle(
     )
   passes = RESIDUAL_PASSES if residual else 0
   d = decision(c, algorithm, axes, x, chunks, flat=residual, codec_passes=passes)
-  _explain.note_decision(d)
   c = d.compressor
   if d.algorithm == "hierarchical" and not isinstance(c, tuple):
     c = (c, c)
-  return c, dict(algorithm=d.algorithm, chunks=d.chunks)
+  return c, dict(algorithm=d.algorithm, chunks=d.chunks, decision=d)
 
 
 def _rows(
@@ -637,7 +635,7 @@ def _xla_all_reduce(
       return _FLAT[algorithm](xs, axes, compressor, k, residual=True)
     return run(xs, axes, compressor, k)
 
-  return R.chunked(one, x, chunks) if residual else L.chunked(one, x, chunks)
+  return L.chunked(one, x, chunks)
 
 
 _backend.register("xla", "all_reduce", _xla_all_reduce)

@@ -7,17 +7,16 @@ Three kinds of rows:
     named and the one used, the algorithm and why: the size threshold (default or given),
     a dtype that is not float, a ``jax.vmap`` axis (off the mesh), ``axis_index_groups``,
     or auto's decision with the predicted seconds of each candidate and the cost model's
-    source. Recorded by a hook in :func:`jcoccl._src.primitives.plan` that is active only
-    inside :func:`explain`.
+    source. Read from the program: a ``jcoccl_<op>`` equation's ``reason`` parameter, or
+    the ``jcoccl.exact`` mark of a leaf that took the lax op (:mod:`jcoccl._src.reason`).
   lax: a lax collective written directly (``lax.psum``, ...): not a jcoccl op, and
     :func:`jcoccl.compress` can convert it.
   compiler: with ``mesh``, bytes per mesh axis that the compiled program sends beyond the
     collectives the program writes (GSPMD's resharding), read from the HLO with
     :func:`jcoccl.wire_bytes`' parser; jcoccl cannot reach those from inside ``fn``.
 
-``fn`` is traced afresh even if it was traced before: a context value that is part of
-jit's cache key changes for each call of :func:`explain` (normal calls never see it, so
-their programs are the same as without explain).
+Nothing is recorded while ``fn`` is traced: a program traced before is explained from
+jit's cache, and explaining it changes nothing in it.
 
 Example:
   >>> print(jcoccl.explain(step, params, batch, mesh=mesh))  # doctest: +SKIP
@@ -27,19 +26,14 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
-_SESSION: list | None = None  # the records of the explain() in progress, else None
-_DECISION: list = [None]  # all_reduce's last auto decision, for the leaf being planned
-_FRESH = jax.make_user_context(None)  # part of jit's key: a new value retraces everything
-_COUNTER = itertools.count(1)
-EXACT_SCOPE = "jcoccl_exact"  # name scope of jcoccl's exact fallbacks (inside explain only)
+from jcoccl._src import reason as _reason
+from jcoccl._src.params import leaf_params
 
 # lax's communicating collectives, as jaxpr primitive names (pvary/pcast send nothing).
 LAX_COLLECTIVES = {
@@ -115,89 +109,6 @@ def _size(n: int) -> str:
   return f"{n} B"
 
 
-def active() -> bool:
-  """True inside :func:`explain` (the hooks record only then)."""
-  return _SESSION is not None
-
-
-def exact_scope() -> Any:
-  """A name scope marking jcoccl's own exact lax calls (inside :func:`explain` only, so
-  that they are not reported as lax collectives written directly)."""
-  return jax.named_scope(EXACT_SCOPE) if active() else contextlib.nullcontext()
-
-
-def note_decision(d: Any) -> None:
-  """Keeps all_reduce's auto decision for the leaf being planned (inside explain only)."""
-  if active():
-    _DECISION[0] = d
-
-
-def take_decision() -> Any:
-  d, _DECISION[0] = _DECISION[0], None
-  return d
-
-
-def record(
-  op: str,
-  axes: tuple,
-  x: Any,
-  named: Any,
-  used: Any,
-  algorithm: str,
-  why: str,
-  requested: str | None = None,
-) -> None:
-  """Adds a jcoccl row for leaf ``x`` (inside :func:`explain` only); ``requested`` is
-  all_reduce's requested algorithm ("auto_exact": the codec was named "auto:<spec>")."""
-  if _SESSION is None:
-    return
-  import jax.numpy as jnp
-
-  d = take_decision() if op == "all_reduce" else None
-  extra: dict[str, Any] = {}
-  if d is not None:
-    why = d.why if d.requested in ("auto", "auto_exact") else why
-    state = "calibrated" if d.calibrated else "not calibrated"
-    extra = dict(predicted_s=d.predicted_s, cost_model=f"{d.source} ({state})")
-    why = f"requested {d.requested}: {why}"
-  _SESSION.append(
-    Record(
-      "jcoccl",
-      op,
-      tuple(axes),
-      tuple(x.shape),
-      jnp.dtype(x.dtype).name,
-      int(x.size * jnp.dtype(x.dtype).itemsize),
-      ("auto:" if requested == "auto_exact" and named is not None else "") + _spec(named),
-      _spec(used),
-      algorithm,
-      why,
-      **extra,
-    )
-  )
-
-
-def _spec(c: Any) -> str:
-  if c is None:
-    return "none"
-  if isinstance(c, tuple):
-    return "(" + ", ".join(_spec(v) for v in c) + ")"
-  return str(c)
-
-
-@contextlib.contextmanager
-def _session() -> Iterator[list]:
-  global _SESSION
-  if _SESSION is not None:
-    raise RuntimeError("jcoccl.explain cannot be called inside another explain")
-  _SESSION, _DECISION[0] = [], None
-  try:
-    with _FRESH(next(_COUNTER)):
-      yield _SESSION
-  finally:
-    _SESSION = None
-
-
 def explain(fn: Callable[..., Any], *args: Any, mesh: Any = None, **kwargs: Any) -> Explanation:
   """Every collective in ``fn(*args, **kwargs)`` and why it runs as it does.
 
@@ -222,37 +133,78 @@ def explain(fn: Callable[..., Any], *args: Any, mesh: Any = None, **kwargs: Any)
   if not callable(fn):
     raise TypeError(f"explain: fn must be callable, got {type(fn).__name__}")
   jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
-  with _session() as rows:
-    traced = jitted.trace(*args, **kwargs)
-    out = Explanation(rows)
-    out.extend(_lax_rows(traced.jaxpr.jaxpr))
+  traced = jitted.trace(*args, **kwargs)
+  ours: list[Record] = []
+  lax: list[Record] = []
+  _rows(traced.jaxpr.jaxpr, ours, lax)
+  out = Explanation(ours + lax)
   if mesh is not None:
     out.extend(_compiler_rows(traced, mesh))
   return out
 
 
-def _lax_rows(jaxpr: Any) -> list[Record]:
-  found: list[Record] = []
+def _rows(jaxpr: Any, ours: list[Record], lax: list[Record]) -> None:
+  """The rows of ``jaxpr`` and of the programs inside it, in program order: jcoccl's
+  leaves into ``ours``, lax collectives written directly into ``lax``."""
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
-    if name in LAX_COLLECTIVES and EXACT_SCOPE not in str(eqn.source_info.name_stack):
-      axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
-      axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
-      for v in eqn.invars:
-        aval = getattr(v, "aval", None)
-        shape, dtype = tuple(getattr(aval, "shape", ())), getattr(aval, "dtype", None)
-        size = int(getattr(aval, "size", 0)) * (dtype.itemsize if dtype is not None else 0)
-        why = "not a jcoccl op: jcoccl.compress(f, policy) can convert it"
-        if eqn.params.get("axis_index_groups") is not None:
-          why += " (axis_index_groups: it would stay exact)"
-        found.append(
-          Record("lax", LAX_COLLECTIVES[name], axes, shape, str(dtype or ""), size, why=why)
-        )
+    if name.startswith("jcoccl_") and "reason" in eqn.params:
+      ours.extend(_bound_rows(name[len("jcoccl_") :], eqn))
+    elif eqn.primitive is _reason.exact_p:
+      ours.append(_exact_row(eqn.params))
+    elif name in LAX_COLLECTIVES and _reason.EXACT_SCOPE not in str(eqn.source_info.name_stack):
+      lax.extend(_lax_rows(name, eqn))
     for v in eqn.params.values():
       for sub in v if isinstance(v, (tuple, list)) else (v,):
         inner = getattr(sub, "jaxpr", sub)
         if hasattr(inner, "eqns"):
-          found.extend(_lax_rows(inner))
+          _rows(inner, ours, lax)
+
+
+def _record(op: str, axes: Any, shape: tuple, dtype: str, used: Any, r: Any) -> Record:
+  return Record(
+    "jcoccl",
+    op,
+    tuple(axes),
+    tuple(shape),
+    dtype,
+    _reason.nbytes(shape, dtype),
+    r.named,
+    _reason.spec_text(used),
+    r.algorithm,
+    r.why,
+    r.predicted_s,
+    r.cost_model,
+  )
+
+
+def _bound_rows(op: str, eqn: Any) -> list[Record]:
+  """One row per leaf of a ``jcoccl_<op>`` equation (its PRNG key operand excluded)."""
+  n = len(eqn.invars) - (eqn.params.get("key_type") is not None)
+  rows = []
+  for i, v in enumerate(eqn.invars[:n]):
+    lp = leaf_params(eqn.params, i)
+    shape = tuple(v.aval.shape[lp["batch"] :])
+    rows.append(_record(op, lp["axes"], shape, v.aval.dtype.name, lp["compressor"], lp["reason"]))
+  return rows
+
+
+def _exact_row(p: dict) -> Record:
+  return _record(p["op"], p["axes"], p["shape"], p["dtype"], None, p["reason"])
+
+
+def _lax_rows(name: str, eqn: Any) -> list[Record]:
+  axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+  axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+  found = []
+  for v in eqn.invars:
+    aval = getattr(v, "aval", None)
+    shape, dtype = tuple(getattr(aval, "shape", ())), getattr(aval, "dtype", None)
+    size = int(getattr(aval, "size", 0)) * (dtype.itemsize if dtype is not None else 0)
+    why = "not a jcoccl op: jcoccl.compress(f, policy) can convert it"
+    if eqn.params.get("axis_index_groups") is not None:
+      why += " (axis_index_groups: it would stay exact)"
+    found.append(Record("lax", LAX_COLLECTIVES[name], axes, shape, str(dtype or ""), size, why=why))
   return found
 
 

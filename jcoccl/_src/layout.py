@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -236,8 +237,10 @@ def rank_rows(x: jax.Array, n: int) -> jax.Array:
   return x.reshape(x.shape[:-1] + (n, x.shape[-1] // n))
 
 
-def chunked(fn: Callable[[jax.Array, int], jax.Array], x: jax.Array, chunks: int) -> jax.Array:
+def chunked(fn: Callable[[jax.Array, int], Any], x: jax.Array, chunks: int) -> Any:
   """Applies ``fn(slice, index)`` to ``chunks`` equal slices of x's last axis; concatenates.
+  An ``fn`` that returns a tuple of arrays per slice (a result and its residual) gives the
+  tuple of their concatenations.
 
   Each slice runs its own encode -> collective -> decode, so XLA can overlap one slice's
   communication with another's codec work.
@@ -245,11 +248,15 @@ def chunked(fn: Callable[[jax.Array, int], jax.Array], x: jax.Array, chunks: int
   Example:
     >>> chunked(lambda s, i: s * (i + 1), jnp.ones(4), 2).tolist()
     [1.0, 1.0, 2.0, 2.0]
+    >>> [v.tolist() for v in chunked(lambda s, i: (s * 2, s * i), jnp.ones(4), 2)]
+    [[2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 1.0, 1.0]]
   """
   if chunks == 1:
     return fn(x, 0)
   width = x.shape[-1] // chunks
   outs = [fn(x[..., i * width : (i + 1) * width], i) for i in range(chunks)]
+  if isinstance(outs[0], tuple):
+    return tuple(jnp.concatenate([o[j] for o in outs], axis=-1) for j in range(len(outs[0])))
   return jnp.concatenate(outs, axis=-1)
 
 
@@ -324,9 +331,9 @@ def run_batched(
   pre: Callable,
   x: jax.Array,
   nb: int,
-  impl: Callable[[jax.Array], jax.Array],
-  post: Callable,
-) -> jax.Array:
+  impl: Callable[[jax.Array], Any],
+  post: Callable | tuple[Callable, ...],
+) -> Any:
   """One message or an ``nb``-dim batch of them through a backend, laid out as rows.
 
   Args:
@@ -334,17 +341,25 @@ def run_batched(
     pre: one message -> its unpadded rows (``[..., lay.length]``).
     x: the message, with ``nb`` leading batch axes.
     nb: batch axes of ``x``.
-    impl: the backend call on the interleaved padded rows (``lay.slices`` slices).
-    post: one message's unpadded result rows -> its result.
+    impl: the backend call on the interleaved padded rows (``lay.slices`` slices); it
+      returns the result rows, or a tuple of row arrays (a result and its residual).
+    post: one message's unpadded result rows -> its result; a tuple of them, one per
+      array ``impl`` returns.
 
   Returns:
-    ``post`` of each message's rows, with the batch axes in front.
+    ``post`` of each message's rows, with the batch axes in front (a tuple for a tuple
+    ``post``).
   """
   rows = rows_in(lambda v: lay.pad(pre(v)), x, nb)
   out = impl(interleave(rows, lay.slices))
-  return rows_out(
-    lambda r: post(lay.unpad(r)), deinterleave(out, rows.shape[0], lay.slices), x.shape[:nb]
-  )
+
+  def back(o: jax.Array, p: Callable) -> jax.Array:
+    got = deinterleave(o, rows.shape[0], lay.slices)
+    return rows_out(lambda r: p(lay.unpad(r)), got, x.shape[:nb])
+
+  if isinstance(post, tuple):
+    return tuple(back(o, p) for o, p in zip(out, post, strict=True))
+  return back(out, post)
 
 
 # ----------------------------------------------------------------------------------------
@@ -367,9 +382,13 @@ class Rows:
     block: elements of one codec block (the granule; for per-level codecs the lcm of
       their granules): every codec pass sees whole blocks that start at a multiple of it.
     call: ``(padded rows, slices) -> result rows``: the backend on rows whose last axis
-      is a multiple of ``slices * unit``.
+      is a multiple of ``slices * unit``; with ``back``, the pair (result rows, residual
+      rows), the residual rows in the input's padded layout.
     wire: what else must match for two leaves to share a chain (hashable; e.g. the
       all_reduce algorithm or the ppermute pairs).
+    back: None, or one message's unpadded residual rows -> its residual (the inverse of
+      ``pre``): the run then returns (result, residual), both from the one call
+      (:mod:`jcoccl._src.residual`).
   """
 
   x: jax.Array
@@ -381,12 +400,19 @@ class Rows:
   block: int
   call: Callable[[jax.Array, int], jax.Array]
   wire: tuple = ()
+  back: Callable[[jax.Array], jax.Array] | None = None
 
-  def run(self, chunks: int) -> jax.Array:
-    """This leaf alone through the backend, in ``chunks`` slices (see :func:`slices`)."""
+  @property
+  def posts(self) -> Callable | tuple[Callable, ...]:
+    """What turns each array ``call`` returns back into one message's (see ``back``)."""
+    return self.post if self.back is None else (self.post, self.back)
+
+  def run(self, chunks: int) -> Any:
+    """This leaf alone through the backend, in ``chunks`` slices (see :func:`slices`):
+    its result, or with ``back`` the pair (result, residual)."""
     lay = RowLayout.of(self.length, self.unit, chunks)
     return run_batched(
-      lay, self.pre, self.x, self.nb, lambda r: self.call(r, lay.slices), self.post
+      lay, self.pre, self.x, self.nb, lambda r: self.call(r, lay.slices), self.posts
     )
 
 
@@ -415,7 +441,8 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
       to :data:`MAX_SLICES`: slicing does not change the bits).
 
   Returns:
-    Each member's result, as :meth:`Rows.run` would give it.
+    Each member's result (with ``back``: the pair (result, residual)), as :meth:`Rows.run`
+    would give it.
 
   Example:
     >>> twice = lambda r, k: 2 * r
@@ -432,11 +459,14 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
   first = members[0]
   lay = RowLayout.of(sum(s.count * s.padded for s in spans), first.unit, min(chunks, MAX_SLICES))
   out = first.call(pack_parts(parts, spans, lay.padded), lay.slices)
-  results = []
-  for m, part, sp in zip(members, unpack_parts(out, spans), spans):
-    part = jnp.moveaxis(part.reshape(part.shape[:-1] + (sp.count, sp.length)), -2, 0)
-    results.append(rows_out(m.post, part, m.x.shape[: m.nb]))
-  return results
+  outs = out if isinstance(out, tuple) else (out,)
+  results: list[list] = [[] for _ in members]
+  for j, o in enumerate(outs):  # the results, then the residuals, cut as the input was
+    for got, m, part, sp in zip(results, members, unpack_parts(o, spans), spans):
+      part = jnp.moveaxis(part.reshape(part.shape[:-1] + (sp.count, sp.length)), -2, 0)
+      post = m.posts[j] if isinstance(m.posts, tuple) else m.posts
+      got.append(rows_out(post, part, m.x.shape[: m.nb]))
+  return [tuple(got) if isinstance(out, tuple) else got[0] for got in results]
 
 
 @dataclasses.dataclass(frozen=True)

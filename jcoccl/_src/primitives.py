@@ -48,7 +48,6 @@ import jax.numpy as jnp
 
 from jcoccl._src import _backend, _compat, compressor_args
 from jcoccl._src import config as _config
-from jcoccl._src import explain as _explain
 from jcoccl._src import layout as L
 from jcoccl._src import residual as R
 from jcoccl._src.axes import ensure_varying, group_size, match_vma, off_mesh
@@ -58,6 +57,8 @@ from jcoccl._src.params import grad_args as grad_args
 from jcoccl._src.params import key_operand, leaf_params, merge_params, unwrap_key
 from jcoccl._src.params import load as load
 from jcoccl._src.params import spec_of as spec_of
+from jcoccl._src.reason import exact as mark_exact
+from jcoccl._src.reason import exact_scope, reason
 from jcoccl._src.threshold import effective_compressor, skip_reason, warn_default_threshold
 
 # The dual (transpose) of each collective: the op that carries cotangents back.
@@ -231,16 +232,22 @@ def plan(
   gc = o.grad_for(x, grad_compressor)
   _backend.validate(o.name, backend)
   if c is None and (gc is None or residual):
-    why = skip_reason(x, compressor, min_bytes, strict) or "no compressor named"
+    why = _skipped(x, compressor, min_bytes, strict) or "no compressor named"
     return _exact(o, x, axes, op_args, compressor, why)
   c, call = o.settle(x, c, axes, chunks=chunks, residual=residual, **op_args)
   chunks = call.pop("chunks", chunks)  # all_reduce's auto may chunk
+  decision = call.pop("decision", None)  # all_reduce's: why auto chose so
   if residual and c is None:  # auto_exact chose the lax op
-    return _exact(o, x, axes, op_args, compressor, "the exact op is predicted faster")
+    why = "the exact op is predicted faster"
+    return _exact(o, x, axes, op_args, compressor, why, decision)
   name = "xla"
   if c is not None:
     name = _backend.resolve(o.name, runs_on, axes, compressor=c, dtype=x.dtype, **call)[0]
     L.slices(chunks, o.row_length(x.size, n), o.unit(c, axes, **call))  # fail at trace time
+  algo, why = call.get("algorithm", ""), "compressed"
+  if c is None and algo != "exact":  # forward under the threshold, backward compressed
+    algo = "exact" if algo else ""
+    why = _skipped(x, compressor, min_bytes, strict) + " (backward: compressed)"
   params = dict(
     axes=axes,
     **{**op_args, **call},
@@ -251,15 +258,16 @@ def plan(
     chunks=chunks,
     min_bytes=min_bytes,
     **({"residual": True} if residual else {}),
+    reason=reason(compressor, algo, why, op_args.get("requested"), decision),
   )
-  if _explain.active():
-    algo = call.get("algorithm", "")
-    why = "compressed"
-    if c is None and algo != "exact":  # forward under the threshold, backward compressed
-      algo = "exact" if algo else ""
-      why = skip_reason(x, compressor, min_bytes, strict) + " (backward: compressed)"
-    _explain.record(o.name, axes, x, compressor, c, algo, why, op_args.get("requested"))
   return Bound(ensure_varying(x, axes), params)
+
+
+def _skipped(x: Any, compressor: Any, min_bytes: Any, strict: bool) -> str:
+  """:func:`skip_reason` of the compressor named (of a per-level pair: its first level)."""
+  levels = compressor if isinstance(compressor, tuple) else (compressor,)
+  named = next((c for c in levels if c is not None), None)
+  return skip_reason(x, named, min_bytes, strict)
 
 
 def _residual_backend(backend: str) -> str:
@@ -273,12 +281,16 @@ def _residual_backend(backend: str) -> str:
   return "xla" if backend == "auto" else backend
 
 
-def _exact(o: Op, x: Any, axes: tuple, op_args: dict, named: Any, why: str) -> Exact:
-  """The lax op on ``x`` (marked as jcoccl's own and recorded inside jcoccl.explain)."""
+def _exact(
+  o: Op, x: Any, axes: tuple, op_args: dict, named: Any, why: str, decision: Any = None
+) -> Exact:
+  """The lax op on ``x``, marked as jcoccl's own with the reason it runs
+  (:mod:`jcoccl._src.reason`)."""
   algo = "exact" if o.name == "all_reduce" else ""
-  _explain.record(o.name, axes, x, named, None, algo, why, op_args.get("requested"))
-  with _explain.exact_scope():
-    return Exact(o.exact(x, axes, **op_args))
+  with exact_scope():
+    y = o.exact(x, axes, **op_args)
+  because = reason(named, algo, why, op_args.get("requested"), decision)
+  return Exact(mark_exact(o.name, axes, x, y, because))
 
 
 def apply(name: str, xs: Sequence[Any], key: Any, args: Sequence[dict]) -> list:
@@ -408,7 +420,8 @@ def _make(o: Op) -> Any:
       ]
     return outs, params["axes"]
 
-  def lower(*args, key_type, config, **params):
+  def lower(*args, key_type, config, reason=None, **params):
+    del reason  # what explain reads; not the wire's
     xs, keys = _split(args, key_type)
     key = unwrap_key(tuple(keys), key_type)
     with _config.using(config):
@@ -584,8 +597,8 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   (each leaf's random stream is drawn by its position in its own row), when its codec is
   not :func:`blockwise`, or on the exact path.
 
-  With the ``residual`` parameter each leaf's encoder residual follows the results, cut
-  back out of the same rows (:func:`jcoccl._src.residual.split_rows`).
+  With the ``residual`` parameter each leaf's encoder residual follows the results: the
+  same call returns both, and each is cut back out of its rows (:attr:`L.Rows.back`).
 
   Returns:
     The results (then the residuals), in the order of ``xs``.
@@ -593,7 +606,7 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   n = len(xs)
   residual = bool(lps and lps[0].get("residual"))
   outs: list = [None] * (2 * n if residual else n)
-  buckets: dict[tuple, list[tuple[int, tuple[L.Rows, ...]]]] = {}
+  buckets: dict[tuple, list[tuple[int, L.Rows]]] = {}
   lps = [_at_lowering(o, x, lp) for x, lp in zip(xs, lps)]
   for i, (x, lp) in enumerate(zip(xs, lps)):
     pack = (
@@ -607,17 +620,18 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
     if rows is None:
       outs[i] = o.forward(x, key, **lp)
       continue
-    runs: tuple[L.Rows, ...] = (rows,)
-    if residual and o.back is not None:
-      runs = R.split_rows(rows, o.back(x.shape[lp["batch"] :], lp))
-    buckets.setdefault(bucket_key(x, lp, rows) if pack else ("alone", i), []).append((i, runs))
+    if residual and o.back is not None:  # the call returns (result, residual) rows
+      rows = dataclasses.replace(rows, back=o.back(x.shape[lp["batch"] :], lp))
+    buckets.setdefault(bucket_key(x, lp, rows) if pack else ("alone", i), []).append((i, rows))
   for members in buckets.values():
     chunks = lps[members[0][0]]["chunks"]
-    for j in range(len(members[0][1])):  # the results, then the residuals (same rows)
-      same = [r[j] for _, r in members]
-      ys = [same[0].run(chunks)] if len(same) == 1 else L.run_packed(same, chunks)
-      for (i, _), y in zip(members, ys):
-        outs[j * n + i] = y
+    same = [r for _, r in members]
+    ys = [same[0].run(chunks)] if len(same) == 1 else L.run_packed(same, chunks)
+    for (i, _), y in zip(members, ys):
+      if isinstance(y, tuple):
+        outs[i], outs[n + i] = y
+      else:
+        outs[i] = y
   return outs
 
 

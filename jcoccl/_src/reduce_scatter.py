@@ -250,7 +250,7 @@ def scatter_rows(
       return out
     return out, R.lost(xs, decode_rows(compressor, buf, xs.shape[-1], xs.dtype))
 
-  return R.chunked(one, x, chunks) if residual else L.chunked(one, x, chunks)
+  return L.chunked(one, x, chunks)
 
 
 def _xla_reduce_scatter(

@@ -27,14 +27,10 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-from jcoccl._src import layout as L
 
 
 def feed(g: jax.Array, e: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -68,63 +64,6 @@ def keep(lost: jax.Array, rest: jax.Array) -> jax.Array:
 def lost(x: jax.Array, sent: jax.Array) -> jax.Array:
   """``x - sent`` in float32: what an encoding of ``x`` that decodes to ``sent`` lost."""
   return x.astype(jnp.float32) - sent.astype(jnp.float32)
-
-
-def chunked(
-  fn: Callable[[jax.Array, int], tuple[jax.Array, jax.Array]], x: jax.Array, chunks: int
-) -> tuple[jax.Array, jax.Array]:
-  """:func:`jcoccl._src.layout.chunked` of an ``fn`` that returns (result, residual) per
-  slice; both are concatenated along the last axis.
-
-  Example:
-    >>> y, r = chunked(lambda s, i: (s * 2, s * i), jnp.ones(4), 2)
-    >>> y.tolist(), r.tolist()
-    ([2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 1.0, 1.0])
-  """
-  kept: list = []
-
-  def one(s: jax.Array, i: int) -> jax.Array:
-    y, r = fn(s, i)
-    kept.append(r)
-    return y
-
-  y = L.chunked(one, x, chunks)
-  return y, kept[0] if len(kept) == 1 else jnp.concatenate(kept, axis=-1)
-
-
-def split_rows(rows: L.Rows, back: Callable[[jax.Array], jax.Array]) -> tuple[L.Rows, L.Rows]:
-  """A leaf's :class:`jcoccl._src.layout.Rows` whose ``call`` returns (result rows,
-  residual rows) as two Rows: one for the result, one for the residual.
-
-  The residual's rows have the input's padded layout, so the result's Rows is run first
-  (alone, or packed with other leaves by :func:`jcoccl._src.layout.run_packed`) and then
-  the residual's, with the same members and slices: its ``call`` returns the residual
-  rows of that first run, and the layout code cuts them back per leaf exactly as it cut
-  the input (``back`` is the inverse of ``rows.pre``). Its own input side is dead code,
-  which XLA removes.
-
-  Args:
-    rows: the leaf's rows; ``call`` returns a pair.
-    back: one message's unpadded input rows -> an array shaped like the message.
-
-  Returns:
-    (the result's Rows, the residual's Rows).
-  """
-  kept: list = []
-
-  def call(r: jax.Array, k: int) -> jax.Array:
-    y, e = rows.call(r, k)
-    kept.append(e)
-    return y
-
-  def residual_call(r: jax.Array, k: int) -> jax.Array:
-    del r, k  # the rows the result's run encoded
-    return kept.pop()
-
-  return (
-    dataclasses.replace(rows, call=call),
-    dataclasses.replace(rows, call=residual_call, post=back),
-  )
 
 
 def leaves_like(state: Any, treedef: Any, argname: str = "residual") -> list:
