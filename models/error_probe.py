@@ -222,14 +222,22 @@ class DirectedCollectives(Collectives):
       return self.directions[point], {**opts, "min_bytes": 0}
     return self.compressor(axis, op), self._options(axis, op)
 
-  def tensor_sum(self, x: jax.Array, direction: str, layer: int, n_local: int) -> jax.Array:
+  def point_compressor(self, point: str, axis: str, op: str) -> Any:
+    return self._point(point, axis, op)[0]
+
+  def tensor_sum(
+    self, x: jax.Array, direction: str, layer: int, n_local: int, key: Any = None
+  ) -> jax.Array:
     """The 'tensor' all_reduce of ``direction`` ("forward" or "backward") in local layer
-    ``layer`` (of ``n_local`` per pipe stage)."""
+    ``layer`` (of ``n_local`` per pipe stage); ``key``: its stochastic-rounding key (drawn
+    by the caller in the forward pass)."""
     point = f"tensor.{direction}"
     c, opts = self._point(point, "tensor", "all_reduce")
     self.points_log.append((point, tuple(x.shape), jnp.dtype(x.dtype)))
     self._record("tensor", "all_reduce", x, c)
-    out = jcoccl.all_reduce(x, "tensor", compressor=c, **opts)
+    if key is None:
+      key = self.key(point, c)
+    out = jcoccl.all_reduce(x, "tensor", compressor=c, key=key, **opts)
     if self.tap is not None:
       exact = jcoccl.all_reduce(x, "tensor")
       stage = jax.lax.axis_index("pipe") if self.pipe_stages > 1 else 0
@@ -243,15 +251,15 @@ class DirectedCollectives(Collectives):
 
   def ppermute(self, x: jax.Array, axis: str, perm: list[tuple[int, int]]) -> jax.Array:
     """Sends ``x`` along ``perm`` with the ``<axis>.forward`` codec; its VJP sends the
-    cotangent back with ``<axis>.backward``'s."""
+    cotangent back with ``<axis>.backward``'s (both keys drawn here)."""
     inverse = [(b, a) for a, b in perm]
 
-    def send(v, p, direction):
+    def send(v, p, direction, k):
       point = f"{axis}.{direction}"
       c, opts = self._point(point, axis, "ppermute")
       self.points_log.append((point, tuple(v.shape), jnp.dtype(v.dtype)))
       self._record(axis, "ppermute", v, c)
-      out = jcoccl.ppermute(v, axis, p, compressor=c, **opts)
+      out = jcoccl.ppermute(v, axis, p, compressor=c, key=k, **opts)
       if self.tap is not None:
         exact = jcoccl.ppermute(v, axis, p)
         self.tap.measure(
@@ -260,19 +268,21 @@ class DirectedCollectives(Collectives):
       return out
 
     @jax.custom_vjp
-    def move(v):
-      return send(v, perm, "forward")
+    def move(v, kf, kb):
+      return send(v, perm, "forward", kf)
 
     move.defvjp(
-      lambda v: (send(v, perm, "forward"), None), lambda _, g: (send(g, inverse, "backward"),)
+      lambda v, kf, kb: (send(v, perm, "forward", kf), kb),
+      lambda kb, g: (send(g, inverse, "backward", kb), None, None),
     )
-    return move(x)
+    kf = self.draw(f"{axis}.forward", axis, "ppermute")
+    return move(x, kf, self.draw(f"{axis}.backward", axis, "ppermute"))
 
-  def all_reduce(self, x: Any, axis: str, *, exact: bool = False) -> Any:
+  def all_reduce(self, x: Any, axis: str, *, exact: bool = False, key: Any = None) -> Any:
     """As Collectives.all_reduce (an array or pytree); with a tap, each leaf of the data
     level's gradient sums also reports its noise across data shards and its candidate
     codecs' errors."""
-    out = super().all_reduce(x, axis, exact=exact)
+    out = super().all_reduce(x, axis, exact=exact, key=key)
     if exact or self._policy_axis(axis) != DATA_AXIS:
       return out
     for leaf in jax.tree.leaves(x):
@@ -308,11 +318,11 @@ class DirectedTensorComm:
     coll, n = self.coll, self.n_local
 
     @jax.custom_vjp
-    def f(v):
+    def f(v, k):
       return v
 
-    f.defvjp(lambda v: (v, None), lambda _, g: (coll.tensor_sum(g, "backward", layer, n),))
-    return f(x)
+    f.defvjp(lambda v, k: (v, k), lambda k, g: (coll.tensor_sum(g, "backward", layer, n, k), None))
+    return f(x, coll.draw("tensor.backward", "tensor", "all_reduce"))
 
   def exit(self, x: jax.Array) -> jax.Array:
     layer = (self.n_exit // 2) % self.n_local
@@ -320,11 +330,13 @@ class DirectedTensorComm:
     coll, n = self.coll, self.n_local
 
     @jax.custom_vjp
-    def f(v):
-      return coll.tensor_sum(v, "forward", layer, n)
+    def f(v, k):
+      return coll.tensor_sum(v, "forward", layer, n, k)
 
-    f.defvjp(lambda v: (coll.tensor_sum(v, "forward", layer, n), None), lambda _, g: (g,))
-    return f(x)
+    f.defvjp(
+      lambda v, k: (coll.tensor_sum(v, "forward", layer, n, k), None), lambda _, g: (g, None)
+    )
+    return f(x, coll.draw("tensor.forward", "tensor", "all_reduce"))
 
 
 class DirectedParallel(Parallel3D):

@@ -168,9 +168,12 @@ def train(cfg: RunConfig, job: Job) -> dict:
           step_fn = par.train_step(job.tx, state.params, clip_norm=cfg.clip)
         job.par = par
         eval_fn = jax.jit(lambda p, x, y, par=par: par.loss_and_grads(p, x, y)[0])
+      # The step number keys stochastic rounding (Parallel3D.train_step); a step with no
+      # stochastic codec is traced without it, as it always was.
+      at = (np.int32(step),) if par.stochastic else ()
       if run is None:
         first = len(par.coll.log)
-        traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y)
+        traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y, *at)
         auto = _auto_verdict(job, par.coll.log[first:], write)
         run = traced.lower().compile()
         if job.adapt is not None:
@@ -184,7 +187,7 @@ def train(cfg: RunConfig, job: Job) -> dict:
         bar = _progress_bar(cfg, start_step)
       t0 = time.perf_counter()
       state.params, state.opt_state, state.ef, m = run(
-        state.params, state.opt_state, state.ef, x, y
+        state.params, state.opt_state, state.ef, x, y, *at
       )
       loss = float(m["loss"])
       dt = time.perf_counter() - t0

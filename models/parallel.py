@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from jcoccl.policy import Policy
 from models import pipeline
-from models.collectives import Collectives, TensorComm
+from models.collectives import Collectives, TensorComm, is_stochastic, step_key
 from models.grad_sync import GradSync
 from models.layers import LOCAL, Comm, cross_entropy
 from models.recipe import Recipe, as_recipe
@@ -95,6 +95,10 @@ class Parallel3D:
       :class:`models.collectives.Collectives`); a subclass (one that records what it is
       given, or ``models.error_probe.DirectedCollectives``) sees every call of the step,
       the gradient sums and the ZeRO gathers, since all of them share the one object.
+    seed: the run's seed, the root of the stochastic-rounding keys (a codec spec with
+      ``:stochastic`` at any point): the train step's keys are a function of (seed, step,
+      point, call, device), evaluation and :meth:`logits_fn` draw from fixed keys of the
+      seed (``models.collectives``).
 
   Attributes:
     placement: the mesh and the parameters' specs (``models.sharding.Placement``): its
@@ -114,8 +118,10 @@ class Parallel3D:
     n_micro: int = 1,
     dtype: Any = jnp.float32,
     collectives: Callable[[Policy], Collectives] = Collectives,
+    seed: int = 0,
   ):
     self.dtype = compute_dtype(dtype)
+    self.seed = int(seed)
     if tuple(mesh.axis_names) != AXES:
       raise ValueError(f"mesh axis names must be {AXES}, got {tuple(mesh.axis_names)}")
     fam = family_of(model)
@@ -146,6 +152,14 @@ class Parallel3D:
     self.grad_sync = GradSync(self.placement, self.coll, self.recipe, self.shards, self.zero)
     self.mesh, self.specs, self.sizes = self.placement.mesh, specs, self.placement.sizes
     self.data_axes, self.n_data = self.placement.data_axes, self.placement.n_data
+
+  @property
+  def stochastic(self) -> bool:
+    """True when any compressor of the step rounds stochastically: its train step then
+    needs the step number (:meth:`train_step`)."""
+    codecs = [c for a in self.policy.axes.values() for c in a.compressors.values()]
+    codecs += list(getattr(self.coll, "directions", {}).values())
+    return any(is_stochastic(c) for c in codecs)
 
   # -- local computation --------------------------------------------------------------------
   def _compute(self, params: Any) -> Any:
@@ -187,10 +201,20 @@ class Parallel3D:
         loss = self.coll.all_reduce(loss, axis, exact=True)
     return loss
 
-  def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False):
-    low = self._compute(params)
-    loss, grads = jax.value_and_grad(self._local_loss)(low, tokens, targets)
-    grads, ef = self.grad_sync.sync(grads, ef, zero)
+  def _base_key(self, purpose: str, step: Any = None) -> jax.Array:
+    """This device's key of a program (inside shard_map): :func:`step_key` with the
+    device's coordinate on every mesh axis folded in, so that no two devices round with
+    the same stream (jcoccl folds in the rank on the collective's own axes only)."""
+    key = step_key(self.seed, purpose, step)
+    for axis in self.mesh.axis_names:
+      key = jax.random.fold_in(key, jax.lax.axis_index(axis))
+    return key
+
+  def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False, key=None):
+    with self.coll.keyed(key):
+      low = self._compute(params)
+      loss, grads = jax.value_and_grad(self._local_loss)(low, tokens, targets)
+      grads, ef = self.grad_sync.sync(grads, ef, zero)
     # Summed in the compute dtype on the wire; clipped and applied in float32.
     grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     return self._sum_loss(loss), grads, ef
@@ -206,9 +230,12 @@ class Parallel3D:
       (loss scalar, grads with the layout and sharding of ``params``).
     """
     batch = self.placement.batch_spec()
-    f = self.placement.shard_map(
-      lambda *a: self._local_loss_and_grads(*a)[:2], (self.specs, batch, batch), (P(), self.specs)
-    )
+
+    def local(params, tokens, targets):
+      key = self._base_key("eval")  # evaluation rounds with fixed keys: reproducible
+      return self._local_loss_and_grads(params, tokens, targets, key=key)[:2]
+
+    f = self.placement.shard_map(local, (self.specs, batch, batch), (P(), self.specs))
     batch = self.placement.batch_sharding()
     return jax.jit(f)(params, jax.device_put(tokens, batch), jax.device_put(targets, batch))
 
@@ -223,13 +250,14 @@ class Parallel3D:
 
     def local(params, tokens):
       model, n_pipe = self._stage(self._compute(params)), self.sizes["pipe"]
-      y = pipeline.gpipe(
-        lambda h: model.run_blocks(h, self._comm()),
-        model.embed(tokens)[None],
-        axis_name="pipe",
-        n_stages=n_pipe,
-        permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm),
-      )[0]
+      with self.coll.keyed(self._base_key("sample")):
+        y = pipeline.gpipe(
+          lambda h: model.run_blocks(h, self._comm()),
+          model.embed(tokens)[None],
+          axis_name="pipe",
+          n_stages=n_pipe,
+          permute=lambda v, perm: self.coll.ppermute(v, "pipe", perm),
+        )[0]
       logits = model.head(y).astype(jnp.float32)
       out = jnp.where(pipeline.is_last_stage("pipe", n_pipe), logits, 0.0)
       # Only the last stage holds real logits; the others add exact zeros.
@@ -268,7 +296,13 @@ class Parallel3D:
   def train_step(
     self, tx: optax.GradientTransformation, params: dict, *, clip_norm: float | None = 1.0
   ) -> Callable:
-    """A jitted ``step(params, opt_state, ef, tokens, targets) -> (params, opt_state, ef, metrics)``.
+    """A jitted ``step(params, opt_state, ef, tokens, targets, step=None) -> (params,
+    opt_state, ef, metrics)``.
+
+    ``step`` (an int32 scalar, traced: one program for every step) is the step number,
+    which stochastic rounding needs: each compressed call that rounds stochastically draws a
+    key from (seed, step, point, call, device). Without it such a call is an error at trace
+    time; a step with no stochastic codec ignores it.
 
     ``ef`` is ``grad_sync.init_ef(params)``'s residuals (None without error feedback). Gradients are
     clipped to ``clip_norm`` by their global norm (over all shards) before ``tx``; metrics
@@ -280,8 +314,9 @@ class Parallel3D:
     specs, ospecs = self.specs, self.opt_specs(tx, params)
     espec = self.grad_sync.ef_specs() if self.grad_sync.uses_error_feedback() else None
 
-    def local(params, opt_state, ef, tokens, targets):
-      loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef, self.zero)
+    def local(params, opt_state, ef, tokens, targets, step=None):
+      key = None if step is None else self._base_key("train", step)
+      loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef, self.zero, key)
       norm = self.grad_sync.global_norm(grads, AXES if self.zero else ("tensor", "pipe"))
       if clip_norm is not None:
         scale = jnp.minimum(1.0, clip_norm / (norm + 1e-6))
@@ -295,12 +330,16 @@ class Parallel3D:
       return (self.shards.gather(master, params), {"master": master, "tx": tx_state}, ef, metrics)
 
     batch = self.placement.batch_spec()
-    f = self.placement.shard_map(
-      local,
-      (specs, ospecs, espec, batch, batch),
-      (specs, ospecs, espec, {"loss": P(), "grad_norm": P()}),
-    )
-    return jax.jit(f, donate_argnums=(0, 1, 2))
+    out = (specs, ospecs, espec, {"loss": P(), "grad_norm": P()})
+    plain = self.placement.shard_map(local, (specs, ospecs, espec, batch, batch), out)
+    keyed = self.placement.shard_map(local, (specs, ospecs, espec, batch, batch, P()), out)
+
+    def step_fn(params, opt_state, ef, tokens, targets, step=None):
+      if step is None:
+        return plain(params, opt_state, ef, tokens, targets)
+      return keyed(params, opt_state, ef, tokens, targets, jnp.asarray(step, jnp.int32))
+
+    return jax.jit(step_fn, donate_argnums=(0, 1, 2))
 
 
 def compute_dtype(dtype: Any) -> jnp.dtype:

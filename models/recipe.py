@@ -26,6 +26,11 @@ Its keys are the points of :data:`models.directions.POINTS` (``tensor.forward``,
 ``tensor.backward``, ``pipe.forward``, ``pipe.backward``, ``data``), its values codec specs
 or ``"exact"``; every message of a directed point is compressed (``min_bytes`` 0).
 
+Any entry, of an axis or of ``[directions]``, may round stochastically (``int4:stochastic``,
+``hadamard(int4:block=64,stochastic)``): the train step draws a key per call from the run's
+seed, the step, the point and the call (:mod:`models.collectives`), so such a run repeats and
+resumes bitwise.
+
 A :class:`Recipe` splits these keys off and builds the jcoccl.Policy from the rest. Errors name
 the entry as its source writes it (``policy['data']['zero']`` for a dict, ``p.toml: [data]
 zero`` for a file, ``data.zero`` for a command-line spec) and say what is accepted.
@@ -74,19 +79,6 @@ class Recipe:
   nodes: int = 1
   source: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
   directions: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-  def __post_init__(self):
-    # The trainer draws no PRNG key per collective call, which stochastic rounding needs;
-    # refusing here beats a failure inside the first compiled step.
-    for axis, ap in self.policy.axes.items():
-      for op, c in ap.compressors.items():
-        parts = [c, getattr(c, "inner", None)]
-        if any(getattr(p, "stochastic", False) for p in parts if p is not None):
-          raise ValueError(
-            f"policy {axis}.{op} = {c}: stochastic rounding needs a PRNG key "
-            "per collective call, which models.train does not draw; use "
-            "round-to-nearest (drop 'stochastic' from the spec)"
-          )
 
   @classmethod
   def from_dict(

@@ -160,9 +160,10 @@ def build_job(
   controller = Adaptive(adapt) if adapt is not None else None
 
   def make(d: dict) -> parallel.Parallel3D:
+    kw = dict(n_micro=cfg.micro, dtype=cfg.dtype, seed=cfg.seed)
     if not d:
-      return parallel.Parallel3D(model, mesh, recipe, n_micro=cfg.micro, dtype=cfg.dtype)
-    return DirectedParallel(model, mesh, recipe, directions=d, n_micro=cfg.micro, dtype=cfg.dtype)
+      return parallel.Parallel3D(model, mesh, recipe, **kw)
+    return DirectedParallel(model, mesh, recipe, directions=d, **kw)
 
   par = make({**directions, **(controller.directions() if controller else {})})
   tx = loop.make_optimizer(cfg)

@@ -177,20 +177,6 @@ def test_shipped_switches():
   assert (zeropp.zero, zeropp.error_feedback, zeropp.nodes) == (True, True, 2)
 
 
-@pytest.mark.parametrize("spec", ["int8:stochastic", "hadamard(int4:block=64,stochastic)"])
-def test_stochastic_rounding_is_refused_before_training(spec):
-  """The trainer draws no key per collective: a clear error at load, not inside the step."""
-  with pytest.raises(
-    ValueError, match=r"data\.all_reduce = .*stochastic rounding needs a PRNG key"
-  ):
-    Recipe.from_dict({"data": {"all_reduce": spec}})
-  with pytest.raises(ValueError, match="stochastic rounding needs a PRNG key"):
-    Recipe.from_specs([f"tensor.all_reduce={spec}"])
-  assert Recipe.from_dict(
-    {"data": {"all_reduce": spec.replace(",stochastic", "").replace(":stochastic", "")}}
-  ).policy
-
-
 DIRECTED = '[tensor]\nall_reduce = "int8"\nmin_bytes = 0\n\n[directions]\n'
 
 

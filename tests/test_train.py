@@ -156,9 +156,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capfd, no_co
   resumed run that measured again (as before calibrations were saved) would send 'data'
   exactly and end elsewhere; it must reuse the checkpoint's calibration instead. The ZeRO
   case's uninterrupted run (20 steps) is also the check that ZeRO training learns: int4
-  reduce_scatter with error feedback, AdamW state sharded over 'data'. (The exact policy's
-  resume is compared bitwise in test_resume_falls_back_past_a_corrupt_checkpoint_and_a_torn_
-  metrics_line and test_resume_with_fewer_steps_than_the_checkpoint.)"""
+  reduce_scatter with error feedback, AdamW state sharded over 'data'. (The resume of an
+  exact policy with stochastic tensor activations is compared bitwise in
+  test_resume_falls_back_past_a_corrupt_checkpoint_and_a_torn_metrics_line.)"""
   calibrated, zero = policy == "coccl", "--zero" in policy
   steps, at = (20, 10) if zero else (6, 3)
   common = TINY + [
@@ -570,10 +570,16 @@ def test_zero_steps_finish_cleanly(tmp_path, capsys):
 
 # ---- resume past damage ----------------------------------------------------------------
 
+# The resume tests' run: its tensor-parallel activations round stochastically (keys of the
+# seed, step, point and call: models.collectives), so each bitwise resume below is also the
+# check that a stochastic run resumes bit-exact (and that such a direction trains at all:
+# before the keys it failed to compile).
 SMALL = TINY + [
   "--no-exact-twin",
+  "--direction",
+  "tensor.forward=int4:stochastic",
   "--mesh",
-  "1,1,1",
+  "1,2,1",
   "--batch",
   "2",
   "--micro",
@@ -598,8 +604,8 @@ SMALL = TINY + [
 def finished_run(tmp_path_factory):
   """A 4-step run with checkpoints at steps 2 and 4."""
   out = tmp_path_factory.mktemp("resume") / "done"
-  train.main(SMALL + ["--steps", "4", "--out", str(out)])
-  assert train.checkpoint_steps(out) == [2, 4]
+  summary = train.main(SMALL + ["--steps", "4", "--out", str(out)])
+  assert train.checkpoint_steps(out) == [2, 4] and np.isfinite(summary["val_loss_end"])
   return out
 
 

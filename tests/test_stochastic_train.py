@@ -1,0 +1,115 @@
+"""Stochastic rounding at every compressed point of the trainer (models.collectives' keys).
+
+Every call that rounds stochastically draws a key of (seed, step, point, call, device): the
+same step repeats bitwise, another step or seed rounds otherwise; a point's traffic is
+unbiased over many keys and within its codec's bound. (A run with a stochastic direction
+trains and resumes bitwise: tests/test_train.py's resume tests. The codecs themselves:
+tests/test_compressors.py test_stochastic_rounding and the conformance check of
+tests/test_custom_codec_check.py.)
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jcoccl import compressors as jc
+from jcoccl.policy import Policy
+from models.collectives import Collectives, TensorComm, step_key
+from models.parallel import make_mesh
+from models.recipe import Recipe
+
+SR = "int4:block=32,stochastic"
+# Every point of the step rounds stochastically.
+POLICY = Policy.from_dict(
+  {
+    "tensor": {"all_reduce": SR, "min_bytes": 0},
+    "pipe": {"ppermute": SR, "min_bytes": 0},
+    "data": {"all_reduce": SR, "min_bytes": 0},
+  }
+)
+
+
+def _points_program(coll, mesh, seed):
+  """grad of a loss through every point (tensor f/g, a pipe ppermute) and the data sum of
+  the gradient, keyed by (seed, step) and the device, as Parallel3D keys its step."""
+
+  def local(x, step):
+    base = step_key(seed, "train", step)
+    for axis in mesh.axis_names:
+      base = jax.random.fold_in(base, jax.lax.axis_index(axis))
+    with coll.keyed(base):
+      comm = TensorComm(coll)
+
+      def loss(v):
+        h = comm.exit(comm.enter(v) * 1.5)
+        h = coll.ppermute(h, "pipe", [(0, 1), (1, 0)])
+        return jnp.sum(h * h)
+
+      g = jax.grad(loss)(x)
+      return coll.all_reduce(g, "data")
+
+  f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P()), out_specs=P(), check_vma=False)
+  return jax.jit(f)
+
+
+def test_every_point_draws_keys_of_seed_and_step():
+  mesh = make_mesh(2, 2, 2)
+  coll = Collectives(POLICY)
+  run = _points_program(coll, mesh, seed=5)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal(64), jnp.float32)
+  a, b, c = (np.asarray(run(x, s)) for s in (3, 3, 4))
+  np.testing.assert_array_equal(a, b)
+  assert (a != c).mean() > 0.5
+  assert sorted(set(coll.key_log)) == sorted(
+    ["tensor.forward", "tensor.backward", "pipe.forward", "pipe.backward", "data.all_reduce"]
+  )
+  other = _points_program(Collectives(POLICY), mesh, 6)
+  assert (np.asarray(other(x, 3)) != a).mean() > 0.5
+  # A call outside a key stream cannot round stochastically: said, not a compile error.
+  with pytest.raises(ValueError, match="tensor.forward = .* rounds stochastically"):
+    Collectives(Policy.from_dict({"tensor": {"all_reduce": SR}})).draw(
+      "tensor.forward", "tensor", "all_reduce"
+    )
+
+
+def test_a_point_is_unbiased_and_within_its_bound_over_many_keys():
+  """pipe.forward's ppermute (one encode, one decode) of a fixed input over K keys: every
+  draw within the codec's bound, the mean within 5 standard errors of the input (the
+  rounding error of one element is at most the step s and its standard deviation at most
+  s/2, so the mean's is at most s/(2 sqrt(K)); the bound is s plus float32 roundings)."""
+  k = 256
+  codec = jc.parse(SR)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("pipe",))
+  coll = Collectives(Policy.from_dict({"pipe": {"ppermute": SR, "min_bytes": 0}}))
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 96)), jnp.float32)
+
+  def local(v, keys):
+    def one(key):
+      with coll.keyed(jax.random.fold_in(key, jax.lax.axis_index("pipe"))):
+        return coll.ppermute(v[0], "pipe", [(0, 1), (1, 0)])
+
+    return jax.lax.map(one, keys)[None]
+
+  f = jax.shard_map(local, mesh=mesh, in_specs=(P("pipe"), P()), out_specs=P("pipe"))
+  draws = np.asarray(jax.jit(f)(x, jax.random.split(jax.random.key(0), k)), np.float64)
+  sent = np.asarray(x[::-1], np.float64)  # rank r receives rank 1 - r's row
+  bound = np.stack([np.asarray(codec.error_bound(x[1])), np.asarray(codec.error_bound(x[0]))])
+  err = np.abs(draws - sent[:, None, :])
+  assert (err <= bound[:, None, :]).all()
+  assert len({d.tobytes() for d in draws[0]}) == k  # every key rounds otherwise
+  mean_err = np.abs(draws.mean(1) - sent)
+  assert (mean_err <= 5 * bound / (2 * math.sqrt(k)) + 1e-7).all()
+
+
+def test_a_policy_entry_may_round_stochastically():
+  """The policy's entries take stochastic codecs, as ``[directions]`` and ``--direction``
+  do; a malformed one is still an error at load."""
+  r = Recipe.from_dict({"data": {"all_reduce": "hadamard(int4:stochastic)"}})
+  assert r.policy.compressor("data", "all_reduce").stochastic
+  assert Recipe.from_specs(["tensor.all_reduce=int8:stochastic"]).policy
+  with pytest.raises(ValueError, match="stochastic"):
+    Recipe.from_specs(["tensor.all_reduce=fp8:stochastic"])
