@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -211,7 +212,8 @@ class Parallel3D:
     return key
 
   def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False, key=None):
-    with self.coll.keyed(key):
+    # key None: the caller's key stream (if any) stays open.
+    with self.coll.keyed(key) if key is not None else contextlib.nullcontext():
       low = self._compute(params)
       loss, grads = jax.value_and_grad(self._local_loss)(low, tokens, targets)
       grads, ef = self.grad_sync.sync(grads, ef, zero)
@@ -315,8 +317,12 @@ class Parallel3D:
     espec = self.grad_sync.ef_specs() if self.grad_sync.uses_error_feedback() else None
 
     def local(params, opt_state, ef, tokens, targets, step=None):
-      key = None if step is None else self._base_key("train", step)
-      loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef, self.zero, key)
+      # One key stream for the whole step: ZeRO's gather of the updated shards draws too.
+      with self.coll.keyed(None if step is None else self._base_key("train", step)):
+        return update(params, opt_state, ef, tokens, targets)
+
+    def update(params, opt_state, ef, tokens, targets):
+      loss, grads, ef = self._local_loss_and_grads(params, tokens, targets, ef, self.zero)
       norm = self.grad_sync.global_norm(grads, AXES if self.zero else ("tensor", "pipe"))
       if clip_norm is not None:
         scale = jnp.minimum(1.0, clip_norm / (norm + 1e-6))
