@@ -77,6 +77,9 @@ class Job:
   adapt_probe: Callable[..., dict] | None = None
   # The command line's flags (None: sys.argv[1:]), for the resume command a signal prints.
   argv: list[str] | None = None
+  # The final weights' validation loss through exact collectives (summary.json
+  # "val_loss_exact_collectives"): what they give when served uncompressed.
+  val_loss_exact_collectives: float | None = None
 
 
 def lr_schedule(cfg: Any) -> optax.Schedule:
@@ -137,9 +140,11 @@ def train(cfg: RunConfig, job: Job) -> dict:
   step_fn = par.train_step(job.tx, state.params, clip_norm=cfg.clip)
   eval_fn = jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
   twin, exact = job.twin, job.exact
+  # The exact policy's evaluation: the twin's validation, and the run's final weights
+  # through exact collectives (one program for both).
+  exact_eval = None if exact is None else jax.jit(lambda p, x, y: exact.loss_and_grads(p, x, y)[0])
   if twin is not None and exact is not None:
     exact_step = exact.train_step(job.tx, twin.params, clip_norm=cfg.clip)
-    exact_eval = jax.jit(lambda p, x, y: exact.loss_and_grads(p, x, y)[0])
   start_step = state.step
   _announce(cfg, job)
   # The progress bar appears once the first step is compiled: what is printed before it
@@ -244,6 +249,11 @@ def train(cfg: RunConfig, job: Job) -> dict:
         raise interrupt.Interrupted(128 + signum)
   if bar is not None:
     bar.close()
+  if state.step > start_step and exact_eval is not None:
+    own = job.records[-1].get("val_loss") if job.records else None
+    # An exact run's own collectives are the exact ones: nothing to measure again.
+    exact_run = job.par is exact and job.adapt is None
+    job.val_loss_exact_collectives = own if exact_run else evaluate(cfg, job, exact_eval)
   tps = cfg.batch * cfg.seq_len * n_steady / t_steady if n_steady else None
   if twin is not None and n_steady:
     job.twin_tokens_per_s = cfg.batch * cfg.seq_len * n_steady / t_twin
@@ -355,6 +365,7 @@ def finish(
     "loss_start": losses[0] if losses else None,
     "loss_end": losses[-1] if losses else None,
     "val_loss_end": vals[-1] if vals else None,
+    "val_loss_exact_collectives": job.val_loss_exact_collectives,
     "tokens_per_s": tps,
     "wire": wire,
     "auto": auto or {},

@@ -231,6 +231,18 @@ def _num(v: float | None) -> str:
   return "n/a" if v is None else f"{v:.4f}"
 
 
+def _print_exact_collectives(summary: dict, val: float | None) -> None:
+  """The final weights' validation loss through exact collectives, beside the loss through
+  the run's own (a model trained compressed and served uncompressed gets the first)."""
+  ex = summary.get("val_loss_exact_collectives")
+  if ex is None or val is None or ex == val:
+    return
+  print(
+    f"val loss of the trained weights through exact collectives: {ex:.4f} "
+    f"({(ex / val - 1) * 100:+.2f}% against its own collectives' {val:.4f})"
+  )
+
+
 def _print_twin(summary: dict, val: float | None) -> None:
   """The exact twin's lines: what compression cost in loss and speed in this run."""
   twin = summary.get("exact_twin")
@@ -297,6 +309,7 @@ def print_summary(cfg: Any, summary: dict, start_step: int, sampling: tuple[floa
       f"{steps}, "
       + (f"{tps:,.0f} tokens/s (steady state)" if tps else "no steady-state steps timed")
     )
+    _print_exact_collectives(summary, val)
     _print_twin(summary, val)
     if summary["sample"] is not None:
       temperature, seed = sampling

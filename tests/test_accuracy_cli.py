@@ -53,6 +53,7 @@ def test_two_policies_one_seed(tmp_path, capsys):
   for r in result["runs"]:
     summary = json.loads((tmp_path / r["dir"] / "summary.json").read_text())
     assert r["val_loss"] == summary["val_loss_end"]
+    assert r["val_loss_exact_collectives"] == summary["val_loss_exact_collectives"]
     assert r["bytes"] == summary["wire"]["total"]["compressed"]
     assert sum(r["bytes_by_axis"].values()) == pytest.approx(r["bytes"])
   assert int8["val_ratio"] == pytest.approx(
@@ -76,6 +77,14 @@ def test_two_policies_one_seed(tmp_path, capsys):
   assert ex["val_loss_exact_collectives"] == ex["val_loss"] == result["runs"][0]["val_loss"]
   assert q["val_loss"] == result["runs"][1]["val_loss"]
   assert q["val_loss_exact_collectives"] != q["val_loss"]
+  # models.train's own exact-collective column is the same measurement.
+  assert [r["val_loss_exact_collectives"] for r in result["runs"][:2]] == pytest.approx(
+    [ex["val_loss_exact_collectives"], q["val_loss_exact_collectives"]], rel=1e-6
+  )
+  assert int8["val_ratio_exact_collectives"] == pytest.approx(
+    q["val_loss_exact_collectives"] / ex["val_loss"], rel=1e-6
+  )
+  assert "| its val / exact |" in md
 
 
 @pytest.mark.parametrize(

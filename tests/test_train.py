@@ -74,6 +74,10 @@ def test_loss_drops_and_outputs_written(tmp_path, capsys):
   text = capsys.readouterr().out
   assert "tokens/s" in text and "by mesh axis (measured" in text
   assert "what compression cost in this run: " in text
+  # The trained weights through exact collectives, beside the loss through the run's own.
+  through = summary["val_loss_exact_collectives"]
+  assert through != summary["val_loss_end"] and abs(through / summary["val_loss_end"] - 1) < 0.05
+  assert f"val loss of the trained weights through exact collectives: {through:.4f}" in text
 
 
 @pytest.fixture
