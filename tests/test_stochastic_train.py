@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jcoccl import compressors as jc
+from jcoccl._src.compressors import native
 from jcoccl.policy import Policy
 from models.collectives import Collectives, TensorComm, step_key
 from models.parallel import make_mesh
@@ -113,3 +114,21 @@ def test_a_policy_entry_may_round_stochastically():
   assert Recipe.from_specs(["tensor.all_reduce=int8:stochastic"]).policy
   with pytest.raises(ValueError, match="stochastic"):
     Recipe.from_specs(["tensor.all_reduce=fp8:stochastic"])
+
+
+@pytest.mark.parametrize("spec", ["int4:stochastic", "hadamard(int4:block=128,stochastic)"])
+def test_native_matches_jnp_bitwise_for_the_trainers_stochastic_codecs(spec):
+  """The codecs the trainer's stochastic points use: auto's encode (always jnp for
+  stochastic rounding) and, where a native decode kernel exists (a GPU), its decode are
+  bitwise jnp's."""
+  c = jc.parse(spec)
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 512)), jnp.float32)
+  key = jax.random.key(3)
+  buf = c.encode_rows(x, key=key, impl="jnp")
+  np.testing.assert_array_equal(np.asarray(c.encode_rows(x, key=key)), np.asarray(buf))
+  if not native.available(c, "decode", jnp.dtype(jnp.float32)):
+    pytest.skip(f"no native decode of {spec} on {jax.default_backend()}")
+  got = c.decode_rows(buf, 512, jnp.float32, impl="native")
+  np.testing.assert_array_equal(
+    np.asarray(got), np.asarray(c.decode_rows(buf, 512, jnp.float32, impl="jnp"))
+  )
