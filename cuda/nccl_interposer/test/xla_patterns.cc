@@ -122,20 +122,10 @@ ncclResult_t Poll(ncclComm_t comm) {
 }
 
 size_t Bytes(ncclDataType_t t) {
-  switch (t) {
-    case ncclInt8:
-    case ncclUint8:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    default:
-      return 8;
-  }
+  // By ncclDataType_t: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64,
+  // bfloat16, float8e4m3, float8e5m2.
+  static const size_t kBytes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  return kBytes[t];
 }
 
 uint32_t Hash(uint32_t x) {
@@ -213,25 +203,29 @@ void RunPatterns(Rank& k) {
   cudaStream_t s = k.stream;
   ncclComm_t c = k.comm;
   int p = 0;
-  // all-reduce, variadic: two f32 buffers in one group.
-  ++p;
-  Pattern(k, "all_reduce_f32_x2", Data(ncclFloat32, 1300, p, me, false), 1300 * 4,
-          [&](Result& r, const uint8_t* x, uint8_t* y) {
-            Grouped(r, c, [&] {
-              r += A.AllReduce(x, y, 1000, ncclFloat32, ncclSum, c, s);
-              r += A.AllReduce(x + 4000, y + 4000, 300, ncclFloat32, ncclSum, c, s);
+  // all-reduce, variadic (XLA's all-reduce combiner makes them): one group, one call per
+  // buffer; two float32 buffers, and a float32 and a bfloat16 one.
+  struct Part {
+    size_t offset, count;  // bytes into the pattern's data, elements
+    ncclDataType_t t;
+  };
+  struct Variadic {
+    const char* name;
+    size_t floats;  // the pattern's data, in float32 elements
+    std::vector<Part> parts;
+  };
+  for (const Variadic& v :
+       {Variadic{"all_reduce_f32_x2", 1300, {{0, 1000, ncclFloat32}, {4000, 300, ncclFloat32}}},
+        Variadic{"all_reduce_f32_bf16", 600, {{0, 400, ncclFloat32}, {1600, 400, ncclBfloat16}}}}) {
+    ++p;
+    Pattern(k, v.name, Data(ncclFloat32, v.floats, p, me, false), v.floats * 4,
+            [&](Result& r, const uint8_t* x, uint8_t* y) {
+              Grouped(r, c, [&] {
+                for (const Part& q : v.parts)
+                  r += A.AllReduce(x + q.offset, y + q.offset, q.count, q.t, ncclSum, c, s);
+              });
             });
-          });
-  // A variadic all-reduce of two element types (XLA's all-reduce combiner makes them): one
-  // group, one call per buffer.
-  ++p;
-  Pattern(k, "all_reduce_f32_bf16", Data(ncclFloat32, 600, p, me, false), 600 * 4,
-          [&](Result& r, const uint8_t* x, uint8_t* y) {
-            Grouped(r, c, [&] {
-              r += A.AllReduce(x, y, 400, ncclFloat32, ncclSum, c, s);
-              r += A.AllReduce(x + 1600, y + 1600, 400, ncclBfloat16, ncclSum, c, s);
-            });
-          });
+  }
   struct Red {
     const char* name;
     ncclDataType_t t;
