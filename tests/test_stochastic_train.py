@@ -34,12 +34,13 @@ POLICY = Policy.from_dict(
 )
 
 
-def _points_program(coll, mesh, seed):
+def _points_program(coll, mesh):
   """grad of a loss through every point (tensor f/g, a pipe ppermute) and the data sum of
-  the gradient, keyed by (seed, step) and the device, as Parallel3D keys its step."""
+  the gradient, with the keys of ``step_key(seed, "train", step)`` (passed as its data) and
+  the device's coordinates, as Parallel3D keys its step."""
 
-  def local(x, step):
-    base = step_key(seed, "train", step)
+  def local(x, data):
+    base = jax.random.wrap_key_data(data)
     for axis in mesh.axis_names:
       base = jax.random.fold_in(base, jax.lax.axis_index(axis))
     with coll.keyed(base):
@@ -58,18 +59,18 @@ def _points_program(coll, mesh, seed):
 
 
 def test_every_point_draws_keys_of_seed_and_step():
-  mesh = make_mesh(2, 2, 2)
   coll = Collectives(POLICY)
-  run = _points_program(coll, mesh, seed=5)
+  run = _points_program(coll, make_mesh(2, 2, 2))
   x = jnp.asarray(np.random.default_rng(0).standard_normal(64), jnp.float32)
-  a, b, c = (np.asarray(run(x, s)) for s in (3, 3, 4))
+  a, b, c, d = (
+    np.asarray(run(x, jax.random.key_data(step_key(seed, "train", step))))
+    for seed, step in ((5, 3), (5, 3), (5, 4), (6, 3))
+  )
   np.testing.assert_array_equal(a, b)
-  assert (a != c).mean() > 0.5
+  assert (a != c).mean() > 0.5 and (a != d).mean() > 0.5
   assert sorted(set(coll.key_log)) == sorted(
     ["tensor.forward", "tensor.backward", "pipe.forward", "pipe.backward", "data.all_reduce"]
   )
-  other = _points_program(Collectives(POLICY), mesh, 6)
-  assert (np.asarray(other(x, 3)) != a).mean() > 0.5
   # A call outside a key stream cannot round stochastically: said, not a compile error.
   with pytest.raises(ValueError, match="tensor.forward = .* rounds stochastically"):
     Collectives(Policy.from_dict({"tensor": {"all_reduce": SR}})).draw(
@@ -118,17 +119,16 @@ def test_a_policy_entry_may_round_stochastically():
 
 @pytest.mark.parametrize("spec", ["int4:stochastic", "hadamard(int4:block=128,stochastic)"])
 def test_native_matches_jnp_bitwise_for_the_trainers_stochastic_codecs(spec):
-  """The codecs the trainer's stochastic points use: auto's encode (always jnp for
-  stochastic rounding) and, where a native decode kernel exists (a GPU), its decode are
-  bitwise jnp's."""
+  """The codecs the trainer's stochastic points use, where a native decode kernel exists
+  (a GPU; the encode of a stochastic codec always runs jnp): auto's encode and the native
+  decode are bitwise jnp's."""
   c = jc.parse(spec)
+  if not native.available(c, "decode", jnp.dtype(jnp.float32)):
+    pytest.skip(f"no native decode of {spec} on {jax.default_backend()}")
   x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 512)), jnp.float32)
   key = jax.random.key(3)
   buf = c.encode_rows(x, key=key, impl="jnp")
   np.testing.assert_array_equal(np.asarray(c.encode_rows(x, key=key)), np.asarray(buf))
-  if not native.available(c, "decode", jnp.dtype(jnp.float32)):
-    pytest.skip(f"no native decode of {spec} on {jax.default_backend()}")
   got = c.decode_rows(buf, 512, jnp.float32, impl="native")
-  np.testing.assert_array_equal(
-    np.asarray(got), np.asarray(c.decode_rows(buf, 512, jnp.float32, impl="jnp"))
-  )
+  want = c.decode_rows(buf, 512, jnp.float32, impl="jnp")
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
