@@ -273,30 +273,31 @@ def test_predict_prints_the_table(tmp_path, capsys):
 def test_predict_matches_a_hand_computation(tmp_path):
   """8 GPUs on NVLink and 16 GPUs (2 nodes) on 400 Gb/s IB, worked out by hand."""
   from jcoccl.bench import predict as P
+  from jcoccl.bench import speed_model as SM
 
   codec = P.load_results([_results(tmp_path / "r.json")])["q8"]
   s, notes = 64 * 2**20, set()
   nvl, ib = 450e9, 45e9
-  one = P.Topology(8, P.LINKS["ib400"])  # one node: the network is unused
+  one = SM.Topology(8, SM.LINKS["ib400"])  # one node: the network is unused
   # all_gather: NCCL 7 steps + 7/8 S; jcoccl the same of r S, encode S/8, decode S.
   want = 7 * 2e-6 + 7 / 8 * _R * s / nvl + (1 / 8 + 1) * s / _G
-  assert P.jcoccl_s("all_gather", s, one, codec, notes) == ("compressed", pytest.approx(want))
-  assert P.exact_s("all_gather", s, one) == pytest.approx(7 * 2e-6 + 7 / 8 * s / nvl)
+  assert SM.jcoccl_s("all_gather", s, one, codec, notes) == ("compressed", pytest.approx(want))
+  assert SM.exact_s("all_gather", s, one) == pytest.approx(7 * 2e-6 + 7 / 8 * s / nvl)
   # 16 GPUs: NCCL's all_reduce at min(450, 8 x 45) = 360 GB/s, a tree's 8 steps at the
   # hops' mean latency (14 NVLink at 2 us, 2 IB at 5 us).
-  two = P.Topology(16, P.LINKS["ib400"])
+  two = SM.Topology(16, SM.LINKS["ib400"])
   alpha = (14 * 2e-6 + 2 * 5e-6) / 16
-  assert P.exact_s("all_reduce", s, two) == pytest.approx(8 * alpha + 2 * 15 / 16 * s / 360e9)
+  assert SM.exact_s("all_reduce", s, two) == pytest.approx(8 * alpha + 2 * 15 / 16 * s / 360e9)
   # hierarchical: two_shot in the node, then one_shot of S/8 between the 2 nodes.
   inner = 14 * 2e-6 + 2 * 7 / 8 * _R * s / nvl + (3 + 1 / 8) * s / _G
   outer = 5e-6 + _R * s / 8 / ib + 3 * (s / 8) / _G
-  got = dict(P._all_reduce(s, two, codec, notes))
+  got = dict(SM._all_reduce(s, two, codec, notes))
   assert got["hierarchical"] == pytest.approx(inner + outer)
   # 2 NICs per node: NCCL's rings at 2 x 45 GB/s; a GPU's share of the network is 2/8.
-  shared = P.Topology(16, P.LINKS["ib400"], nics=2)
-  assert P.exact_s("all_reduce", s, shared) == pytest.approx(8 * alpha + 2 * 15 / 16 * s / 90e9)
+  shared = SM.Topology(16, SM.LINKS["ib400"], nics=2)
+  assert SM.exact_s("all_reduce", s, shared) == pytest.approx(8 * alpha + 2 * 15 / 16 * s / 90e9)
   outer = 5e-6 + _R * s / 8 / (ib / 4) + 3 * (s / 8) / _G
-  assert dict(P._all_reduce(s, shared, codec, notes))["hierarchical"] == pytest.approx(
+  assert dict(SM._all_reduce(s, shared, codec, notes))["hierarchical"] == pytest.approx(
     inner + outer
   )
 
@@ -306,16 +307,17 @@ def test_predict_composes_cost_model(tmp_path):
   all_gather is cost_model's two_shot."""
   from jcoccl._src.cost_model import CostModel
   from jcoccl.bench import predict as P
+  from jcoccl.bench import speed_model as SM
 
   s = 1 << 26
   for algo in ("one_shot", "two_shot"):
     for n in (2, 8, 32):
       codec_only = CostModel(1e-30, 1e30, 1.0).cost(algo, s, n, _R)
-      assert codec_only == pytest.approx(sum(P.passes(algo, n)) * s)
+      assert codec_only == pytest.approx(sum(SM.passes(algo, n)) * s)
   codec = P.load_results([_results(tmp_path / "r.json")])["q8"]
-  node, notes = P.Topology(8, P.LINKS["eth100"]), set()
-  rs = P.jcoccl_s("reduce_scatter", s, node, codec, notes)[1]
-  ag = P.jcoccl_s("all_gather", s, node, codec, notes)[1]
+  node, notes = SM.Topology(8, SM.LINKS["eth100"]), set()
+  rs = SM.jcoccl_s("reduce_scatter", s, node, codec, notes)[1]
+  ag = SM.jcoccl_s("all_gather", s, node, codec, notes)[1]
   assert rs + ag == pytest.approx(CostModel(2e-6, 450e9, _G).cost("two_shot", s, 8, _R))
 
 
@@ -345,6 +347,7 @@ def test_predict_bad_input_names_the_flag(tmp_path, monkeypatch, capsys, argv, m
 def test_predict_uses_measured_decode_sum(tmp_path, capsys):
   """decode_sum rows, where the results have them, time the decode_sum passes (no stand-in)."""
   from jcoccl.bench import predict as P
+  from jcoccl.bench import speed_model as SM
 
   path = tmp_path / "r.json"
   _results(path, ops=("encode", "decode", "decode_sum"))
@@ -354,7 +357,7 @@ def test_predict_uses_measured_decode_sum(tmp_path, capsys):
       r["ms"] *= 2  # half the rate of the other kernels
   path.write_text(json.dumps(data))
   codec, notes, s = P.load_results([str(path)])["q8"], set(), 1 << 26
-  assert P.codec_s(codec, "one_shot", s, 8, notes) == pytest.approx(s / _G + 8 * s / (_G / 2))
+  assert SM.codec_s(codec, "one_shot", s, 8, notes) == pytest.approx(s / _G + 8 * s / (_G / 2))
   assert notes == set()
   assert bench_main.main(["predict", "--results", str(path), "--gpus", "8"]) == 0
   assert "not measured" not in capsys.readouterr().out

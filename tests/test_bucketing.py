@@ -14,7 +14,7 @@ from collectives_util import P, bits, host_rand, mesh
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi, fused_comms, layout, primitives
+from jcoccl._src import _ffi, fused_comms, layout, lowering, primitives
 
 N = 4  # ranks of axis "d"
 CODECS = {
@@ -183,7 +183,7 @@ def test_keyed_and_custom_codec_leaves_go_alone():
 def test_large_leaves_go_alone(monkeypatch):
   """A leaf of PACK_MAX_BYTES or more gets a chain of its own (packing would copy it in and
   out, more than the chain costs); the smaller ones still share one; bits as alone."""
-  monkeypatch.setattr(primitives, "PACK_MAX_BYTES", 4 * 100)
+  monkeypatch.setattr(lowering, "PACK_MAX_BYTES", 4 * 100)
   xs = _leaves(((N, 40), (N, 100), (N, 3, 7)), (jnp.float32,) * 3, seed=60)
   kw = dict(compressor=CODECS["int8"], min_bytes=0)
   f = _smap(lambda *v: tuple(OPS["all_reduce"](list(v), **kw)), 3)

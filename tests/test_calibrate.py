@@ -14,7 +14,7 @@ import pytest
 from collectives_util import mesh
 
 import jcoccl
-from jcoccl._src import all_reduce as ar
+from jcoccl._src import all_reduce_auto as ar_auto
 from jcoccl._src import auto_model
 from jcoccl._src import cost_model as cm
 from jcoccl._src import wire_bytes as wb
@@ -191,7 +191,9 @@ def test_without_calibration_auto_never_sends_more_than_psum():
   where its (n-1) r S bytes exceed psum's 2(n-1)/n S: int8 (r = 1.016/4) on 8 ranks would
   send 1.0156x psum's bytes, so it runs two_shot at every size; on 4 ranks one_shot stays."""
   r8 = compression_ratio(jcoccl.compressors.parse("int8"), 1 << 14, jnp.float32)
-  assert not ar.one_shot_within_exact_bytes(8, r8) and ar.one_shot_within_exact_bytes(4, r8)
+  assert not ar_auto.one_shot_within_exact_bytes(8, r8) and ar_auto.one_shot_within_exact_bytes(
+    4, r8
+  )
   assert auto_model.active().choose(1 << 16, 8, r8) == "one_shot"  # the time model alone
   f, m = _program(8)
   x = jnp.ones((8, 1 << 14), jnp.float32)

@@ -9,6 +9,7 @@ import pytest
 
 from jcoccl import compressors as jc
 from jcoccl._src import layout as L
+from jcoccl._src import rows as R
 
 
 @pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 1000, 1024])
@@ -89,8 +90,8 @@ def test_slice_major_and_batch_interleave_roundtrip():
   flat = L.slice_major(x[0, 0], 4)
   assert flat.shape == (4, 6)
   np.testing.assert_array_equal(np.asarray(L.from_slice_major(flat)), np.asarray(x[0, 0]))
-  mixed = L.interleave(x, 4)  # [3, 4 slices * 2 messages * 6]
+  mixed = R.interleave(x, 4)  # [3, 4 slices * 2 messages * 6]
   assert mixed.shape == (3, 48)
   np.testing.assert_array_equal(np.asarray(mixed[:, 6:12]), np.asarray(x[1][:, :6]))
-  np.testing.assert_array_equal(np.asarray(L.deinterleave(mixed, 2, 4)), np.asarray(x))
+  np.testing.assert_array_equal(np.asarray(R.deinterleave(mixed, 2, 4)), np.asarray(x))
   np.testing.assert_array_equal(np.asarray(L.rank_rows(x, 4)), np.asarray(x).reshape(2, 3, 4, 6))

@@ -16,6 +16,7 @@ from jcoccl._src.axes import group_size, rank_key
 from jcoccl._src.compressor_args import SAME, canonical_args, is_lone_array
 from jcoccl._src.lax_errors import lax_errors
 from jcoccl._src.payloads import encode_rows, gather_decode
+from jcoccl._src.rows import Rows
 
 
 def all_gather(
@@ -133,7 +134,7 @@ def _rows(
   backend: str,
   batch: int,
   **_: Any,
-) -> L.Rows | None:
+) -> Rows | None:
   """The leaf as one row, gathered into one row per source rank (None: the exact
   lax.all_gather runs). to="invarying" lowers as "varying": the bytes are the same on
   every rank either way."""
@@ -148,7 +149,7 @@ def _rows(
     stacked = r.reshape((n,) + shape)  # [n, *shape], rank order
     return arrange(stacked, axis, tiled)
 
-  return L.Rows(
+  return Rows(
     x,
     batch,
     L.flat_row,

@@ -16,6 +16,7 @@ from jcoccl._src import primitives as P
 from jcoccl._src.axes import group_size, rank_key
 from jcoccl._src.compressor_args import SAME, canonical_args, is_lone_array
 from jcoccl._src.payloads import decode_rows, encode_rows
+from jcoccl._src.rows import Rows
 
 
 def all_to_all(
@@ -158,7 +159,7 @@ def _rows(
   backend: str,
   batch: int,
   **_: Any,
-) -> L.Rows | None:
+) -> Rows | None:
   """The leaf as one row per destination rank (None: the exact lax.all_to_all runs).
   Packed with other leaves, destination row j holds every leaf's block j."""
   sa, ca = split_axis, concat_axis
@@ -176,7 +177,7 @@ def _rows(
     bshape = blocks.shape[1:]
     return jnp.moveaxis(blocks, 0, ca).reshape(bshape[:ca] + (n * bshape[ca],) + bshape[ca + 1 :])
 
-  return L.Rows(
+  return Rows(
     x,
     batch,
     lambda v: L.to_rows(v, sa, n)[0],

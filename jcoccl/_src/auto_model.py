@@ -65,7 +65,7 @@ def active(
 def choose_all_reduce(nbytes: int, n: int, ratio: float) -> str:
   """The cheaper of one_shot and two_shot under the platform's default cost model
   (:mod:`jcoccl._src.cost_model`), by time alone; algorithm="auto" without a calibration
-  also keeps within the exact op's bytes (:func:`jcoccl._src.all_reduce.choose`).
+  also keeps within the exact op's bytes (:func:`jcoccl._src.all_reduce_auto.choose`).
 
   Example:
     >>> choose_all_reduce(64 * 1024, 8, 0.26), choose_all_reduce(64 << 20, 8, 0.26)

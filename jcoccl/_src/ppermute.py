@@ -16,6 +16,7 @@ from jcoccl._src.axes import group_size, rank_key
 from jcoccl._src.compressor_args import SAME, canonical_args, is_lone_array
 from jcoccl._src.lax_errors import lax_errors, with_hint
 from jcoccl._src.payloads import decode_rows, encode_rows
+from jcoccl._src.rows import Rows
 
 
 def ppermute(
@@ -142,14 +143,14 @@ def _rows(
   backend: str,
   batch: int,
   **_: Any,
-) -> L.Rows | None:
+) -> Rows | None:
   """The leaf as one row (None: the exact lax.ppermute runs)."""
   comp = P.load(compressor)
   if comp is None:
     return None
   shape = x.shape[batch:]
   impl = _backend.implementation("ppermute", backend)
-  return L.Rows(
+  return Rows(
     x,
     batch,
     L.flat_row,

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from jcoccl._src import _compat
 
 EXACT_SCOPE = "jcoccl_exact"  # name scope of jcoccl's exact fallbacks: not lax ops written directly
-AUTO = ("auto", "auto_exact")  # all_reduce's algorithms that are decided per call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +75,7 @@ def reason(
     why: why it runs so, where no auto decision says more.
     requested: all_reduce's requested algorithm ("auto_exact": the codec was named
       ``"auto:<spec>"``).
-    decision: all_reduce's :class:`jcoccl._src.all_reduce.Decision` for the leaf, if any:
+    decision: all_reduce's :class:`jcoccl._src.all_reduce_auto.Decision` for the leaf, if any:
       its sentence replaces ``why`` where auto decided, and its predicted times and cost
       model come along.
 
@@ -88,7 +87,7 @@ def reason(
   if decision is None:
     return Reason(text, algorithm, why)
   d = decision
-  why = d.why if d.requested in AUTO else why
+  why = d.why if d.auto else why
   state = "calibrated" if d.calibrated else "not calibrated"
   return Reason(
     text, algorithm, f"requested {d.requested}: {why}", d.predicted_s, f"{d.source} ({state})"

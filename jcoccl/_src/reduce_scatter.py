@@ -17,6 +17,7 @@ from jcoccl._src import residual as R
 from jcoccl._src.axes import group_size, rank_key
 from jcoccl._src.compressor_args import SAME, canonical_args, is_lone_array
 from jcoccl._src.payloads import decode_rows, decode_sum, encode_rows
+from jcoccl._src.rows import Rows
 
 
 def reduce_scatter(
@@ -163,7 +164,7 @@ def _rows(
   batch: int,
   residual: bool = False,
   **_: Any,
-) -> L.Rows | None:
+) -> Rows | None:
   """The leaf as one row per destination rank (None: the exact lax.psum_scatter runs).
   Packed with other leaves, destination row j holds every leaf's block j, so each leaf's
   scattered dimension lands on the rank lax.psum_scatter gives it."""
@@ -177,7 +178,7 @@ def _rows(
   block = L.row_block(x.shape[batch:], dim, n)
   impl = _backend.implementation("reduce_scatter", backend)
   more = {"residual": True} if residual else {}
-  return L.Rows(
+  return Rows(
     x,
     batch,
     lambda v: L.to_rows(v, dim, n)[0],
