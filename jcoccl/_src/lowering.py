@@ -22,16 +22,13 @@ from jcoccl._src.op_spec import Op
 from jcoccl._src.params import load
 from jcoccl._src.rows import Rows, run_packed
 
-# Codec kinds whose blocks (of the granule) are encoded, summed and decoded independently
-# of each other and of where they sit in the row: packing whole blocks end to end leaves
-# every block's bits unchanged. A custom or plugin codec promises only that row lengths
-# are multiples of its granule (it may read the whole row), so its leaves go alone.
-BLOCKWISE_KINDS = frozenset({"none", "cast", "int", "fp8", "error_bounded", "hadamard", "spike"})
-
 
 def blockwise(c: Any) -> bool:
-  """Whether ``c`` (a compressor, None, or a per-level tuple) is one of jcoccl's own
-  block-wise codecs (wrappers: their inner codec too), whose leaves may be packed.
+  """Whether ``c`` (a compressor, None, or a per-level tuple) declares itself block-wise
+  (``Compressor.blockwise``; a wrapper: its inner codec too), so that its leaves may be
+  packed: packing whole blocks end to end leaves every block's bits unchanged. A custom or
+  plugin codec promises only that row lengths are multiples of its granule (it may read
+  the whole row), so unless it declares so its leaves go alone.
 
   Example:
     >>> blockwise(load("hadamard(int4)")), blockwise(None)
@@ -41,9 +38,7 @@ def blockwise(c: Any) -> bool:
     return True
   if isinstance(c, tuple):
     return all(blockwise(v) for v in c)
-  own = type(c).__module__.startswith("jcoccl._src.compressors.")
-  inner = getattr(c, "inner", None)
-  return own and getattr(c, "kind", None) in BLOCKWISE_KINDS and blockwise(inner)
+  return bool(getattr(c, "blockwise", False)) and blockwise(getattr(c, "inner", None))
 
 
 # A leaf of this many bytes or more goes alone, as DDP's bucket cap leaves a large gradient

@@ -33,7 +33,6 @@ from jcoccl._src.driver import apply_residual as apply_residual
 from jcoccl._src.driver import apply_tree as apply_tree
 from jcoccl._src.driver import bind as bind
 from jcoccl._src.driver import plan as plan
-from jcoccl._src.lowering import BLOCKWISE_KINDS as BLOCKWISE_KINDS
 from jcoccl._src.lowering import PACK_MAX_BYTES as PACK_MAX_BYTES
 from jcoccl._src.lowering import blockwise as blockwise
 from jcoccl._src.lowering import bucket_key as bucket_key

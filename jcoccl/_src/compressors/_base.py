@@ -165,6 +165,11 @@ class Compressor:
 
   kind: ClassVar[str] = "abstract"
   lossless: ClassVar[bool] = False
+  # True: each block of ``granule`` elements is encoded, summed and decoded on its own,
+  # wherever it sits in the row, so the leaves of one call may share a row laid end to end
+  # (jcoccl._src.lowering). A codec that reads a whole row (a row-wide scale, top-k over the
+  # row) keeps False; a wrapper is block-wise where its inner codec is too.
+  blockwise: ClassVar[bool] = False
 
   # ---- hooks: what a codec implements (public contract, docs/custom_compressors.md) -------
   @property

@@ -31,6 +31,7 @@ class ErrorBoundedCompressor(B.Compressor):
   abs_error: float = 1e-3
   block_size: int = 256
   kind: ClassVar[str] = "error_bounded"
+  blockwise: ClassVar[bool] = True
 
   def __post_init__(self):
     a = self.abs_error

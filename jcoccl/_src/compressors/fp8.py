@@ -30,6 +30,7 @@ class Fp8Compressor(B.Compressor):
   fmt: str = "e4m3"
   block_size: int = 128
   kind: ClassVar[str] = "fp8"
+  blockwise: ClassVar[bool] = True
 
   def __post_init__(self):
     if self.fmt not in FORMATS:

@@ -66,6 +66,7 @@ class HadamardCompressor(B.Compressor):
   inner: B.Compressor = None  # type: ignore[assignment]
   size: int = 0
   kind: ClassVar[str] = "hadamard"
+  blockwise: ClassVar[bool] = True
 
   def __post_init__(self):
     B.check_inner(self.inner)

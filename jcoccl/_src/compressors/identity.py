@@ -41,6 +41,7 @@ class NoneCompressor(Compressor):
   """
 
   kind: ClassVar[str] = "none"
+  blockwise: ClassVar[bool] = True
   lossless: ClassVar[bool] = True
 
   @property
@@ -79,6 +80,7 @@ class CastCompressor(Compressor):
 
   dtype: Any = jnp.dtype(jnp.bfloat16)  # noqa: RUF009 (a dtype is immutable)
   kind: ClassVar[str] = "cast"
+  blockwise: ClassVar[bool] = True
 
   def __post_init__(self):
     try:

@@ -43,6 +43,7 @@ class IntCompressor(B.Compressor):
   symmetric: bool = True
   rounding: str = "nearest"
   kind: ClassVar[str] = "int"
+  blockwise: ClassVar[bool] = True
 
   def __post_init__(self):
     if self.bits not in BITS or isinstance(self.bits, bool):

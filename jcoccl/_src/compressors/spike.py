@@ -56,6 +56,7 @@ class SpikeCompressor(B.Compressor):
   inner: B.Compressor = None  # type: ignore[assignment]
   k: int = DEFAULT_K
   kind: ClassVar[str] = "spike"
+  blockwise: ClassVar[bool] = True
 
   def __post_init__(self):
     B.check_inner(self.inner)
