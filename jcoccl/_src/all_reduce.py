@@ -72,8 +72,9 @@ def all_reduce(
       two_shot for large ones on many ranks. With no cost model at all (the platform's
       default) it picks by size: one_shot under 256 KiB per leaf
       (:data:`jcoccl._src.all_reduce_auto.TWO_SHOT_MIN_BYTES`) or on 2 ranks, two_shot
-      from there. Without a calibration it never sends more bytes than ``lax.psum`` (ring: 2(n-1)/n S) with a codec that shrinks its input:
-      one_shot, (n-1) r S, is a candidate only where r <= 2/n.
+      from there. Without a calibration it never sends more bytes than ``lax.psum``
+      (ring: 2(n-1)/n S) with a codec that shrinks its input: one_shot, (n-1) r S, is a
+      candidate only where r <= 2/n.
     auto_exact: as auto, and the exact lax op is a candidate too (under a calibrated cost
       model only; it must be predicted faster by
       :data:`jcoccl._src.cost_model.EXACT_MARGIN`). ``compressor="auto:<spec>"`` and a
