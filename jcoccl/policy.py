@@ -61,7 +61,8 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
+from jcoccl._src.op_names import OPS as OPS
+
 OPTIONS = ("min_bytes", "algorithm")
 ALGORITHMS = ("auto", "auto_exact", "one_shot", "two_shot")
 WILDCARD = "*"

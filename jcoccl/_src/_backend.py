@@ -59,7 +59,8 @@ from typing import Any
 
 import jax
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute")
+from jcoccl._src.op_names import OPS as OPS
+
 BACKENDS = ("auto", "xla", "fused")
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {op: {} for op in OPS}

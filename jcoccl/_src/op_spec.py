@@ -1,9 +1,10 @@
-"""The one record each collective is described by (:class:`Op`), the registry of the ops
-and their primitives, and the one table of their duals.
+"""The one record each collective is described by (:class:`Op`), and the registry of the
+ops and their primitives.
 
 Each op module (all_reduce.py, all_gather.py, ...) describes its collective with an
 :class:`Op` and registers it (:func:`jcoccl._src.primitives.register`); :func:`op` imports
-an op's module on first use.
+an op's module on first use. The op names and their duals (:data:`DUALS`) are
+:mod:`jcoccl._src.op_names`'s.
 
 Example:
   >>> DUALS["all_gather"]
@@ -18,16 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from jcoccl._src import compressor_args
+from jcoccl._src.op_names import DUALS as DUALS
 from jcoccl._src.threshold import effective_compressor
-
-# The dual (transpose) of each collective: the op that carries cotangents back.
-DUALS = {
-  "all_reduce": "all_reduce",
-  "all_gather": "reduce_scatter",
-  "reduce_scatter": "all_gather",
-  "all_to_all": "all_to_all",
-  "ppermute": "ppermute",
-}
 
 
 @dataclasses.dataclass(frozen=True)
