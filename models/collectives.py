@@ -13,9 +13,11 @@ Stochastic rounding (a codec spec with ``:stochastic``, e.g. ``int4:stochastic``
 the run's seed, the step number and the device's mesh coordinates; each call that rounds
 stochastically draws the next key of its point (``tensor.forward``, ``pipe.backward``,
 ``data.all_reduce``, ...): the n-th call of a point in the step's trace, which in the unrolled
-pipeline is one (tick, layer, slot), so one micro-batch in one layer. The keys of a step are a
-function of (seed, step, point, call, device) only: a rerun or a resumed run draws the same
-bits, and every device rounds with its own stream. A backward call's key is drawn when its
+pipeline is one (tick, layer, slot), so one micro-batch in one layer, with the device's
+coordinates on the axes where the point's values differ (:func:`fold_axes`: values
+replicated over an axis round alike on its ranks and stay replicated). The keys of a step are
+a function of (seed, step, point, call, device) only: a rerun or a resumed run draws the same
+bits. A backward call's key is drawn when its
 forward runs and travels to the VJP as a residual.
 
 Example:
@@ -29,7 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -64,23 +66,45 @@ def step_key(seed: int, purpose: str, step: Any = None) -> jax.Array:
   return key if step is None else jax.random.fold_in(key, step)
 
 
+def fold_axes(point: str, coords: Mapping[str, Any]) -> tuple[str, ...]:
+  """The mesh axes whose coordinate goes into ``point``'s keys: those over which its
+  inputs always differ, never one they may be replicated over. Ranks that hold the same
+  value must round it the same way, or replicas drift apart: a tensor-replicated activation
+  sent over 'pipe', or a tensor-replicated gradient summed over 'data', must draw the same
+  key on every 'tensor' rank. Activations differ over the data axes (their batch rows) and,
+  at the tensor points, over 'pipe' (their layers); the data point, the 'pipe' gradient sum
+  and the ZeRO collectives fold in none (jcoccl folds in the rank on the collective's own
+  axes, so the ranks of one call still round independently)."""
+  data = tuple(a for a in coords if a not in ("tensor", "pipe"))
+  if point in ("tensor.forward", "tensor.backward"):
+    return (*data, "pipe")
+  if point in ("pipe.forward", "pipe.backward"):
+    return data
+  return ()
+
+
 class Keys:
   """The PRNG keys of one traced program's collective calls: :meth:`next` gives the
-  ``n``-th key of a point, ``fold_in(fold_in(base, tag(point)), n)``.
+  ``n``-th key of a point, ``fold_in(fold_in(base, tag(point)), n)`` with the device's
+  coordinates on the point's :func:`fold_axes` folded in.
 
   Args:
-    base: the program's key (:func:`step_key`, with the device's mesh coordinates folded
-      in by ``models.parallel.Parallel3D``).
+    base: the program's key (:func:`step_key`).
+    coords: ``{mesh axis: this device's index}`` (``lax.axis_index``; an axis left out is
+      never folded in).
   """
 
-  def __init__(self, base: jax.Array):
-    self.base = base
+  def __init__(self, base: jax.Array, coords: Mapping[str, Any] | None = None):
+    self.base, self.coords = base, dict(coords or {})
     self.counts: collections.Counter[str] = collections.Counter()
 
   def next(self, point: str) -> jax.Array:
     n = self.counts[point]
     self.counts[point] += 1
-    return jax.random.fold_in(jax.random.fold_in(self.base, tag(point)), n)
+    key = jax.random.fold_in(jax.random.fold_in(self.base, tag(point)), n)
+    for axis in fold_axes(point, self.coords):
+      key = jax.random.fold_in(key, self.coords[axis])
+    return key
 
 
 @dataclasses.dataclass
@@ -101,10 +125,12 @@ class Collectives:
   key_log: list = dataclasses.field(default_factory=list)
 
   @contextlib.contextmanager
-  def keyed(self, base: jax.Array | None) -> Iterator[None]:
-    """Calls made inside draw their stochastic-rounding keys from ``base`` (None: none
-    drawn; a stochastic codec is then an error)."""
-    outer, self.keys = self.keys, None if base is None else Keys(base)
+  def keyed(
+    self, base: jax.Array | None, coords: Mapping[str, Any] | None = None
+  ) -> Iterator[None]:
+    """Calls made inside draw their stochastic-rounding keys from ``base`` and the device's
+    ``coords`` (:class:`Keys`; None: none drawn, a stochastic codec is then an error)."""
+    outer, self.keys = self.keys, None if base is None else Keys(base, coords)
     try:
       yield
     finally:

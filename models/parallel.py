@@ -202,18 +202,16 @@ class Parallel3D:
         loss = self.coll.all_reduce(loss, axis, exact=True)
     return loss
 
-  def _base_key(self, purpose: str, step: Any = None) -> jax.Array:
-    """This device's key of a program (inside shard_map): :func:`step_key` with the
-    device's coordinate on every mesh axis folded in, so that no two devices round with
-    the same stream (jcoccl folds in the rank on the collective's own axes only)."""
-    key = step_key(self.seed, purpose, step)
-    for axis in self.mesh.axis_names:
-      key = jax.random.fold_in(key, jax.lax.axis_index(axis))
-    return key
+  def _keys(self, purpose: str, step: Any = None, batch_split: bool = True) -> tuple:
+    """(base key, device coordinates) of a program's key stream (inside shard_map):
+    :func:`step_key` and ``{axis: lax.axis_index(axis)}``, the data axes left out where
+    the batch is replicated (``batch_split`` False: :meth:`logits_fn`)."""
+    axes = [a for a in self.mesh.axis_names if batch_split or a in ("tensor", "pipe")]
+    return step_key(self.seed, purpose, step), {a: jax.lax.axis_index(a) for a in axes}
 
-  def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False, key=None):
-    # key None: the caller's key stream (if any) stays open.
-    with self.coll.keyed(key) if key is not None else contextlib.nullcontext():
+  def _local_loss_and_grads(self, params, tokens, targets, ef=None, zero=False, keys=None):
+    # keys None: the caller's key stream (if any) stays open.
+    with self.coll.keyed(*keys) if keys is not None else contextlib.nullcontext():
       low = self._compute(params)
       loss, grads = jax.value_and_grad(self._local_loss)(low, tokens, targets)
       grads, ef = self.grad_sync.sync(grads, ef, zero)
@@ -234,8 +232,8 @@ class Parallel3D:
     batch = self.placement.batch_spec()
 
     def local(params, tokens, targets):
-      key = self._base_key("eval")  # evaluation rounds with fixed keys: reproducible
-      return self._local_loss_and_grads(params, tokens, targets, key=key)[:2]
+      keys = self._keys("eval")  # evaluation rounds with fixed keys: reproducible
+      return self._local_loss_and_grads(params, tokens, targets, keys=keys)[:2]
 
     f = self.placement.shard_map(local, (self.specs, batch, batch), (P(), self.specs))
     batch = self.placement.batch_sharding()
@@ -252,7 +250,7 @@ class Parallel3D:
 
     def local(params, tokens):
       model, n_pipe = self._stage(self._compute(params)), self.sizes["pipe"]
-      with self.coll.keyed(self._base_key("sample")):
+      with self.coll.keyed(*self._keys("sample", batch_split=False)):
         y = pipeline.gpipe(
           lambda h: model.run_blocks(h, self._comm()),
           model.embed(tokens)[None],
@@ -318,7 +316,7 @@ class Parallel3D:
 
     def local(params, opt_state, ef, tokens, targets, step=None):
       # One key stream for the whole step: ZeRO's gather of the updated shards draws too.
-      with self.coll.keyed(None if step is None else self._base_key("train", step)):
+      with self.coll.keyed(*((None,) if step is None else self._keys("train", step))):
         return update(params, opt_state, ef, tokens, targets)
 
     def update(params, opt_state, ef, tokens, targets):

@@ -37,13 +37,11 @@ POLICY = Policy.from_dict(
 def _points_program(coll, mesh):
   """grad of a loss through every point (tensor f/g, a pipe ppermute) and the data sum of
   the gradient, with the keys of ``step_key(seed, "train", step)`` (passed as its data) and
-  the device's coordinates, as Parallel3D keys its step."""
+  the device's coordinates, as Parallel3D keys its step; every device's result."""
 
   def local(x, data):
-    base = jax.random.wrap_key_data(data)
-    for axis in mesh.axis_names:
-      base = jax.random.fold_in(base, jax.lax.axis_index(axis))
-    with coll.keyed(base):
+    coords = {a: jax.lax.axis_index(a) for a in mesh.axis_names}
+    with coll.keyed(jax.random.wrap_key_data(data), coords):
       comm = TensorComm(coll)
 
       def loss(v):
@@ -51,23 +49,31 @@ def _points_program(coll, mesh):
         h = coll.ppermute(h, "pipe", [(0, 1), (1, 0)])
         return jnp.sum(h * h)
 
-      g = jax.grad(loss)(x)
-      return coll.all_reduce(g, "data")
+      g = jax.grad(loss)(x[0, 0, 0])
+      return coll.all_reduce(g, "data")[None, None, None]
 
-  f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P()), out_specs=P(), check_vma=False)
+  every = P("data", "tensor", "pipe")
+  f = jax.shard_map(local, mesh=mesh, in_specs=(every, P()), out_specs=every, check_vma=False)
   return jax.jit(f)
 
 
 def test_every_point_draws_keys_of_seed_and_step():
+  """Each device's batch rows differ (x per data rank), its activations are replicated over
+  'tensor': the data sum must come out bitwise the same on every 'tensor' and 'data' rank
+  (ranks holding one value round it alike), as the parameters of a step must."""
   coll = Collectives(POLICY)
   run = _points_program(coll, make_mesh(2, 2, 2))
-  x = jnp.asarray(np.random.default_rng(0).standard_normal(64), jnp.float32)
+  rows = np.random.default_rng(0).standard_normal((2, 64))
+  x = jnp.asarray(np.broadcast_to(rows[:, None, None], (2, 2, 2, 64)), jnp.float32)
   a, b, c, d = (
     np.asarray(run(x, jax.random.key_data(step_key(seed, "train", step))))
     for seed, step in ((5, 3), (5, 3), (5, 4), (6, 3))
   )
   np.testing.assert_array_equal(a, b)
   assert (a != c).mean() > 0.5 and (a != d).mean() > 0.5
+  for stage in range(2):
+    for out in a[:, :, stage].reshape(4, 64):
+      np.testing.assert_array_equal(out, a[0, 0, stage])
   assert sorted(set(coll.key_log)) == sorted(
     ["tensor.forward", "tensor.backward", "pipe.forward", "pipe.backward", "data.all_reduce"]
   )
