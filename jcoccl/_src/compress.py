@@ -45,20 +45,19 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
-from jax.extend import core as jex
 
 from jcoccl._src import _compat
 from jcoccl._src.all_gather import all_gather
 from jcoccl._src.all_reduce import all_reduce
 from jcoccl._src.all_to_all import all_to_all
 from jcoccl._src.compressor_args import is_float
+from jcoccl._src.interpret import eval_jaxpr
 from jcoccl._src.ppermute import ppermute
 from jcoccl._src.reduce_scatter import reduce_scatter
 from jcoccl.policy import WILDCARD, Policy
@@ -251,19 +250,7 @@ def _check_axes(pol: Policy, mesh_axes: set) -> None:
 
 
 def _eval(jaxpr: Any, consts: Any, args: Any, pol: Policy) -> list:
-  env: dict = {}
-  read = lambda v: v.val if isinstance(v, jex.Literal) else env[v]
-  for v, x in zip(jaxpr.constvars, consts, strict=True):
-    env[v] = x
-  for v, x in zip(jaxpr.invars, args, strict=True):
-    env[v] = x
-  for eqn in jaxpr.eqns:
-    ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
-    with ctx if ctx is not None else contextlib.nullcontext():
-      outs = _eval_eqn(eqn, [read(v) for v in eqn.invars], pol)
-    for v, x in zip(eqn.outvars, outs, strict=True):
-      env[v] = x
-  return [read(v) for v in jaxpr.outvars]
+  return eval_jaxpr(jaxpr, consts, args, lambda eqn, invals: _eval_eqn(eqn, invals, pol))
 
 
 def _eval_eqn(eqn: Any, invals: list, pol: Policy) -> list:

@@ -33,13 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend import core as jex
 from jax.sharding import AbstractMesh, NamedSharding
 
 from jcoccl._src import _compat
 from jcoccl._src import gspmd_specs as S
 from jcoccl._src.axes import match_vma
 from jcoccl._src.gspmd_specs import known_spec, strip_names
+from jcoccl._src.interpret import eval_jaxpr
 
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
 _CUSTOM = ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
@@ -72,24 +72,9 @@ class Region:
     return self._eval(closed.jaxpr, consts, args)
 
   def _eval(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
-    env: dict = {}
-    read = lambda v: v.val if isinstance(v, jex.Literal) else env[v]
-    for v, x in zip(jaxpr.constvars, consts, strict=True):
-      env[v] = x
-    for v, x in zip(jaxpr.invars, args, strict=True):
-      env[v] = x
-    for eqn in jaxpr.eqns:
-      ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
-      # The equation's context (name stack, metadata) holds the mesh it was traced under;
-      # the region's replaces it.
-      with (
-        ctx if ctx is not None else contextlib.nullcontext(),
-        jax.sharding.use_abstract_mesh(self.mesh),
-      ):
-        outs = self._eqn(eqn, [read(v) for v in eqn.invars])
-      for v, x in zip(eqn.outvars, outs, strict=True):
-        env[v] = x
-    return [read(v) for v in jaxpr.outvars]
+    # The equation's context (name stack, metadata) holds the mesh it was traced under;
+    # the region's replaces it.
+    return eval_jaxpr(jaxpr, consts, args, self._eqn, mesh=self.mesh)
 
   def _closed(self, c: Any, args: Sequence[Any]) -> list:
     return self._eval(c.jaxpr, c.consts, args)
