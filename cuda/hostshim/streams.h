@@ -29,6 +29,7 @@
 // so a missing wait turns into a wrong result every time instead of once in a while.
 #pragma once
 
+#include <unistd.h>
 #include <xmmintrin.h>
 
 #include <atomic>
@@ -113,8 +114,30 @@ struct Runtime {
   std::vector<CUstream_st*> streams;
   std::vector<std::pair<int, std::string>> findings;  // (device, what)
 };
+// One Runtime per process. The shim is compiled into several objects of one process (the
+// NCCL emulation, libjcoccl_nccl.so, a test program such as xla_patterns), and a stream's
+// worker and whoever waits for it from another object must share one lock and condition
+// variable, else a wake-up is lost and the waiter hangs. g++'s unique symbols do not ensure
+// it: an executable binds its own copy of Rt's static, the libraries another (with a group
+// that mixes taken and forwarded calls, most xla_patterns runs hung so). So the first object
+// to ask makes the Runtime and leaves its address, after the process id (children inherit
+// the environment), in an environment variable named after the struct's size; the others
+// use it. Objects ask first from one thread (when they make their first stream).
+inline Runtime* FindRuntime() {
+  const std::string name = "JCOCCL_SHIM_RUNTIME_" + std::to_string(sizeof(Runtime));
+  const std::string pid = std::to_string(static_cast<long long>(getpid())) + ":";
+  if (const char* v = std::getenv(name.c_str());
+      v != nullptr && std::strncmp(v, pid.c_str(), pid.size()) == 0)
+    return reinterpret_cast<Runtime*>(std::strtoull(v + pid.size(), nullptr, 16));
+  auto* rt = new Runtime();
+  char hex[32];
+  std::snprintf(hex, sizeof(hex), "%llx",
+                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(rt)));
+  setenv(name.c_str(), (pid + hex).c_str(), 1);
+  return rt;
+}
 inline Runtime& Rt() {
-  static Runtime* rt = new Runtime();
+  static Runtime* rt = FindRuntime();
   return *rt;
 }
 
