@@ -29,7 +29,8 @@ import gpu_shim  # noqa: E402
 CUDA = ROOT / "cuda"
 HERE = CUDA / "nccl_interposer"
 OUT = ROOT / "build" / "nccl_interposer"
-# Default visibility: the shim's state is shared between the libraries as unique symbols.
+# Default visibility: the shim's inline variables are shared between the libraries as unique
+# symbols (its streams' Runtime, by every object of the process: streams.h FindRuntime).
 FLAGS = [
   f
   for f in gpu_shim.FLAGS

@@ -4,9 +4,10 @@
 // the few communicator queries the interposer needs that the emulation lacks, and C controls
 // for the tests: devices, streams and memory of the shim, failure injection, delays.
 //
-// The shim's state (streams, the current device) lives in inline variables, which g++ emits
-// as unique symbols: this library, libjcoccl_nccl.so and the test program share one copy as
-// long as all are built with default visibility.
+// The shim's state (the current device, delays) lives in inline variables, which g++ emits
+// as unique symbols that this library and libjcoccl_nccl.so share when built with default
+// visibility; the streams' lock and condition variable are found once per process, test
+// programs included (streams.h FindRuntime).
 #include <cstdlib>
 #include <string>
 
