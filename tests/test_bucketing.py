@@ -180,6 +180,25 @@ def test_keyed_and_custom_codec_leaves_go_alone():
   assert not primitives.blockwise((CODECS["int8"], RowWide()))
 
 
+def test_each_leaf_of_a_keyed_call_rounds_with_its_own_stream():
+  """Leaf i of several rounds with fold_in(key, i): two equal leaves under one key round
+  independently, each as a call of its own with that key would."""
+  x = _leaves(((N, 64),), (jnp.float32,))[0]
+  sr = jc.int8(block_size=32, rounding="stochastic")
+  key = jax.random.key(3)
+  kw = dict(compressor=sr, min_bytes=0, algorithm="one_shot")
+
+  def body(v):
+    a, b = jcoccl.all_reduce([v, v], "d", key=key, **kw)
+    alone = [jcoccl.all_reduce(v, "d", key=jax.random.fold_in(key, i), **kw) for i in (0, 1)]
+    return a, b, *alone
+
+  f = jax.jit(jax.shard_map(body, mesh=_mesh(), in_specs=P("d"), out_specs=(P("d"),) * 4))
+  a, b, a1, b1 = (np.asarray(y) for y in f(x))
+  assert not np.array_equal(a, b)
+  assert np.array_equal(a, a1) and np.array_equal(b, b1)
+
+
 def test_large_leaves_go_alone(monkeypatch):
   """A leaf of PACK_MAX_BYTES or more gets a chain of its own (packing would copy it in and
   out, more than the chain costs); the smaller ones still share one; bits as alone."""

@@ -91,7 +91,8 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   (:func:`jcoccl._src.rows.run_packed`), bit-identical per leaf to
   :attr:`Op.forward` alone. A leaf goes alone when it is the only one of its bucket, when
   it has :data:`PACK_MAX_BYTES` or more (:func:`packable`), when the call has a PRNG key
-  (each leaf's random stream is drawn by its position in its own row), when its codec is
+  (leaf i of several rounds with ``fold_in(key, i)``, its random stream drawn by position
+  in its own row), when its codec is
   not :func:`blockwise`, or on the exact path.
 
   With the ``residual`` parameter each leaf's encoder residual follows the results: the
@@ -113,9 +114,12 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
       and packable(x)
       and blockwise(load(lp["compressor"]))
     )
-    rows = o.rows(x, key, **lp) if o.rows is not None and (pack or residual) else None
+    # Each leaf draws its own random stream: with one key for all, leaves of one shape would
+    # round alike, their errors correlated instead of independent.
+    k = key if key is None or n == 1 else jax.random.fold_in(key, i)
+    rows = o.rows(x, k, **lp) if o.rows is not None and (pack or residual) else None
     if rows is None:
-      outs[i] = o.forward(x, key, **lp)
+      outs[i] = o.forward(x, k, **lp)
       continue
     if residual and o.back is not None:  # the call returns (result, residual) rows
       rows = dataclasses.replace(rows, back=o.back(x.shape[lp["batch"] :], lp))

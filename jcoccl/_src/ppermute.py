@@ -52,7 +52,8 @@ def ppermute(
       the message holds are clamped to it; more than 64 slices raises ValueError.
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default.
     grad_compressor: compressor of the backward ppermute; default: ``compressor``.
-    key: PRNG key for stochastic-rounding compressors.
+    key: PRNG key for stochastic-rounding compressors; leaf i of several rounds with
+      ``jax.random.fold_in(key, i)``, so leaves round independently.
 
   Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
   exactly; a lone array of another dtype with a lossy compressor raises TypeError.
