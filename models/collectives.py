@@ -138,7 +138,7 @@ class Collectives:
 
   def point_compressor(self, point: str, axis: str, op: str) -> Any:
     """The compressor of a named point (``tensor.forward``, ...): here the policy's for
-    (axis, op); ``models.error_probe.DirectedCollectives`` gives points their own."""
+    (axis, op); ``models.directed.DirectedCollectives`` gives points their own."""
     return self.compressor(axis, op)
 
   def key(self, point: str, codec: Any) -> jax.Array | None:

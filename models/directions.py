@@ -17,8 +17,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jcoccl import compressors as jc
-
 POINTS = ("tensor.forward", "tensor.backward", "pipe.forward", "pipe.backward", "data")
 DIRECTED = POINTS[:4]
 EXACT_NAMES = ("none", "exact")
@@ -27,6 +25,10 @@ EXACT_NAMES = ("none", "exact")
 def parse_codec(spec: Any) -> Any:
   """A jcoccl compressor from a spec string (``"hadamard(int4)"``), None for ``"none"`` or
   ``"exact"`` (the exact collective), a compressor object unchanged."""
+  # jcoccl (and jax) are imported here, not at the top: models.tune reads FAMILY before
+  # models.run_config.use_host_devices has set up the devices.
+  from jcoccl import compressors as jc
+
   if spec is None or (isinstance(spec, str) and spec.strip().lower() in EXACT_NAMES):
     return None
   return jc.parse(spec) if isinstance(spec, str) else spec

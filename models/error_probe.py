@@ -5,9 +5,8 @@ gradient noise.
 Points (:data:`POINTS`): ``tensor.forward`` (the Megatron activation sums after each
 row-parallel projection), ``tensor.backward`` (the activation-gradient sums before each
 column-parallel one), ``pipe.forward`` / ``pipe.backward`` (GPipe's ppermute of activations and
-of their cotangents) and ``data`` (the gradient sum). :class:`DirectedParallel` is
-:class:`models.parallel.Parallel3D` with a compressor per point (the policy's per-axis one
-where a point is not named), so the forward collective and its transpose can differ.
+of their cotangents) and ``data`` (the gradient sum). The probe runs the step through
+:class:`models.directed.DirectedParallel` (a compressor per point) with a :class:`Tap`.
 
 Three measurements, on the same parameters and batch:
 
@@ -44,15 +43,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jcoccl
 from jcoccl import compressors as jc
-from jcoccl.policy import Policy
-from models.collectives import Collectives
-from models.directions import POINTS, check_directions, parse_codec
-from models.layers import LOCAL, Comm
+from models.directed import DirectedParallel
+from models.directions import FAMILY, POINTS, check_directions, parse_codec
 from models.parallel import Parallel3D
-from models.registry import family_of
-from models.sharding import DATA_AXIS
 
 
 def relative_error(x: Any, codec: Any) -> float:
@@ -167,203 +161,6 @@ def gather_json(obj: Any) -> list[Any]:
   return [json.loads(rows[i, : sizes[i]].tobytes().decode()) for i in range(sizes.size)]
 
 
-class DirectedCollectives(Collectives):
-  """:class:`models.collectives.Collectives` with a compressor per point (:data:`POINTS`).
-
-  A named point takes its own codec (None: exact), sent with ``min_bytes=0`` so that it
-  compresses every message; other traffic takes the policy's per-axis compressor. The
-  ``data`` point sets the data level's all_reduce/reduce_scatter compressor (error feedback
-  follows the recipe). With a :class:`Tap`, every tensor/pipe call and the data sums also
-  report their candidate codecs' errors (the step itself uses the directed codecs).
-
-  Args:
-    policy: the per-axis compressors of the points not named.
-    directions: ``{point: codec spec or compressor}`` (:data:`POINTS`; "none" = exact).
-    tap: a :class:`Tap` to measure candidate codecs (None: no measurement).
-    pipe_stages: the mesh's 'pipe' size (a tensor layer's global index counts stages).
-
-  Example:
-    >>> coll = DirectedCollectives(Policy(), {"pipe.backward": "int4"}, pipe_stages=2)
-  """
-
-  def __init__(
-    self,
-    policy: Policy,
-    directions: Mapping[str, Any] | None = None,
-    tap=None,
-    *,
-    pipe_stages: int = 1,
-  ):
-    super().__init__(policy)
-    self.directions = check_directions(directions or {})
-    self.tap = tap
-    self.pipe_stages = pipe_stages  # the mesh's 'pipe' size: a tensor layer's stage
-    # (point, shape, dtype) of every tensor, pipe and data-gradient message traced.
-    self.points_log: list[tuple[str, tuple, Any]] = []
-
-  def compressor(self, axis: str, op: str) -> Any:
-    if (
-      self._policy_axis(axis) == DATA_AXIS
-      and op in ("all_reduce", "reduce_scatter")
-      and "data" in self.directions
-    ):
-      return self.directions["data"]
-    return super().compressor(axis, op)
-
-  def _options(self, axis: str, op: str) -> dict:
-    opts = super()._options(axis, op)
-    if self._policy_axis(axis) == DATA_AXIS and "data" in self.directions:
-      opts["min_bytes"] = 0
-    return opts
-
-  def _point(self, point: str, axis: str, op: str) -> tuple[Any, dict]:
-    if point in self.directions:
-      opts = {k: v for k, v in self._options(axis, op).items() if k != "min_bytes"}
-      return self.directions[point], {**opts, "min_bytes": 0}
-    return self.compressor(axis, op), self._options(axis, op)
-
-  def point_compressor(self, point: str, axis: str, op: str) -> Any:
-    return self._point(point, axis, op)[0]
-
-  def tensor_sum(
-    self, x: jax.Array, direction: str, layer: int, n_local: int, key: Any = None
-  ) -> jax.Array:
-    """The 'tensor' all_reduce of ``direction`` ("forward" or "backward") in local layer
-    ``layer`` (of ``n_local`` per pipe stage); ``key``: its stochastic-rounding key (drawn
-    by the caller in the forward pass)."""
-    point = f"tensor.{direction}"
-    c, opts = self._point(point, "tensor", "all_reduce")
-    self.points_log.append((point, tuple(x.shape), jnp.dtype(x.dtype)))
-    self._record("tensor", "all_reduce", x, c)
-    if key is None:
-      key = self.key(point, c)
-    out = jcoccl.all_reduce(x, "tensor", compressor=c, key=key, **opts)
-    if self.tap is not None:
-      exact = jcoccl.all_reduce(x, "tensor")
-      stage = jax.lax.axis_index("pipe") if self.pipe_stages > 1 else 0
-      self.tap.measure(
-        point,
-        exact,
-        lambda cc: jcoccl.all_reduce(x, "tensor", compressor=cc, min_bytes=0),
-        stage * n_local + layer,
-      )
-    return out
-
-  def ppermute(self, x: jax.Array, axis: str, perm: list[tuple[int, int]]) -> jax.Array:
-    """Sends ``x`` along ``perm`` with the ``<axis>.forward`` codec; its VJP sends the
-    cotangent back with ``<axis>.backward``'s (both keys drawn here)."""
-    inverse = [(b, a) for a, b in perm]
-
-    def send(v, p, direction, k):
-      point = f"{axis}.{direction}"
-      c, opts = self._point(point, axis, "ppermute")
-      self.points_log.append((point, tuple(v.shape), jnp.dtype(v.dtype)))
-      self._record(axis, "ppermute", v, c)
-      out = jcoccl.ppermute(v, axis, p, compressor=c, key=k, **opts)
-      if self.tap is not None:
-        exact = jcoccl.ppermute(v, axis, p)
-        self.tap.measure(
-          point, exact, lambda cc: jcoccl.ppermute(v, axis, p, compressor=cc, min_bytes=0)
-        )
-      return out
-
-    @jax.custom_vjp
-    def move(v, kf, kb):
-      return send(v, perm, "forward", kf)
-
-    move.defvjp(
-      lambda v, kf, kb: (send(v, perm, "forward", kf), kb),
-      lambda kb, g: (send(g, inverse, "backward", kb), None, None),
-    )
-    kf = self.draw(f"{axis}.forward", axis, "ppermute")
-    return move(x, kf, self.draw(f"{axis}.backward", axis, "ppermute"))
-
-  def all_reduce(self, x: Any, axis: str, *, exact: bool = False, key: Any = None) -> Any:
-    """As Collectives.all_reduce (an array or pytree); with a tap, each leaf of the data
-    level's gradient sums also reports its noise across data shards and its candidate
-    codecs' errors."""
-    out = super().all_reduce(x, axis, exact=exact, key=key)
-    if exact or self._policy_axis(axis) != DATA_AXIS:
-      return out
-    for leaf in jax.tree.leaves(x):
-      self.points_log.append(("data", tuple(leaf.shape), jnp.dtype(leaf.dtype)))
-      if self.tap is not None:
-        _measure_data(self.tap, leaf, axis)
-    return out
-
-
-def _measure_data(tap: Tap, x: jax.Array, axis: str) -> None:
-  """Reports one gradient leaf's noise across the data shards and its candidate codecs'
-  errors, each codec sending the leaf alone."""
-  g = x.astype(jnp.float32)
-  s = jcoccl.all_reduce(g, axis)
-  n = jax.lax.psum(1, axis)
-  sq = jcoccl.all_reduce(jnp.sum(g * g), axis)
-  norm2 = jnp.sum(s * s)
-  tap.add_noise(n / jnp.maximum(n - 1, 1) * (sq - norm2 / n), norm2)
-  tap.measure("data", s, lambda cc: jcoccl.all_reduce(g, axis, compressor=cc, min_bytes=0))
-
-
-class DirectedTensorComm:
-  """Megatron's f/g operators that tell their collective its direction and layer."""
-
-  def __init__(self, coll: DirectedCollectives, n_local: int):
-    self.coll, self.n_local = coll, n_local
-    self.n_enter = self.n_exit = 0
-
-  def enter(self, x: jax.Array) -> jax.Array:
-    # Two enters and two exits per block, blocks in order on every pipeline tick.
-    layer = (self.n_enter // 2) % self.n_local
-    self.n_enter += 1
-    coll, n = self.coll, self.n_local
-
-    @jax.custom_vjp
-    def f(v, k):
-      return v
-
-    f.defvjp(lambda v, k: (v, k), lambda k, g: (coll.tensor_sum(g, "backward", layer, n, k), None))
-    return f(x, coll.draw("tensor.backward", "tensor", "all_reduce"))
-
-  def exit(self, x: jax.Array) -> jax.Array:
-    layer = (self.n_exit // 2) % self.n_local
-    self.n_exit += 1
-    coll, n = self.coll, self.n_local
-
-    @jax.custom_vjp
-    def f(v, k):
-      return coll.tensor_sum(v, "forward", layer, n, k)
-
-    f.defvjp(
-      lambda v, k: (coll.tensor_sum(v, "forward", layer, n, k), None), lambda _, g: (g, None)
-    )
-    return f(x, coll.draw("tensor.forward", "tensor", "all_reduce"))
-
-
-class DirectedParallel(Parallel3D):
-  """:class:`models.parallel.Parallel3D` whose collectives are :class:`DirectedCollectives`.
-
-  Args:
-    model, mesh, recipe, n_micro, dtype: as Parallel3D.
-    directions: ``{point: codec spec or compressor}`` (:data:`POINTS`; "none" = exact).
-    tap: a :class:`Tap` to measure candidate codecs (None: no measurement).
-
-  Example:
-    >>> par = DirectedParallel(model, mesh, recipe, directions={"tensor.backward": "hadamard(int3)"})
-  """
-
-  def __init__(self, model, mesh, recipe=None, *, directions=None, tap=None, **kw):
-    stages = mesh.shape["pipe"]
-    directed = lambda policy: DirectedCollectives(policy, directions, tap, pipe_stages=stages)
-    super().__init__(model, mesh, recipe, collectives=directed, **kw)
-    self.n_local = family_of(model).layers(model.cfg) // self.sizes["pipe"]
-
-  def _comm(self) -> Comm:
-    if self.sizes["tensor"] == 1:
-      return LOCAL
-    assert isinstance(self.coll, DirectedCollectives)
-    return DirectedTensorComm(self.coll, self.n_local)
-
-
 def tree_rel(a: Any, b: Any) -> float:
   """``||a - b|| / ||b||`` over all leaves of two pytrees."""
   num = sum(float(jnp.sum((x - y) ** 2)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -371,7 +168,7 @@ def tree_rel(a: Any, b: Any) -> float:
   return float(np.sqrt(num / den)) if den else 0.0
 
 
-def codec_ladder(bits: Sequence[int], family: str = "hadamard(int{b})") -> list[tuple[str, Any]]:
+def codec_ladder(bits: Sequence[int], family: str = FAMILY) -> list[tuple[str, Any]]:
   """``[(label, compressor)]`` for each bit width: ``family`` formatted with ``b``."""
   return [(f"int{b}", jc.parse(family.format(b=b))) for b in bits]
 
@@ -398,7 +195,7 @@ class Prober:
     *,
     bits: Sequence[int] = (2, 3, 4, 5, 6, 8),
     reference_bits: int = 4,
-    family: str = "hadamard(int{b})",
+    family: str = FAMILY,
     points: Sequence[str] = POINTS,
     n_micro: int = 2,
     dtype: Any = jnp.float32,
@@ -538,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
   p.add_argument("--batches", type=int, default=2, help="train batches probed (after warm-up)")
   p.add_argument("--bits", default="2,3,4,5,6,8")
   p.add_argument("--reference-bits", type=int, default=4)
-  p.add_argument("--family", default="hadamard(int{b})", help="codec spec with {b} for bits")
+  p.add_argument("--family", default=FAMILY, help="codec spec with {b} for bits")
   p.add_argument("--train-arg", action="append", default=[], help="extra models.train flag")
   p.add_argument("--out", required=True)
   a = p.parse_args(argv)

@@ -94,7 +94,7 @@ class Parallel3D:
       float32 for clipping and the optimizer. ZeRO gathers its shards in bfloat16.
     collectives: builds the collectives from the recipe's policy (default
       :class:`models.collectives.Collectives`); a subclass (one that records what it is
-      given, or ``models.error_probe.DirectedCollectives``) sees every call of the step,
+      given, or ``models.directed.DirectedCollectives``) sees every call of the step,
       the gradient sums and the ZeRO gathers, since all of them share the one object.
     seed: the run's seed, the root of the stochastic-rounding keys (a codec spec with
       ``:stochastic`` at any point): the train step's keys are a function of (seed, step,

@@ -49,8 +49,8 @@ from models import calibration, data, loop, parallel
 from models.adaptive import Adaptive, probe_fn
 from models.checkpoint import State, checkpointer, restore, saved_adaptive, saved_calibration
 from models.cli import PROG, check_corpus, load_policy, parse_args
+from models.directed import DirectedParallel
 from models.directions import AdaptConfig
-from models.error_probe import DirectedParallel
 from models.metrics import lead, read_records, say, start_metrics
 from models.recipe import Recipe
 from models.run_config import (
@@ -148,7 +148,7 @@ def build_job(
 
   ``directions`` (``--direction``, over the policy file's ``[directions]``) and ``adapt``
   (``--adapt``) give points their own codecs
-  (``models.error_probe.DirectedParallel``); the adaptive controller continues from the
+  (``models.directed.DirectedParallel``); the adaptive controller continues from the
   restored checkpoint's state.
 
   Raises:

@@ -41,7 +41,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-FAMILY = "hadamard(int{b})"
+# jax-free (as this module is at import): the devices are set up in main.
+from models.directions import FAMILY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,17 +414,18 @@ def _probe(a: argparse.Namespace, bits: list[int], work: pathlib.Path) -> tuple[
   one traced step and the axis sizes."""
   from models import error_probe as ep
   from models import loop
+  from models.directed import DirectedCollectives, DirectedParallel
 
   argv = ["--model", a.model, "--size", a.size, "--mesh", a.mesh, "--seed", str(a.seed)]
   argv += ["--steps", str(a.probe_warm + 1), "--out", str(work / "probe"), *a.train_arg]
   cfg, model, mesh, params, corpus = ep.warm_start(argv, a.probe_warm)
   ref = 4 if 4 in bits else bits[len(bits) // 2]
   prober = ep.Prober(model, mesh, bits=bits, reference_bits=ref, n_micro=cfg.micro, dtype=cfg.dtype)
-  par = ep.DirectedParallel(model, mesh, None, n_micro=cfg.micro, dtype=cfg.dtype)
+  par = DirectedParallel(model, mesh, None, n_micro=cfg.micro, dtype=cfg.dtype)
   batch = loop.batch_at(corpus, cfg, par, "train", a.probe_warm)
   result = prober.run(params, [batch])
   ep.grads_fn(par).trace(params, *batch)
-  assert isinstance(par.coll, ep.DirectedCollectives)
+  assert isinstance(par.coll, DirectedCollectives)
   return result, par.coll.points_log, dict(par.sizes)
 
 

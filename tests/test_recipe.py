@@ -196,7 +196,7 @@ def test_bad_directions_name_the_file_and_point(tmp_path, line, error, match):
 
 def test_a_policy_files_directions_reach_the_trainer(tmp_path):
   """[directions] in the file, --direction over it: models.train builds its collectives
-  (models.error_probe.DirectedParallel) from both."""
+  (models.directed.DirectedParallel) from both."""
   from models import cli, train
 
   p = tmp_path / "p.toml"

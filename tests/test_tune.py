@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import jcoccl
 from jcoccl.policy import Policy
-from models import adaptive, directions, error_probe, tune
+from models import adaptive, directed, directions, error_probe, tune
 from models.configs.models import TINY_RUN
 from models.recipe import Recipe
 
@@ -39,7 +39,7 @@ def test_tap_measures_the_data_sum_error_and_noise_across_shards():
   g = jax.device_put(g_host, jax.sharding.NamedSharding(mesh, P("data")))
   codec = directions.parse_codec("int4")
   tap = error_probe.Tap({"data": [("int4", codec)]})
-  coll = error_probe.DirectedCollectives(Policy(), tap=tap)
+  coll = directed.DirectedCollectives(Policy(), tap=tap)
   f = jax.shard_map(
     lambda v: coll.all_reduce(v[0], "data")[None],
     mesh=mesh,
