@@ -885,8 +885,10 @@ def test_nccl_interposer_group_depth_cannot_stick(nccl):
 
 def test_nccl_interposer_group_orders_its_streams_as_nccl(nccl):
   # Risk 8: NCCL makes every stream of a group wait for the whole group. Two taken calls of
-  # one group on two streams of each rank: work queued on the second stream after the group
-  # must see the first call's result.
+  # one group on two streams of each rank: work queued on either stream after the group
+  # must see the other stream's call's result. (Before the fix the second call's lanes
+  # happened to wait on the first's, so only the copy of the second call's result on the
+  # first stream read it unfinished: 0.0 instead of 4.0.)
   from jcoccl import compressors as jc
 
   nccl.policy([_rule(jc.int8(block_size=32))])
@@ -901,21 +903,25 @@ def test_nccl_interposer_group_orders_its_streams_as_nccl(nccl):
   outs = [np.zeros(1024, np.float32) for _ in range(n)]
   outs2 = [np.zeros(1024, np.float32) for _ in range(n)]
   copies = [np.zeros(1024, np.float32) for _ in range(n)]
+  copies2 = [np.zeros(1024, np.float32) for _ in range(n)]
   nccl.emul.emul_set_delay(COLLECTIVES, 20000)
   try:
     assert nccl.lib.ncclGroupStart() == SUCCESS
     assert _group_call(nccl, comms, xs, outs) == [SUCCESS] * n
     assert _group_call(nccl, comms, ys, outs2, streams=side) == [SUCCESS] * n
     assert nccl.lib.ncclGroupEnd() == SUCCESS
-    for r in range(n):
+    for r, (_, s) in enumerate(comms):
       nccl.emul.emul_set_device(r)
       nccl.emul.emul_copy(copies[r].ctypes.data, outs[r].ctypes.data, 4096, side[r])
+      nccl.emul.emul_copy(copies2[r].ctypes.data, outs2[r].ctypes.data, 4096, s)
     for (_, s), t in zip(comms, side):
       nccl.emul.emul_sync(s)
       nccl.emul.emul_sync(t)
   finally:
     nccl.emul.emul_set_delay(0, 0)
-  np.testing.assert_allclose(copies[0], 2.0, rtol=0.02)
+  for r in range(n):
+    np.testing.assert_allclose(copies[r], 2.0, rtol=0.02)
+    np.testing.assert_allclose(copies2[r], 4.0, rtol=0.02)
 
 
 def test_nccl_interposer_codec_none_rule_forwards(nccl):
