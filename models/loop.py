@@ -42,7 +42,8 @@ class Job:
   """What a run builds before its first step.
 
   Attributes:
-    par: the model on the mesh under the run's recipe.
+    par: the model on the mesh under the run's recipe (never replaced: ``--adapt`` steps
+      under the layouts its controller picks, each a :class:`Program` of :func:`train`).
     exact: the same model and mesh under the exact policy, for the wire report (None: not
       measured, ``--no-hlo-wire``).
     tx: the optimizer (:func:`make_optimizer`).
@@ -122,12 +123,72 @@ def evaluate(cfg: Any, job: Job, eval_fn: Any, params: Any = None) -> float:
   return float(np.mean(losses))
 
 
+@dataclasses.dataclass
+class Program:
+  """One parallel layout's compiled programs: the train step (compiled at its first step)
+  and the evaluation.
+
+  Attributes:
+    par: the model on the mesh under the codecs these programs use.
+    step_fn: ``par``'s jitted train step (traced and compiled by :func:`_compile`).
+    eval_fn: ``(params, x, y) -> loss`` through ``par``'s collectives.
+    traced: the step as traced (the wire report reads its executable).
+    run: the compiled step (None: not compiled yet).
+  """
+
+  par: Parallel3D
+  step_fn: Any
+  eval_fn: Any
+  traced: Any = None
+  run: Any = None
+
+  @classmethod
+  def of(cls, cfg: RunConfig, job: Job, par: Parallel3D) -> Program:
+    """``par``'s programs, not compiled yet."""
+    step_fn = par.train_step(job.tx, job.state.params, clip_norm=cfg.clip)
+    return cls(par, step_fn, _eval_fn(par))
+
+
+def _eval_fn(par: Parallel3D) -> Any:
+  """``(params, x, y) -> loss`` through ``par``'s collectives, jitted."""
+  return jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
+
+
+class Twin:
+  """The exact twin (``job.twin``): the exact policy trained on the run's batches from the
+  same initial weights, its step compiled once, and the seconds of its steady steps."""
+
+  def __init__(self, cfg: RunConfig, job: Job):
+    assert job.twin is not None and job.exact is not None
+    self.state, self.seconds = job.twin, 0.0
+    self.step_fn: Any = job.exact.train_step(job.tx, job.twin.params, clip_norm=cfg.clip)
+    self.traced: Any = None
+    self.run: Any = None
+
+  def compile(self, x: Any, y: Any) -> None:
+    """Traces and compiles the twin's step once (the wire report reads it too)."""
+    if self.run is None:
+      s = self.state
+      self.traced = self.step_fn.trace(s.params, s.opt_state, s.ef, x, y)
+      self.run = self.traced.lower().compile()
+
+  def step(self, x: Any, y: Any, timed: bool) -> float:
+    """One step on the run's batch; its loss. ``timed``: its seconds count (steady steps)."""
+    s, t0 = self.state, time.perf_counter()
+    s.params, s.opt_state, s.ef, m = self.run(s.params, s.opt_state, s.ef, x, y)
+    loss = float(m["loss"])
+    self.seconds += (time.perf_counter() - t0) if timed else 0.0
+    return loss
+
+
 def train(cfg: RunConfig, job: Job) -> dict:
   """Trains from ``job.state.step`` to ``cfg.steps``; returns the summary (:func:`finish`).
 
   Each step's loss, gradient norm, learning rate and time go to metrics.jsonl every
   ``cfg.log_every`` steps (and at the first step and every validation); the first step
   also writes the wire record. Checkpoints every ``cfg.ckpt_every`` steps and at the end.
+  ``job.par`` stays the run's first layout; ``--adapt`` steps under the layouts its
+  controller picks (:func:`_adapted`).
 
   SIGINT or SIGTERM during the steps (``models.interrupt``) stops after the current step
   with a checkpoint of it and a line naming the step and the resume command.
@@ -136,16 +197,12 @@ def train(cfg: RunConfig, job: Job) -> dict:
     FloatingPointError: the loss is not finite.
     models.interrupt.Interrupted: stopped by a signal (a SystemExit of status 130 or 143).
   """
-  state, par = job.state, job.par
-  step_fn = par.train_step(job.tx, state.params, clip_norm=cfg.clip)
-  eval_fn = jax.jit(lambda p, x, y: par.loss_and_grads(p, x, y)[0])
-  twin, exact = job.twin, job.exact
+  state, start_step = job.state, job.state.step
+  prog = Program.of(cfg, job, job.par)
   # The exact policy's evaluation: the twin's validation, and the run's final weights
   # through exact collectives (one program for both).
-  exact_eval = None if exact is None else jax.jit(lambda p, x, y: exact.loss_and_grads(p, x, y)[0])
-  if twin is not None and exact is not None:
-    exact_step = exact.train_step(job.tx, twin.params, clip_norm=cfg.clip)
-  start_step = state.step
+  exact_eval = None if job.exact is None else _eval_fn(job.exact)
+  twin = Twin(cfg, job) if job.twin is not None and job.exact is not None else None
   _announce(cfg, job)
   # The progress bar appears once the first step is compiled: what is printed before it
   # (the calibration's prediction) never shares its line. Later lines go through its write.
@@ -155,65 +212,38 @@ def train(cfg: RunConfig, job: Job) -> dict:
     if lead():
       (print if bar is None else bar.write)(text)
 
-  wire, t_steady, n_steady, lr = None, 0.0, 0, lr_schedule(cfg)
-  # The step is traced and compiled once, here: the wire report reads that executable.
-  traced = run = auto = ref_traced = ref_run = None
-  t_twin = 0.0
-  programs: dict = {}  # --adapt: each bit set's (Parallel3D, compiled step)
+  wire, t_steady, n_steady, lr, auto = None, 0.0, 0, lr_schedule(cfg), None
+  programs: dict = {}  # --adapt: each bit set's Program, compiled
   with open(job.metrics_path if lead() else os.devnull, "a") as log, interrupt.Stop() as stop:
     for step in range(start_step, cfg.steps):
-      x, y = batch_at(job.corpus, cfg, par, "train", step)
-      if job.adapt is not None and _adapt(job, step, x, y, log, write):
-        key = job.adapt.key()
-        if key in programs:
-          par, run = programs[key]
-        else:
-          assert job.make_par is not None
-          par, run = job.make_par(job.adapt.directions()), None
-          step_fn = par.train_step(job.tx, state.params, clip_norm=cfg.clip)
-        job.par = par
-        eval_fn = jax.jit(lambda p, x, y, par=par: par.loss_and_grads(p, x, y)[0])
+      x, y = batch_at(job.corpus, cfg, job.par, "train", step)
+      if job.adapt is not None:
+        prog = _adapted(cfg, job, prog, programs, step, (x, y), log, write)
       # The step number keys stochastic rounding (Parallel3D.train_step); a step with no
       # stochastic codec is traced without it, as it always was.
-      at = (np.int32(step),) if par.stochastic else ()
-      if run is None:
-        first = len(par.coll.log)
-        traced = step_fn.trace(state.params, state.opt_state, state.ef, x, y, *at)
-        auto = _auto_verdict(job, par.coll.log[first:], write)
-        run = traced.lower().compile()
+      at = (np.int32(step),) if prog.par.stochastic else ()
+      if prog.run is None:
+        auto = _compile(job, prog, (x, y, *at), write)
         if job.adapt is not None:
-          programs[job.adapt.key()] = (par, run)
-          total = jcoccl.wire_bytes(traced, mesh=par.mesh, program="compiled")["total"]
-          job.adapt.program_bytes[str(job.adapt.key())] = float(total)
-        if twin is not None and ref_run is None:
-          ref_traced = exact_step.trace(twin.params, twin.opt_state, twin.ef, x, y)
-          ref_run = ref_traced.lower().compile()
+          programs[job.adapt.key()] = prog
+        if twin is not None:
+          twin.compile(x, y)
       if bar is None:
         bar = _progress_bar(cfg, start_step)
       t0 = time.perf_counter()
-      state.params, state.opt_state, state.ef, m = run(
+      state.params, state.opt_state, state.ef, m = prog.run(
         state.params, state.opt_state, state.ef, x, y, *at
       )
       loss = float(m["loss"])
       dt = time.perf_counter() - t0
-      if twin is not None:
-        t1 = time.perf_counter()
-        twin.params, twin.opt_state, twin.ef, mx = ref_run(
-          twin.params, twin.opt_state, twin.ef, x, y
-        )
-        exact_loss = float(mx["loss"])
-        t_twin += (time.perf_counter() - t1) if wire is not None else 0.0
+      exact_loss = None if twin is None else twin.step(x, y, timed=wire is not None)
       if wire is None:
-        wire = (
-          NO_WIRE
-          if job.exact is None
-          else wire_report(par, job.exact, job.tx, traced, state, x, cfg.clip, ref_traced)
-        )
+        wire = _wire(cfg, job, prog, x, twin)
         log.write(json.dumps({"step": step + 1, "wire": wire}) + "\n")
       else:
         t_steady, n_steady = t_steady + dt, n_steady + 1
       state.step = step + 1
-      rec = {
+      rec: dict[str, Any] = {
         "step": state.step,
         "loss": loss,
         "grad_norm": float(m["grad_norm"]),
@@ -225,9 +255,7 @@ def train(cfg: RunConfig, job: Job) -> dict:
       if not np.isfinite(loss):
         raise FloatingPointError(f"loss became {loss} at step {state.step}")
       if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
-        rec["val_loss"] = evaluate(cfg, job, eval_fn)
-        if twin is not None:
-          rec["exact_val_loss"] = evaluate(cfg, job, exact_eval, twin.params)
+        _validate(cfg, job, rec, prog.eval_fn, exact_eval if twin is not None else None)
       if state.step % cfg.log_every == 0 or "val_loss" in rec or step == start_step:
         log.write(json.dumps(rec) + "\n")
         log.flush()
@@ -236,28 +264,96 @@ def train(cfg: RunConfig, job: Job) -> dict:
       bar.update(1)
       if job.adapt is not None:
         job.adapt.count_step()
-      saved = state.step % cfg.ckpt_every == 0 or state.step == cfg.steps
-      if saved:
-        _save(job)
-      signum = stop.agreed()
-      if signum is not None and state.step < cfg.steps:
-        if not saved:
-          _save(job)
-        log.flush()
-        bar.close()
-        say(interrupt.message(signum, state.step, cfg.steps, str(cfg.out / "ckpt"), job.argv))
-        raise interrupt.Interrupted(128 + signum)
+      _checkpoint(cfg, job, stop, log, bar)
   if bar is not None:
     bar.close()
   if state.step > start_step and exact_eval is not None:
-    own = job.records[-1].get("val_loss") if job.records else None
-    # An exact run's own collectives are the exact ones: nothing to measure again.
-    exact_run = job.par is exact and job.adapt is None
-    job.val_loss_exact_collectives = own if exact_run else evaluate(cfg, job, exact_eval)
+    job.val_loss_exact_collectives = _exact_collectives_loss(cfg, job, exact_eval)
   tps = cfg.batch * cfg.seq_len * n_steady / t_steady if n_steady else None
   if twin is not None and n_steady:
-    job.twin_tokens_per_s = cfg.batch * cfg.seq_len * n_steady / t_twin
+    job.twin_tokens_per_s = cfg.batch * cfg.seq_len * n_steady / twin.seconds
   return finish(cfg, job, wire or NO_WIRE, tps, start_step, auto)
+
+
+def _adapted(
+  cfg: RunConfig,
+  job: Job,
+  prog: Program,
+  programs: dict,
+  step: int,
+  batch: tuple,
+  log: Any,
+  write: Callable[[str], Any],
+) -> Program:
+  """The programs of this step under ``--adapt``: ``prog`` unless the controller changed
+  the bits here (:func:`_adapt`); then those of the new bit set, reused where compiled
+  before (``programs``: bit set -> Program), else new (compiled at the step)."""
+  if not _adapt(job, step, batch[0], batch[1], log, write):
+    return prog
+  if job.adapt.key() in programs:
+    return programs[job.adapt.key()]
+  assert job.make_par is not None
+  return Program.of(cfg, job, job.make_par(job.adapt.directions()))
+
+
+def _compile(job: Job, prog: Program, args: tuple, write: Callable[[str], Any]) -> dict:
+  """Traces and compiles ``prog``'s step on the step's arguments (after the state); returns
+  the cost model's verdict on its compressed all_reduce calls. Under ``--adapt`` the
+  controller records the program's bytes on the wire."""
+  state, par = job.state, prog.par
+  first = len(par.coll.log)
+  prog.traced = prog.step_fn.trace(state.params, state.opt_state, state.ef, *args)
+  auto = _auto_verdict(job, par, par.coll.log[first:], write)
+  prog.run = prog.traced.lower().compile()
+  if job.adapt is not None:
+    total = jcoccl.wire_bytes(prog.traced, mesh=par.mesh, program="compiled")["total"]
+    job.adapt.program_bytes[str(job.adapt.key())] = float(total)
+  return auto
+
+
+def _wire(cfg: RunConfig, job: Job, prog: Program, x: Any, twin: Twin | None) -> dict:
+  """The first step's wire record: bytes on the wire of the run's step and the exact one
+  (:func:`models.metrics.wire_report`), or why none were measured."""
+  if job.exact is None:
+    return NO_WIRE
+  ref = None if twin is None else twin.traced
+  return wire_report(prog.par, job.exact, job.tx, prog.traced, job.state, x, cfg.clip, ref)
+
+
+def _validate(cfg: RunConfig, job: Job, rec: dict, eval_fn: Any, twin_eval: Any) -> None:
+  """Adds the validation loss to the step's record ``rec``, and the twin's (through
+  ``twin_eval``: the exact policy's evaluation) where there is a twin."""
+  rec["val_loss"] = evaluate(cfg, job, eval_fn)
+  if twin_eval is not None:
+    assert job.twin is not None
+    rec["exact_val_loss"] = evaluate(cfg, job, twin_eval, job.twin.params)
+
+
+def _exact_collectives_loss(cfg: RunConfig, job: Job, exact_eval: Any) -> float | None:
+  """The final weights' validation loss through exact collectives (summary.json
+  "val_loss_exact_collectives")."""
+  own = job.records[-1].get("val_loss") if job.records else None
+  # An exact run's own collectives are the exact ones: nothing to measure again.
+  exact_run = job.par is job.exact and job.adapt is None
+  return own if exact_run else evaluate(cfg, job, exact_eval)
+
+
+def _checkpoint(cfg: RunConfig, job: Job, stop: Any, log: Any, bar: Any) -> None:
+  """After a step: a checkpoint every ``cfg.ckpt_every`` steps and at the last; on an
+  agreed SIGINT or SIGTERM (``stop``), one of this step (if not just saved), the resume
+  line, and :class:`models.interrupt.Interrupted`."""
+  step = job.state.step
+  saved = step % cfg.ckpt_every == 0 or step == cfg.steps
+  if saved:
+    _save(job)
+  signum = stop.agreed()
+  if signum is not None and step < cfg.steps:
+    if not saved:
+      _save(job)
+    log.flush()
+    bar.close()
+    say(interrupt.message(signum, step, cfg.steps, str(cfg.out / "ckpt"), job.argv))
+    raise interrupt.Interrupted(128 + signum)
 
 
 def _progress_bar(cfg: RunConfig, start_step: int) -> Any:
@@ -291,11 +387,12 @@ def _adapt(job: Job, step: int, x: Any, y: Any, log: Any, write: Callable[[str],
   return job.adapt.key() != before or len(job.adapt.changes) == 1
 
 
-def _auto_verdict(job: Job, log: list, write: Callable[[str], Any] = say) -> dict:
+def _auto_verdict(job: Job, par: Parallel3D, log: list, write: Callable[[str], Any] = say) -> dict:
   """Prints (with ``write``: process 0) and returns what the run's cost model predicts for
-  the compressed all_reduce calls of the step just traced (``models.calibration.verdict``)."""
-  ef = tuple(job.par.grad_sync.ef_levels()) if job.par.grad_sync.uses_error_feedback() else ()
-  v = calibration.verdict(job.calibration, log, job.recipe.policy, job.par.mesh, ef)
+  the compressed all_reduce calls of the step ``par`` just traced
+  (``models.calibration.verdict``)."""
+  ef = tuple(par.grad_sync.ef_levels()) if par.grad_sync.uses_error_feedback() else ()
+  v = calibration.verdict(job.calibration, log, job.recipe.policy, par.mesh, ef)
   write("\n".join(calibration.verdict_lines(v, job.calibration)))
   return v
 
