@@ -205,3 +205,29 @@ def test_error_feedback_recovers_after_a_nonfinite_step(which, bad):
   poisoned = jnp.zeros((4, 512), jnp.float32).at[1, 5].set(np.nan)
   outs, state = f(xs[1:], poisoned)
   assert np.isfinite(np.asarray(outs)).all() and np.isfinite(np.asarray(state)).all()
+
+
+def test_stochastic_codec_under_grad_and_jvp_uses_the_calls_key():
+  """The derivative's collective rounds with the call's key folded (rules.derivative_key):
+  jax.grad and jax.jvp work with the one key the caller passed, repeat for that key and
+  differ for another."""
+  x = rand((8, 8, 64), jnp.float32, seed=4)
+  j, l = OPS["all_gather"]
+  specs = (P(("a", "b")), P())
+  f = jax.shard_map(
+    lambda v, k: j(v, compressor="int8:stochastic", min_bytes=0, key=k),
+    mesh=_m(),
+    in_specs=specs,
+    out_specs=P(("a", "b")),
+  )
+  grad = jax.jit(jax.grad(lambda v, k: jnp.sum(jnp.sin(f(v, k)))))
+  g0, g0b, g1 = (f64(grad(x, jax.random.key(s))) for s in (0, 0, 1))
+  exact = f64(jax.jit(jax.grad(_loss(l)))(x))
+  assert np.array_equal(g0, g0b) and not np.array_equal(g0, g1)
+  # int8 stochastic moves a value by less than one step (its block's max / 127): the
+  # forward's gathered x by <= max|x| / 127, so each cos(out) by as much, and each of the
+  # 4 ranks' cotangents (|cos| <= 1) by <= 1 / 127 more in the backward reduce_scatter.
+  bound = 4 * (np.abs(f64(x)).max() + 1) / 127
+  assert np.abs(g0 - exact).max() <= bound
+  jvp = jax.jit(lambda v, k: jax.jvp(lambda u: f(u, k), (v,), (jnp.ones_like(v),))[1])
+  assert np.abs(f64(jvp(x, jax.random.key(0))) - 1).max() <= 1 / 127

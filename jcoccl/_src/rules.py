@@ -52,6 +52,24 @@ def split(args: Sequence[Any], key_type: Any) -> tuple[list, list]:
   return list(args[:n]), list(args[n:])
 
 
+# A derivative's collective rounds with its own stream: the call's key folded with this, so
+# a stochastic codec works under jax.grad / jax.jvp with the one key the caller passed.
+_DERIVATIVE_STREAM = 1
+
+
+def derivative_key(keys: Sequence[Any], key_type: Any) -> Any:
+  """The PRNG key of a call's tangent or cotangent collective: None without a key, else
+  the call's key folded with :data:`_DERIVATIVE_STREAM`.
+
+  Example:
+    >>> derivative_key([], None) is None
+    True
+  """
+  if key_type is None:
+    return None
+  return jax.random.fold_in(unwrap_key(tuple(keys), key_type), _DERIVATIVE_STREAM)
+
+
 def batched(fn: Callable, xs: Sequence[jax.Array], nbs: Sequence[int]) -> list:
   """``fn`` (a list of leaves -> a list of results) vmapped over each leaf's ``nbs[i]``
   leading batch axes (a leaf with fewer is not mapped by the inner vmaps)."""
@@ -95,6 +113,7 @@ def jvp(o: Op, primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -
   (:attr:`Op.tangent_args`); a residual output's tangent is zero."""
   with _config.using(params["config"]):
     ys = op_spec.primitive(o.name).bind(*primals, **params)
+    key = derivative_key(split(primals, params["key_type"])[1], params["key_type"])
     # The residual's tangent is zero: straight-through, decode(encode(y)) moves as y does.
     n = len(ys) // 2 if params.get("residual") else len(ys)
     live = [i for i in range(n) if not _compat.is_zero_cotangent(tangents[i])]
@@ -103,7 +122,7 @@ def jvp(o: Op, primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -
       lps = [leaf_params(params, i) for i in live]
       args = [o.tangent_args(lp) for lp in lps]
       ts = [_compat.instantiate_zero(tangents[i]) for i in live]
-      got = batched(lambda vs: apply(o.name, vs, None, args), ts, [lp["batch"] for lp in lps])
+      got = batched(lambda vs: apply(o.name, vs, key, args), ts, [lp["batch"] for lp in lps])
       for i, t in zip(live, got):
         touts[i] = t
     return ys, touts
@@ -139,7 +158,7 @@ def transpose(o: Op, cts: Sequence[Any], *args: Any, key_type: Any, **params: An
       lps = [leaf_params(params, i) for i in dual_idx]
       dargs = [o.dual_args(lp) for lp in lps]
       got = batched(
-        lambda vs: apply(DUALS[o.name], vs, None, dargs),
+        lambda vs: apply(DUALS[o.name], vs, derivative_key(keys, key_type), dargs),
         [cts[i] for i in dual_idx],
         [lp["batch"] for lp in lps],
       )
