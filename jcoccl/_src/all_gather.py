@@ -56,7 +56,8 @@ def all_gather(
       (``jcoccl.set_config_defaults(min_bytes=...)``, 4 MiB).
     grad_compressor: compressor of the backward reduce_scatter; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors; leaf i of several rounds with
-      ``jax.random.fold_in(key, i)``, so leaves round independently.
+      ``jax.random.fold_in(key, i)``, so leaves round independently; under jax.grad or
+      jax.jvp the derivative's collective rounds with the key folded once more.
     to: the result's type over ``axis_name``, as lax.all_gather's: "varying", or
       "invarying" (every rank decodes the same payloads in the same order, so the result
       is the same everywhere; its transpose takes this rank's block, no communication);

@@ -116,7 +116,8 @@ def all_reduce(
       (``jcoccl.set_config_defaults(min_bytes=...)``, env ``JCOCCL_MIN_BYTES``, 4 MiB).
     grad_compressor: compressor of the backward pass; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors; leaf i of several rounds with
-      ``jax.random.fold_in(key, i)``, so leaves round independently.
+      ``jax.random.fold_in(key, i)``, so leaves round independently; under jax.grad or
+      jax.jvp the derivative's collective rounds with the key folded once more.
     axis_index_groups: as lax's; given, the exact lax op runs (the compressed algorithms
       work over whole mesh axes).
     residual: error feedback (:func:`jcoccl.error_feedback` wraps it): None, or what each

@@ -53,7 +53,8 @@ def ppermute(
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default.
     grad_compressor: compressor of the backward ppermute; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors; leaf i of several rounds with
-      ``jax.random.fold_in(key, i)``, so leaves round independently.
+      ``jax.random.fold_in(key, i)``, so leaves round independently; under jax.grad or
+      jax.jvp the derivative's collective rounds with the key folded once more.
 
   Pytree leaves that are not float32/bfloat16/float16 (and leaves under ``min_bytes``) go
   exactly; a lone array of another dtype with a lossy compressor raises TypeError.

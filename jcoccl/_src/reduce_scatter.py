@@ -63,7 +63,8 @@ def reduce_scatter(
     min_bytes: leaves smaller than this (bytes) go uncompressed; None = the default.
     grad_compressor: compressor of the backward all_gather; default: ``compressor``.
     key: PRNG key for stochastic-rounding compressors; leaf i of several rounds with
-      ``jax.random.fold_in(key, i)``, so leaves round independently.
+      ``jax.random.fold_in(key, i)``, so leaves round independently; under jax.grad or
+      jax.jvp the derivative's collective rounds with the key folded once more.
     axis_index_groups: as lax's; given, the exact lax op runs (the compressed algorithms
       work over whole mesh axes).
     residual: error feedback, as :func:`jcoccl.all_reduce`'s: None, or what each leaf
