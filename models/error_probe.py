@@ -36,6 +36,7 @@ import functools
 import json
 import pathlib
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,6 +90,9 @@ class Tap:
     self.codecs = {p: list(v) for p, v in codecs.items()}
     self.sums: dict[tuple[str, int], np.ndarray] = collections.defaultdict(lambda: 0.0)  # type: ignore[arg-type, return-value]
     self.noise = np.zeros(2)
+    # The callbacks of the devices run on several threads at once: an unlocked
+    # read-add-write of a sum can lose another device's term.
+    self._lock = threading.Lock()
 
   def measure(self, point: str, exact: jax.Array, lossy: Any, layer: Any = None) -> None:
     """Emits ``||exact||^2`` and ``||lossy(c) - exact||^2`` for each codec ``c`` of ``point``;
@@ -102,16 +106,18 @@ class Tap:
     jax.debug.callback(functools.partial(self._add, point), jnp.stack(vals), lay)
 
   def _add(self, point: str, vals: Any, layer: Any) -> None:
-    v = np.asarray(vals, np.float64)
-    self.sums[(point, -1)] = self.sums[(point, -1)] + v
-    if int(layer) >= 0:
-      self.sums[(point, int(layer))] = self.sums[(point, int(layer))] + v
+    v, layer = np.asarray(vals, np.float64), int(layer)
+    with self._lock:
+      self.sums[(point, -1)] = self.sums[(point, -1)] + v
+      if layer >= 0:
+        self.sums[(point, layer)] = self.sums[(point, layer)] + v
 
   def add_noise(self, var: jax.Array, norm2: jax.Array) -> None:
     jax.debug.callback(self._add_noise, jnp.stack([var, norm2]))
 
   def _add_noise(self, vals: Any) -> None:
-    self.noise = self.noise + np.asarray(vals, np.float64)
+    with self._lock:
+      self.noise = self.noise + np.asarray(vals, np.float64)
 
   def share(self) -> None:
     """Replaces this process's sums by the sums over all processes, the same on every one
