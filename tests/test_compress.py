@@ -259,6 +259,11 @@ def _nested(allreduce, loop=True):
   return body
 
 
+@pytest.mark.skipif(
+  jax.__version_info__ >= (0, 12, 1),
+  reason="jax 0.12.1's XLA:CPU: the compressed nested program's all-to-alls deadlock in the "
+  "CPU rendezvous (5 of 8 devices in one, 3 in another) and abort the process; open",
+)
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_nested_jit_scan_remat_cond_while(check_vma):
   m = mesh((8,), ("data",))
