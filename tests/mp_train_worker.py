@@ -12,12 +12,15 @@ others are still training). With JCOCCL_TEST_CALIBRATION=compress or =exact, the
 calibration installs :func:`crafted` instead of measuring (the same table on every process,
 whatever the machine's timings). With JCOCCL_TEST_ADAPT_LOG=1, every process prints what
 each --adapt probe measured and the bits it chose (``adapt <json>``; models.train itself
-logs the changes on process 0 only), for a test to compare between processes. Everything
-else is models.train unchanged.
+logs the changes on process 0 only), for a test to compare between processes. With
+JCOCCL_TEST_REPORT_MODULES=1 it prints, as the process exits (a signal's stop included),
+``modules error_probe=<True|False>``: whether the run imported models.error_probe, which
+only --adapt and the tuner need. Everything else is models.train unchanged.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -87,6 +90,8 @@ def main(argv: list[str]) -> None:
     jcoccl.calibrate = fake_calibrate([winner])
   if os.environ.get("JCOCCL_TEST_ADAPT_LOG") == "1":
     log_adapt_probes()
+  if os.environ.get("JCOCCL_TEST_REPORT_MODULES") == "1":
+    atexit.register(lambda: print(f"modules error_probe={'models.error_probe' in sys.modules}"))
   print(f"pid {os.getpid()}", flush=True)
   train.main(rest)
 

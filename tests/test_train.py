@@ -189,6 +189,7 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capfd, no_co
   sig = signal.SIGTERM if zero else signal.SIGINT
   # The worker's calibration is the stand-in's first table (mp_train_worker.crafted).
   env = {"JCOCCL_TEST_CALIBRATION": "compress"} if calibrated else {}
+  env["JCOCCL_TEST_REPORT_MODULES"] = "1"
   argv = common + ["--no-hlo-wire", "--out", str(b), "--ckpt-every", "100"]
   if zero:
     text = _signal_in_process(monkeypatch, capfd, argv, sig, at - 1)
@@ -205,6 +206,8 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capfd, no_co
     re.M,
   )
   assert found and "Traceback" not in text, text
+  if not zero:  # the training path (start, calibration, steps, the stop) never loads the probe
+    assert "modules error_probe=False" in text, text[-3000:]
   stop = int(found.group(1))
   assert stop in (at, at + 1) and train.checkpoint_steps(b) == [stop]
   jcoccl.set_cost_model(None)
