@@ -246,7 +246,14 @@ def _nested(allreduce, loop=True):
     a = jax.jit(lambda u: allreduce(u * 2.0))(v)
     c, ys = lax.scan(lambda c, u: (c + allreduce(u), allreduce(u) * 0.5), jnp.zeros_like(v[0]), v)
     r = jax.checkpoint(lambda u: jnp.sin(allreduce(jnp.cos(u))))(v)
-    k = lax.cond(v[0, 0] > 0, lambda u: allreduce(u), lambda u: allreduce(-u), v)
+    # The predicate is the same on every device (pmax): devices that took different
+    # branches would each wait in a different collective, which XLA does not allow.
+    k = lax.cond(
+      lax.pmax(lax.stop_gradient(v[0, 0]), "data") > 0,
+      lambda u: allreduce(u),
+      lambda u: allreduce(-u),
+      v,
+    )
     w = (
       lax.while_loop(
         lambda s: s[0] < 2, lambda s: (s[0] + 1, s[1] + allreduce(s[1]) * 0.125), (0, v)
@@ -259,11 +266,6 @@ def _nested(allreduce, loop=True):
   return body
 
 
-@pytest.mark.skipif(
-  jax.__version_info__ >= (0, 12, 1),
-  reason="jax 0.12.1's XLA:CPU: the compressed nested program's all-to-alls deadlock in the "
-  "CPU rendezvous (5 of 8 devices in one, 3 in another) and abort the process; open",
-)
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_nested_jit_scan_remat_cond_while(check_vma):
   m = mesh((8,), ("data",))
