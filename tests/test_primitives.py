@@ -382,13 +382,6 @@ def test_partial_auto_shard_map_ppermute():
   assert_within(got[2:], f64(want[2:]), bound, "partial-auto ppermute")
 
 
-@pytest.mark.xfail(
-  jax.__version_info__ >= (0, 12, 1),
-  reason="jax 0.12.1: tracing a compressed all_reduce of an unreduced shard_map input fails "
-  "in JAX's partial eval ('UnreducedArray' object has no attribute 'val'); open",
-  raises=AttributeError,
-  strict=False,
-)
 def test_unreduced_input_as_lax_psum():
   """A value unreduced over "x" (an einsum's partial sums) is summed as lax.psum sums it:
   exactly without a compressor, within int8's one_shot bound with one; its cotangent is

@@ -365,6 +365,30 @@ def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None
   ad.primitive_jvps[p] = jvp
   ad.primitive_transposes[p] = transpose
   batching.primitive_batchers[p] = batch
+  if hasattr(p, "to_lojax"):
+    _define_high(p)
+
+
+def _define_high(p) -> None:
+  """JAX >= 0.12.1 types a value unreduced over a mesh axis as a high type (an
+  UnreducedArray around each device's partial value) and lowers each equation that takes
+  one through the primitive's ``to_lojax``. Here that binds ``p`` on the partial values
+  themselves (varying over the unreduced axes: each device's partial is its operand, as
+  the abstract evaluation of an unreduced input already assumes) and types the results as
+  the equation did."""
+
+  def is_high(*avals, **params) -> bool:
+    return any(getattr(a, "is_high", False) for a in avals)
+
+  def to_lojax(*hi_vals, **params):
+    avals = [_jax.typeof(v) for v in hi_vals]
+    out_avals, _ = p.abstract_eval(*avals, **params)
+    lo = [a.lower_val(v)[0] for a, v in zip(avals, hi_vals)]
+    outs = p.bind(*lo, **params)
+    return [a.raise_val(o) for a, o in zip(out_avals, outs)]
+
+  p.is_high = is_high
+  p.to_lojax = to_lojax
 
 
 def define_note(p) -> None:
