@@ -38,7 +38,8 @@
 #   --cpu   the CI dry run: every step on the CPU at world size 1 (host transport), small
 #           sizes; world2/world4 are skipped. JCOCCL_GPU_QUICK=1 (CI's dry run) narrows the
 #           codecs, codec_bench, single and world1 steps to one compressor, plugin to one
-#           block size and dtype, and cuda_ext to one seeded bug (tests/ check the rest).
+#           block size and dtype, cuda_ext to one seeded bug and nccl_interposer to one of
+#           XLA's modes (tests/ check the rest).
 # While running, OUT/<step>.json and <step>.log appear step by step; at the end OUT holds
 # summary.json (every step's JSON), summary.txt and logs.tgz (the rest). Exit status:
 # non-zero if any step failed.
@@ -151,11 +152,14 @@ else
   COMPS=()
   QUICK=()
   BENCH=()
+  MODES=()
   if [ "${JCOCCL_GPU_QUICK:-0}" = 1 ]; then
     ONLY=(--only 'int8:block=32$')
     COMPS=(--compressors '^int8$')
     QUICK=(--quick)
     BENCH=(--bench-codecs '^int8$')
+    # XLA:CPU reads none of the modes' GPU flags: on the CPU they are the same run.
+    MODES=(--modes nonblocking)
   fi
   step build 30 "$PY" tools/gpu_build.py --python "$PY" --dry-run
   step import 30 "$PY" -c "from jcoccl import native; m = native.module('cpu'); \
@@ -176,7 +180,7 @@ print('jcoccl._cpu', m); import jax; print(jax.devices())"
     --sizes-mib 0.25 --iters 1 --timeout 30 --deadline 55 --dir "$OUT/bench1" \
     --out "$OUT/bench1.json"
   step cuda_ext 240 "$PY" tools/cuda_ext_check.py check "${QUICK[@]}" --out "$OUT/cuda_ext.json"
-  step nccl_interposer 120 "$PY" tools/gpu_nccl_interposer.py --cpu \
+  step nccl_interposer 120 "$PY" tools/gpu_nccl_interposer.py --cpu "${MODES[@]}" \
     --dir "$OUT/nccl_interposer" --out "$OUT/nccl_interposer.json"
 fi
 
