@@ -41,7 +41,7 @@ import numpy as np
 from jax import lax
 
 import jcoccl
-from jcoccl._src import layout as L
+from jcoccl._src.compressors import layout as L
 
 P = jax.P
 KW = dict(compressor="int8", algorithm="two_shot", backend="xla", min_bytes=0)

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from jcoccl._src.info import version
+from jcoccl._src.observability.info import version
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
   sub = p.add_subparsers(dest="cmd", required=True)
   i = sub.add_parser("info", help="versions, native extensions, devices")
   i.add_argument("--json", action="store_true", help="print JSON instead of text")
-  from jcoccl._src import check_codec_cli
+  from jcoccl._src.observability import check_codec_cli
 
   check_codec_cli.add_parser(sub)
-  from jcoccl._src import explain
+  from jcoccl._src.observability import explain
 
   explain.add_parser(sub)
   args = p.parse_args(argv)
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     return check_codec_cli.run(args, p)
   if args.cmd == "explain":
     return explain.run(args, p)
-  from jcoccl._src.info import format_info, info
+  from jcoccl._src.observability.info import format_info, info
 
   d = info()
   print(json.dumps(d, indent=2) if args.json else format_info(d))

@@ -6,5 +6,5 @@ Example:
   False
 """
 
-from jcoccl._src.distributed import environment as environment
-from jcoccl._src.distributed import initialize as initialize
+from jcoccl._src.native.distributed import environment as environment
+from jcoccl._src.native.distributed import initialize as initialize

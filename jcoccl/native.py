@@ -13,10 +13,6 @@ Example:
   2
 """
 
-from jcoccl._src._ffi import codes as codes
-from jcoccl._src._ffi import native_import_error as import_error
-from jcoccl._src._ffi import native_module as module
-from jcoccl._src._ffi import register as register
 from jcoccl._src.compressors.native import available as available
 from jcoccl._src.compressors.native import codec_attrs as codec_attrs
 from jcoccl._src.compressors.native import codec_text as codec_text
@@ -24,4 +20,8 @@ from jcoccl._src.compressors.native import decode_rows as decode_rows
 from jcoccl._src.compressors.native import decode_sum as decode_sum
 from jcoccl._src.compressors.native import decode_sum_encode as decode_sum_encode
 from jcoccl._src.compressors.native import encode_rows as encode_rows
-from jcoccl._src.fused_ffi import engine_call as engine_call
+from jcoccl._src.engine.fused_ffi import engine_call as engine_call
+from jcoccl._src.native._ffi import codes as codes
+from jcoccl._src.native._ffi import native_import_error as import_error
+from jcoccl._src.native._ffi import native_module as module
+from jcoccl._src.native._ffi import register as register

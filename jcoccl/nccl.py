@@ -11,15 +11,15 @@ Example:
 
 import sys
 
-from jcoccl._src.nccl_interposer import Rule as Rule
-from jcoccl._src.nccl_interposer import counters as counters
-from jcoccl._src.nccl_interposer import describe as describe
-from jcoccl._src.nccl_interposer import enable as enable
-from jcoccl._src.nccl_interposer import library_path as library_path
-from jcoccl._src.nccl_interposer import main as _main
-from jcoccl._src.nccl_interposer import real_nccl_path as real_nccl_path
-from jcoccl._src.nccl_interposer import resolve as resolve
-from jcoccl._src.nccl_interposer import status as status
+from jcoccl._src.engine.nccl_interposer import Rule as Rule
+from jcoccl._src.engine.nccl_interposer import counters as counters
+from jcoccl._src.engine.nccl_interposer import describe as describe
+from jcoccl._src.engine.nccl_interposer import enable as enable
+from jcoccl._src.engine.nccl_interposer import library_path as library_path
+from jcoccl._src.engine.nccl_interposer import main as _main
+from jcoccl._src.engine.nccl_interposer import real_nccl_path as real_nccl_path
+from jcoccl._src.engine.nccl_interposer import resolve as resolve
+from jcoccl._src.engine.nccl_interposer import status as status
 
 if __name__ == "__main__":
   sys.exit(_main())

@@ -61,7 +61,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jcoccl._src.op_names import OPS as OPS
+from jcoccl._src.base.op_names import OPS as OPS
 
 OPTIONS = ("min_bytes", "algorithm")
 ALGORITHMS = ("auto", "auto_exact", "one_shot", "two_shot")

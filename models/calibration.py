@@ -36,7 +36,7 @@ import numpy as np
 import jcoccl
 
 # Per device; a process sends its devices' messages together, so 4 MiB each outlasts a
-# link's burst allowance (see jcoccl._src.calibrate.DEFAULT_SIZES) for 4 devices a process.
+# link's burst allowance (see jcoccl._src.observability.calibrate.DEFAULT_SIZES) for 4 devices a process.
 SIZES = (64 << 10, 1 << 20, 4 << 20)
 # jcoccl.error_feedback charges a compressed all_reduce its residual's decode (the op
 # returns the residual of the payload it encoded: one codec pass more than the plain op).

@@ -68,7 +68,7 @@ class GradSync:
     """
     # Every sum takes the whole pytree in one call, which jcoccl sends as one chain per
     # (codec, algorithm, dtype) for the leaves under 1 MiB (a larger leaf goes alone:
-    # jcoccl._src.primitives.PACK_MAX_BYTES) instead of one collective per leaf.
+    # jcoccl._src.ops.primitives.PACK_MAX_BYTES) instead of one collective per leaf.
     if zero:
       grads, ef = self.scatter(jax.tree.map(self.shards.pad_flat, grads), ef)
     elif self.place.sizes["data"] > 1:

@@ -164,7 +164,7 @@ def test_version(argv):
 def test_version_falls_back_without_metadata(monkeypatch):
   import importlib.metadata as md
 
-  from jcoccl._src import info
+  from jcoccl._src.observability import info
 
   def missing(name):
     raise md.PackageNotFoundError(name)
@@ -305,7 +305,7 @@ def test_predict_matches_a_hand_computation(tmp_path):
 def test_predict_composes_cost_model(tmp_path):
   """The codec passes sum to cost_model's codec terms, and on one node reduce_scatter +
   all_gather is cost_model's two_shot."""
-  from jcoccl._src.cost_model import CostModel
+  from jcoccl._src.base.cost_model import CostModel
   from jcoccl.bench import predict as P
   from jcoccl.bench import speed_model as SM
 

@@ -14,7 +14,10 @@ from collectives_util import P, bits, host_rand, mesh
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi, fused_comms, layout, lowering, primitives
+from jcoccl._src.compressors import layout
+from jcoccl._src.engine import fused_comms
+from jcoccl._src.native import _ffi
+from jcoccl._src.ops import lowering, primitives
 
 N = 4  # ranks of axis "d"
 CODECS = {

@@ -12,7 +12,7 @@ import pytest
 
 import jcoccl
 import jcoccl.compressors
-from jcoccl._src import _ffi
+from jcoccl._src.native import _ffi
 
 
 def test_cpu_extension_loads_and_registers():
@@ -61,8 +61,8 @@ def test_info_command_line_json():
 
 def test_native_module_exports_the_ffi_enums():
   """Python reads the C++ enum values from the module instead of mirroring them."""
-  from jcoccl._src import fused_ffi
   from jcoccl._src.compressors import native
+  from jcoccl._src.engine import fused_ffi
 
   kinds = _ffi.codes("CODEC_KINDS")
   assert set(kinds) == {"none", "cast", "int", "fp8", "error_bounded", "plugin"}

@@ -14,11 +14,11 @@ import pytest
 from collectives_util import mesh
 
 import jcoccl
-from jcoccl._src import all_reduce_auto as ar_auto
-from jcoccl._src import auto_model
-from jcoccl._src import cost_model as cm
-from jcoccl._src import wire_bytes as wb
-from jcoccl._src.compressor_args import compression_ratio
+from jcoccl._src.base import cost_model as cm
+from jcoccl._src.compressors.compressor_args import compression_ratio
+from jcoccl._src.observability import wire_bytes as wb
+from jcoccl._src.ops import all_reduce_auto as ar_auto
+from jcoccl._src.ops import auto_model
 
 MiB = 1 << 20
 

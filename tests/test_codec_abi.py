@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi, fused_ffi
 from jcoccl._src.compressors import native
+from jcoccl._src.engine import fused_ffi
+from jcoccl._src.native import _ffi
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(_ffi.native_module("cpu") is None, reason="jcoccl._cpu missing")

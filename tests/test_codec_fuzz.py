@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi
 from jcoccl._src.compressors import native
+from jcoccl._src.native import _ffi
 
 if _ffi.native_module("cpu") is None:
   pytest.skip(

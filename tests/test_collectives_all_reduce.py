@@ -205,7 +205,7 @@ def test_integer_dtype():
 
 
 def test_cost_model():
-  from jcoccl._src import auto_model
+  from jcoccl._src.ops import auto_model
 
   assert auto_model.choose_all_reduce(64 * 1024, 8, 0.26) == "one_shot"
   assert auto_model.choose_all_reduce(64 << 20, 8, 0.26) == "two_shot"

@@ -184,7 +184,7 @@ ENTRY %main (x: f32[256]) -> f32[256] {
 
 
 def test_parse_hlo_group_forms_loops_and_unmatched():
-  from jcoccl._src import wire_bytes as wb_mod
+  from jcoccl._src.observability import wire_bytes as wb_mod
 
   m = mesh((2, 2, 2), AXES3)  # logical id i = row-major mesh position i
   colls = wb_mod.parse_hlo(_HLO, 8, mesh=m, device_ids=[d.id for d in m.devices.flat])
@@ -263,7 +263,7 @@ def test_bad_calls(body, exc, match):
 
 
 def test_fused_backend_without_init():
-  from jcoccl._src import _backend
+  from jcoccl._src.native import _backend
 
   if "fused" in _backend.registered("all_reduce"):
     pytest.skip("fused engine initialised in this process")

@@ -9,7 +9,7 @@ import pytest
 from collectives_util import mesh
 
 import jcoccl
-from jcoccl._src import config as config_mod
+from jcoccl._src.base import config as config_mod
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,8 @@ import pytest
 from collectives_util import mesh
 
 import jcoccl
-from jcoccl._src import auto_model, cost_model
+from jcoccl._src.base import cost_model
+from jcoccl._src.ops import auto_model
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,8 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi, fused_comms, fused_ffi
+from jcoccl._src.engine import fused_comms, fused_ffi
+from jcoccl._src.native import _ffi
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))

@@ -455,7 +455,7 @@ def _scaled_codec(scale: float) -> type:
 def test_custom_codec_reregistered_name_serves_the_new_codec(mesh):
   """Register a name as A, run, register it again as B: B's output, from the program
   jitted with A too (its cache key held only the spec string); unregistered, it fails."""
-  from jcoccl._src import params
+  from jcoccl._src.ops import params
 
   x = _x(10, N_DEV * 64)
   body = lambda v: jcoccl.all_reduce(v, "d", compressor="rereg", algorithm="one_shot", min_bytes=0)

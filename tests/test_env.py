@@ -4,7 +4,7 @@ import pytest
 
 import jcoccl
 from jcoccl._src import _env
-from jcoccl._src import distributed as D
+from jcoccl._src.native import distributed as D
 
 
 def test_integer_default_value_and_range(monkeypatch):

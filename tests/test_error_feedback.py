@@ -12,8 +12,8 @@ from collectives_util import LOSSY, P, bits, mesh, rand
 from jax import lax
 
 import jcoccl
-from jcoccl._src import cost_model as cm
-from jcoccl._src import layout as L
+from jcoccl._src.base import cost_model as cm
+from jcoccl._src.compressors import layout as L
 
 N = 4
 

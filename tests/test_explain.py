@@ -10,8 +10,8 @@ from collectives_util import mesh
 
 import jcoccl
 from jcoccl import __main__ as cli
-from jcoccl._src import cost_model as cm
-from jcoccl._src import threshold
+from jcoccl._src.base import cost_model as cm
+from jcoccl._src.compressors import threshold
 
 # A calibrated model where the exact op is much faster than compressing (one process).
 IN_PROCESS = cm.CostModel(5e-5, 10e9, 2e9, "test", 1e-4, exact_alpha_s=5e-5, exact_beta_Bps=10e9)

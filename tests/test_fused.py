@@ -16,8 +16,9 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _backend, _ffi, fused_comms, fused_ffi
-from jcoccl._src.axes import canonical_axes
+from jcoccl._src.base.axes import canonical_axes
+from jcoccl._src.engine import fused_comms, fused_ffi
+from jcoccl._src.native import _backend, _ffi
 
 pytestmark = pytest.mark.skipif(
   _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built"

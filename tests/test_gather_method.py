@@ -9,7 +9,7 @@ import pytest
 from collectives_util import bits, mesh, rand
 
 import jcoccl
-from jcoccl._src import payloads
+from jcoccl._src.compressors import payloads
 
 P = jax.P
 

@@ -17,7 +17,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jcoccl
-from jcoccl._src import wire_bytes as wb
+from jcoccl._src.observability import wire_bytes as wb
 
 pytestmark = pytest.mark.unoptimized
 

@@ -12,8 +12,9 @@ from collectives_util import mesh
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _compat, fused_comms
-from jcoccl._src import config as config_mod
+from jcoccl._src import _compat
+from jcoccl._src.base import config as config_mod
+from jcoccl._src.engine import fused_comms
 
 _INT8 = jc.int8(block_size=32)
 

@@ -1,4 +1,4 @@
-"""The row layout (jcoccl/_src/layout.py): padding, slices, rows of a message, batches."""
+"""The row layout (jcoccl/_src/compressors/layout.py): padding, slices, rows of a message, batches."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from jcoccl import compressors as jc
-from jcoccl._src import layout as L
-from jcoccl._src import rows as R
+from jcoccl._src.compressors import layout as L
+from jcoccl._src.compressors import rows as R
 
 
 @pytest.mark.parametrize("length", [0, 1, 31, 32, 33, 1000, 1024])

@@ -12,8 +12,10 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _env, _ffi, fused_comms, fused_ffi
-from jcoccl._src import layout as L
+from jcoccl._src import _env
+from jcoccl._src.compressors import layout as L
+from jcoccl._src.engine import fused_comms, fused_ffi
+from jcoccl._src.native import _ffi
 
 needs_native = pytest.mark.skipif(
   _ffi.native_module("cpu") is None, reason="jcoccl._cpu (the fused engine) is not built"

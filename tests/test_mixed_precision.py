@@ -15,7 +15,7 @@ from flax import nnx
 from tiny_models import batch as _batch
 from tiny_models import tiny_gpt as _gpt
 
-from jcoccl._src import wire_bytes as W
+from jcoccl._src.observability import wire_bytes as W
 from models import sample, train
 from models.configs.models import TINY_RUN
 from models.parallel import Parallel3D, compute_dtype, make_mesh, reference_loss_and_grads

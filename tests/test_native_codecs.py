@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi
 from jcoccl._src.compressors import native
+from jcoccl._src.native import _ffi
 
 if _ffi.native_module("cpu") is None:
   pytest.skip(

@@ -692,7 +692,7 @@ def test_nccl_emul_xla_patterns_through_the_interposer(patterns_ref, tmp_path, b
   # everything else (bf16/prod/integer reductions, S16 all-gathers sent as float16, ...) is
   # still bit-identical.
   from jcoccl import compressors as jc
-  from jcoccl._src import nccl_interposer as ni
+  from jcoccl._src.engine import nccl_interposer as ni
 
   built, ref = patterns_ref
   got = _patterns(built, built.interposer, 4, blocking, tmp_path / "fwd")
@@ -794,7 +794,7 @@ class _DropIn:
   def policy(self, op: str | None, path: Path, algorithm: str = "auto") -> None:
     """One int8 rule for `op` (every dtype), or none."""
     from jcoccl import compressors as jc
-    from jcoccl._src import nccl_interposer as ni
+    from jcoccl._src.engine import nccl_interposer as ni
 
     if op is None:
       self.lib.jcoccl_nccl_load_policy(None)

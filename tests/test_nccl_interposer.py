@@ -29,7 +29,7 @@ import emul_build  # noqa: E402
 import gen_nccl_api  # noqa: E402
 import gpu_shim  # noqa: E402
 
-from jcoccl._src import nccl_interposer as ni  # noqa: E402
+from jcoccl._src.engine import nccl_interposer as ni  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
   gpu_shim.compiler() is None or not sys.platform.startswith("linux"),
@@ -310,7 +310,7 @@ def _fused_reference(comp, dtype, chunks, x, n):
   from test_fused import _program
 
   import jcoccl
-  from jcoccl._src import fused_comms
+  from jcoccl._src.engine import fused_comms
 
   mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
   xs = jax.device_put(jnp.asarray(x), jax.NamedSharding(mesh, jax.P("x")))
@@ -643,7 +643,7 @@ def test_nccl_interposer_launcher_preloads_or_runs_uncompressed(built, tmp_path)
 def test_nccl_interposer_enable_refuses_when_a_real_nccl_is_loaded(built, tmp_path):
   good = _toml(tmp_path, '["*"]\nall_reduce = "int8"\n')
   code = (
-    "import ctypes, sys; from jcoccl._src import nccl_interposer as ni\n"
+    "import ctypes, sys; from jcoccl._src.engine import nccl_interposer as ni\n"
     f"ctypes.CDLL({str(built.emul)!r})\n"
     "try:\n"
     f"  ni.enable({good!r}, library={str(built.interposer)!r}, real={str(built.emul)!r})\n"
@@ -719,7 +719,7 @@ def test_nccl_interposer_seeded_dropped_symbol_is_caught(mutant, built, tmp_path
 def test_nccl_interposer_enable_loads_it_and_jcoccl_info_says_so(built, tmp_path):
   good = _toml(tmp_path, '[nccl]\naxes = {data = 2}\n[data]\nall_reduce = "int8"\n')
   code = (
-    "from jcoccl._src import info, nccl_interposer as ni\n"
+    "from jcoccl._src.engine import nccl_interposer as ni; from jcoccl._src.observability import info\n"
     "print('before', ni.summary())\n"
     f"rules = ni.enable({good!r}, library={str(built.interposer)!r}, real={str(built.emul)!r})\n"
     "print('rules', len(rules), ni.status()['active'])\n"

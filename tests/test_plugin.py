@@ -24,8 +24,9 @@ import pytest
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi, fused_comms
 from jcoccl._src.compressors import plugins
+from jcoccl._src.engine import fused_comms
+from jcoccl._src.native import _ffi
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "custom_codecs" / "sign"

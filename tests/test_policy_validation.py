@@ -7,8 +7,8 @@ import pytest
 
 import jcoccl.compressors as jc
 from jcoccl import policy as policy_module
-from jcoccl._src import all_reduce as ar
-from jcoccl._src.compressor_args import resolve_compressor
+from jcoccl._src.compressors.compressor_args import resolve_compressor
+from jcoccl._src.ops import all_reduce as ar
 from jcoccl.policy import OPS, Policy
 
 AXES = ("data", "tensor", "pipe")

@@ -9,9 +9,11 @@ from collectives_util import P, mesh
 from jax.interpreters import ad
 
 import jcoccl
-from jcoccl._src import _compat, config, rules
-from jcoccl._src.op_spec import op
-from jcoccl._src.reason import Reason
+from jcoccl._src import _compat
+from jcoccl._src.base import config
+from jcoccl._src.base.reason import Reason
+from jcoccl._src.ops import rules
+from jcoccl._src.ops.op_spec import op
 
 X = np.ones((8, 4, 64), np.float32)  # local (1, 4, 64) over mesh (a=2, b=4)
 INT8 = "int8:block=32"

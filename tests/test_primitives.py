@@ -10,7 +10,7 @@ from jax import lax
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import primitives
+from jcoccl._src.ops import primitives
 
 INT8 = jc.int8(block_size=32)
 PERM = [(0, 1), (1, 2), (2, 3), (3, 0)]

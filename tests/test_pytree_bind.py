@@ -13,7 +13,8 @@ from jax import lax
 
 import jcoccl
 from jcoccl import compressors as jc
-from jcoccl._src import _ffi, fused_comms
+from jcoccl._src.engine import fused_comms
+from jcoccl._src.native import _ffi
 
 INT8 = jc.int8(block_size=32)
 PERM = [(0, 1), (1, 2), (2, 3), (3, 0)]

@@ -229,7 +229,7 @@ def test_corrupt_indices_decode_to_nan_blocks_alike():
 
 
 def test_fused_backend_runs_spike_natively():
-  from jcoccl._src import fused_comms
+  from jcoccl._src.engine import fused_comms
 
   mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
   c = jc.parse("spike(int4:block=64):k=2")

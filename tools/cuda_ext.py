@@ -339,8 +339,9 @@ def use(ext: CudaExt) -> Iterator[CudaExt]:
     with use(ext):
       jcoccl.init(mesh); y = program(x); jcoccl.shutdown()
   """
-  from jcoccl._src import _ffi, fused_comms, fused_ffi
   from jcoccl._src.compressors import native
+  from jcoccl._src.engine import fused_comms, fused_ffi
+  from jcoccl._src.native import _ffi
 
   ext.register()
   saved = (

@@ -153,7 +153,7 @@ def scenario_workspace(ext: CudaExt) -> None:
 
   import jcoccl
   from jcoccl import compressors as jc
-  from jcoccl._src import fused_comms, fused_ffi
+  from jcoccl._src.engine import fused_comms, fused_ffi
 
   mesh, n, m = _mesh(4), 4, 64
   x = _data(mesh, rows=1, cols=m)
@@ -207,7 +207,7 @@ def _identity_ops(n: int, k: int, m: int, cid: int, v):
   """The identity codec's engine calls (NCCL's own collectives) on one rank's (k, n, m)."""
   import numpy as np
 
-  from jcoccl._src import fused_ffi
+  from jcoccl._src.engine import fused_ffi
 
   def call(op, algo, x, shape, perm=None):
     return fused_ffi.engine_call(op, algo, x, shape, cid, n, None, k, m, platform="cpu", perm=perm)
@@ -264,7 +264,7 @@ def scenario_no_host_wait(ext: CudaExt) -> None:
 
   import jcoccl
   from jcoccl import compressors as jc
-  from jcoccl._src import fused_comms
+  from jcoccl._src.engine import fused_comms
 
   n, k, m = 4, 2, 64
   mesh, comp = _mesh(n), jc.int8(block_size=32)

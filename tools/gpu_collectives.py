@@ -297,8 +297,8 @@ def _reference(op: str, comp: Any, xs: list, me: int, n: int, m: int, dtype: Any
 
 def _layout(op: str, x: Any, n: int, m: int) -> tuple[Any, tuple]:
   """Engine input (k = 1) and output shape for ``op``, as jcoccl's fused backend lays
-  them out (:func:`jcoccl._src.fused_ops.engine_shapes`); ``x`` is a rank's ``[n, m]``."""
-  from jcoccl._src.fused_ops import engine_shapes
+  them out (:func:`jcoccl._src.engine.fused_ops.engine_shapes`); ``x`` is a rank's ``[n, m]``."""
+  from jcoccl._src.engine.fused_ops import engine_shapes
 
   ishape, oshape = engine_shapes(op, 1, n, m)
   return (x[:1] if len(ishape) == 2 else x).reshape(ishape), oshape
@@ -566,7 +566,7 @@ def _bench_cases(n: int) -> dict:
 def _bench_layout(algo: str, n: int, m: int) -> tuple[tuple, tuple, int]:
   """(input shape, output shape, engine row length) for one timed call of n*m float32: an
   all_reduce (NCCL's plain one too) is one row of n*m, the others n rows of m."""
-  from jcoccl._src.fused_ops import engine_shapes
+  from jcoccl._src.engine.fused_ops import engine_shapes
 
   base = algo.removeprefix("plain_")
   engine, mm = ("one_shot", n * m) if base in ("all_reduce", "one_shot") else (base, m)

@@ -1,6 +1,6 @@
 // Shared by the CPU and CUDA fused handlers: reads a fused call's attributes.
 //
-// Attributes (Python: jcoccl/_src/fused_ffi.py):
+// Attributes (Python: jcoccl/_src/engine/fused_ffi.py):
 //   op: int32 (engine::Op; 7-9 are the plain uncompressed ops), k: int64 slices,
 //   m: int64 row length, comm: int64 id, timeout_s: float64 seconds a rank waits for its
 //   peers (jcoccl.config's timeout_s),

@@ -128,7 +128,7 @@ std::string& VersionNote() {
 
 // One line "rule key=value ...": the rule's own keys, and the codec descriptor's fields in
 // their text form (codecs/descriptor.h FieldFromText; a field not given keeps CodecSpec's
-// default). Python writes them: jcoccl/_src/nccl_interposer.py Rule.line.
+// default). Python writes them: jcoccl/_src/engine/nccl_interposer.py Rule.line.
 std::string ParseRule(const std::string& line, Rule* r) {
   std::istringstream in(line);
   std::string word;
@@ -491,7 +491,7 @@ int64_t PaddedLen(int64_t len, int64_t multiple) {
 }
 
 // How a message of `count` elements per rank becomes the engine's [k, (size,) m] rows, as
-// jcoccl/_src/layout.py cuts it (slices of whole units, zero padding at the end of a row).
+// jcoccl/_src/compressors/layout.py cuts it (slices of whole units, zero padding at the end of a row).
 struct Plan {
   je::Op op;
   int64_t k = 1, m = 0, padded = 0;  // padded: elements of one rank's padded row (k * m)
@@ -1109,7 +1109,7 @@ JCN_DEFINE(ncclResult_t, ncclCommGetAsyncError, CommGetAsyncError, (ncclComm_t c
 JCN_DEFINE(ncclResult_t, ncclCommDestroy, CommDestroy, (ncclComm_t c), (c))
 JCN_DEFINE(ncclResult_t, ncclCommAbort, CommAbort, (ncclComm_t c), (c))
 
-// ---- the control API (jcoccl/_src/nccl_interposer.py)
+// ---- the control API (jcoccl/_src/engine/nccl_interposer.py)
 // -------------------------------------------- One "key=value" per line: real, error, version,
 // policy, policy_error, rules, active.
 JCN_EXPORT const char* jcoccl_nccl_status() { return jcn::Text(jcn::StatusText()); }

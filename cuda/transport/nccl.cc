@@ -27,7 +27,7 @@ struct Resolver {
 };
 
 NcclApi* LoadApi(std::string* error) {
-  // RTLD_NOLOAD first: reuse a libnccl.so.2 the process already has (jcoccl/_src/_ffi.py
+  // RTLD_NOLOAD first: reuse a libnccl.so.2 the process already has (jcoccl/_src/native/_ffi.py
   // preloads the wheel's copy), so communicators and calls share one NCCL instance.
   void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
   if (lib == nullptr) lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);

@@ -1,6 +1,6 @@
 """Reading jcoccl's settings from environment variables, with errors that name them.
 
-:mod:`jcoccl._src.config` reads the collectives' settings through these once, into the
+:mod:`jcoccl._src.base.config` reads the collectives' settings through these once, into the
 process defaults; nothing else reads them while a program is traced or run.
 """
 

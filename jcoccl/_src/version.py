@@ -1,5 +1,5 @@
 """jcoccl's version, in a module of its own: the codec plugin loader checks it and must not
-import :mod:`jcoccl._src.info` (which reports on every part of the package)."""
+import :mod:`jcoccl._src.observability.info` (which reports on every part of the package)."""
 
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax
 import numpy as np
 
-from jcoccl._src.calibrate import DEFAULT_SIZES
 from jcoccl._src.compressors import sources
+from jcoccl._src.observability.calibrate import DEFAULT_SIZES
 from jcoccl.bench import _harness as H
 
 NAME = "calibrate"

@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src import layout
-from jcoccl._src.compressors import native, parse, sources, spec
+from jcoccl._src.compressors import layout, native, parse, sources, spec
 from jcoccl.bench import _harness as H
 
 DEFAULT_COMPRESSORS = "bf16,int8,int4,int4:asym,fp8,hadamard(int4),eb:abs=1e-3"

@@ -289,7 +289,7 @@ def _payload_ratio(spec: str, m: int, dtype: Any) -> float:
   if spec == "lax":
     return 1.0
   from jcoccl import compressors as jc
-  from jcoccl._src.compressor_args import compression_ratio
+  from jcoccl._src.compressors.compressor_args import compression_ratio
 
   return compression_ratio(jc.parse(spec), m, dtype)
 
@@ -361,7 +361,7 @@ def fit_and_report(rows: list[dict[str, Any]], path: str, out: Any = sys.stdout)
   """
   import json
 
-  from jcoccl._src import cost_model
+  from jcoccl._src.base import cost_model
 
   samples = [
     dict(r, ratio=r["payload_ratio"], seconds=r["time_us"] * 1e-6)

@@ -5,7 +5,7 @@ all_to_all would be than NCCL's exact (float32) op, from the codec throughputs o
 measured (the JSON that ``tools/gpu_codecs.py`` writes, e.g. ``codec_bench_r1.json`` in
 benchmarks/results/2026-12-04-h200/run4-df9e660/logs.tgz) and a model of the links. No
 GPU and nothing compiled: the all_reduce algorithms are timed with the alpha-beta-gamma
-formulas of :mod:`jcoccl._src.cost_model` (``CostModel.cost``), the other ops and the
+formulas of :mod:`jcoccl._src.base.cost_model` (``CostModel.cost``), the other ops and the
 two-level network composed from the same terms.
 
 Model constants (all stated in the output's header, and in

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jcoccl._src.cost_model import CostModel
+from jcoccl._src.base.cost_model import CostModel
 
 NODE_GPUS = 8
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -136,7 +136,7 @@ class Codec:
 def passes(op: str, n: int) -> tuple[float, float]:
   """(encode, decode) passes over the message of ``op`` ("one_shot", "two_shot", or a
   non-all_reduce op) on ``n`` ranks; the decodes of one_shot and two_shot's first are
-  decode_sums. Their sum is :mod:`jcoccl._src.cost_model`'s codec coefficient.
+  decode_sums. Their sum is :mod:`jcoccl._src.base.cost_model`'s codec coefficient.
 
   Example:
     >>> passes("two_shot", 8)

@@ -27,8 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src import layout
-from jcoccl._src.compressors import registry, spec
+from jcoccl._src.compressors import layout, registry, spec
 
 # The families reach these as ``_base.X``; they are the arithmetic module's.
 from jcoccl._src.compressors.arith import F32_MAX as F32_MAX
@@ -167,7 +166,7 @@ class Compressor:
   lossless: ClassVar[bool] = False
   # True: each block of ``granule`` elements is encoded, summed and decoded on its own,
   # wherever it sits in the row, so the leaves of one call may share a row laid end to end
-  # (jcoccl._src.lowering). A codec that reads a whole row (a row-wide scale, top-k over the
+  # (jcoccl._src.ops.lowering). A codec that reads a whole row (a row-wide scale, top-k over the
   # row) keeps False; a wrapper is block-wise where its inner codec is too.
   blockwise: ClassVar[bool] = False
 

@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jcoccl._src import layout
 from jcoccl._src.compressors import _base as B
-from jcoccl._src.compressors import registry
+from jcoccl._src.compressors import layout, registry
 from jcoccl._src.compressors._base import Payload
 
 RAW = 255

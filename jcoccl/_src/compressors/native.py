@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jcoccl._src import _compat, _ffi
+from jcoccl._src import _compat
 from jcoccl._src.compressors import registry
+from jcoccl._src.native import _ffi
 
 _NATIVE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # jax's lowering platform names -> the native module that has kernels for them.

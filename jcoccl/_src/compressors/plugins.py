@@ -25,8 +25,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jcoccl._src import _ffi
 from jcoccl._src.compressors import native, registry
+from jcoccl._src.native import _ffi
 
 ENTRY_SYMBOL = "jcoccl_codec_plugin_v1"  # JCOCCL_PLUGIN_ENTRY_SYMBOL
 # Rows the payload sizes are compared at: these many granules (3: not a power of two).

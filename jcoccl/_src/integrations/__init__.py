@@ -1,0 +1,1 @@
+"""Whole programs: jcoccl.compress's jaxpr rewrite and the GSPMD entry point."""

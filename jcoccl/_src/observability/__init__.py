@@ -1,0 +1,1 @@
+"""What a program does and costs: explain, wire bytes, info, calibration, the codec conformance CLI."""
