@@ -19,8 +19,9 @@ all_reduce, error feedback on) for each ``b`` of ``--data-bits``; ``--data CODEC
    ranks data bits too high in cost of accuracy, never too low.
 3. The Pareto frontier (cheaper candidates only where their score is higher) is searched by
    bisection with short runs (``--steps`` steps, ``--seed``; the exact policy trains once
-   alongside): a candidate passes when its final validation loss is within ``--budget`` of
-   exact's. Assuming the loss grows with the score, the cheapest passing frontier point is
+   alongside): a candidate passes when its trained weights' validation loss is within
+   ``--budget`` of exact's both through its own collectives and through exact ones
+   (:func:`judge`). Assuming the loss grows with the score, the cheapest passing frontier point is
    found in about log2(frontier) runs; ``--max-runs`` caps them.
 
 Writes ``--out`` (the chosen policy, a models/configs TOML, with its figures as comments) and
@@ -303,14 +304,14 @@ def main(argv: list[str] | None = None) -> dict:
     path.mkdir(parents=True, exist_ok=True)
     (path / "policy.toml").write_text(policy_toml(c, a.data, []))
     s = cached_run(base + ["--policy", str(path / "policy.toml")], path / "run")
-    rel = s["val_loss_end"] / exact["val_loss_end"] - 1
-    bytes_ratio = s["wire"]["total"]["compressed"] / exact["wire"]["total"]["uncompressed"]
-    runs.append(
-      {**_cand(c), "val_loss": s["val_loss_end"], "vs_exact": rel, "bytes_ratio": bytes_ratio}
-    )
-    print(f"tune: {c.name}: val {s['val_loss_end']:.4f} ({rel:+.2%} of exact), "
-          f"bytes {bytes_ratio:.3f} of exact", flush=True)  # fmt: skip
-    return rel <= budget
+    j = judge(s, exact, budget)
+    runs.append({**_cand(c), **j})
+    through = j["vs_exact_collectives"]
+    print(f"tune: {c.name}: val {j['val_loss']:.4f} ({j['vs_exact']:+.2%} of exact), through "
+          f"exact collectives {'n/a' if through is None else f'{through:+.2%}'}, bytes "
+          f"{j['bytes_ratio']:.3f} of exact: {'passes' if j['passes'] else 'fails'}",
+          flush=True)  # fmt: skip
+    return j["passes"]
 
   best, _ = search(cands, passes, a.max_runs)
   report = {
@@ -339,13 +340,51 @@ def main(argv: list[str] | None = None) -> dict:
       [
         f"Chosen by: {report['command']}",
         f"{a.model}-{a.size}, {a.steps} steps, seed {a.seed}: val {chosen['val_loss']:.4f}, "
-        f"{chosen['vs_exact']:+.2%} of exact's {exact['val_loss_end']:.4f}; "
+        f"{chosen['vs_exact']:+.2%} of exact's {exact['val_loss_end']:.4f} "
+        f"({chosen['vs_exact_collectives']:+.2%} through exact collectives); "
         f"{chosen['bytes_ratio']:.3f} of exact's bytes (one seed: check another).",
         f"Report: {out}.report.md",
       ],
     )
   )
   return report
+
+
+def judge(run: Mapping[str, Any], exact: Mapping[str, Any], budget: float) -> dict[str, Any]:
+  """A short run's verdict against the exact run's.
+
+  A candidate passes only when its trained weights are within ``budget`` of exact's
+  validation loss both through its own (compressed) collectives and through exact ones:
+  a run whose weights co-adapted to its codec's rounding can look good through its own
+  collectives alone.
+
+  Args:
+    run: the candidate run's summary.json (``val_loss_end``, ``val_loss_exact_collectives``,
+      ``wire``).
+    exact: the exact run's summary.json.
+    budget: the allowed relative loss over exact's (0.01 for 1%).
+
+  Returns:
+    ``{"val_loss", "vs_exact", "val_loss_exact_collectives", "vs_exact_collectives",
+    "bytes_ratio", "passes"}``; a run that did not measure the exact-collective loss fails.
+
+  Example:
+    >>> judge({"val_loss_end": 2.02, "val_loss_exact_collectives": 2.03, "wire": w},
+    ...       {"val_loss_end": 2.0, "wire": w_exact}, 0.01)["passes"]  # doctest: +SKIP
+    False
+  """
+  ref = exact["val_loss_end"]
+  through = run.get("val_loss_exact_collectives")
+  rel = run["val_loss_end"] / ref - 1
+  rel_x = None if through is None else through / ref - 1
+  return {
+    "val_loss": run["val_loss_end"],
+    "vs_exact": rel,
+    "val_loss_exact_collectives": through,
+    "vs_exact_collectives": rel_x,
+    "bytes_ratio": run["wire"]["total"]["compressed"] / exact["wire"]["total"]["uncompressed"],
+    "passes": rel <= budget and rel_x is not None and rel_x <= budget,
+  }
 
 
 def _cand(c: Candidate) -> dict:
@@ -361,13 +400,15 @@ def report_md(r: Mapping[str, Any]) -> str:
     f"objective {r['objective']} ({r['cost_source']}); gradient noise {r['probe']['noise']:.4f}",
     "",
     "| candidate (bits: t tensor, p pipe, d data) | score | predicted cost | val loss | vs exact "
-    "| bytes / exact |",
-    "|---|---|---|---|---|---|",
+    "| through exact collectives | bytes / exact | passes |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for t in r["tried"]:
+    x = t.get("vs_exact_collectives")
     lines.append(
       f"| {t['name']} | {t['score']:.3f} | {t['cost']:.4g} | {t['val_loss']:.4f} | "
-      f"{t['vs_exact']:+.2%} | {t['bytes_ratio']:.3f} |"
+      f"{t['vs_exact']:+.2%} | {'n/a' if x is None else f'{x:+.2%}'} | {t['bytes_ratio']:.3f} "
+      f"| {'yes' if t.get('passes') else 'no'} |"
     )
   ch = r["chosen"]
   lines += ["", f"frontier: {', '.join(c['name'] for c in r['frontier'])}", ""]

@@ -208,3 +208,29 @@ def test_adaptive_training_logs_checkpoints_and_resumes(tmp_path):
   for key in ("changes", "sensitivity", "steps_at", "bits"):
     assert r["adaptive"][key] == s["adaptive"][key], key
   assert saved_adaptive(checkpointer(b), 4) == saved
+
+
+def test_a_candidate_passes_only_within_the_budget_by_both_measures():
+  wire = lambda c, u: {"total": {"compressed": c, "uncompressed": u}}
+  exact = {"val_loss_end": 2.0, "wire": wire(100.0, 100.0)}
+  run = lambda own, through: {
+    "val_loss_end": own, "val_loss_exact_collectives": through, "wire": wire(25.0, 100.0)
+  }  # fmt: skip
+  j = tune.judge(run(2.01, 2.015), exact, 0.01)
+  assert j["passes"] and j["bytes_ratio"] == 0.25
+  assert j["vs_exact"] == pytest.approx(0.005) and j["vs_exact_collectives"] == pytest.approx(
+    0.0075
+  )
+  # Co-adapted: good through its own collectives, over the budget through exact ones.
+  assert not tune.judge(run(2.01, 2.03), exact, 0.01)["passes"]
+  assert not tune.judge(run(2.03, 2.01), exact, 0.01)["passes"]
+  assert not tune.judge(run(2.01, None), exact, 0.01)["passes"]  # not measured: no pass
+  md = tune.report_md(
+    {
+      "command": "python -m models.tune ...", "budget": 0.01, "objective": "bytes",
+      "cost_source": "bytes", "exact": {"val_loss": 2.0}, "probe": {"noise": 0.1},
+      "frontier": [], "chosen": None,
+      "tried": [{"name": "t4-p4", "score": 0.1, "cost": 1.0, **tune.judge(run(2.01, 2.03), exact, 0.01)}],
+    }
+  )  # fmt: skip
+  assert "| t4-p4 | 0.100 | 1 | 2.0100 | +0.50% | +1.50% | 0.250 | no |" in md
