@@ -27,7 +27,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -197,9 +197,32 @@ def share(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
   return json.loads(got.tobytes().decode())
 
 
+def compressed_all_reduces(rows: Sequence[Any]) -> list[tuple[str, tuple, str, Any]]:
+  """``(axis, shape, dtype, compressor)`` of each leaf that a program's jcoccl all_reduce
+  calls name a compressor for (one mesh axis, one codec), in program order.
+
+  Args:
+    rows: ``jcoccl.explain(traced)``'s records: the program's own equations say what each
+      call named (``"auto:<spec>"`` where auto chose; the spec is what is read back here).
+
+  Returns:
+    One tuple per leaf; calls over several axes and per-level pairs are left out, as the
+    cost model has one entry per (axis, op, codec).
+  """
+  found = []
+  for r in rows:
+    named = r.named.removeprefix("auto:")
+    if r.kind != "jcoccl" or r.op != "all_reduce" or named == "none" or named.startswith("("):
+      continue
+    if len(r.axes) == 1:
+      dtype = jax.numpy.dtype(r.dtype)
+      found.append((r.axes[0], tuple(r.shape), dtype, jcoccl.compressors.parse(named)))
+  return found
+
+
 def verdict(
   record: Mapping[str, Any],
-  log: list,
+  rows: Sequence[Any],
   policy: jcoccl.Policy,
   mesh: jax.sharding.Mesh,
   ef_axes: tuple[str, ...] = (),
@@ -208,8 +231,8 @@ def verdict(
 
   Args:
     record: :func:`start`'s record (its ``cost_model``).
-    log: ``(axis, op, shape, dtype, compressor)`` of each call as the train step was traced
-      (``models.collectives.Collectives.log``).
+    rows: ``jcoccl.explain(traced)``'s records of the traced train step (its jcoccl
+      all_reduce calls are read by :func:`compressed_all_reduces`).
     policy: the run's policy (which entries are ``"auto:<spec>"``).
     mesh: the mesh.
     ef_axes: axes whose all_reduce keeps an error-feedback residual (two codec passes more).
@@ -224,8 +247,8 @@ def verdict(
     return {}
   models = load_table(table)
   out: dict[str, Any] = {}
-  for axis, op, shape, dtype, comp in log:
-    if op != "all_reduce" or comp is None or isinstance(comp, tuple) or axis not in mesh.shape:
+  for axis, shape, dtype, comp in compressed_all_reduces(rows):
+    if axis not in mesh.shape:
       continue
     model = models.get((axis,), "all_reduce", comp)
     if model is None or not model.calibrated:

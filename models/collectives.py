@@ -35,7 +35,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import jcoccl
@@ -111,14 +110,12 @@ class Keys:
 class Collectives:
   """Routes every collective of the models to jcoccl with the policy's compressor.
 
-  ``log`` records (axis, op, shape, dtype, compressor) of each leaf of each call at trace
-  time: which collectives the models issue. Bytes on the wire are measured on the compiled
-  program instead (``jcoccl.wire_bytes(step, ..., mesh=mesh)``: what XLA sends, by mesh
-  axis).
+  Which collectives a traced program issues, and what each named, is read from the program
+  itself (``jcoccl.explain(traced)``); bytes on the wire are measured on the compiled
+  program (``jcoccl.wire_bytes(step, ..., mesh=mesh)``: what XLA sends, by mesh axis).
   """
 
   policy: Policy
-  log: list = dataclasses.field(default_factory=list)
   # The key stream of the program being traced (:meth:`keyed`); None outside one.
   keys: Keys | None = None
   # The point of every key drawn, at trace time (which calls rounded stochastically).
@@ -172,10 +169,6 @@ class Collectives:
     """The policy's compressor of ``op`` on mesh axis ``axis``."""
     return self.policy.compressor(self._policy_axis(axis), op)
 
-  def _record(self, axis: str, op: str, x: Any, c: Any) -> None:
-    for leaf in jax.tree.leaves(x):
-      self.log.append((axis, op, tuple(leaf.shape), jnp.dtype(leaf.dtype), c))
-
   def _options(self, axis: str, op: str) -> dict:
     # The policy's algorithm names an all_reduce algorithm; the other ops take none.
     opts = self.policy.options(self._policy_axis(axis), op)
@@ -186,7 +179,6 @@ class Collectives:
     uncompressed path (metrics, norms). ``key``: a key drawn by the caller (a tensor
     point's); by default a stochastic codec draws the next ``<axis>.all_reduce`` key."""
     c = None if exact else self.compressor(axis, "all_reduce")
-    self._record(axis, "all_reduce", x, c)
     opts = self._options(axis, "all_reduce")
     if key is None:
       key = self.key(f"{axis}.all_reduce", c)
@@ -196,7 +188,6 @@ class Collectives:
     """Sum over ``axis`` of a flat ``x`` (or a pytree of them, in one call), this rank's
     1/size slice (tiled on dimension 0)."""
     c = self.compressor(axis, "reduce_scatter")
-    self._record(axis, "reduce_scatter", x, c)
     opts = self._options(axis, "reduce_scatter")
     return _per_leaf(
       lambda v, k: jcoccl.reduce_scatter(v, axis, tiled=True, compressor=c, key=k, **opts),
@@ -208,7 +199,6 @@ class Collectives:
     """Concatenation over ``axis`` of every rank's flat ``x`` (or a pytree of them, in one
     call), tiled on dimension 0."""
     c = self.compressor(axis, "all_gather")
-    self._record(axis, "all_gather", x, c)
     opts = self._options(axis, "all_gather")
     return _per_leaf(
       lambda v, k: jcoccl.all_gather(v, axis, tiled=True, compressor=c, key=k, **opts),
@@ -220,7 +210,6 @@ class Collectives:
     """Sums a gradient pytree over ``axis`` with error feedback (jcoccl.error_feedback);
     ``op`` is "all_reduce" or "reduce_scatter" (flat leaves, tiled)."""
     c = self.compressor(axis, op)
-    self._record(axis, op, grads, c)
     ef, opts = jcoccl.error_feedback(c), self._options(axis, op)
     key = self.key(f"{axis}.{op}", c)
     if key is not None:
@@ -251,7 +240,6 @@ class Collectives:
     inverse = [(b, a) for a, b in perm]
 
     def send(v, p, k):
-      self._record(axis, "ppermute", v, c)
       return jcoccl.ppermute(v, axis, p, compressor=c, key=k, **opts)
 
     @jax.custom_vjp

@@ -99,7 +99,6 @@ class DirectedCollectives(Collectives):
     point = f"tensor.{direction}"
     c, opts = self._point(point, "tensor", "all_reduce")
     self.points_log.append((point, tuple(x.shape), jnp.dtype(x.dtype)))
-    self._record("tensor", "all_reduce", x, c)
     if key is None:
       key = self.key(point, c)
     out = jcoccl.all_reduce(x, "tensor", compressor=c, key=key, **opts)
@@ -123,7 +122,6 @@ class DirectedCollectives(Collectives):
       point = f"{axis}.{direction}"
       c, opts = self._point(point, axis, "ppermute")
       self.points_log.append((point, tuple(v.shape), jnp.dtype(v.dtype)))
-      self._record(axis, "ppermute", v, c)
       out = jcoccl.ppermute(v, axis, p, compressor=c, key=k, **opts)
       if self.tap is not None:
         exact = jcoccl.ppermute(v, axis, p)

@@ -301,9 +301,8 @@ def _compile(job: Job, prog: Program, args: tuple, write: Callable[[str], Any]) 
   the cost model's verdict on its compressed all_reduce calls. Under ``--adapt`` the
   controller records the program's bytes on the wire."""
   state, par = job.state, prog.par
-  first = len(par.coll.log)
   prog.traced = prog.step_fn.trace(state.params, state.opt_state, state.ef, *args)
-  auto = _auto_verdict(job, par, par.coll.log[first:], write)
+  auto = _auto_verdict(job, par, jcoccl.explain(prog.traced), write)
   prog.run = prog.traced.lower().compile()
   if job.adapt is not None:
     total = jcoccl.wire_bytes(prog.traced, mesh=par.mesh, program="compiled")["total"]
@@ -387,12 +386,12 @@ def _adapt(job: Job, step: int, x: Any, y: Any, log: Any, write: Callable[[str],
   return job.adapt.key() != before or len(job.adapt.changes) == 1
 
 
-def _auto_verdict(job: Job, par: Parallel3D, log: list, write: Callable[[str], Any] = say) -> dict:
+def _auto_verdict(job: Job, par: Parallel3D, rows: list, write: Callable[[str], Any] = say) -> dict:
   """Prints (with ``write``: process 0) and returns what the run's cost model predicts for
-  the compressed all_reduce calls of the step ``par`` just traced
-  (``models.calibration.verdict``)."""
+  the compressed all_reduce calls of the step ``par`` just traced (``rows``: its
+  ``jcoccl.explain`` records; ``models.calibration.verdict``)."""
   ef = tuple(par.grad_sync.ef_levels()) if par.grad_sync.uses_error_feedback() else ()
-  v = calibration.verdict(job.calibration, log, job.recipe.policy, par.mesh, ef)
+  v = calibration.verdict(job.calibration, rows, job.recipe.policy, par.mesh, ef)
   write("\n".join(calibration.verdict_lines(v, job.calibration)))
   return v
 

@@ -295,9 +295,18 @@ def test_calibration_modes_and_verdict():
   policy = jcoccl.Policy.from_dict(
     {"data": {"all_reduce": "int8"}, "pipe": {"all_reduce": "auto:int8"}}
   )
+  from jcoccl._src.observability.explain import Record
+
+  # jcoccl.explain's records of a step: two int8 'data' leaves named by the policy, a 'pipe'
+  # leaf whose auto kept the exact op, an exact scalar sum and a ppermute (both ignored).
+  row = lambda axis, op, shape, named: Record("jcoccl", op, (axis,), shape, "float32", named=named)
+  log = [row("data", "all_reduce", (256,), "int8")] * 2
+  log += [row("pipe", "all_reduce", (4096,), "auto:int8"), row("data", "all_reduce", (), "none")]
+  log += [row("data", "ppermute", (8,), "int8"), Record("lax", "all_reduce", ("data",), (8,))]
   f32 = np.dtype(np.float32)
-  log = [("data", "all_reduce", (256,), f32, jc.int8())] * 2
-  log += [("pipe", "all_reduce", (4096,), f32, jc.int8()), ("data", "ppermute", (8,), f32, None)]
+  assert calibration.compressed_all_reduces(log) == [("data", (256,), f32, jc.int8())] * 2 + [
+    ("pipe", (4096,), f32, jc.int8())
+  ]
   v = calibration.verdict(record, log, policy, mesh)
   assert set(v) == {"data", "pipe"}
   assert v["data"]["messages"] == 2 and v["data"]["bytes"] == [1024, 1024]

@@ -148,17 +148,13 @@ def test_compressed_reduce_scatter_all_to_all_and_fewer_bytes():
     # above and the compressed one that of the next test: each compiles once.
     return par, par.train_step(tx, params, clip_norm=None), args
 
-  par, step, args = compile_step(COMPRESSED)
+  _, step, args = compile_step(COMPRESSED)
   hlo = step.lower(*args).compile().as_text()
   assert re.search(r"\ball-to-all\b", hlo)  # jcoccl's one-shot reduce_scatter
-  ops = {(axis, op) for axis, op, *_ in par.coll.log if axis == "data"}
-  assert ops == {("data", "reduce_scatter"), ("data", "all_gather"), ("data", "all_reduce")}
+  rows = [r for r in jcoccl.explain(step, *args) if r.kind == "jcoccl" and r.axes == ("data",)]
+  assert {r.op for r in rows} == {"reduce_scatter", "all_gather", "all_reduce"}
   # The only all_reduces left on 'data' are the exact scalar loss and norm.
-  assert all(
-    shape == () and c is None
-    for axis, op, shape, _, c in par.coll.log
-    if (axis, op) == ("data", "all_reduce")
-  )
+  assert all(r.shape == () and r.named == "none" for r in rows if r.op == "all_reduce")
   _, exact_step, exact_args = compile_step({"data": {"zero": True}})
   got, ref = _data_bytes(step, args, mesh), _data_bytes(exact_step, exact_args, mesh)
   assert set(got) == {"all-to-all", "all-gather", "all-reduce"}

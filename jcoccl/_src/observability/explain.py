@@ -114,7 +114,8 @@ def explain(fn: Callable[..., Any], *args: Any, mesh: Any = None, **kwargs: Any)
 
   Args:
     fn: a function (jitted or not) that calls jcoccl or lax collectives inside
-      ``jax.shard_map``, or any jittable function of a mesh's arrays.
+      ``jax.shard_map``, or any jittable function of a mesh's arrays; or a program already
+      traced (``jax.jit(f).trace(*args)``, a ``jax.stages.Traced``: then no arguments).
     *args, **kwargs: its arguments (arrays or ``jax.ShapeDtypeStruct``; nothing runs).
     mesh: the ``jax.sharding.Mesh``; given, the program is also compiled and the bytes
       the compiler adds per mesh axis (GSPMD) are listed.
@@ -130,10 +131,15 @@ def explain(fn: Callable[..., Any], *args: Any, mesh: Any = None, **kwargs: Any)
   """
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
     raise TypeError(f"explain: mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
-  if not callable(fn):
-    raise TypeError(f"explain: fn must be callable, got {type(fn).__name__}")
-  jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
-  traced = jitted.trace(*args, **kwargs)
+  if isinstance(fn, jax.stages.Traced):
+    if args or kwargs:
+      raise TypeError("explain: a traced program takes no arguments (it was traced with them)")
+    traced = fn
+  elif not callable(fn):
+    raise TypeError(f"explain: fn must be callable or a jax.stages.Traced, got {type(fn).__name__}")
+  else:
+    jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
+    traced = jitted.trace(*args, **kwargs)
   ours: list[Record] = []
   lax: list[Record] = []
   _rows(traced.jaxpr.jaxpr, ours, lax)
