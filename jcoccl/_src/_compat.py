@@ -365,8 +365,17 @@ def define_collective(p, *, abstract_eval, lower, jvp, transpose, batch) -> None
   ad.primitive_jvps[p] = jvp
   ad.primitive_transposes[p] = transpose
   batching.primitive_batchers[p] = batch
-  if hasattr(p, "to_lojax"):
+  if _unreduced_is_high():
     _define_high(p)
+
+
+def _unreduced_is_high() -> bool:
+  """Whether this JAX types a value unreduced over a mesh axis as a high type (JAX >=
+  0.12.1: an UnreducedArray). Older JAX has the hooks too but no such type: there they stay
+  unset, as setting them changed nothing but the lowering's path (and its timing)."""
+  from jax._src import array as _array
+
+  return hasattr(_array, "UnreducedArray")
 
 
 def _define_high(p) -> None:
