@@ -1,7 +1,7 @@
-// Leaf bucketing on CPU (jcoccl/_src/compressors/layout.py run_packed): the leaves of one bucket laid
-// end to end in one padded row by ONE call, and the results cut back out by ONE call.
-// XLA:CPU runs every pad, slice or gather index as a kernel (or a constant) of its own; with
-// 200 leaves a bucket paid 200 unpack kernels per device, more than its collective.
+// Leaf bucketing on CPU (jcoccl/_src/compressors/layout.py run_packed): the leaves of one bucket
+// laid end to end in one padded row by ONE call, and the results cut back out by ONE call. XLA:CPU
+// runs every pad, slice or gather index as a kernel (or a constant) of its own; with 200 leaves a
+// bucket paid 200 unpack kernels per device, more than its collective.
 //
 // Layout (the same as run_packed's jnp path, so the bits are the same): every one of the
 // `rows` rows holds, for leaf i in order, counts[i] segments of lengths[i] elements, each

@@ -5,8 +5,8 @@
 //   Lanes     -- where work runs: three lanes (encode, communicate, decode) that are
 //                synchronous on CPU and CUDA streams ordered by events on GPU.
 //
-// Messages arrive already laid out by the Python side (jcoccl/_src/engine/fused_ops.py) as `k` slices
-// (the `chunks` of the collective), each a block of rows whose length is a multiple of the
+// Messages arrive already laid out by the Python side (jcoccl/_src/engine/fused_ops.py) as `k`
+// slices (the `chunks` of the collective), each a block of rows whose length is a multiple of the
 // codec granule; slice s's payloads live in their own part of the workspace, so slice s+1's
 // encode overlaps slice s's communication with no reuse hazards. Reductions are the f32
 // left fold over source ranks in rank order, cast once (cuda/WIRE_FORMAT.md "Reductions"),

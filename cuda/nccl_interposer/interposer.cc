@@ -491,7 +491,8 @@ int64_t PaddedLen(int64_t len, int64_t multiple) {
 }
 
 // How a message of `count` elements per rank becomes the engine's [k, (size,) m] rows, as
-// jcoccl/_src/compressors/layout.py cuts it (slices of whole units, zero padding at the end of a row).
+// jcoccl/_src/compressors/layout.py cuts it (slices of whole units, zero padding at the end of a
+// row).
 struct Plan {
   je::Op op;
   int64_t k = 1, m = 0, padded = 0;  // padded: elements of one rank's padded row (k * m)
