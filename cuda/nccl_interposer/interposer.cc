@@ -95,7 +95,7 @@ const char* const kOpNames[kNumOps] = {"all_reduce", "reduce_scatter", "all_gath
 const char* const kDTypeNames[3] = {"float32", "bfloat16", "float16"};
 enum Algorithm : int { kOneShot = 0, kTwoShot = 1, kAuto = 2 };
 
-// One line of the resolved policy (jcoccl/_src/nccl_policy.py writes them).
+// One line of the resolved policy (jcoccl/_src/engine/nccl_interposer.py writes them).
 struct Rule {
   int size = 0;      // communicator size; 0: any
   unsigned ops = 0;  // bit per OpKind

@@ -37,7 +37,7 @@ def canonical_axes(axis_name: Any, empty: bool = False) -> tuple[str, ...]:
 class AxisNameError(NameError, ValueError):
   """An axis name not bound where the collective runs (a NameError, as lax raises, and a
   ValueError, as earlier jcoccl versions raised). The message is lax's (``lax.axis_size``'s;
-  the ops put their lax op's in its place, :mod:`jcoccl._src.lax_errors`), then jcoccl's
+  the ops put their lax op's in its place, :mod:`jcoccl._src.base.lax_errors`), then jcoccl's
   ``hint``."""
 
   def __init__(self, message: str, hint: str = "") -> None:
