@@ -109,12 +109,16 @@ def main(argv: list[str] | None = None) -> dict:
   multi = jcoccl.distributed.initialize()
   cfg, job = prepare(argv)
   job.argv = argv
-  if not multi:
-    return loop.train(cfg, job)
   try:
-    return loop.train(cfg, job)
+    summary = loop.train(cfg, job)
   except jax.errors.JaxRuntimeError as e:
+    if not multi:
+      raise
     _lost_peer(e)
+  # Ends the manager's background threads with the run (a process may run several, as the
+  # tests do). Only after a run that ended well: after a lost peer it could wait on it.
+  job.mngr.close()
+  return summary
 
 
 def prepare(argv: list[str] | None) -> tuple[RunConfig, loop.Job]:

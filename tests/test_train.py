@@ -36,8 +36,11 @@ def _restore(out, step):
   import orbax.checkpoint as ocp
 
   mngr = checkpoint.checkpointer(out)
-  assert step in mngr.all_steps()
-  return mngr.restore(step, args=ocp.args.StandardRestore())
+  try:
+    assert step in mngr.all_steps()
+    return mngr.restore(step, args=ocp.args.StandardRestore())
+  finally:
+    mngr.close()
 
 
 @pytest.mark.slow

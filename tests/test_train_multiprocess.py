@@ -97,11 +97,14 @@ def _checkpoint(out, step: int, like=None) -> dict:
   import orbax.checkpoint as ocp
 
   mngr = checkpoint.checkpointer(out)
-  assert step in mngr.all_steps(), (step, mngr.all_steps())
-  if like is None:
-    return mngr.restore(step, args=ocp.args.StandardRestore())
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-  return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+  try:
+    assert step in mngr.all_steps(), (step, mngr.all_steps())
+    if like is None:
+      return mngr.restore(step, args=ocp.args.StandardRestore())
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+  finally:
+    mngr.close()
 
 
 def _assert_same_state(got: dict, want: dict) -> None:
