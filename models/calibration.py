@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 import jcoccl
+from jcoccl.policy import AUTO_PREFIX
 
 # Per device; a process sends its devices' messages together, so 4 MiB each outlasts a
 # link's burst allowance (see jcoccl._src.observability.calibrate.DEFAULT_SIZES) for 4 devices a process.
@@ -211,7 +212,7 @@ def compressed_all_reduces(rows: Sequence[Any]) -> list[tuple[str, tuple, str, A
   """
   found = []
   for r in rows:
-    named = r.named.removeprefix("auto:")
+    named = r.named.removeprefix(AUTO_PREFIX)
     if r.kind != "jcoccl" or r.op != "all_reduce" or named == "none" or named.startswith("("):
       continue
     if len(r.axes) == 1:
