@@ -42,6 +42,7 @@ from jcoccl import compressors as compressors
 from jcoccl import distributed as distributed
 from jcoccl._src.ops.error_feedback import ErrorFeedback as ErrorFeedback
 from jcoccl._src.ops.error_feedback import error_feedback as error_feedback
+from jcoccl import residuals as residuals
 from jcoccl._src.observability.wire_bytes import wire_bytes as wire_bytes
 from jcoccl._src.observability.explain import explain as explain
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+import jcoccl
 from models.collectives import Collectives
 from models.recipe import Recipe
 from models.sharding import DATA_AXIS, NODE, Placement, is_spec
@@ -73,9 +74,8 @@ class GradSync:
       grads, ef = self.scatter(jax.tree.map(self.shards.pad_flat, grads), ef)
     elif self.place.sizes["data"] > 1:
       if ef is not None:
-        local_ef = jax.tree.map(lambda e: e[0], ef)
-        grads, local_ef = self.coll.ef_reduce(grads, local_ef, "data", "all_reduce")
-        ef = jax.tree.map(lambda e: e[None], local_ef)
+        grads, local_ef = self.coll.ef_reduce(grads, jcoccl.residuals.local(ef), "data")
+        ef = jcoccl.residuals.stacked(local_ef)
       else:
         grads = self.coll.all_reduce(grads, "data")
     if self.place.sizes["pipe"] > 1:
@@ -94,9 +94,9 @@ class GradSync:
     new_ef: dict | None = {} if ef is not None else None
     for axis in self.shards.scatter_levels():
       if ef is not None and new_ef is not None and axis in ef:
-        local_ef = jax.tree.map(lambda e: e[0], ef[axis])
+        local_ef = jcoccl.residuals.local(ef[axis])
         grads, local_ef = self.coll.ef_reduce(grads, local_ef, axis, "reduce_scatter")
-        new_ef[axis] = jax.tree.map(lambda e: e[None], local_ef)
+        new_ef[axis] = jcoccl.residuals.stacked(local_ef)
       else:
         grads = self.coll.reduce_scatter(grads, axis)
     return grads, new_ef
@@ -115,35 +115,28 @@ class GradSync:
     return {axis: tree for axis in self.ef_levels()} if self.zero else tree
 
   def init_ef(self, params: dict) -> Any:
-    """Zero residuals for the train step when the recipe asks for error feedback (else None)."""
+    """Zero residuals for the train step when the recipe asks for error feedback (else None):
+    ``jcoccl.residuals.init`` over every mesh axis, of each device's block of the parameters,
+    or in ZeRO mode of the flat padded leaf each level reduce-scatters (the leaf's ZeRO length
+    times the data ranks, divided by the levels before it)."""
     if not self.uses_error_feedback():
       return None
     place, levels = self.place, self.shards.scatter_levels()
-    ndev = place.mesh.devices.size
+    every = tuple(place.mesh.axis_names)
+    if not self.zero:
+      return jcoccl.residuals.init(params, place.mesh, every, place.specs)
 
-    def shapes(level: str | None) -> dict:
-      # A level reduce-scatters the flat padded leaf divided by the levels before it.
-      before = (
-        1
-        if level is None
-        else int(np.prod([place.sizes[a] for a in levels[: levels.index(level)]]))
+    def flat(level: str) -> dict:
+      before = int(np.prod([place.sizes[a] for a in levels[: levels.index(level)]]))
+      size = lambda p, s: self.shards.shard_len(p.shape, s) * place.n_data // before
+      return jax.tree.map(
+        lambda p, s: jax.ShapeDtypeStruct((size(p, s),), jnp.float32),
+        params,
+        place.specs,
+        is_leaf=is_spec,
       )
-      local = lambda p, s: (
-        (self.shards.shard_len(p.shape, s) * place.n_data // before,)
-        if self.zero
-        else place.local_shape(p.shape, s)
-      )
-      return jax.tree.map(lambda p, s: (ndev, *local(p, s)), params, place.specs, is_leaf=is_spec)
 
-    zeros = lambda t: jax.tree.map(
-      lambda sh: jnp.zeros(sh, jnp.float32), t, is_leaf=lambda x: isinstance(x, tuple)
-    )
-    make = (
-      (lambda: {a: zeros(shapes(a)) for a in self.ef_levels()})
-      if self.zero
-      else (lambda: zeros(shapes(None)))
-    )
-    return jax.jit(make, out_shardings=place.sharding(self.ef_specs()))()
+    return {a: jcoccl.residuals.init(flat(a), place.mesh, every) for a in self.ef_levels()}
 
   def global_norm(self, grads: dict, axes: tuple[str, ...] = ("tensor", "pipe")) -> jax.Array:
     """The gradient norm over all shards: each device adds its share, divided by replication

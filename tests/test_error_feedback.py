@@ -191,3 +191,66 @@ def test_residual_argument_errors():
         g, "x", compressor="int8", min_bytes=0, backend="fused", residual=g
       )[0]
     )
+
+
+def test_residuals_state_across_steps():
+  """jcoccl.residuals: the stacked state, placed on a data x model mesh, carried between
+  jitted steps, reproduces bit for bit the residuals a loop inside one shard_map keeps
+  (error_feedback().init), and each device's block is what its spec says."""
+  m = mesh((2, 2), ("data", "model"))
+  grads = {"w": rand((8, 6), jnp.float32, seed=5), "b": rand((6,), jnp.float32, seed=6)}
+  specs = {"w": P(None, "model"), "b": P()}
+  state = jcoccl.residuals.init(grads, m, "data", specs)
+  assert state["w"].shape == (2, 8, 6) and state["b"].shape == (2, 6)
+  assert state["w"].sharding.spec == P(("data",), None, "model")
+  # Over every axis (each device its own residual), a dimension the axes split is divided.
+  every = jcoccl.residuals.init(grads, m, ("data", "model"), specs)
+  assert every["w"].shape == (4, 8, 3) and every["b"].shape == (4, 6)
+  ef = jcoccl.error_feedback("int4")
+  kw = dict(algorithm="two_shot", min_bytes=0)
+  g_specs = {"w": P(None, "model"), "b": P()}
+  e_specs = jax.tree.map(lambda e: e.sharding.spec, state)  # P(('data',), None, 'model'), ...
+
+  def step(g, s):
+    out, new = ef.all_reduce(g, jcoccl.residuals.local(s), "data", **kw)
+    return out, jcoccl.residuals.stacked(new)
+
+  f = jax.jit(
+    jax.shard_map(step, mesh=m, in_specs=(g_specs, e_specs), out_specs=(g_specs, e_specs))
+  )
+
+  def loop(g):
+    e = ef.init(g)
+    outs = []
+    for _ in range(3):
+      out, e = ef.all_reduce(g, e, "data", **kw)
+      outs.append(out)
+    return outs, jcoccl.residuals.stacked(e)
+
+  want_outs, want_e = jax.jit(
+    jax.shard_map(loop, mesh=m, in_specs=(g_specs,), out_specs=([g_specs] * 3, e_specs))
+  )(grads)
+  for want in want_outs:
+    out, state = f(grads, state)
+    for k in grads:
+      np.testing.assert_array_equal(bits(out[k]), bits(want[k]))
+  for k in grads:
+    assert np.any(np.asarray(state[k]))
+    np.testing.assert_array_equal(bits(state[k]), bits(want_e[k]))
+
+
+def test_residuals_errors():
+  m = mesh((2, 2), ("data", "model"))
+  x = {"w": jnp.zeros((6, 4))}
+  with pytest.raises(ValueError, match=r"axes: \('pod',\) are not axes of the mesh"):
+    jcoccl.residuals.init(x, m, "pod")
+  with pytest.raises(ValueError, match=r"specs\['w'\]: .* more entries than the leaf's rank 2"):
+    jcoccl.residuals.init(x, m, "data", {"w": P(None, None, "model")})
+  with pytest.raises(ValueError, match=r"specs\['w'\]: \('tp',\) are not axes of the mesh"):
+    jcoccl.residuals.init(x, m, "data", {"w": P("tp")})
+  with pytest.raises(ValueError, match=r"specs\['w'\]: dimension 0 \(6\) does not split over"):
+    jcoccl.residuals.init({"w": jnp.zeros((6, 4))}, mesh((4,), ("data",)), "data", {"w": P("data")})
+  with pytest.raises(ValueError, match="specs: not one PartitionSpec per leaf"):
+    jcoccl.residuals.init(x, m, "data", {"v": P()})
+  with pytest.raises(ValueError, match=r"not one device's slice \(1, \.\.\.\)"):
+    jcoccl.residuals.local({"w": jnp.zeros((2, 4))})

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from jcoccl._src import _compat
 
@@ -96,3 +97,21 @@ def rank_key(key: Any, axes: Sequence[str], chunk: int) -> Any:
     return None
   idx = lax.axis_index(tuple(axes))
   return jax.random.fold_in(jax.random.fold_in(key, idx), chunk)
+
+
+def names_of(entry: Any) -> tuple:
+  """The mesh axis names of one spec entry (a name, a tuple, None or UNCONSTRAINED)."""
+  if entry is None or entry is P.UNCONSTRAINED:
+    return ()
+  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def strip(spec: Any, axes: tuple[str, ...], keep: bool) -> P:
+  """``spec`` with, per dimension, only the names in ``axes`` (keep) or only the others."""
+  out = []
+  for entry in tuple(spec):
+    names = tuple(a for a in names_of(entry) if (a in axes) == keep)
+    out.append(None if not names else names[0] if len(names) == 1 else names)
+  while out and out[-1] is None:
+    out.pop()
+  return P(*out)

@@ -26,8 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jcoccl._src import _compat
@@ -42,6 +41,7 @@ from jcoccl._src.integrations.gspmd_trace import (
   positions,
   trace,
 )
+from jcoccl._src.ops import residuals
 from jcoccl._src.ops.error_feedback import error_feedback as _error_feedback
 from jcoccl.policy import Policy
 
@@ -150,21 +150,23 @@ class DataParallelGrad:
     mesh = self._init_mesh(params)
     leaves, treedef = jax.tree_util.tree_flatten(params)
     specs = S.resolve(self.param_specs, params, mesh)
-    n = self._size(mesh)
+    # Level one sends whole gradients: the data axes do not split its residuals. HSDP's
+    # second level all-reduces the shard over the other data axes: its residual is the shard.
+    hsdp = [
+      i for i, s in enumerate(specs) if self._is_hsdp(S.data_dim(s, self.axes, "param_specs"))
+    ]
+    whole = [S.strip(s, self.axes, keep=False) for s in specs]
+    zeros = residuals.init(
+      leaves + [leaves[i] for i in hsdp], mesh, self.axes, whole + [specs[i] for i in hsdp]
+    )
+    out = zeros[: len(leaves)]
+    for i, shard in zip(hsdp, zeros[len(leaves) :]):
+      out[i] = (out[i], shard)
+    return jax.tree_util.tree_unflatten(treedef, out)
 
-    def zeros(x: Any, spec: P) -> Any:
-      shape = tuple(jnp.shape(x))
-      rest = S.strip(spec, self.axes, keep=False)
-      place = S.data_dim(spec, self.axes, "param_specs")
-      full = self._zeros((n, *shape), NamedSharding(mesh, P(self.axes, *rest)))
-      if place is None or place[1] == self.axes:
-        return full
-      dim, over = place
-      shard = list(shape)
-      shard[dim] //= math.prod(mesh.shape[a] for a in over)
-      return full, self._zeros((n, *shard), NamedSharding(mesh, P(self.axes, *rest)))
-
-    return jax.tree_util.tree_unflatten(treedef, [zeros(x, s) for x, s in zip(leaves, specs)])
+  def _is_hsdp(self, place: Any) -> bool:
+    """A leaf sharded over some of the data axes, not all (a pair of residuals)."""
+    return place is not None and place[1] != self.axes
 
   def _init_mesh(self, params: Any) -> Any:
     """The mesh for :meth:`init`: given, the arrays', or the context's (also inside jit)."""
@@ -181,19 +183,6 @@ class DataParallelGrad:
         "jax.set_mesh(mesh), or pass arrays that carry their NamedSharding"
       )
     return mesh
-
-  @staticmethod
-  def _zeros(shape: tuple, sharding: NamedSharding) -> jax.Array:
-    """float32 zeros placed as ``sharding``, eagerly or inside a trace."""
-    if not _compat.is_traced(jnp.zeros(())) and not isinstance(
-      sharding.mesh, jax.sharding.AbstractMesh
-    ):
-      return jax.jit(lambda: jnp.zeros(shape, jnp.float32), out_shardings=sharding)()
-    z = jnp.zeros(shape, jnp.float32)
-    spec_axes = [a for e in sharding.spec for a in S.names_of(e)]
-    if spec_axes and all(sharding.mesh._name_to_type[a] == AxisType.Explicit for a in spec_axes):
-      return jax.sharding.reshard(z, sharding)
-    return lax.with_sharding_constraint(z, sharding)
 
   def __call__(self, *args: Any, state: Any = None) -> Any:
     """``(value, grads)``, or ``((value, grads), new_state)`` with error feedback.
@@ -257,8 +246,7 @@ class DataParallelGrad:
     except (ValueError, TypeError) as err:
       raise ValueError(f"state: not the structure grad_fn.init(params) gives: {err}") from None
     for e, place in zip(states, layout.places):
-      hsdp = place is not None and place[1] != self.axes
-      if isinstance(e, tuple) != hsdp:
+      if isinstance(e, tuple) != self._is_hsdp(place):
         raise ValueError(
           "state: made for other parameter placements than this call's (an HSDP leaf has a "
           "pair of residuals): build it with grad_fn.init(params) from the same "

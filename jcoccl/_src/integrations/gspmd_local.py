@@ -21,6 +21,7 @@ from jax import lax
 from jcoccl._src.base import config as _config
 from jcoccl._src.base.axes import match_vma, vma_of
 from jcoccl._src.integrations.gspmd_trace import Region
+from jcoccl._src.ops import residuals
 from jcoccl._src.ops.all_gather import all_gather
 from jcoccl._src.ops.all_reduce import all_reduce
 from jcoccl._src.ops.error_feedback import error_feedback as _error_feedback
@@ -200,7 +201,7 @@ class Local:
     """Sum over the data axes (all_reduce, reduce_scatter, or both for HSDP), / n."""
     g = self.g
     # A state leaf is (1, *s) here (its data shard); a pair of them for HSDP leaves.
-    local = [_map(lambda e: e[0], e) for e in states] if g.error_feedback else [None] * len(grads)
+    local = residuals.local(states) if g.error_feedback else [None] * len(grads)
     out, kept = [None] * len(grads), [None] * len(grads)
     groups: dict[Place, list[int]] = {}
     for i, place in enumerate(self.layout.places):
@@ -213,7 +214,7 @@ class Local:
         [local[i] for i in idx],
       )
       for i, s, e in zip(idx, summed, left):
-        out[i], kept[i] = (s / self.n).astype(grads[i].dtype), _map(lambda v: v[None], e)
+        out[i], kept[i] = (s / self.n).astype(grads[i].dtype), residuals.stacked(e)
     return out, kept if g.error_feedback else []
 
   def _level(self, place: Place, xs: list, states: list) -> tuple[list, list]:
@@ -320,10 +321,3 @@ class Local:
 
 def _nbytes(x: jax.Array) -> int:
   return x.size * jnp.dtype(x.dtype).itemsize
-
-
-def _map(fn: Callable[[Any], Any], e: Any) -> Any:
-  """``fn`` on a state leaf, on each of a pair (HSDP), None kept."""
-  if e is None:
-    return None
-  return tuple(fn(v) for v in e) if isinstance(e, tuple) else fn(e)

@@ -19,6 +19,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jcoccl._src import _compat
+from jcoccl._src.base.axes import names_of as names_of
+from jcoccl._src.base.axes import strip as strip
 
 
 def data_axes(axes: Any) -> tuple[str, ...]:
@@ -42,24 +44,6 @@ def is_spec(x: Any) -> bool:
 def spec_entry(axes: tuple[str, ...]) -> Any:
   """How a PartitionSpec names ``axes`` on one dimension: the name, or the tuple."""
   return axes[0] if len(axes) == 1 else axes
-
-
-def names_of(entry: Any) -> tuple:
-  """The mesh axis names of one spec entry (a name, a tuple, None or UNCONSTRAINED)."""
-  if entry is None or entry is P.UNCONSTRAINED:
-    return ()
-  return tuple(entry) if isinstance(entry, tuple) else (entry,)
-
-
-def strip(spec: Any, axes: tuple[str, ...], keep: bool) -> P:
-  """``spec`` with, per dimension, only the names in ``axes`` (keep) or only the others."""
-  out = []
-  for entry in tuple(spec):
-    names = tuple(a for a in names_of(entry) if (a in axes) == keep)
-    out.append(None if not names else names[0] if len(names) == 1 else names)
-  while out and out[-1] is None:
-    out.pop()
-  return P(*out)
 
 
 def strip_names(spec: P, axes: tuple[str, ...]) -> P:

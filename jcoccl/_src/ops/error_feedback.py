@@ -32,7 +32,9 @@ class ErrorFeedback(NamedTuple):
   per op).
 
   Attributes:
-    init: ``init(grads) -> state`` (float32 zeros shaped like ``grads``).
+    init: ``init(grads) -> state`` (float32 zeros shaped like ``grads``, inside shard_map;
+      the state kept between jitted steps is :func:`jcoccl.residuals.init`'s, whose
+      ``local`` view is this).
     all_reduce: ``all_reduce(grads, state, axis_name, **kw) -> (reduced, new_state)``.
     reduce_scatter: ``reduce_scatter(grads, state, axis_name, **kw) -> (shards, new_state)``.
   """
