@@ -118,8 +118,6 @@ class Collectives:
   policy: Policy
   # The key stream of the program being traced (:meth:`keyed`); None outside one.
   keys: Keys | None = None
-  # The point of every key drawn, at trace time (which calls rounded stochastically).
-  key_log: list = dataclasses.field(default_factory=list)
 
   @contextlib.contextmanager
   def keyed(
@@ -153,7 +151,6 @@ class Collectives:
         "inside models.parallel.Parallel3D's programs, and pass the step number to its "
         "train step (step(params, opt_state, ef, tokens, targets, step))"
       )
-    self.key_log.append(point)
     return self.keys.next(point)
 
   def draw(self, point: str, axis: str, op: str) -> jax.Array | None:
