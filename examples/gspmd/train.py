@@ -54,6 +54,7 @@ class TrainConfig:
   algorithm: str = "two_shot"
   error_feedback: bool = False
   gather_compressor: str | None = None
+  min_bytes: int = 0  # leaves under this many bytes are summed exactly
   accumulate: int = 1
   checkpoint: str | None = None
   save_at: int | None = None
@@ -99,6 +100,21 @@ def _on_mesh(mesh: Any, abstract: Any) -> Any:
   )
 
 
+def _like_params(mesh: Any, params: Any, abstract: Any) -> Any:
+  """Shardings for an optimizer state: a leaf whose path ends with a parameter's path (the
+  moments ``mu``, ``nu``) and has its shape is sharded as that parameter, others replicated."""
+  by_path = {jax.tree_util.keystr(k): p for k, p in jax.tree_util.tree_leaves_with_path(params)}
+
+  def pick(path: Any, a: Any) -> NamedSharding:
+    key = jax.tree_util.keystr(path)
+    for name, p in by_path.items():
+      if key.endswith(name) and p.shape == a.shape:
+        return p.sharding
+    return NamedSharding(mesh, P())
+
+  return jax.tree_util.tree_map_with_path(pick, abstract)
+
+
 def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
   mesh, axes = make_mesh(cfg)
   mcfg = ModelConfig(
@@ -117,9 +133,9 @@ def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
   tx = optax.adamw(cfg.lr)
   # Every leaf on the mesh (the step count too), so that a restored state has the same
   # shardings as a fresh one and the step program is the same executable.
-  opt_state = jax.jit(tx.init, out_shardings=_on_mesh(mesh, jax.eval_shape(tx.init, params)))(
-    params
-  )
+  # AdamW's moments are sharded as their parameters (an FSDP program's state stays sharded).
+  state_shardings = _like_params(mesh, params, jax.eval_shape(tx.init, params))
+  opt_state = jax.jit(tx.init, out_shardings=state_shardings)(params)
 
   def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
     logits = nnx.merge(graphdef, params)(x)
@@ -133,7 +149,7 @@ def build(cfg: TrainConfig, corpus: Any) -> dict[str, Any]:
       axes,
       compressor=cfg.compressor,
       algorithm=cfg.algorithm,
-      min_bytes=0,  # jcoccl
+      min_bytes=cfg.min_bytes,  # jcoccl
       error_feedback=cfg.error_feedback,
       param_specs=specs,
       mesh=mesh,  # jcoccl
