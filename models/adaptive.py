@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from models.directions import (
-  FAMILY,
   HYSTERESIS,
   AdaptConfig,
 )
@@ -65,7 +64,7 @@ class Adaptive:
   def directions(self, bits: Mapping[str, int] | None = None) -> dict[str, str]:
     """``{point: codec spec}`` for ``bits`` (default: now), for DirectedParallel."""
     b = self.bits if bits is None else bits
-    return {p: FAMILY.format(b=b[p]) for p in self.config.points}
+    return {p: self.config.family.format(b=b[p]) for p in self.config.points}
 
   def due(self, step: int) -> bool:
     return step % self.config.every == 0
@@ -171,6 +170,12 @@ class Adaptive:
       raise ValueError(
         f"the checkpoint adapted {pts}, this run --adapt-points {self.config.points}"
       )
+    rounding = saved["config"].get("rounding", "nearest")  # older checkpoints: nearest
+    if rounding != self.config.rounding:
+      raise ValueError(
+        f"the checkpoint adapted with --adapt-rounding {rounding}, this run "
+        f"--adapt-rounding {self.config.rounding}"
+      )
     self.bits = {p: int(saved["bits"][p]) for p in pts}
     self.sensitivity = {p: float(v) for p, v in saved["sensitivity"].items()}
     self.changes = list(saved["changes"])
@@ -190,7 +195,7 @@ def probe_fn(model: Any, mesh: Any, cfg: Any, config: AdaptConfig) -> Callable:
     mesh,
     bits=config.bits,
     reference_bits=config.reference_bits,
-    family=FAMILY,
+    family=config.family,
     points=config.points,
     n_micro=cfg.micro,
     dtype=cfg.dtype,

@@ -108,7 +108,7 @@ class DirectedCollectives(Collectives):
       self.tap.measure(
         point,
         exact,
-        lambda cc: jcoccl.all_reduce(x, "tensor", compressor=cc, min_bytes=0),
+        lambda cc, k: jcoccl.all_reduce(x, "tensor", compressor=cc, key=k, min_bytes=0),
         stage * n_local + layer,
       )
     return out
@@ -126,7 +126,7 @@ class DirectedCollectives(Collectives):
       if self.tap is not None:
         exact = jcoccl.ppermute(v, axis, p)
         self.tap.measure(
-          point, exact, lambda cc: jcoccl.ppermute(v, axis, p, compressor=cc, min_bytes=0)
+          point, exact, lambda cc, k: jcoccl.ppermute(v, axis, p, compressor=cc, key=k, min_bytes=0)
         )
       return out
 
@@ -164,7 +164,9 @@ def _measure_data(tap: Any, x: jax.Array, axis: str) -> None:
   sq = jcoccl.all_reduce(jnp.sum(g * g), axis)
   norm2 = jnp.sum(s * s)
   tap.add_noise(n / jnp.maximum(n - 1, 1) * (sq - norm2 / n), norm2)
-  tap.measure("data", s, lambda cc: jcoccl.all_reduce(g, axis, compressor=cc, min_bytes=0))
+  tap.measure(
+    "data", s, lambda cc, k: jcoccl.all_reduce(g, axis, compressor=cc, key=k, min_bytes=0)
+  )
 
 
 class DirectedTensorComm:

@@ -53,6 +53,10 @@ def check_directions(directions: Mapping[str, Any], allowed: Sequence[str] = POI
 
 DEFAULT_BITS = (3, 4, 5, 6, 8)
 FAMILY = "hadamard(int{b})"
+# --adapt-rounding stochastic: the same codecs rounding stochastically (unbiased), keyed per
+# call as every stochastic point of the trainer is (models.collectives.Keys).
+STOCHASTIC_FAMILY = "hadamard(int{b}:stochastic)"
+ROUNDINGS = {"nearest": FAMILY, "stochastic": STOCHASTIC_FAMILY}
 # Lowering a point's bits needs its predicted error under this fraction of its share.
 HYSTERESIS = 0.7
 
@@ -95,6 +99,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     "--adapt-max-programs", type=int, default=4, help="most compiled train steps (bit sets)"
   )
   p.add_argument(
+    "--adapt-rounding",
+    choices=tuple(ROUNDINGS),
+    default="nearest",
+    help="how the adapted points' codecs round: nearest, or stochastic (unbiased: a run "
+    "cannot learn its quantizer's rounding)",
+  )
+  p.add_argument(
     "--adapt-points",
     default=",".join(DIRECTED),
     help="the points adapted (others keep the policy's codecs; data: its error feedback "
@@ -124,8 +135,11 @@ def check_flags(args: argparse.Namespace) -> None:
     raise ValueError(f"--adapt-points: unknown {bad}; accepted: {', '.join(POINTS)}")
   if args.direction and set(args.directions) & set(points):
     raise ValueError("--direction names a point that --adapt-points adapts; drop one of them")
+  rounding = getattr(args, "adapt_rounding", "nearest")
+  if rounding not in ROUNDINGS:
+    raise ValueError(f"--adapt-rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
   args.adapt_config = AdaptConfig(
-    args.adapt, args.adapt_every, bits, args.adapt_max_programs, points
+    args.adapt, args.adapt_every, bits, args.adapt_max_programs, points, rounding
   )
 
 
@@ -138,6 +152,12 @@ class AdaptConfig:
   bits: tuple[int, ...] = DEFAULT_BITS
   max_programs: int = 4
   points: tuple[str, ...] = DIRECTED
+  rounding: str = "nearest"
+
+  @property
+  def family(self) -> str:
+    """The codec spec with ``{b}`` for bits that the adapted points use and the probe measures."""
+    return ROUNDINGS[self.rounding]
 
   @property
   def reference_bits(self) -> int:

@@ -95,12 +95,16 @@ class Tap:
     self._lock = threading.Lock()
 
   def measure(self, point: str, exact: jax.Array, lossy: Any, layer: Any = None) -> None:
-    """Emits ``||exact||^2`` and ``||lossy(c) - exact||^2`` for each codec ``c`` of ``point``;
-    ``lossy(c)`` runs the collective with ``c``; ``layer`` (traced int) tags tensor points."""
+    """Emits ``||exact||^2`` and ``||lossy(c, key) - exact||^2`` for each codec ``c`` of
+    ``point``; ``lossy(c, key)`` runs the collective with ``c`` (``key``: a PRNG key for a
+    codec that rounds stochastically, else None); ``layer`` (traced int) tags tensor points."""
     e = exact.astype(jnp.float32)
     vals = [jnp.sum(e * e)]
-    for _, c in self.codecs.get(point, []):
-      d = lossy(c).astype(jnp.float32) - e
+    for i, (_, c) in enumerate(self.codecs.get(point, [])):
+      # A measurement, not training: one fixed key per codec gives its error's size (the
+      # ops fold in each rank's index themselves).
+      key = jax.random.fold_in(jax.random.key(0), i) if getattr(c, "stochastic", False) else None
+      d = lossy(c, key).astype(jnp.float32) - e
       vals.append(jnp.sum(d * d))
     lay = jnp.int32(-1) if layer is None else layer
     jax.debug.callback(functools.partial(self._add, point), jnp.stack(vals), lay)
@@ -266,8 +270,12 @@ def grads_fn(par: Parallel3D) -> Any:
   from jax.sharding import PartitionSpec as P
 
   batch = par.placement.batch_spec()
+  # A stochastic point draws its keys from a "probe" stream (step 0), as training would.
+  keys = (lambda: par._keys("probe", 0)) if par.stochastic else (lambda: None)
   f = par.placement.shard_map(
-    lambda *a: par._local_loss_and_grads(*a)[:2], (par.specs, batch, batch), (P(), par.specs)
+    lambda *a: par._local_loss_and_grads(*a, keys=keys())[:2],
+    (par.specs, batch, batch),
+    (P(), par.specs),
   )
   return jax.jit(f)
 

@@ -382,7 +382,10 @@ def _adapt(job: Job, step: int, x: Any, y: Any, log: Any, write: Callable[[str],
     return False
   log.write(json.dumps({"step": step, "adapt": rec}) + "\n")
   log.flush()
-  write(f"adapt at step {step}: bits {rec['bits']} ({rec['reason']}; noise {rec['noise']})")
+  family = job.adapt.config.family
+  write(
+    f"adapt at step {step}: bits {rec['bits']} of {family} ({rec['reason']}; noise {rec['noise']})"
+  )
   return job.adapt.key() != before or len(job.adapt.changes) == 1
 
 

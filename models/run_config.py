@@ -103,6 +103,7 @@ class RunConfig:
   adapt_bits: str = ",".join(map(str, DEFAULT_BITS))
   adapt_max_programs: int = 4
   adapt_points: str = ",".join(DIRECTED)
+  adapt_rounding: str = "nearest"
 
   @classmethod
   def from_args(cls, args: Any) -> RunConfig:

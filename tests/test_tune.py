@@ -4,6 +4,7 @@ adaptive policy's log, checkpoint and resume on the tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -37,8 +38,8 @@ def test_tap_measures_the_data_sum_error_and_noise_across_shards():
   rng = np.random.default_rng(0)
   g_host = rng.standard_normal((2, 512)).astype(np.float32)
   g = jax.device_put(g_host, jax.sharding.NamedSharding(mesh, P("data")))
-  codec = directions.parse_codec("int4")
-  tap = error_probe.Tap({"data": [("int4", codec)]})
+  codec, sr = directions.parse_codec("int4"), directions.parse_codec("int4:stochastic")
+  tap = error_probe.Tap({"data": [("int4", codec), ("int4sr", sr)]})
   coll = directed.DirectedCollectives(Policy(), tap=tap)
   f = jax.shard_map(
     lambda v: coll.all_reduce(v[0], "data")[None],
@@ -63,6 +64,19 @@ def test_tap_measures_the_data_sum_error_and_noise_across_shards():
   )(g)
   want = np.linalg.norm(np.asarray(lossy[0]) - total) / np.linalg.norm(total)
   assert tap.errors()["data"]["int4"] == pytest.approx(want, rel=1e-4)
+  # A stochastic codec is measured with its fixed key (the codec's index folded into key 0).
+  key = jax.random.fold_in(jax.random.key(0), 1)
+  rounded = jax.jit(
+    jax.shard_map(
+      lambda v: jcoccl.all_reduce(v[0], "data", compressor=sr, key=key, min_bytes=0)[None],
+      mesh=mesh,
+      in_specs=P("data"),
+      out_specs=P("data"),
+    )
+  )(g)
+  want_sr = np.linalg.norm(np.asarray(rounded[0]) - total) / np.linalg.norm(total)
+  assert tap.errors()["data"]["int4sr"] == pytest.approx(want_sr, rel=1e-4)
+  assert want_sr != want
   assert coll.points_log == [("data", (512,), jnp.dtype("float32"))]
 
 
@@ -176,6 +190,11 @@ def test_adaptive_state_round_trips():
   b = adaptive.Adaptive(a.config)
   b.load(json.loads(json.dumps(a.state_dict())))
   assert b.state_dict() == a.state_dict()
+  assert a.directions()["tensor.forward"] == "hadamard(int4)"
+  sr = adaptive.Adaptive(dataclasses.replace(a.config, rounding="stochastic"))
+  assert sr.directions(a.bits)["tensor.forward"] == "hadamard(int4:stochastic)"
+  with pytest.raises(ValueError, match="--adapt-rounding nearest, this run --adapt-rounding sto"):
+    sr.load(a.state_dict())
 
 
 @pytest.mark.slow
@@ -193,6 +212,7 @@ def test_adaptive_training_logs_checkpoints_and_resumes(tmp_path):
   # One adapted point and one program: the cheapest run that logs, saves and resumes.
   argv += ["--adapt", "0.5", "--adapt-every", "2", "--adapt-bits", "3,8"]
   argv += ["--adapt-max-programs", "1", "--adapt-points", "tensor.backward", "--no-hlo-wire"]
+  argv += ["--adapt-rounding", "stochastic"]  # keys per call, and the probe's own
   s = train.main(argv + ["--out", str(a)])
   logged = [json.loads(l) for l in (a / "metrics.jsonl").read_text().splitlines()]
   changes = [r["adapt"] for r in logged if "adapt" in r]
@@ -207,6 +227,7 @@ def test_adaptive_training_logs_checkpoints_and_resumes(tmp_path):
   assert r["resumed_from"] == 2
   for key in ("changes", "sensitivity", "steps_at", "bits"):
     assert r["adaptive"][key] == s["adaptive"][key], key
+  assert r["val_loss_end"] == s["val_loss_end"]  # stochastic rounding resumes bit-exactly
   assert saved_adaptive(checkpointer(b), 4) == saved
 
 
