@@ -12,6 +12,10 @@ step time is the median of its steps after the first ``--warmup``.
 A benchmark, not a test: run it alone on an otherwise idle machine (several minutes)::
 
     python -m benchmarks.gspmd_step --out OUT_DIR [--repeats 3 --steps 25]
+        [--d-model 256 --n-layers 4 --batch 32 --seq-len 64]
+
+The size flags pass to the example: a small batch and a wide model make the step
+bound by the link rather than by these CPUs' compute.
 
 It writes each run's JSON (the example's ``--json``) under OUT_DIR and prints a table:
 per layout, the original's and int8 + EF's seconds per step (median over repeats, min-max)
@@ -26,19 +30,23 @@ import pathlib
 import statistics
 import subprocess
 import sys
+from collections.abc import Sequence
 
 LAYOUTS = {"dp": [], "hsdp": ["--replicas", "2"]}
 PROGRAMS = {"orig": [], "int8ef": ["--compressor", "int8", "--ef"]}
+SIZE = ("d_model", "n_layers", "batch", "seq_len")  # the example's model and batch flags
 
 
-def command(layout: str, program: str, steps: int, out: pathlib.Path) -> list[str]:
-  """One run: 2 processes x 4 devices at 1 Gbit/s, the example at d_model 256, 4 layers."""
+def command(
+  layout: str, program: str, steps: int, out: pathlib.Path, size: Sequence[str] = ()
+) -> list[str]:
+  """One run: 2 processes x 4 devices at 1 Gbit/s, the example at ``size`` (its flags)."""
   py = sys.executable
   return [
     *(py, "-m", "jcoccl.launch", "-n", "2", "--devices-per-process", "4"),
     *("--link-rate", "1gbit", "--"),
-    *(py, "-m", "examples.gspmd.train", "--steps", str(steps), "--d-model", "256"),
-    *("--n-layers", "4", "--json", str(out)),
+    *(py, "-m", "examples.gspmd.train", "--steps", str(steps), *size),
+    *("--json", str(out)),
     *LAYOUTS[layout],
     *PROGRAMS[program],
   ]
@@ -71,7 +79,12 @@ def main(argv: list[str] | None = None) -> None:
   ap.add_argument("--steps", type=int, default=25)
   ap.add_argument("--warmup", type=int, default=5, help="first steps left out (compilation)")
   ap.add_argument("--summary-only", action="store_true", help="only print the table")
+  ap.add_argument("--d-model", type=int, default=256)
+  ap.add_argument("--n-layers", type=int, default=4)
+  ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
+  ap.add_argument("--seq-len", type=int, default=64)
   args = ap.parse_args(argv)
+  size = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SIZE]
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   if not args.summary_only:
@@ -79,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
       for layout in LAYOUTS:
         for program in PROGRAMS:
           path = out / f"{layout}-{program}-{r}.json"
-          subprocess.run(command(layout, program, args.steps, path), check=True)
+          subprocess.run(command(layout, program, args.steps, path, size), check=True)
   print("\n".join(table(out, args.repeats, args.warmup)))
 
 
