@@ -24,6 +24,10 @@ all_reduce, error feedback on) for each ``b`` of ``--data-bits``; ``--data CODEC
    (:func:`judge`). Assuming the loss grows with the score, the cheapest passing frontier point is
    found in about log2(frontier) runs; ``--max-runs`` caps them.
 
+``--roundings nearest,stochastic`` also measures, for each frontier point that fails, its twin
+whose tensor and pipe activations round stochastically (the same bytes; unbiased, so that a
+model cannot learn its rounding): the probe scores each step's error, not that.
+
 Writes ``--out`` (the chosen policy, a models/configs TOML, with its figures as comments) and
 ``<out>.report.md`` / ``.report.json``: the probe, every candidate tried with its score,
 predicted cost, measured loss and bytes, and the choice. Exits with status 1, writing the
@@ -33,90 +37,21 @@ report only, when no candidate tried meets the budget.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import itertools
 import json
 import math
 import pathlib
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # jax-free (as this module is at import): the devices are set up in main.
 from models.directions import FAMILY
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-  """Bits per searched axis (``(("tensor", 4), ("pipe", 3))``, 'data' last when searched),
-  its score and predicted cost."""
-
-  bits: tuple[tuple[str, int], ...]
-  score: float
-  cost: float
-
-  @property
-  def name(self) -> str:
-    return "-".join(f"{a[0]}{b}" for a, b in self.bits)
-
-
-def frontier(cands: Sequence[Candidate]) -> list[Candidate]:
-  """The candidates not dominated in (cost, score), cheapest first: along it the cost rises
-  and the score falls."""
-  out: list[Candidate] = []
-  for c in sorted(cands, key=lambda c: (c.cost, c.score)):
-    if not out or c.score < out[-1].score:
-      out.append(c)
-  return out
-
-
-def search(
-  cands: Sequence[Candidate], passes: Callable[[Candidate], bool], max_runs: int
-) -> tuple[Candidate | None, list[tuple[Candidate, bool]]]:
-  """Bisection on the frontier for the cheapest candidate that ``passes``.
-
-  Assumes that passing is monotone along the frontier (a lower score passes whenever a
-  higher one does). Starts at the middle of the frontier.
-
-  Args:
-    cands: every candidate.
-    passes: measures one candidate (a short run); True when it meets the budget.
-    max_runs: the most calls of ``passes``.
-
-  Returns:
-    (the cheapest candidate measured to pass or None, [(candidate, passed)] in order).
-
-  Example:
-    >>> best, tried = search(cands, lambda c: c.score < 0.3, max_runs=5)
-  """
-  front = frontier(cands)
-  lo, hi = 0, len(front) - 1  # the answer lies in front[lo..hi] (hi: the least score)
-  best, tried = None, []
-  while lo <= hi and len(tried) < max_runs:
-    mid = (lo + hi) // 2
-    ok = passes(front[mid])
-    tried.append((front[mid], ok))
-    if ok:
-      best, hi = front[mid], mid - 1
-    else:
-      lo = mid + 1
-  return best, tried
-
-
-def score(
-  bits: Mapping[str, int],
-  injected: Mapping[str, Mapping[str, float]],
-  sensitivity: Mapping[str, float],
-  noise: float,
-) -> float:
-  """Predicted gradient error over the noise: the points of each axis (``tensor.forward``,
-  ...) at that axis's bits, sensitivity x injected error, added in quadrature."""
-  total = 0.0
-  for point, s in sensitivity.items():
-    axis = point.split(".")[0]
-    if axis in bits:
-      total += (s * injected[point][f"int{bits[axis]}"]) ** 2
-  return math.sqrt(total) / noise if noise else math.inf
+from models.tune_search import ACTIVATION_AXES as ACTIVATION_AXES
+from models.tune_search import Candidate as Candidate
+from models.tune_search import candidates as candidates
+from models.tune_search import frontier as frontier
+from models.tune_search import score as score
+from models.tune_search import search as search
 
 
 def message_cost(
@@ -162,28 +97,12 @@ def axis_costs(
   return out
 
 
-def candidates(
-  probe: Mapping[str, Any],
-  costs: Mapping[str, Mapping[int, float]],
-  bits: Mapping[str, Sequence[int]],
-) -> list[Candidate]:
-  """Every combination of the axes' bits (``{"tensor": [3, 4], "pipe": [4], ...}``), with
-  its score and the sum of its axes' costs."""
-  out = []
-  axes = list(bits)
-  for combo in itertools.product(*(bits[a] for a in axes)):
-    b = dict(zip(axes, combo))
-    s = score(b, probe["injected"], probe["sensitivity"], probe["noise"])
-    out.append(Candidate(tuple(b.items()), s, sum(costs[a][b[a]] for a in axes)))
-  return out
-
-
 def policy_toml(c: Candidate, data: str | None, comments: Sequence[str]) -> str:
   """The chosen candidate as a models/configs TOML; ``data``: the fixed data codec (None
   when the candidate has data bits)."""
   b = dict(c.bits)
-  t, p = FAMILY.format(b=b["tensor"]), FAMILY.format(b=b["pipe"])
-  data = FAMILY.format(b=b["data"]) if "data" in b else data
+  t, p = c.spec("tensor"), c.spec("pipe")
+  data = c.spec("data") if "data" in b else data
   head = "".join(f"# {line}\n" for line in comments)
   return (
     f'{head}[data]\nall_reduce = "{data}"\nerror_feedback = true\nmin_bytes = 0\n\n'
@@ -216,6 +135,18 @@ def jc_parse(spec: str, flag: str) -> Any:
     return jc.parse(spec)
   except ValueError as e:
     raise ValueError(f"{flag} {spec!r}: {e}") from None
+
+
+def parse_roundings(text: str) -> tuple[str, ...]:
+  """``"nearest"`` or ``"nearest,stochastic"`` -> the tuple.
+
+  Raises:
+    ValueError: another value, naming --roundings and what is accepted.
+  """
+  got = tuple(r.strip() for r in text.split(","))
+  if got not in (("nearest",), ("nearest", "stochastic")):
+    raise ValueError(f"--roundings must be nearest or nearest,stochastic, got {text!r}")
+  return got
 
 
 def parse_budget(text: str) -> float:
@@ -276,10 +207,17 @@ def main(argv: list[str] | None = None) -> dict:
   ap.add_argument("--seed", type=int, default=1, help="seed of the short runs")
   ap.add_argument("--probe-warm", type=int, default=50, help="exact steps before the probe")
   ap.add_argument("--max-runs", type=int, default=4)
+  ap.add_argument(
+    "--roundings",
+    default="nearest",
+    help="nearest, or nearest,stochastic: a failing point is retried with its tensor and "
+    "pipe activations rounding stochastically (the same bytes)",
+  )
   ap.add_argument("--train-arg", action="append", default=[], help="extra models.train flag")
   ap.add_argument("--out", required=True, help="the policy TOML to write")
   a = ap.parse_args(argv)
   try:
+    roundings = parse_roundings(a.roundings)
     budget = parse_budget(a.budget)
     bits = search_bits(a.bits, None if a.data else a.data_bits)
     if a.data:
@@ -313,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
           flush=True)  # fmt: skip
     return j["passes"]
 
-  best, _ = search(cands, passes, a.max_runs)
+  best, _ = search(cands, passes, a.max_runs, roundings)
   report = {
     "command": "python -m models.tune " + " ".join(argv if argv is not None else sys.argv[1:]),
     "budget": budget,
@@ -388,7 +326,14 @@ def judge(run: Mapping[str, Any], exact: Mapping[str, Any], budget: float) -> di
 
 
 def _cand(c: Candidate) -> dict:
-  return {"name": c.name, "bits": dict(c.bits), "score": c.score, "cost": c.cost}
+  rounding = "stochastic activations" if c.stochastic else "nearest"
+  return {
+    "name": c.name,
+    "bits": dict(c.bits),
+    "rounding": rounding,
+    "score": c.score,
+    "cost": c.cost,
+  }
 
 
 def report_md(r: Mapping[str, Any]) -> str:
@@ -399,7 +344,7 @@ def report_md(r: Mapping[str, Any]) -> str:
     f"budget {r['budget']:.2%} of exact's validation loss ({r['exact']['val_loss']:.4f}); "
     f"objective {r['objective']} ({r['cost_source']}); gradient noise {r['probe']['noise']:.4f}",
     "",
-    "| candidate (bits: t tensor, p pipe, d data) | score | predicted cost | val loss | vs exact "
+    "| candidate (bits: t tensor, p pipe, d data; s: rounds stochastically) | score | predicted cost | val loss | vs exact "
     "| through exact collectives | bytes / exact | passes |",
     "|---|---|---|---|---|---|---|---|",
   ]

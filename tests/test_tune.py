@@ -150,6 +150,32 @@ def test_the_data_axis_joins_the_search(tmp_path):
   assert recipe.source["tensor"]["all_reduce"] == "hadamard(int3)"
   with pytest.raises(ValueError, match="--data-bits"):
     tune.search_bits("4", "1,4")
+  # A stochastic twin: the activations round stochastically, 'data' (error feedback) not.
+  twin = by["t3-p4-d8"].twin()
+  assert twin.name == "t3s-p4s-d8" and twin.cost == by["t3-p4-d8"].cost
+  (tmp_path / "s.toml").write_text(tune.policy_toml(twin, None, []))
+  recipe = Recipe.from_toml(str(tmp_path / "s.toml"))
+  assert recipe.source["tensor"]["all_reduce"] == "hadamard(int3:stochastic)"
+  assert recipe.source["pipe"]["ppermute"] == "hadamard(int4:stochastic)"
+  assert recipe.source["data"]["all_reduce"] == "hadamard(int8)"
+
+
+def test_search_tries_the_stochastic_twin_of_a_failing_point():
+  """With --roundings nearest,stochastic a failing frontier point is measured again as its
+  twin (the same bytes) before the search moves to dearer points; only nearest: never."""
+  front = tune.frontier(_toy())
+  mid = front[(len(front) - 1) // 2]
+  # Nearest passes only from mid's score down; stochastic passes one point cheaper too.
+  cheaper = front[(len(front) - 1) // 2 - 1]
+  ok = lambda c: c.score <= mid.score or (c.stochastic and c.score <= cheaper.score)
+  best, tried = tune.search(_toy(), ok, max_runs=20)
+  assert best == mid and not any(c.stochastic for c, _ in tried)
+  best, tried = tune.search(_toy(), ok, max_runs=20, roundings=("nearest", "stochastic"))
+  assert best == cheaper.twin()
+  assert (cheaper, False) in tried and (cheaper.twin(), True) in tried
+  assert tune.parse_roundings("nearest, stochastic") == ("nearest", "stochastic")
+  with pytest.raises(ValueError, match="--roundings must be nearest or nearest,stochastic"):
+    tune.parse_roundings("stochastic")
 
 
 def test_budget_parses():
