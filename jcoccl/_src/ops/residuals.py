@@ -100,8 +100,8 @@ def local(state: Any) -> Any:
     if jnp.ndim(e) == 0 or jnp.shape(e)[0] != 1:
       raise ValueError(
         f"state: a leaf of shape {jnp.shape(e)} is not one device's slice (1, ...) of the "
-        "stacked residuals; pass the state to jax.shard_map with in_specs=P(axes) over the "
-        "axes it was built with (jcoccl.residuals.init(params, mesh, axes))"
+        "stacked residuals; pass the state to jax.shard_map with its own specs as in_specs "
+        "(each leaf's .sharding.spec, as jcoccl.residuals.init(params, mesh, axes) placed it)"
       )
     return e[0]
 
@@ -115,7 +115,8 @@ def stacked(residuals: Any) -> Any:
     residuals: what the ops returned for ``residual=``.
 
   Returns:
-    The pytree with each leaf as ``(1, *b)``, for shard_map's ``out_specs=P(axes)``.
+    The pytree with each leaf as ``(1, *b)``, for shard_map's ``out_specs`` (the state's
+    specs).
 
   Example:
     >>> jcoccl.residuals.stacked({"w": jnp.zeros(4)})["w"].shape
