@@ -172,7 +172,10 @@ def test_two_processes_train_as_one_stop_on_sigterm_and_resume(tmp_path, monkeyp
 
   monkeypatch.setenv("JCOCCL_TEST_CALIBRATION", "compress")
   stop = _sigterm_at_step_3(out)
-  assert stop in (3, 4) and checkpoint.checkpointer(out).latest_step() == stop
+  mngr = checkpoint.checkpointer(out)
+  latest = mngr.latest_step()
+  mngr.close()
+  assert stop in (3, 4) and latest == stop
   got = _losses(out)
   assert set(got) == set(range(1, stop + 1)) and got == {s: want[s] for s in got}
 
