@@ -54,27 +54,20 @@ def test_tap_measures_the_data_sum_error_and_noise_across_shards():
   assert tap.noise_ratio() == pytest.approx(
     np.linalg.norm(g_host[0] - g_host[1]) / np.linalg.norm(total), rel=1e-4
   )
-  lossy = jax.jit(
-    jax.shard_map(
-      lambda v: jcoccl.all_reduce(v[0], "data", compressor=codec, min_bytes=0)[None],
+
+  def rel_err(comp, key=None):  # jcoccl's sum of the two shards against the exact sum
+    f = jax.shard_map(
+      lambda v: jcoccl.all_reduce(v[0], "data", compressor=comp, key=key, min_bytes=0)[None],
       mesh=mesh,
       in_specs=P("data"),
       out_specs=P("data"),
     )
-  )(g)
-  want = np.linalg.norm(np.asarray(lossy[0]) - total) / np.linalg.norm(total)
+    return np.linalg.norm(np.asarray(jax.jit(f)(g)[0]) - total) / np.linalg.norm(total)
+
+  want = rel_err(codec)
   assert tap.errors()["data"]["int4"] == pytest.approx(want, rel=1e-4)
   # A stochastic codec is measured with its fixed key (the codec's index folded into key 0).
-  key = jax.random.fold_in(jax.random.key(0), 1)
-  rounded = jax.jit(
-    jax.shard_map(
-      lambda v: jcoccl.all_reduce(v[0], "data", compressor=sr, key=key, min_bytes=0)[None],
-      mesh=mesh,
-      in_specs=P("data"),
-      out_specs=P("data"),
-    )
-  )(g)
-  want_sr = np.linalg.norm(np.asarray(rounded[0]) - total) / np.linalg.norm(total)
+  want_sr = rel_err(sr, jax.random.fold_in(jax.random.key(0), 1))
   assert tap.errors()["data"]["int4sr"] == pytest.approx(want_sr, rel=1e-4)
   assert want_sr != want
   assert coll.points_log == [("data", (512,), jnp.dtype("float32"))]
