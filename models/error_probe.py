@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jcoccl import compressors as jc
+from models.collectives import is_stochastic
 from models.directed import DirectedParallel
 from models.directions import FAMILY, POINTS, check_directions, parse_codec
 from models.parallel import Parallel3D
@@ -103,7 +104,7 @@ class Tap:
     for i, (_, c) in enumerate(self.codecs.get(point, [])):
       # A measurement, not training: one fixed key per codec gives its error's size (the
       # ops fold in each rank's index themselves).
-      key = jax.random.fold_in(jax.random.key(0), i) if getattr(c, "stochastic", False) else None
+      key = jax.random.fold_in(jax.random.key(0), i) if is_stochastic(c) else None
       d = lossy(c, key).astype(jnp.float32) - e
       vals.append(jnp.sum(d * d))
     lay = jnp.int32(-1) if layer is None else layer
