@@ -214,6 +214,39 @@ def test_large_leaves_go_alone(monkeypatch):
   _assert_bitwise(got, 3)
 
 
+@pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
+def test_chains_of_short_leaves_send_short_blocks(algorithm, monkeypatch):
+  """A chain whose leaves are all shorter than the codec's block (int8's 256, fp8's 128)
+  sends blocks cut to its longest leaf (lowering.fitted): bitwise the result of the same
+  values zero-padded to a whole block, NaN included, in fewer bytes, in as many chains. A
+  chain that also holds a long leaf keeps its block (no chain is added)."""
+  shapes = ((N, 50), (N, 64), (N, 100), (N, 700))
+  dtypes = (jnp.float32, jnp.float32, jnp.bfloat16, jnp.float32)
+  xs = _leaves(shapes, dtypes, seed=70)
+  xs[0][1, 7] = np.nan
+  op = "all_to_all" if algorithm == "two_shot" else "all_gather"
+  for codec in (jc.int8(), jc.fp8()):
+    ar = lambda v: jcoccl.all_reduce(v, "d", compressor=codec, min_bytes=0, algorithm=algorithm)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, codec.granule - x.shape[1])))
+    short = _smap(lambda *v: tuple(ar(list(v))), 3)
+    padded = _smap(lambda *v: tuple(ar([pad(x)])[0] for x in v), 3)
+    got, want = jax.jit(short)(*xs[:3]), jax.jit(padded)(*xs[:3])
+    for i, (g, w) in enumerate(zip(got, want)):
+      np.testing.assert_array_equal(bits(g), bits(w[:, : g.shape[1]]), err_msg=f"leaf {i}")
+    assert np.isnan(np.asarray(got[0])[:, 7]).all()
+    sent = lambda f: jcoccl.wire_bytes(jax.jit(f), *xs[:3], mesh=_mesh())["by_axis"]["d"]
+    fitted = sent(short)
+    with monkeypatch.context() as m:
+      m.setattr(lowering, "fitted", lambda o, xs, key, lps: lps)
+      assert fitted < sent(_smap(lambda *v: tuple(ar(list(v))), 3))  # a new trace
+    assert _chains(short, *xs[:3], op=op) == 2  # one per dtype, as unfitted
+    mixed = _smap(lambda *v: tuple(ar(list(v))), 2)  # 50 and 700 values: one 256 chain
+    got = jax.jit(mixed)(xs[0], xs[3])
+    want = jax.jit(padded)(xs[0], xs[1], xs[2])[0]
+    np.testing.assert_array_equal(bits(got[0]), bits(want[:, :50]))
+    assert _chains(mixed, xs[0], xs[3], op=op) == 1
+
+
 @pytest.mark.skipif(_ffi.native_module("cpu") is None, reason="jcoccl._cpu is not built")
 def test_fused_backend_one_call_per_group():
   fused_comms.shutdown()

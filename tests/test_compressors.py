@@ -658,3 +658,25 @@ def test_hadamard_all_reduce_with_one_value_near_max(c):
   assert np.isfinite(second).all()
   assert_within(two[0], f64(one[0]), second, "two_shot second quantization")
   assert_within(two[0], f64(x).sum(0), bound + second, "two_shot")
+
+
+@pytest.mark.parametrize("n", [1, 17, 32, 33, 100, 255, 256, 1000])
+def test_fit_sends_fewer_bytes_with_the_same_codes(n):
+  """A codec fitted to a short message (Compressor.fit) decodes it to the bits of the
+  zero-padded long block, NaN and Inf included; codecs whose codes the padding changes
+  (asymmetric, stochastic, hadamard) and messages of a block or more keep the codec."""
+  rng = np.random.default_rng(n)
+  x = rng.standard_normal(n).astype(np.float32) * np.float32(10.0 ** rng.integers(-30, 30))
+  if n > 40:
+    x[[3, 11]] = [np.nan, -np.inf]
+  for c in [jc.int8(), jc.int4(), jc.int3(block_size=512), jc.int2(), jc.fp8(), jc.fp8("e5m2")]:
+    small, block = c.fit(n), max(32, 1 << (n - 1).bit_length())
+    if block >= c.granule:
+      assert small == c
+      continue
+    assert small.granule == block
+    assert small.payload_nbytes(n, jnp.float32) < c.payload_nbytes(n, jnp.float32)
+    got, want = small.decode(small.encode(x)), c.decode(c.encode(x))
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32))
+  for c in [jc.int8(symmetric=False), jc.int4(rounding="stochastic"), jc.hadamard(jc.int4())]:
+    assert c.fit(n) is c

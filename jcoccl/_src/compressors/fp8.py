@@ -41,6 +41,9 @@ class Fp8Compressor(B.Compressor):
   def granule(self) -> int:
     return self.block_size
 
+  def fit(self, n: int) -> Fp8Compressor:
+    return B.fit_block(self, n)
+
   def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
     return n + 4 * (n // self.block_size)
 

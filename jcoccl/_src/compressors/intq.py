@@ -63,6 +63,10 @@ class IntCompressor(B.Compressor):
     """qmax (symmetric) or L (asymmetric)."""
     return 2 ** (self.bits - 1) - 1 if self.symmetric else 2**self.bits - 1
 
+  def fit(self, n: int) -> IntCompressor:
+    # Symmetric only: an asymmetric block's min and max count the padding's zeros.
+    return B.fit_block(self, n) if self.symmetric else self
+
   def row_nbytes(self, n: int, dtype: jnp.dtype) -> int:
     nb = n // self.block_size
     return n * self.bits // 8 + 4 * nb * (1 if self.symmetric else 2)

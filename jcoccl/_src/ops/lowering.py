@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jcoccl._src.compressors.rows import Rows, run_packed
 from jcoccl._src.native import _backend
 from jcoccl._src.ops.op_spec import Op
-from jcoccl._src.ops.params import load
+from jcoccl._src.ops.params import load, spec_of
 
 
 def blockwise(c: Any) -> bool:
@@ -85,6 +85,55 @@ def _at_lowering(o: Op, x: jax.Array, lp: dict) -> dict:
   return _backend.at_lowering(o.name, lp, compressor=c, dtype=x.dtype, **algo)
 
 
+def _packs(o: Op, x: jax.Array, key: Any, n: int, lp: dict) -> bool:
+  """Whether leaf ``x`` (one of ``n``) may share a packed chain (see :func:`lower_leaves`)."""
+  return (
+    o.rows is not None
+    and key is None
+    and n > 1
+    and packable(x)
+    and blockwise(load(lp["compressor"]))
+  )
+
+
+def fitted(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) -> list[dict]:
+  """The leaves' parameters with each chain's codec fitted to its longest row
+  (``Compressor.fit``): a chain whose every row is shorter than one codec block (a
+  LayerNorm vector alone under int8's 256, or a bucket of them) sends short blocks with the
+  same bits instead of zero-padded long ones. A chain that also holds a longer leaf keeps
+  its block: fitting the short leaves apart would cost a chain of their own per step, whose
+  latency outweighs the padding it saves (a few hundred bytes per leaf).
+
+  Args:
+    o: the op.
+    xs: the leaves (with their vmap batch axes).
+    key: the call's PRNG key, or None.
+    lps: the leaves' parameters.
+
+  Returns:
+    ``lps``, with a copy naming the fitted codec for the leaves of each fitted chain (an
+    example: ``Compressor.fit``).
+  """
+  chains: dict[tuple, list[int]] = {}
+  length: dict[int, int] = {}
+  for i, (x, lp) in enumerate(zip(xs, lps)):
+    c = load(lp["compressor"])
+    rows = None if o.rows is None or getattr(c, "fit", None) is None else o.rows(x, None, **lp)
+    if rows is None or c.stochastic:
+      continue
+    length[i] = rows.length
+    pack = _packs(o, x, key, len(xs), lp)
+    chains.setdefault(bucket_key(x, lp, rows) if pack else ("alone", i), []).append(i)
+  out = list(lps)
+  for members in chains.values():
+    c = load(lps[members[0]]["compressor"])
+    small = c.fit(max(length[i] for i in members))
+    if small != c:
+      for i in members:
+        out[i] = {**lps[i], "compressor": spec_of(small)}
+  return out
+
+
 def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) -> list:
   """The forward of every leaf of one equation (``lps[i]``: leaf i's parameters), the
   leaves bucketed: those with equal :func:`bucket_key` run as ONE chain
@@ -105,15 +154,9 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   residual = bool(lps and lps[0].get("residual"))
   outs: list = [None] * (2 * n if residual else n)
   buckets: dict[tuple, list[tuple[int, Rows]]] = {}
-  lps = [_at_lowering(o, x, lp) for x, lp in zip(xs, lps)]
+  lps = fitted(o, xs, key, [_at_lowering(o, x, lp) for x, lp in zip(xs, lps)])
   for i, (x, lp) in enumerate(zip(xs, lps)):
-    pack = (
-      o.rows is not None
-      and key is None
-      and n > 1
-      and packable(x)
-      and blockwise(load(lp["compressor"]))
-    )
+    pack = _packs(o, x, key, n, lp)
     # Each leaf draws its own random stream: with one key for all, leaves of one shape would
     # round alike, their errors correlated instead of independent.
     k = key if key is None or n == 1 else jax.random.fold_in(key, i)
