@@ -1,6 +1,7 @@
 """jcoccl.all_reduce against lax.psum: exact path bit-exact, lossy within the compressors'
 error bounds, bitwise identical across ranks, chunking, hierarchical, threshold, NaN."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from collectives_util import (
   sum_bound,
 )
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 import jcoccl
 from jcoccl import compressors as jc
@@ -75,6 +77,44 @@ def test_lossy_one_and_two_shot_within_bounds(cname, dname):
   # two_shot's first stage decodes the same blocks in the same order as one_shot, so its
   # second quantization re-encodes exactly one_shot's result.
   assert_within(two[0], f64(one[0]), eb(c, one[0]), "two_shot second quantization")
+
+
+@pytest.mark.parametrize(
+  "c", [jc.int4(block_size=32, rounding="stochastic"), jc.hadamard(jc.int3(rounding="stochastic"))]
+)
+def test_stochastic_one_and_two_shot_unbiased_within_bounds(c):
+  """Stochastic rounding in both algorithms: one result on every rank, within the bounds
+  (two_shot's second quantization rounds on a stream of its own), and unbiased: the mean
+  over 64 keys is within 5 standard errors (the draws' own) of the exact sum."""
+  m, k = mesh((4,), ("x",)), 64
+  x = host_rand((4, 256), jnp.float32, seed=4)
+  spec = P("x")
+
+  def make(algorithm):
+    body = lambda v, key: jcoccl.all_reduce(
+      v[0], "x", compressor=c, algorithm=algorithm, min_bytes=0, key=key
+    )[None]
+    return jax.jit(jax.shard_map(body, mesh=m, in_specs=(spec, P()), out_specs=spec))
+
+  one, two = make("one_shot"), make("two_shot")
+  exact = f64(x).sum(0)
+  bound = sum_bound(c, x, jnp.float32)
+  draws = []
+  for i in range(k):
+    key = jax.random.key(i)
+    a, b = np.asarray(one(x, key)), np.asarray(two(x, key))
+    _check_identical_across_ranks(a)
+    _check_identical_across_ranks(b)
+    assert_within(a[0], exact, bound, "one_shot")
+    # The first stage draws the same bits as one_shot's: two_shot re-encodes its result.
+    assert_within(b[0], f64(a[0]), eb(c, a[0]), "two_shot second quantization")
+    draws.append(f64(b[0]))
+  # Against the draws' own spread (round-to-nearest, deterministic, would have none), plus
+  # float32's rounding of the sums.
+  sd = np.std(draws, 0, ddof=1)
+  mean_err = np.abs(np.mean(draws, 0) - exact)
+  fold = 8 * 2.0**-24 * np.abs(f64(x)).sum(0)
+  assert (mean_err <= 5 * sd / np.sqrt(k) + fold).mean() > 0.99
 
 
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])

@@ -30,8 +30,8 @@ def decode_sum(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
   return match_vma(c.decode_sum(buf, n, dtype), vma_of(buf))
 
 
-def decode_sum_encode(c: Any, buf: jax.Array, n: int, dtype: Any) -> jax.Array:
-  return match_vma(c.decode_sum_encode(buf, n, dtype), vma_of(buf))
+def decode_sum_encode(c: Any, buf: jax.Array, n: int, dtype: Any, key: Any = None) -> jax.Array:
+  return match_vma(c.decode_sum_encode(buf, n, dtype, key=key), vma_of(buf))
 
 
 # Payload all-gathers. XLA's all-gather is the default everywhere: across 4 CPU processes

@@ -414,7 +414,10 @@ def _two_shot(xs: jax.Array, axes: tuple, comp: Any, key: Any, residual: bool = 
   width = xs.shape[-1] // n
   buf = encode_rows(comp, L.rank_rows(xs, n), key=key)
   got = lax.all_to_all(buf, axes, 0, 0, tiled=True)
-  shard = decode_sum_encode(comp, got, width, xs.dtype)  # second quantization
+  # The second quantization (of the reduced shard) rounds on a stream of its own: drawn
+  # from ``key`` itself, its bits would repeat those of the first row encoded above.
+  again = None if key is None else jax.random.fold_in(key, 1)
+  shard = decode_sum_encode(comp, got, width, xs.dtype, again)
   out = L.flat_row(
     gather_decode(comp, shard, axes, width, xs.dtype, sum_rows=False, invariant=True)
   )
