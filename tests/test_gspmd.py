@@ -130,6 +130,14 @@ def test_gspmd_errors_name_the_argument(mlp, mesh):
     jcoccl.value_and_grad(loss_fn)(params, x, y)
   with pytest.raises(ValueError, match=r"policy: give either"):
     jcoccl.value_and_grad(loss_fn, compressor="int8", policy=jcoccl.Policy())
+  # A stochastic codec needs a key per call, which the gradient function does not take.
+  for kw, arg in (
+    ({"compressor": "hadamard(int4:stochastic)"}, "compressor"),
+    ({"compressor": "int8", "gather_compressor": "auto:int8:stochastic"}, "gather_compressor"),
+    ({"policy": jcoccl.Policy.from_dict({"data": {"all_reduce": "int4:stochastic"}})}, "policy"),
+  ):
+    with pytest.raises(ValueError, match=rf"{arg}: .* rounds stochastically.*takes none"):
+      jcoccl.value_and_grad(loss_fn, mesh=mesh, **kw)
 
 
 def test_gspmd_policy_names_the_codec(mlp, mesh):

@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jcoccl._src import _compat
+from jcoccl._src.compressors.compressor_args import resolve_compressor
 from jcoccl._src.integrations import gspmd_specs as S
 from jcoccl._src.integrations.gspmd_local import Layout, Local, OpPlan, make_plans
 from jcoccl._src.integrations.gspmd_trace import (
@@ -339,6 +340,38 @@ class DataParallelGrad:
           )
 
 
+def _codecs(spec: Any) -> list:
+  """The codecs a compressor argument names (per-level tuples and dicts opened; a spec
+  that does not parse gives none here: the op's own check names it)."""
+  if spec is None:
+    return []
+  if isinstance(spec, (tuple, list)):
+    return [c for one in spec for c in _codecs(one)]
+  if isinstance(spec, dict):
+    return [c for one in spec.values() for c in _codecs(one)]
+  if isinstance(spec, str) and spec.strip().startswith("auto:"):
+    spec = spec.strip()[len("auto:") :]
+  try:
+    return [resolve_compressor(spec)]
+  except (ValueError, TypeError):
+    return []
+
+
+def _refuse_stochastic(plans: Sequence[tuple[str, OpPlan]], by_policy: bool) -> None:
+  """ValueError for a stochastic-rounding codec: it draws from a PRNG key per call, and
+  the gradient function takes none (its arguments are the user's function's)."""
+  for op, plan in plans:
+    for c in _codecs(plan.compressor):
+      if getattr(c, "stochastic", False):
+        arg = "policy" if by_policy else "gather_compressor" if op == "all_gather" else "compressor"
+        raise ValueError(
+          f"{arg}: {c} rounds stochastically, which needs a PRNG key per call, and "
+          "jcoccl.value_and_grad takes none. Use a round-to-nearest codec (with "
+          "error_feedback=True its rounding error is carried into the next step), or call "
+          f"jcoccl.{op}(..., key=) inside a jax.shard_map"
+        )
+
+
 def value_and_grad(
   fun: Callable[..., Any],
   axes: str | Sequence[str] = "data",
@@ -371,6 +404,8 @@ def value_and_grad(
     compressor: codec of the gradient all_reduce / reduce_scatter over ``axes``: a
       Compressor, a spec string (``"int8"``, ``"auto:int8"``, ``"none"``) or None (exact);
       passed to :func:`jcoccl.all_reduce` / :func:`jcoccl.reduce_scatter` unchanged.
+      Round-to-nearest codecs only: a stochastic one needs a PRNG key per call, which this
+      function does not take (ValueError).
     gather_compressor: codec of the all_gather of parameters sharded over ``axes`` (qwZ);
       None gathers exactly. The parameters themselves (master weights) stay exact.
     policy: a :class:`jcoccl.Policy` instead of the two compressors: its entries for the
@@ -425,10 +460,11 @@ def value_and_grad(
   data_axes = S.data_axes(axes)
   options = {"algorithm": algorithm, "min_bytes": min_bytes, "chunks": chunks}
   plans = make_plans(data_axes, compressor, gather_compressor, policy, options)
+  _refuse_stochastic(plans, policy is not None)
   if error_feedback:
     for op, plan in plans:
       if op != "all_gather":
-        _error_feedback(plan.compressor)  # a stochastic codec fails here, not at trace time
+        _error_feedback(plan.compressor)  # a codec error feedback cannot wrap fails here
   return DataParallelGrad(
     fun=fun,
     axes=data_axes,
