@@ -117,6 +117,29 @@ def test_stochastic_one_and_two_shot_unbiased_within_bounds(c):
   assert (mean_err <= 5 * sd / np.sqrt(k) + fold).mean() > 0.99
 
 
+def test_stochastic_hierarchical_one_result_unbiased():
+  """Stochastic levels in hierarchical: every rank of both levels gets the same sum (the
+  final gather encodes each reduced shard alike in every outer group), and the mean over
+  32 keys is within 5 standard errors (the draws' own) of the exact sum."""
+  c = jc.int4(block_size=32, rounding="stochastic")
+  m, k = mesh((2, 2), ("a", "b")), 32
+  x = host_rand((4, 256), jnp.float32, seed=6)
+  body = lambda v, key: jcoccl.all_reduce(
+    v[0], ("a", "b"), compressor=(c, c), algorithm="hierarchical", min_bytes=0, key=key
+  )[None]
+  spec = P(("a", "b"))
+  f = jax.jit(jax.shard_map(body, mesh=m, in_specs=(spec, P()), out_specs=spec))
+  draws = []
+  for i in range(k):
+    y = np.asarray(f(x, jax.random.key(i)))
+    _check_identical_across_ranks(y)
+    draws.append(f64(y[0]))
+  exact = f64(x).sum(0)
+  sd = np.std(draws, 0, ddof=1)
+  fold = 8 * 2.0**-24 * np.abs(f64(x)).sum(0)
+  assert (np.abs(np.mean(draws, 0) - exact) <= 5 * sd / np.sqrt(k) + fold).mean() > 0.99
+
+
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
 @pytest.mark.parametrize("chunks", [2, 3])
 def test_chunks_bitwise_equal_to_unchunked(algorithm, chunks):

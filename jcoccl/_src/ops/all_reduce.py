@@ -430,12 +430,15 @@ def _hierarchical(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   outer, inner = axes[:-1], axes[-1:]
   c_out, c_in = comp
   n_in = group_size(inner)
-  # Distinct stochastic-rounding streams per rank and per stage.
+  # Distinct stochastic-rounding streams per rank and per stage. The gather's stream is
+  # folded with the inner rank only (gather_rows does that): every outer group holds the
+  # same reduced shards and must encode them alike, or the groups' results would differ.
   key_in = rank_key(key, outer, 1)
   key_out = None if key is None else rank_key(rank_key(key, inner, 2), outer, 0)
+  key_ag = None if key is None else jax.random.fold_in(key, 3)
   shard = _rs.scatter_rows(L.rank_rows(xs, n_in), inner, c_in, 1, key_in)
   shard = _one_shot(shard, outer, c_out, key_out)
-  return L.flat_row(_ag.gather_rows(shard, inner, c_in, 1, None, invariant=True))
+  return L.flat_row(_ag.gather_rows(shard, inner, c_in, 1, key_ag, invariant=True))
 
 
 _FLAT = {"one_shot": _one_shot, "two_shot": _two_shot}
