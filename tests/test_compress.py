@@ -323,6 +323,10 @@ def test_errors():
     jcoccl.compress(f, {"tensor": {"all_reduce": "int8"}})(_x((8, 16)))
   with pytest.raises(ValueError, match=r"policy\['data'\]\['all_reduce'\]"):
     jcoccl.compress(f, {"data": {"all_reduce": "int9"}})
+  with pytest.raises(
+    ValueError, match=r"policy: data.ppermute = hadamard\(int3:stochastic\) rounds"
+  ):
+    jcoccl.compress(f, {"data": {"ppermute": "hadamard(int3:stochastic)"}})
 
 
 def test_policy_file(tmp_path):

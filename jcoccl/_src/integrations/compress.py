@@ -109,7 +109,8 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
 
   Raises:
     TypeError: ``f`` is not callable, or ``policy`` is none of the accepted types.
-    ValueError: the policy file or mapping is malformed (the message names the entry).
+    ValueError: the policy file or mapping is malformed (the message names the entry), or
+      an entry rounds stochastically (it needs a PRNG key per call, which ``f`` lacks).
 
   Example:
     >>> def step(x):                                                  # doctest: +SKIP
@@ -124,6 +125,7 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
       f"compress: f must be a callable (the function to rewrite), got {type(f).__name__} {f!r}"
     )
   pol = as_policy(policy)
+  _refuse_stochastic(pol)
 
   @functools.wraps(f)
   def compressed(*args: Any, **kwargs: Any) -> Any:
@@ -141,6 +143,20 @@ def compress(f: Callable[..., Any], policy: Any) -> Callable[..., Any]:
     return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
   return compressed
+
+
+def _refuse_stochastic(pol: Policy) -> None:
+  """ValueError for a stochastic-rounding entry: it draws from a PRNG key per call, and
+  the rewritten function takes f's arguments, no key."""
+  for axis, ap in sorted(pol.axes.items()):
+    for op, c in sorted(ap.compressors.items()):
+      levels = c if isinstance(c, tuple) else (c,)
+      if any(getattr(v, "stochastic", False) for v in levels):
+        raise ValueError(
+          f"policy: {axis}.{op} = {c} rounds stochastically, which needs a PRNG key per "
+          "call, and jcoccl.compress's function takes none. Use a round-to-nearest codec, "
+          f"or call jcoccl.{op}(..., key=) in the shard_map body"
+        )
 
 
 def as_policy(policy: Any) -> Policy:
