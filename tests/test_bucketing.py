@@ -247,6 +247,22 @@ def test_chains_of_short_leaves_send_short_blocks(algorithm, monkeypatch):
     assert _chains(mixed, xs[0], xs[3], op=op) == 1
 
 
+@pytest.mark.parametrize("name", ["reduce_scatter", "all_gather", "all_to_all", "ppermute"])
+def test_other_ops_fitted_bitwise_as_unfitted(name, monkeypatch):
+  """The other ops' chains of short leaves (rows of 1..24 values under int8's 256) send
+  fitted blocks, with the bits of the unfitted lowering, in under a fifth of its bytes."""
+  shapes = ((N, 2 * N, 3), (N, N), (N, 3 * N, 1))
+  xs = _leaves(shapes, (jnp.float32, jnp.float32, jnp.bfloat16), seed=80)
+  kw = dict(compressor=jc.int8(), min_bytes=0)
+  fresh = lambda: jax.jit(_smap(lambda *v: tuple(OPS[name](list(v), **kw)), 3))  # a new trace
+  sent = lambda: jcoccl.wire_bytes(fresh(), *xs, mesh=_mesh())["by_axis"]["d"]
+  got, fitted = fresh()(*xs), sent()
+  monkeypatch.setattr(lowering, "fitted", lambda o, xs, key, lps: lps)
+  for i, (g, w) in enumerate(zip(got, fresh()(*xs))):
+    np.testing.assert_array_equal(bits(g), bits(w), err_msg=f"leaf {i}")
+  assert fitted < sent() / 5  # 32-value blocks instead of 256
+
+
 @pytest.mark.skipif(_ffi.native_module("cpu") is None, reason="jcoccl._cpu is not built")
 def test_fused_backend_one_call_per_group():
   fused_comms.shutdown()
