@@ -240,7 +240,9 @@ class Compressor:
     A message shorter than one block is padded with zeros to a whole block, and the
     padding travels. A codec whose block is coded from ``max |x|`` alone (the padding's
     zeros change nothing) may return itself with the block cut to the message
-    (:func:`fit_block`); the default, for every other codec, is ``self``.
+    (:func:`fit_block`); the default, for every other codec, is ``self``. A codec that
+    returns ``self`` for ``n = 1`` is taken to keep its block for every ``n`` (the lowering
+    asks that first).
 
     Example:
       >>> [str(jc.int8().fit(n)) for n in (64, 1000)], str(jc.int8(symmetric=False).fit(64))

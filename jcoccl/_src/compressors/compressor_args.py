@@ -58,6 +58,34 @@ def resolve_compressor(compressor: Any, argname: str = "compressor") -> Any:
   return compressor
 
 
+def stochastic_codec(spec: Any) -> Any:
+  """The first codec that ``spec`` names which rounds stochastically, or None.
+
+  Args:
+    spec: what a compressor argument takes: None, a Compressor, a spec string, an
+      ``"auto:<spec>"`` string, or per-level pairs and dicts of these. A spec that does not
+      parse gives None here: the op's own check names it.
+
+  Returns:
+    That Compressor, or None.
+
+  Example:
+    >>> str(stochastic_codec(("int8", "auto:int4:stochastic"))), stochastic_codec("int8")
+    ('int4:stochastic', None)
+  """
+  if isinstance(spec, (tuple, list)):
+    return next(filter(None, map(stochastic_codec, spec)), None)
+  if isinstance(spec, dict):
+    return stochastic_codec(list(spec.values()))
+  if isinstance(spec, str) and spec.strip().startswith("auto:"):
+    spec = spec.strip()[len("auto:") :]
+  try:
+    c = resolve_compressor(spec)
+  except (ValueError, TypeError):
+    return None
+  return c if getattr(c, "stochastic", False) else None
+
+
 def check_dtype(dtype: Any, compressor: Any, argname: str = "compressor") -> None:
   """Raises TypeError when a lossy ``compressor`` is given a non-floating ``dtype``."""
   if compressor is None or compressor.lossless:

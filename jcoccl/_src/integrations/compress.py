@@ -53,7 +53,7 @@ from typing import Any
 import jax
 
 from jcoccl._src import _compat
-from jcoccl._src.compressors.compressor_args import is_float
+from jcoccl._src.compressors.compressor_args import is_float, stochastic_codec
 from jcoccl._src.integrations.interpret import eval_jaxpr
 from jcoccl._src.ops.all_gather import all_gather
 from jcoccl._src.ops.all_reduce import all_reduce
@@ -150,8 +150,7 @@ def _refuse_stochastic(pol: Policy) -> None:
   the rewritten function takes f's arguments, no key."""
   for axis, ap in sorted(pol.axes.items()):
     for op, c in sorted(ap.compressors.items()):
-      levels = c if isinstance(c, tuple) else (c,)
-      if any(getattr(v, "stochastic", False) for v in levels):
+      if stochastic_codec(c) is not None:
         raise ValueError(
           f"policy: {axis}.{op} = {c} rounds stochastically, which needs a PRNG key per "
           "call, and jcoccl.compress's function takes none. Use a round-to-nearest codec, "

@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jcoccl._src import _compat
-from jcoccl._src.compressors.compressor_args import resolve_compressor
+from jcoccl._src.compressors.compressor_args import stochastic_codec
 from jcoccl._src.integrations import gspmd_specs as S
 from jcoccl._src.integrations.gspmd_local import Layout, Local, OpPlan, make_plans
 from jcoccl._src.integrations.gspmd_trace import (
@@ -340,36 +340,19 @@ class DataParallelGrad:
           )
 
 
-def _codecs(spec: Any) -> list:
-  """The codecs a compressor argument names (per-level tuples and dicts opened; a spec
-  that does not parse gives none here: the op's own check names it)."""
-  if spec is None:
-    return []
-  if isinstance(spec, (tuple, list)):
-    return [c for one in spec for c in _codecs(one)]
-  if isinstance(spec, dict):
-    return [c for one in spec.values() for c in _codecs(one)]
-  if isinstance(spec, str) and spec.strip().startswith("auto:"):
-    spec = spec.strip()[len("auto:") :]
-  try:
-    return [resolve_compressor(spec)]
-  except (ValueError, TypeError):
-    return []
-
-
 def _refuse_stochastic(plans: Sequence[tuple[str, OpPlan]], by_policy: bool) -> None:
   """ValueError for a stochastic-rounding codec: it draws from a PRNG key per call, and
   the gradient function takes none (its arguments are the user's function's)."""
   for op, plan in plans:
-    for c in _codecs(plan.compressor):
-      if getattr(c, "stochastic", False):
-        arg = "policy" if by_policy else "gather_compressor" if op == "all_gather" else "compressor"
-        raise ValueError(
-          f"{arg}: {c} rounds stochastically, which needs a PRNG key per call, and "
-          "jcoccl.value_and_grad takes none. Use a round-to-nearest codec (with "
-          "error_feedback=True its rounding error is carried into the next step), or call "
-          f"jcoccl.{op}(..., key=) inside a jax.shard_map"
-        )
+    c = stochastic_codec(plan.compressor)
+    if c is not None:
+      arg = "policy" if by_policy else "gather_compressor" if op == "all_gather" else "compressor"
+      raise ValueError(
+        f"{arg}: {c} rounds stochastically, which needs a PRNG key per call, and "
+        "jcoccl.value_and_grad takes none. Use a round-to-nearest codec (with "
+        "error_feedback=True its rounding error is carried into the next step), or call "
+        f"jcoccl.{op}(..., key=) inside a jax.shard_map"
+      )
 
 
 def value_and_grad(

@@ -118,8 +118,12 @@ def fitted(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) -> lis
   length: dict[int, int] = {}
   for i, (x, lp) in enumerate(zip(xs, lps)):
     c = load(lp["compressor"])
-    rows = None if o.rows is None or getattr(c, "fit", None) is None else o.rows(x, None, **lp)
-    if rows is None or c.stochastic:
+    fit = getattr(c, "fit", None)  # None: the exact path or per-level codecs
+    # A codec that keeps its block for a one-element row keeps it for every row.
+    if o.rows is None or fit is None or fit(1) == c:
+      continue
+    rows = o.rows(x, None, **lp)
+    if rows is None:
       continue
     length[i] = rows.length
     pack = _packs(o, x, key, len(xs), lp)
