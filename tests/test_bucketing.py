@@ -237,7 +237,7 @@ def test_chains_of_short_leaves_send_short_blocks(algorithm, monkeypatch):
     sent = lambda f: jcoccl.wire_bytes(jax.jit(f), *xs[:3], mesh=_mesh())["by_axis"]["d"]
     fitted = sent(short)
     with monkeypatch.context() as m:
-      m.setattr(lowering, "fitted", lambda o, xs, key, lps: lps)
+      m.setattr(lowering, "fitted", lambda o, xs, key, lps: (lps, {}))
       assert fitted < sent(_smap(lambda *v: tuple(ar(list(v))), 3))  # a new trace
     assert _chains(short, *xs[:3], op=op) == 2  # one per dtype, as unfitted
     mixed = _smap(lambda *v: tuple(ar(list(v))), 2)  # 50 and 700 values: one 256 chain
@@ -245,6 +245,48 @@ def test_chains_of_short_leaves_send_short_blocks(algorithm, monkeypatch):
     want = jax.jit(padded)(xs[0], xs[1], xs[2])[0]
     np.testing.assert_array_equal(bits(got[0]), bits(want[:, :50]))
     assert _chains(mixed, xs[0], xs[3], op=op) == 1
+
+
+@pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
+def test_short_leaves_beside_long_ones_send_short_blocks_in_the_same_chain(algorithm, monkeypatch):
+  """In a chain that also holds long leaves, the xla all_reduce sends the short leaves
+  (LayerNorm-sized vectors) in fitted blocks of their own, their payload beside the long
+  leaves' in the same collectives (lowering.fitted, rows.run_joint): every leaf bitwise as
+  the unfitted chain, NaN included, the residuals too, in fewer bytes and as many
+  collectives."""
+  shapes = ((N, 64), (N, 700), (N, 50), (N, 3, 300), (N, 64), (N, 900))
+  dtypes = (jnp.float32,) * 4 + (jnp.bfloat16,) * 2
+  xs = _leaves(shapes, dtypes, seed=90)
+  xs[2][1, 7] = np.nan
+  op = "all_to_all" if algorithm == "two_shot" else "all_gather"
+  for codec in (jc.int8(), jc.fp8()):
+    kw = dict(compressor=codec, min_bytes=0, algorithm=algorithm)
+    tree = lambda *v: tuple(jcoccl.all_reduce(list(v), "d", **kw))
+    fresh = lambda f=tree: _smap(f, len(xs))  # a new trace
+    es = [jnp.asarray(host_rand(x.shape, jnp.float32, seed=9 + i)) for i, x in enumerate(xs)]
+
+    def ef(*v):
+      ys, rs = jcoccl.all_reduce(list(v[: len(xs)]), "d", residual=list(v[len(xs) :]), **kw)
+      return tuple(ys) + tuple(rs)
+
+    ef_map = lambda: jax.shard_map(
+      ef, mesh=_mesh(), in_specs=(P("d"),) * (2 * len(xs)), out_specs=P("d")
+    )
+    sent = lambda: jcoccl.wire_bytes(jax.jit(fresh()), *xs, mesh=_mesh())["by_axis"]["d"]
+    got, got_ef, fitted, n = (
+      jax.jit(fresh())(*xs),
+      jax.jit(ef_map())(*xs, *es),
+      sent(),
+      _chains(fresh(), *xs, op=op),
+    )
+    with monkeypatch.context() as m:
+      m.setattr(lowering, "fitted", lambda o, xs, key, lps: (lps, {}))
+      want, want_ef = jax.jit(fresh())(*xs), jax.jit(ef_map())(*xs, *es)
+      assert fitted < sent()  # int8 two_shot: 5,496 B against 7,800 B
+      assert n == _chains(fresh(), *xs, op=op) == 2  # one per dtype
+    for i, (g, w) in enumerate(zip(got + got_ef, want + want_ef)):
+      np.testing.assert_array_equal(bits(g), bits(w), err_msg=f"{codec} output {i}")
+    assert np.isnan(np.asarray(got[2])[:, 7]).all()
 
 
 @pytest.mark.parametrize("name", ["reduce_scatter", "all_gather", "all_to_all", "ppermute"])
@@ -257,7 +299,7 @@ def test_other_ops_fitted_bitwise_as_unfitted(name, monkeypatch):
   fresh = lambda: jax.jit(_smap(lambda *v: tuple(OPS[name](list(v), **kw)), 3))  # a new trace
   sent = lambda: jcoccl.wire_bytes(fresh(), *xs, mesh=_mesh())["by_axis"]["d"]
   got, fitted = fresh()(*xs), sent()
-  monkeypatch.setattr(lowering, "fitted", lambda o, xs, key, lps: lps)
+  monkeypatch.setattr(lowering, "fitted", lambda o, xs, key, lps: (lps, {}))
   for i, (g, w) in enumerate(zip(got, fresh()(*xs))):
     np.testing.assert_array_equal(bits(g), bits(w), err_msg=f"leaf {i}")
   assert fitted < sent() / 5  # 32-value blocks instead of 256

@@ -87,5 +87,15 @@ def gather_decode(
         return decode(c, every, n, d)
       fn = native.decode_sum if sum_rows else native.decode_rows
       return fn(c, every, n, d, invariant_over=axes)
-  every = lax.all_gather(row, axes, axis=0, tiled=False, to="invarying" if invariant else "varying")
-  return decode(c, every, n, d)
+  return decode(c, gather_payloads(row, axes, invariant=invariant), n, d)
+
+
+def gather_payloads(row: jax.Array, axes: Sequence[str], *, invariant: bool) -> jax.Array:
+  """XLA's all-gather of one ``uint8[P]`` payload row per rank: ``uint8[ranks, P]``,
+  typed device-invariant over ``axes`` with ``invariant`` (every rank holds the same rows).
+
+  Example (in a ``shard_map`` over axis "i" of 2 devices):
+    >>> # gather_payloads(row, ("i",), invariant=True).shape == (2, row.size)
+  """
+  to = "invarying" if invariant else "varying"
+  return lax.all_gather(row, tuple(axes), axis=0, tiled=False, to=to)

@@ -134,6 +134,11 @@ class Rows:
     back: None, or one message's unpadded residual rows -> its residual (the inverse of
       ``pre``): the run then returns (result, residual), both from the one call
       (:mod:`jcoccl._src.base.residual`).
+    codec: the compressor ``call`` encodes with (for ``joint``).
+    joint: None, or ``[(padded row, codec), ...] -> [what call returns, ...]``: rows of
+      several codecs of one backend, algorithm and group through ONE collective chain,
+      their payloads laid side by side (:func:`run_joint`), each with the bits that
+      ``call`` gives it (one slice each).
   """
 
   x: jax.Array
@@ -146,6 +151,8 @@ class Rows:
   call: Callable[[jax.Array, int], jax.Array]
   wire: tuple = ()
   back: Callable[[jax.Array], jax.Array] | None = None
+  codec: Any = None
+  joint: Callable[[list[tuple[jax.Array, Any]]], list] | None = None
 
   @property
   def posts(self) -> Callable | tuple[Callable, ...]:
@@ -195,6 +202,35 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
     >>> [y.tolist() for y in run_packed([a, b], 1)]
     [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]]
   """
+  row, lay, spans = _pack(members, chunks)
+  return _unpack(members[0].call(row, lay.slices), members, spans)
+
+
+def run_joint(groups: list[list[Rows]]) -> list[list[Any]]:
+  """Several packed chains of one backend, algorithm and group, each with its own codec
+  (a long-block one for long leaves, a fitted short-block one for short leaves), through
+  ONE collective chain: their payloads travel side by side (``Rows.joint``), each chain
+  padded to whole units of its own codec, so no short leaf is padded to a long block.
+
+  Each element has the bits :func:`run_packed` of its own chain gives it (payload bytes
+  are only moved, never re-coded); one slice per chain.
+
+  Args:
+    groups: the chains; every member's ``joint`` is set, one slice each.
+
+  Returns:
+    Per chain, each member's result as :func:`run_packed` gives it.
+  """
+  joint = groups[0][0].joint
+  if joint is None:
+    raise ValueError("run_joint: these rows' backend has no joint chain (Rows.joint is None)")
+  packed = [_pack(members, 1) for members in groups]
+  outs = joint([(row, members[0].codec) for (row, _, _), members in zip(packed, groups)])
+  return [_unpack(o, m, spans) for o, m, (_, _, spans) in zip(outs, groups, packed)]
+
+
+def _pack(members: list[Rows], chunks: int) -> tuple[jax.Array, RowLayout, list[Span]]:
+  """The packed row of ``members`` (see :func:`run_packed`), its layout and spans."""
   parts, spans = [], []
   for m in members:
     rows = rows_in(m.pre, m.x, m.nb)  # [B, *mid, length]
@@ -203,7 +239,12 @@ def run_packed(members: list[Rows], chunks: int) -> list[jax.Array]:
     spans.append(Span(b, m.length, padded_len(m.length, m.block)))
   first = members[0]
   lay = RowLayout.of(sum(s.count * s.padded for s in spans), first.unit, min(chunks, MAX_SLICES))
-  out = first.call(pack_parts(parts, spans, lay.padded), lay.slices)
+  return pack_parts(parts, spans, lay.padded), lay, spans
+
+
+def _unpack(out: Any, members: list[Rows], spans: list[Span]) -> list[Any]:
+  """Each member's result cut out of a packed chain's output ``out`` (a tuple with
+  residuals: then pairs)."""
   outs = out if isinstance(out, tuple) else (out,)
   results: list[list] = [[] for _ in members]
   for j, o in enumerate(outs):  # the results, then the residuals, cut as the input was

@@ -3,10 +3,12 @@ ring), chosen by a documented cost model when algorithm="auto"."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src import _compat
@@ -23,9 +25,12 @@ from jcoccl._src.compressors.compressor_args import (
 )
 from jcoccl._src.compressors.payloads import (
   decode_rows,
+  decode_sum,
   decode_sum_encode,
   encode_rows,
   gather_decode,
+  gather_method,
+  gather_payloads,
 )
 from jcoccl._src.compressors.rows import Rows
 from jcoccl._src.compressors.threshold import effective_compressor
@@ -340,6 +345,9 @@ def _rows(
   levels = comp if isinstance(comp, tuple) else (comp,)
   impl = _backend.implementation("all_reduce", backend)
   more = {"residual": True} if residual else {}
+  joint = None
+  if impl is _xla_all_reduce and algorithm in _FLAT and gather_method() != "all_to_all":
+    joint = lambda pairs: _joint(pairs, axes, algorithm, residual)
   return Rows(
     x,
     batch,
@@ -352,6 +360,8 @@ def _rows(
       r, axes=axes, compressor=comp, algorithm=algorithm, chunks=k, key=key, **more
     ),
     wire=(algorithm,),
+    codec=comp,
+    joint=joint,
   )
 
 
@@ -439,6 +449,47 @@ def _hierarchical(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   shard = _rs.scatter_rows(L.rank_rows(xs, n_in), inner, c_in, 1, key_in)
   shard = _one_shot(shard, outer, c_out, key_out)
   return L.flat_row(_ag.gather_rows(shard, inner, c_in, 1, key_ag, invariant=True))
+
+
+def _split(buf: jax.Array, sizes: list[int]) -> list[jax.Array]:
+  """``buf``'s last axis cut into consecutive parts of ``sizes`` bytes."""
+  ends = list(itertools.accumulate(sizes))
+  return [buf[..., e - n : e] for n, e in zip(sizes, ends)]
+
+
+def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, algorithm: str, residual: bool) -> list:
+  """one_shot or two_shot of several rows, each with its own codec, through one chain:
+  each row is encoded, summed and decoded as :func:`_one_shot` / :func:`_two_shot` does
+  alone, and the payloads of all rows share each collective, side by side per rank.
+
+  Args:
+    pairs: (padded row, its compressor); rows a multiple of their codec's unit long.
+    axes: the group.
+    algorithm: "one_shot" or "two_shot".
+    residual: also return each row's encoder residual.
+
+  Returns:
+    Per row, its result (with ``residual``: the pair (result, residual)).
+  """
+  n = group_size(axes) if algorithm == "two_shot" else 1
+  bufs = [encode_rows(c, L.rank_rows(xs, n) if n > 1 else xs[None]) for xs, c in pairs]
+  sizes = [b.shape[-1] for b in bufs]
+  widths = [xs.shape[-1] // n for xs, _ in pairs]
+  sent = jnp.concatenate(bufs, axis=-1)
+  if n > 1:  # two_shot: each rank reduces its shard of every row, then re-encodes it
+    got = _split(lax.all_to_all(sent, axes, 0, 0, tiled=True), sizes)
+    shards = [decode_sum_encode(c, g, w, xs.dtype) for (xs, c), g, w in zip(pairs, got, widths)]
+    sent, sizes = jnp.concatenate(shards, axis=-1)[None], [s.shape[-1] for s in shards]
+  every = _split(gather_payloads(sent[0], axes, invariant=True), sizes)
+  outs = []
+  for (xs, c), rows, buf, w in zip(pairs, every, bufs, widths):
+    if n > 1:
+      out = L.flat_row(decode_rows(c, rows, w, xs.dtype))
+    else:
+      out = decode_sum(c, rows, w, xs.dtype)
+    lost = L.flat_row(decode_rows(c, buf, w, xs.dtype))
+    outs.append((out, R.lost(xs, lost)) if residual else out)
+  return outs
 
 
 _FLAT = {"one_shot": _one_shot, "two_shot": _two_shot}

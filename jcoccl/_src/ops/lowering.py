@@ -17,7 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jcoccl._src.compressors.rows import Rows, run_packed
+from jcoccl._src.compressors.layout import padded_len
+from jcoccl._src.compressors.rows import Rows, run_joint, run_packed
 from jcoccl._src.native import _backend
 from jcoccl._src.ops.op_spec import Op
 from jcoccl._src.ops.params import load, spec_of
@@ -96,13 +97,20 @@ def _packs(o: Op, x: jax.Array, key: Any, n: int, lp: dict) -> bool:
   )
 
 
-def fitted(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) -> list[dict]:
-  """The leaves' parameters with each chain's codec fitted to its longest row
-  (``Compressor.fit``): a chain whose every row is shorter than one codec block (a
-  LayerNorm vector alone under int8's 256, or a bucket of them) sends short blocks with the
-  same bits instead of zero-padded long ones. A chain that also holds a longer leaf keeps
-  its block: fitting the short leaves apart would cost a chain of their own per step, whose
-  latency outweighs the padding it saves (a few hundred bytes per leaf).
+def fitted(
+  o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]
+) -> tuple[list[dict], dict[int, int]]:
+  """The leaves' parameters with short leaves' codec fitted to them (``Compressor.fit``),
+  so that a leaf shorter than one codec block (a LayerNorm vector under int8's 256) is not
+  sent zero-padded to a whole long block, with the same bits.
+
+  A chain (the leaves :func:`lower_leaves` would pack together) whose every row is short
+  gets one codec fitted to its longest row. In a chain that also holds longer leaves the
+  short ones get a fitted codec of their own where the backend can send two codecs' rows
+  through one collective chain (``Rows.joint``: the xla all_reduce) and that sends fewer
+  bytes than padding them; elsewhere they keep the chain's block, since a chain of their
+  own would cost a collective step per step, more than the padding (a few hundred bytes
+  per leaf).
 
   Args:
     o: the op.
@@ -111,31 +119,78 @@ def fitted(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) -> lis
     lps: the leaves' parameters.
 
   Returns:
-    ``lps``, with a copy naming the fitted codec for the leaves of each fitted chain (an
-    example: ``Compressor.fit``).
+    ``lps``, with a copy naming the fitted codec for every fitted leaf (an example:
+    ``Compressor.fit``); and for the leaves of each chain split in two, the chain's number
+    (:func:`lower_leaves` then sends the two halves as one joint chain).
   """
   chains: dict[tuple, list[int]] = {}
-  length: dict[int, int] = {}
+  rows: dict[int, Rows] = {}
   for i, (x, lp) in enumerate(zip(xs, lps)):
     c = load(lp["compressor"])
     fit = getattr(c, "fit", None)  # None: the exact path or per-level codecs
     # A codec that keeps its block for a one-element row keeps it for every row.
     if o.rows is None or fit is None or fit(1) == c:
       continue
-    rows = o.rows(x, None, **lp)
-    if rows is None:
+    r = o.rows(x, None, **lp)
+    if r is None:
       continue
-    length[i] = rows.length
+    rows[i] = r
     pack = _packs(o, x, key, len(xs), lp)
-    chains.setdefault(bucket_key(x, lp, rows) if pack else ("alone", i), []).append(i)
-  out = list(lps)
-  for members in chains.values():
+    chains.setdefault(bucket_key(x, lp, r) if pack else ("alone", i), []).append(i)
+  out, joint = list(lps), dict[int, int]()
+  for n, members in enumerate(chains.values()):
     c = load(lps[members[0]]["compressor"])
-    small = c.fit(max(length[i] for i in members))
-    if small != c:
-      for i in members:
-        out[i] = {**lps[i], "compressor": spec_of(small)}
-  return out
+    short = [i for i in members if c.fit(rows[i].length) != c]
+    if not short:
+      continue
+    small = c.fit(max(rows[i].length for i in short))
+    if len(short) < len(members) and not _splits(o, xs, c, small, members, short, rows, lps):
+      continue
+    for i in short:
+      out[i] = {**lps[i], "compressor": spec_of(small)}
+    if len(short) < len(members):
+      joint.update((i, n) for i in members)
+  return out, joint
+
+
+def _chain_elements(members: Sequence[int], rows: dict[int, Rows], block: int, unit: int) -> int:
+  """Elements of the packed row of ``members`` (as :func:`run_packed` lays it, one slice)
+  with codec ``block`` and slice ``unit``."""
+  total = sum(_count(rows[i]) * padded_len(rows[i].length, block) for i in members)
+  return padded_len(total, unit)
+
+
+def _count(r: Rows) -> int:
+  """Messages in leaf ``r`` (its vmap batch)."""
+  return math.prod(r.x.shape[: r.nb])
+
+
+def _splits(
+  o: Op,
+  xs: Sequence[jax.Array],
+  c: Any,
+  small: Any,
+  members: list[int],
+  short: list[int],
+  rows: dict[int, Rows],
+  lps: Sequence[dict],
+) -> bool:
+  """Whether the chain ``members`` goes as two codecs' rows in one joint chain: its backend
+  sends them so (``Rows.joint``), in one slice, and they are fewer bytes than ``c`` alone."""
+  first = rows[members[0]]
+  if o.rows is None or first.joint is None or lps[members[0]]["chunks"] != 1:
+    return False
+  i = short[0]
+  fit = o.rows(xs[i], None, **{**lps[i], "compressor": spec_of(small)})
+  if fit is None or fit.joint is None:
+    return False
+  long = [i for i in members if i not in short]
+  dt = first.x.dtype
+  unit_small = fit.unit
+  whole = c.row_nbytes(_chain_elements(members, rows, first.block, first.unit), dt)
+  apart = c.row_nbytes(_chain_elements(long, rows, first.block, first.unit), dt)
+  apart += small.row_nbytes(_chain_elements(short, rows, small.granule, unit_small), dt)
+  return apart < whole
 
 
 def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) -> list:
@@ -158,7 +213,7 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
   residual = bool(lps and lps[0].get("residual"))
   outs: list = [None] * (2 * n if residual else n)
   buckets: dict[tuple, list[tuple[int, Rows]]] = {}
-  lps = fitted(o, xs, key, [_at_lowering(o, x, lp) for x, lp in zip(xs, lps)])
+  lps, joint = fitted(o, xs, key, [_at_lowering(o, x, lp) for x, lp in zip(xs, lps)])
   for i, (x, lp) in enumerate(zip(xs, lps)):
     pack = _packs(o, x, key, n, lp)
     # Each leaf draws its own random stream: with one key for all, leaves of one shape would
@@ -171,10 +226,19 @@ def lower_leaves(o: Op, xs: Sequence[jax.Array], key: Any, lps: Sequence[dict]) 
     if residual and o.back is not None:  # the call returns (result, residual) rows
       rows = dataclasses.replace(rows, back=o.back(x.shape[lp["batch"] :], lp))
     buckets.setdefault(bucket_key(x, lp, rows) if pack else ("alone", i), []).append((i, rows))
-  for members in buckets.values():
-    chunks = lps[members[0][0]]["chunks"]
-    same = [r for _, r in members]
-    ys = [same[0].run(chunks)] if len(same) == 1 else run_packed(same, chunks)
+  chains: dict[Any, list[list[tuple[int, Rows]]]] = {}
+  for k, members in buckets.items():  # the two halves of a split chain go as one
+    j = joint.get(members[0][0])
+    chains.setdefault(k if j is None else ("joint", j), []).append(members)
+  for groups in chains.values():
+    if len(groups) > 1:
+      ys = [y for g in run_joint([[r for _, r in m] for m in groups]) for y in g]
+      members = [m for g in groups for m in g]
+    else:
+      members = groups[0]
+      chunks = lps[members[0][0]]["chunks"]
+      same = [r for _, r in members]
+      ys = [same[0].run(chunks)] if len(same) == 1 else run_packed(same, chunks)
     for (i, _), y in zip(members, ys):
       if isinstance(y, tuple):
         outs[i], outs[n + i] = y
