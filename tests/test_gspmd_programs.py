@@ -243,3 +243,13 @@ def test_size_aware_default_algorithm(mesh):
   algos = list(choice["algorithm"].values)
   # The 1 MiB leaf is cut in 2 over 'model' (which replicates it): 512 KiB per device.
   assert sorted(algos) == ["one_shot", "two_shot"], algos
+
+
+def test_example_lm_sends_at_most_026_of_the_data_bytes():
+  """examples/gspmd's LM at its default size under int8 two_shot with error feedback sends
+  <= 0.26 of the original's data-axis bytes: its 64-value LayerNorm vectors go in fitted
+  64-value blocks beside the kernels' payload, not padded to 256 (0.264 when they were)."""
+  from examples.gspmd import train as T
+
+  report = T.wire_report(T.TrainConfig(compressor="int8", error_feedback=True))
+  assert report["data_ratio"] <= 0.26, report
