@@ -247,8 +247,9 @@ def test_size_aware_default_algorithm(mesh):
 
 def test_example_lm_sends_at_most_026_of_the_data_bytes():
   """examples/gspmd's LM at its default size under int8 two_shot with error feedback sends
-  <= 0.26 of the original's data-axis bytes: its 64-value LayerNorm vectors go in fitted
-  64-value blocks beside the kernels' payload, not padded to 256 (0.264 when they were)."""
+  <= 0.26 of the original's data-axis bytes: its LayerNorm vectors (32 values per device)
+  go in fitted 32-value blocks beside the kernels' payload, not padded to 256 (0.264 when
+  they were)."""
   from examples.gspmd import train as T
 
   report = T.wire_report(T.TrainConfig(compressor="int8", error_feedback=True))
