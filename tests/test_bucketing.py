@@ -219,7 +219,7 @@ def test_chains_of_short_leaves_send_short_blocks(algorithm, monkeypatch):
   """A chain whose leaves are all shorter than the codec's block (int8's 256, fp8's 128)
   sends blocks cut to its longest leaf (lowering.fitted): bitwise the result of the same
   values zero-padded to a whole block, NaN included, in fewer bytes, in as many chains. A
-  chain that also holds a long leaf keeps its block (no chain is added)."""
+  chain that also holds a long leaf stays one chain (no collective is added)."""
   shapes = ((N, 50), (N, 64), (N, 100), (N, 700))
   dtypes = (jnp.float32, jnp.float32, jnp.bfloat16, jnp.float32)
   xs = _leaves(shapes, dtypes, seed=70)
@@ -240,53 +240,58 @@ def test_chains_of_short_leaves_send_short_blocks(algorithm, monkeypatch):
       m.setattr(lowering, "fitted", lambda o, xs, key, lps: (lps, {}))
       assert fitted < sent(_smap(lambda *v: tuple(ar(list(v))), 3))  # a new trace
     assert _chains(short, *xs[:3], op=op) == 2  # one per dtype, as unfitted
-    mixed = _smap(lambda *v: tuple(ar(list(v))), 2)  # 50 and 700 values: one 256 chain
+    mixed = _smap(lambda *v: tuple(ar(list(v))), 2)  # 50 and 700 values: one chain
     got = jax.jit(mixed)(xs[0], xs[3])
     want = jax.jit(padded)(xs[0], xs[1], xs[2])[0]
     np.testing.assert_array_equal(bits(got[0]), bits(want[:, :50]))
     assert _chains(mixed, xs[0], xs[3], op=op) == 1
 
 
-@pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
-def test_short_leaves_beside_long_ones_send_short_blocks_in_the_same_chain(algorithm, monkeypatch):
-  """In a chain that also holds long leaves, the xla all_reduce sends the short leaves
-  (LayerNorm-sized vectors) in fitted blocks of their own, their payload beside the long
-  leaves' in the same collectives (lowering.fitted, rows.run_joint): every leaf bitwise as
-  the unfitted chain, NaN included, the residuals too, in fewer bytes and as many
-  collectives."""
-  shapes = ((N, 64), (N, 700), (N, 50), (N, 3, 300), (N, 64), (N, 900))
-  dtypes = (jnp.float32,) * 4 + (jnp.bfloat16,) * 2
-  xs = _leaves(shapes, dtypes, seed=90)
-  xs[2][1, 7] = np.nan
-  op = "all_to_all" if algorithm == "two_shot" else "all_gather"
-  for codec in (jc.int8(), jc.fp8()):
-    kw = dict(compressor=codec, min_bytes=0, algorithm=algorithm)
-    tree = lambda *v: tuple(jcoccl.all_reduce(list(v), "d", **kw))
-    fresh = lambda f=tree: _smap(f, len(xs))  # a new trace
-    es = [jnp.asarray(host_rand(x.shape, jnp.float32, seed=9 + i)) for i, x in enumerate(xs)]
+JOINT = {
+  **OPS,
+  "all_reduce one_shot": lambda v, **k: jcoccl.all_reduce(v, "d", algorithm="one_shot", **k),
+}
+COLLECTIVE = {
+  "all_reduce": "all_to_all",
+  "reduce_scatter": "all_to_all",
+  "ppermute": "collective_permute",
+}
 
-    def ef(*v):
-      ys, rs = jcoccl.all_reduce(list(v[: len(xs)]), "d", residual=list(v[len(xs) :]), **kw)
-      return tuple(ys) + tuple(rs)
 
-    ef_map = lambda: jax.shard_map(
-      ef, mesh=_mesh(), in_specs=(P("d"),) * (2 * len(xs)), out_specs=P("d")
-    )
-    sent = lambda: jcoccl.wire_bytes(jax.jit(fresh()), *xs, mesh=_mesh())["by_axis"]["d"]
-    got, got_ef, fitted, n = (
-      jax.jit(fresh())(*xs),
-      jax.jit(ef_map())(*xs, *es),
-      sent(),
-      _chains(fresh(), *xs, op=op),
-    )
-    with monkeypatch.context() as m:
-      m.setattr(lowering, "fitted", lambda o, xs, key, lps: (lps, {}))
-      want, want_ef = jax.jit(fresh())(*xs), jax.jit(ef_map())(*xs, *es)
-      assert fitted < sent()  # int8 two_shot: 5,496 B against 7,800 B
-      assert n == _chains(fresh(), *xs, op=op) == 2  # one per dtype
-    for i, (g, w) in enumerate(zip(got + got_ef, want + want_ef)):
-      np.testing.assert_array_equal(bits(g), bits(w), err_msg=f"{codec} output {i}")
-    assert np.isnan(np.asarray(got[2])[:, 7]).all()
+@pytest.mark.parametrize(
+  "name,codec",
+  [(name, "int8") for name in JOINT] + [("all_reduce", "fp8"), ("all_reduce one_shot", "fp8")],
+)
+def test_short_leaves_beside_long_ones_send_short_blocks_in_the_same_chain(
+  name, codec, monkeypatch
+):
+  """In a chain that also holds long rows, the xla backend sends the short rows (a
+  LayerNorm vector's) in fitted blocks of their own, their payload beside the long rows' in
+  the same collective (lowering.fitted, rows.run_joint): every leaf bitwise as the unfitted
+  chain, NaN included, the residuals too, in fewer bytes and as many collectives."""
+  shapes = ((N, N, 16), (N, N, 300), (N, N, 12), (N, N, 3, 100), (N, N, 16), (N, N, 500))
+  xs = _leaves(shapes, (jnp.float32,) * 4 + (jnp.bfloat16,) * 2, seed=90)
+  xs[2][1, 0, 7] = np.nan
+  kw = dict(compressor=jc.int8() if codec == "int8" else jc.fp8(), min_bytes=0)
+  op = COLLECTIVE.get(name, "all_gather" if "one_shot" in name else name)
+  fresh = lambda: _smap(lambda *v: tuple(JOINT[name](list(v), **kw)), len(xs))  # a new trace
+  es = [jnp.asarray(host_rand(x.shape, jnp.float32, seed=9 + i)) for i, x in enumerate(xs)]
+
+  def ef(*v):
+    ys, rs = JOINT[name](list(v[: len(xs)]), residual=list(v[len(xs) :]), **kw)
+    return tuple(ys) + tuple(rs)
+
+  with_ef = name.startswith("all_reduce") or name == "reduce_scatter"
+  ef_map = lambda: jax.shard_map(ef, mesh=_mesh(), in_specs=(P("d"),) * 12, out_specs=P("d"))
+  run = lambda: jax.jit(fresh())(*xs) + (jax.jit(ef_map())(*xs, *es) if with_ef else ())
+  sent = lambda: jcoccl.wire_bytes(jax.jit(fresh()), *xs, mesh=_mesh())["by_axis"]["d"]
+  got, fitted, chains = run(), sent(), _chains(fresh(), *xs, op=op)
+  monkeypatch.setattr(lowering, "fitted", lambda o, xs, key, lps: (lps, {}))
+  assert fitted < sent()  # int8 reduce_scatter: 5,004 B against 7,020 B
+  assert chains == _chains(fresh(), *xs, op=op) == 2  # one per dtype
+  for i, (g, w) in enumerate(zip(got, run())):
+    np.testing.assert_array_equal(bits(g), bits(w), err_msg=f"output {i}")
+  assert np.isnan(np.asarray(got[2])).any()
 
 
 @pytest.mark.parametrize("name", ["reduce_scatter", "all_gather", "all_to_all", "ppermute"])

@@ -4,7 +4,8 @@ input's varying axes kept, and the all-gather of one payload row per rank with i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -99,3 +100,20 @@ def gather_payloads(row: jax.Array, axes: Sequence[str], *, invariant: bool) -> 
   """
   to = "invarying" if invariant else "varying"
   return lax.all_gather(row, tuple(axes), axis=0, tiled=False, to=to)
+
+
+def side_by_side(bufs: Sequence[jax.Array], move: Callable[[jax.Array], jax.Array]) -> list:
+  """Payloads of several codecs through ONE collective: ``bufs`` (``uint8[..., P_i]``,
+  equal leading shapes) laid side by side on the last axis, moved by ``move`` (a
+  collective that keeps the last axis whole: all-to-all and ppermute of rows, all-gather),
+  and cut apart again. Bytes are only moved, so each payload arrives as it would alone.
+
+  Example:
+    >>> a, b = jnp.zeros((2, 3), jnp.uint8), jnp.ones((2, 1), jnp.uint8)
+    >>> [p.shape for p in side_by_side([a, b], lambda v: v)]
+    [(2, 3), (2, 1)]
+  """
+  sizes = [b.shape[-1] for b in bufs]
+  got = move(jnp.concatenate(list(bufs), axis=-1))
+  ends = list(itertools.accumulate(sizes))
+  return [got[..., e - n : e] for n, e in zip(sizes, ends)]

@@ -13,7 +13,14 @@ from jcoccl._src.base.axes import group_size, rank_key
 from jcoccl._src.base.lax_errors import lax_errors
 from jcoccl._src.compressors import layout as L
 from jcoccl._src.compressors.compressor_args import SAME, canonical_args, is_lone_array
-from jcoccl._src.compressors.payloads import encode_rows, gather_decode
+from jcoccl._src.compressors.payloads import (
+  decode_rows,
+  encode_rows,
+  gather_decode,
+  gather_method,
+  gather_payloads,
+  side_by_side,
+)
 from jcoccl._src.compressors.rows import Rows
 from jcoccl._src.native import _backend
 from jcoccl._src.ops import primitives as P
@@ -160,6 +167,8 @@ def _rows(
     comp.granule,
     comp.granule,
     lambda r, k: impl(r, axes=axes, compressor=comp, chunks=k, key=key),
+    codec=comp,
+    joint=_joint_of(impl, axes),
   )
 
 
@@ -236,6 +245,19 @@ def _xla_all_gather(
   x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any
 ) -> jax.Array:
   return gather_rows(x, axes, compressor, chunks, key)
+
+
+def _joint_of(impl: Any, axes: tuple) -> Any:
+  """``Rows.joint`` of the xla backend with XLA's all-gather of payloads, else None."""
+  if impl is not _xla_all_gather or gather_method() == "all_to_all":
+    return None
+
+  def joint(pairs: list[tuple[jax.Array, Any]]) -> list:
+    bufs = [encode_rows(c, xs[None]) for xs, c in pairs]
+    every = side_by_side(bufs, lambda b: gather_payloads(b[0], axes, invariant=False))
+    return [decode_rows(c, e, xs.shape[-1], xs.dtype) for (xs, c), e in zip(pairs, every)]
+
+  return joint
 
 
 _backend.register("xla", "all_gather", _xla_all_gather)

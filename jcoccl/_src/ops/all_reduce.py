@@ -3,12 +3,10 @@ ring), chosen by a documented cost model when algorithm="auto"."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
 from jcoccl._src import _compat
@@ -31,6 +29,7 @@ from jcoccl._src.compressors.payloads import (
   gather_decode,
   gather_method,
   gather_payloads,
+  side_by_side,
 )
 from jcoccl._src.compressors.rows import Rows
 from jcoccl._src.compressors.threshold import effective_compressor
@@ -451,16 +450,10 @@ def _hierarchical(xs: jax.Array, axes: tuple, comp: Any, key: Any) -> jax.Array:
   return L.flat_row(_ag.gather_rows(shard, inner, c_in, 1, key_ag, invariant=True))
 
 
-def _split(buf: jax.Array, sizes: list[int]) -> list[jax.Array]:
-  """``buf``'s last axis cut into consecutive parts of ``sizes`` bytes."""
-  ends = list(itertools.accumulate(sizes))
-  return [buf[..., e - n : e] for n, e in zip(sizes, ends)]
-
-
 def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, algorithm: str, residual: bool) -> list:
   """one_shot or two_shot of several rows, each with its own codec, through one chain:
   each row is encoded, summed and decoded as :func:`_one_shot` / :func:`_two_shot` does
-  alone, and the payloads of all rows share each collective, side by side per rank.
+  alone, and the payloads of all rows share each collective (:func:`side_by_side`).
 
   Args:
     pairs: (padded row, its compressor); rows a multiple of their codec's unit long.
@@ -473,14 +466,12 @@ def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, algorithm: str, resi
   """
   n = group_size(axes) if algorithm == "two_shot" else 1
   bufs = [encode_rows(c, L.rank_rows(xs, n) if n > 1 else xs[None]) for xs, c in pairs]
-  sizes = [b.shape[-1] for b in bufs]
   widths = [xs.shape[-1] // n for xs, _ in pairs]
-  sent = jnp.concatenate(bufs, axis=-1)
+  sent = bufs
   if n > 1:  # two_shot: each rank reduces its shard of every row, then re-encodes it
-    got = _split(lax.all_to_all(sent, axes, 0, 0, tiled=True), sizes)
-    shards = [decode_sum_encode(c, g, w, xs.dtype) for (xs, c), g, w in zip(pairs, got, widths)]
-    sent, sizes = jnp.concatenate(shards, axis=-1)[None], [s.shape[-1] for s in shards]
-  every = _split(gather_payloads(sent[0], axes, invariant=True), sizes)
+    got = side_by_side(bufs, lambda b: lax.all_to_all(b, axes, 0, 0, tiled=True))
+    sent = [decode_sum_encode(c, g, w, xs.dtype)[None] for (xs, c), g, w in zip(pairs, got, widths)]
+  every = side_by_side(sent, lambda b: gather_payloads(b[0], axes, invariant=True))
   outs = []
   for (xs, c), rows, buf, w in zip(pairs, every, bufs, widths):
     if n > 1:

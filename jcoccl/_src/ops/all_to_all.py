@@ -13,7 +13,7 @@ from jax import lax
 from jcoccl._src.base.axes import group_size, rank_key
 from jcoccl._src.compressors import layout as L
 from jcoccl._src.compressors.compressor_args import SAME, canonical_args, is_lone_array
-from jcoccl._src.compressors.payloads import decode_rows, encode_rows
+from jcoccl._src.compressors.payloads import decode_rows, encode_rows, side_by_side
 from jcoccl._src.compressors.rows import Rows
 from jcoccl._src.native import _backend
 from jcoccl._src.ops import primitives as P
@@ -188,6 +188,8 @@ def _rows(
     comp.granule,
     comp.granule,
     lambda r, k: impl(r, axes=axes, compressor=comp, chunks=k, key=key),
+    codec=comp,
+    joint=(lambda pairs: _joint(pairs, axes)) if impl is _xla_all_to_all else None,
   )
 
 
@@ -238,6 +240,14 @@ def _xla_all_to_all(
     return decode_rows(compressor, got, xs.shape[-1], xs.dtype)
 
   return L.chunked(one, x, chunks)
+
+
+def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple) -> list:
+  """The exchange of several destination-row arrays, each with its own codec, their
+  payloads side by side in one all-to-all (``Rows.joint``)."""
+  bufs = [encode_rows(c, xs) for xs, c in pairs]
+  got = side_by_side(bufs, lambda b: lax.all_to_all(b, axes, 0, 0, tiled=True))
+  return [decode_rows(c, g, xs.shape[-1], xs.dtype) for (xs, c), g in zip(pairs, got)]
 
 
 _backend.register("xla", "all_to_all", _xla_all_to_all)

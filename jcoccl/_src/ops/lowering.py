@@ -107,7 +107,7 @@ def fitted(
   A chain (the leaves :func:`lower_leaves` would pack together) whose every row is short
   gets one codec fitted to its longest row. In a chain that also holds longer leaves the
   short ones get a fitted codec of their own where the backend can send two codecs' rows
-  through one collective chain (``Rows.joint``: the xla all_reduce) and that sends fewer
+  through one collective chain (``Rows.joint``: the xla backend) and that sends fewer
   bytes than padding them; elsewhere they keep the chain's block, since a chain of their
   own would cost a collective step per step, more than the padding (a few hundred bytes
   per leaf).

@@ -13,7 +13,7 @@ from jcoccl._src.base.axes import group_size, rank_key
 from jcoccl._src.base.lax_errors import lax_errors, with_hint
 from jcoccl._src.compressors import layout as L
 from jcoccl._src.compressors.compressor_args import SAME, canonical_args, is_lone_array
-from jcoccl._src.compressors.payloads import decode_rows, encode_rows
+from jcoccl._src.compressors.payloads import decode_rows, encode_rows, side_by_side
 from jcoccl._src.compressors.rows import Rows
 from jcoccl._src.native import _backend
 from jcoccl._src.ops import primitives as P
@@ -162,6 +162,8 @@ def _rows(
     comp.granule,
     lambda r, k: impl(r, axes=axes, perm=perm, compressor=comp, chunks=k, key=key),
     wire=(perm,),
+    codec=comp,
+    joint=(lambda pairs: _joint(pairs, axes, perm)) if impl is _xla_ppermute else None,
   )
 
 
@@ -198,13 +200,31 @@ P.register(
 # XLA backend.
 
 
+def _receives(axes: tuple, perm: tuple) -> jax.Array:
+  """Whether this rank is a destination of ``perm`` (a bool scalar)."""
+  if not perm:
+    return jnp.zeros((), bool)
+  dsts = jnp.array([d for _, d in perm])
+  return jnp.any(lax.axis_index(axes) == dsts)
+
+
+def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, perm: tuple) -> list:
+  """The permutation of several rows, each with its own codec, their payloads side by side
+  in one ppermute (``Rows.joint``); as :func:`_xla_ppermute`, a rank that receives nothing
+  gets zeros."""
+  receives = _receives(axes, perm)
+  bufs = [encode_rows(c, xs[None]) for xs, c in pairs]
+  got = side_by_side(bufs, lambda b: lax.ppermute(b, axes, perm))
+  return [
+    jnp.where(receives, decode_rows(c, g, xs.shape[-1], xs.dtype)[0], jnp.zeros((), xs.dtype))
+    for (xs, c), g in zip(pairs, got)
+  ]
+
+
 def _xla_ppermute(
   x: jax.Array, *, axes: tuple, perm: tuple, compressor: Any, chunks: int, key: Any
 ) -> jax.Array:
-  receives = jnp.zeros((), bool)
-  if perm:
-    dsts = jnp.array([d for _, d in perm])
-    receives = jnp.any(lax.axis_index(axes) == dsts)
+  receives = _receives(axes, perm)
 
   def one(xs: jax.Array, i: int) -> jax.Array:
     if compressor is None:

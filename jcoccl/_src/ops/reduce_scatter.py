@@ -15,7 +15,7 @@ from jcoccl._src.base import residual as R
 from jcoccl._src.base.axes import group_size, rank_key
 from jcoccl._src.compressors import layout as L
 from jcoccl._src.compressors.compressor_args import SAME, canonical_args, is_lone_array
-from jcoccl._src.compressors.payloads import decode_rows, decode_sum, encode_rows
+from jcoccl._src.compressors.payloads import decode_rows, decode_sum, encode_rows, side_by_side
 from jcoccl._src.compressors.rows import Rows
 from jcoccl._src.native import _backend
 from jcoccl._src.ops import primitives as P
@@ -190,6 +190,8 @@ def _rows(
     comp.granule,
     comp.granule,
     lambda r, k: impl(r, axes=axes, compressor=comp, chunks=k, key=key, **more),
+    codec=comp,
+    joint=(lambda pairs: _joint(pairs, axes, residual)) if impl is _xla_reduce_scatter else None,
   )
 
 
@@ -261,6 +263,20 @@ def _xla_reduce_scatter(
   x: jax.Array, *, axes: tuple, compressor: Any, chunks: int, key: Any, residual: bool = False
 ) -> Any:
   return scatter_rows(x, axes, compressor, chunks, key, residual)
+
+
+def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, residual: bool) -> list:
+  """:func:`scatter_rows` of several destination-row arrays, each with its own codec, their
+  payloads side by side in one all-to-all (``Rows.joint``): per array, its sum (with
+  ``residual``, the pair (sum, residual))."""
+  bufs = [encode_rows(c, xs) for xs, c in pairs]
+  got = side_by_side(bufs, lambda b: lax.all_to_all(b, axes, 0, 0, tiled=True))
+  outs = []
+  for (xs, c), g, buf in zip(pairs, got, bufs):
+    out = decode_sum(c, g, xs.shape[-1], xs.dtype)
+    lost = R.lost(xs, decode_rows(c, buf, xs.shape[-1], xs.dtype))
+    outs.append((out, lost) if residual else out)
+  return outs
 
 
 _backend.register("xla", "reduce_scatter", _xla_reduce_scatter)
