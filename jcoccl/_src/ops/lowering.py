@@ -137,7 +137,8 @@ def fitted(
     rows[i] = r
     pack = _packs(o, x, key, len(xs), lp)
     chains.setdefault(bucket_key(x, lp, r) if pack else ("alone", i), []).append(i)
-  out, joint = list(lps), dict[int, int]()
+  out = list(lps)
+  joint: dict[int, int] = {}
   for n, members in enumerate(chains.values()):
     c = load(lps[members[0]]["compressor"])
     short = [i for i in members if c.fit(rows[i].length) != c]
@@ -180,16 +181,15 @@ def _splits(
   first = rows[members[0]]
   if o.rows is None or first.joint is None or lps[members[0]]["chunks"] != 1:
     return False
-  i = short[0]
-  fit = o.rows(xs[i], None, **{**lps[i], "compressor": spec_of(small)})
+  s = short[0]
+  fit = o.rows(xs[s], None, **{**lps[s], "compressor": spec_of(small)})
   if fit is None or fit.joint is None:
     return False
   long = [i for i in members if i not in short]
   dt = first.x.dtype
-  unit_small = fit.unit
   whole = c.row_nbytes(_chain_elements(members, rows, first.block, first.unit), dt)
   apart = c.row_nbytes(_chain_elements(long, rows, first.block, first.unit), dt)
-  apart += small.row_nbytes(_chain_elements(short, rows, small.granule, unit_small), dt)
+  apart += small.row_nbytes(_chain_elements(short, rows, small.granule, fit.unit), dt)
   return apart < whole
 
 
