@@ -321,8 +321,8 @@ def _varying(out: jax.Array, *xs: jax.Array) -> jax.Array:
   axes any of ``xs`` varies over."""
   vma: set = set()
   for x in xs:
-    vma |= set(getattr(jax.typeof(x), "vma", frozenset()))
-  missing = tuple(sorted(vma - set(getattr(jax.typeof(out), "vma", frozenset()))))
+    vma |= _compat.varying_axes(x)
+  missing = tuple(sorted(vma - _compat.varying_axes(out)))
   return jax.lax.pcast(out, missing, to="varying") if missing else out
 
 

@@ -367,8 +367,8 @@ def _result(x: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeS
 def _vary_like(out: jax.Array, x: jax.Array, invariant_over: tuple = ()) -> jax.Array:
   """Gives ``out`` the varying manual axes of ``x`` (ffi_call outputs carry none), except
   ``invariant_over``: axes over which the caller knows every rank computes the same value."""
-  vma = set(getattr(jax.typeof(x), "vma", frozenset())) - set(invariant_over)
-  missing = tuple(sorted(set(vma) - set(getattr(jax.typeof(out), "vma", frozenset()))))
+  vma = _compat.varying_axes(x) - set(invariant_over)
+  missing = tuple(sorted(vma - _compat.varying_axes(out)))
   if not missing:
     return out
   return jax.lax.pcast(out, missing, to="varying")
