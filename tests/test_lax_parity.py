@@ -97,12 +97,23 @@ def test_unreduced_input_through_all_gather_to_reduced_as_lax():
     lax_ag = lambda v: lax.all_gather(v, "y", axis=0, tiled=True, to="reduced")
     want_type, want = prog(lax_ag)
     assert want_type.spec == P(None, None, unreduced={"x"}, reduced={"y"})
+    try:
+      expected = bits(want(a, b))
+    except ValueError as e:
+      # jax 0.12.1 fails to run lax's own program (shard_map's lowering indexes the
+      # PartitionSpec of a reduced output); as lax, then, jcoccl raises that error.
+      expected = e
     for c in (None, INT8):
       got_type, got = prog(
         lambda v: jcoccl.all_gather(v, "y", tiled=True, to="reduced", compressor=c, min_bytes=0)
       )
       assert got_type == want_type
-      np.testing.assert_array_equal(bits(got(a, b)), bits(want(a, b)))
+      if isinstance(expected, ValueError):
+        with pytest.raises(ValueError) as raised:
+          got(a, b)
+        assert str(raised.value).splitlines()[0] == str(expected).splitlines()[0]
+      else:
+        np.testing.assert_array_equal(bits(got(a, b)), expected)
 
 
 @pytest.mark.parametrize("op", ["all_gather", "all_to_all", "ppermute"])
