@@ -235,17 +235,16 @@ def _xla_all_to_all(
   def one(xs: jax.Array, i: int) -> jax.Array:
     if compressor is None:
       return lax.all_to_all(xs, axes, 0, 0, tiled=True)
-    buf = encode_rows(compressor, xs, key=rank_key(key, axes, i))
-    got = lax.all_to_all(buf, axes, 0, 0, tiled=True)
-    return decode_rows(compressor, got, xs.shape[-1], xs.dtype)
+    return _joint([(xs, compressor)], axes, rank_key(key, axes, i))[0]
 
   return L.chunked(one, x, chunks)
 
 
-def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple) -> list:
-  """The exchange of several destination-row arrays, each with its own codec, their
-  payloads side by side in one all-to-all (``Rows.joint``)."""
-  bufs = [encode_rows(c, xs) for xs, c in pairs]
+def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, key: Any = None) -> list:
+  """The compressed exchange of several destination-row arrays, each with its own codec,
+  their payloads side by side in one all-to-all (``Rows.joint``; one array: a slice of
+  the xla backend)."""
+  bufs = [encode_rows(c, xs, key=key) for xs, c in pairs]
   got = side_by_side(bufs, lambda b: lax.all_to_all(b, axes, 0, 0, tiled=True))
   return [decode_rows(c, g, xs.shape[-1], xs.dtype) for (xs, c), g in zip(pairs, got)]
 

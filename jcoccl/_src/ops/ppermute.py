@@ -208,13 +208,16 @@ def _receives(axes: tuple, perm: tuple) -> jax.Array:
   return jnp.any(lax.axis_index(axes) == dsts)
 
 
-def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, perm: tuple) -> list:
-  """The permutation of several rows, each with its own codec, their payloads side by side
-  in one ppermute (``Rows.joint``); as :func:`_xla_ppermute`, a rank that receives nothing
-  gets zeros."""
+def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, perm: tuple, key: Any = None) -> list:
+  """The compressed permutation of several rows, each with its own codec, their payloads
+  side by side in one ppermute (``Rows.joint``; one row: a slice of the xla backend)."""
   receives = _receives(axes, perm)
-  bufs = [encode_rows(c, xs[None]) for xs, c in pairs]
+  bufs = [encode_rows(c, xs[None], key=key) for xs, c in pairs]
   got = side_by_side(bufs, lambda b: lax.ppermute(b, axes, perm))
+  # A rank that receives nothing holds an all-zero buffer: lax.ppermute gives zeros,
+  # and a zero payload need not decode to zeros (e.g. scale fields), so mask it.
+  # A scalar zero, not zeros_like(xs): that would carry xs's sharding, which under a
+  # partial-auto shard_map names a mesh other than the context's.
   return [
     jnp.where(receives, decode_rows(c, g, xs.shape[-1], xs.dtype)[0], jnp.zeros((), xs.dtype))
     for (xs, c), g in zip(pairs, got)
@@ -224,20 +227,10 @@ def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, perm: tuple) -> list
 def _xla_ppermute(
   x: jax.Array, *, axes: tuple, perm: tuple, compressor: Any, chunks: int, key: Any
 ) -> jax.Array:
-  receives = _receives(axes, perm)
-
   def one(xs: jax.Array, i: int) -> jax.Array:
     if compressor is None:
       return lax.ppermute(xs, axes, perm)
-    buf = encode_rows(compressor, xs[None], key=rank_key(key, axes, i))
-    got = lax.ppermute(buf, axes, perm)
-    # A rank that receives nothing holds an all-zero buffer: lax.ppermute gives zeros,
-    # and a zero payload need not decode to zeros (e.g. scale fields), so mask it.
-    # A scalar zero, not zeros_like(xs): that would carry xs's sharding, which under a
-    # partial-auto shard_map names a mesh other than the context's.
-    return jnp.where(
-      receives, decode_rows(compressor, got, xs.shape[-1], xs.dtype)[0], jnp.zeros((), xs.dtype)
-    )
+    return _joint([(xs, compressor)], axes, perm, rank_key(key, axes, i))[0]
 
   return L.chunked(one, x, chunks)
 

@@ -249,12 +249,7 @@ def scatter_rows(
   def one(xs: jax.Array, i: int) -> Any:
     if compressor is None:
       return lax.psum_scatter(xs, axes, scatter_dimension=0, tiled=False)
-    buf = encode_rows(compressor, xs, key=rank_key(key, axes, i))
-    got = lax.all_to_all(buf, axes, 0, 0, tiled=True)  # row i came from rank i
-    out = decode_sum(compressor, got, xs.shape[-1], xs.dtype)
-    if not residual:
-      return out
-    return out, R.lost(xs, decode_rows(compressor, buf, xs.shape[-1], xs.dtype))
+    return _joint([(xs, compressor)], axes, residual, rank_key(key, axes, i))[0]
 
   return L.chunked(one, x, chunks)
 
@@ -265,16 +260,23 @@ def _xla_reduce_scatter(
   return scatter_rows(x, axes, compressor, chunks, key, residual)
 
 
-def _joint(pairs: list[tuple[jax.Array, Any]], axes: tuple, residual: bool) -> list:
-  """:func:`scatter_rows` of several destination-row arrays, each with its own codec, their
-  payloads side by side in one all-to-all (``Rows.joint``): per array, its sum (with
-  ``residual``, the pair (sum, residual))."""
-  bufs = [encode_rows(c, xs) for xs, c in pairs]
+def _joint(
+  pairs: list[tuple[jax.Array, Any]], axes: tuple, residual: bool, key: Any = None
+) -> list:
+  """The compressed reduce-scatter of several destination-row arrays (``dtype[n, C]``,
+  row j for rank j), each with its own codec, their payloads side by side in one
+  all-to-all (``Rows.joint``; one array: :func:`scatter_rows`' slice).
+
+  Returns:
+    Per array, its sum over source ranks (with ``residual``, the pair (sum, residual)).
+  """
+  bufs = [encode_rows(c, xs, key=key) for xs, c in pairs]
+  # Row i of what arrives came from rank i.
   got = side_by_side(bufs, lambda b: lax.all_to_all(b, axes, 0, 0, tiled=True))
-  outs = []
+  outs: list = []
   for (xs, c), g, buf in zip(pairs, got, bufs):
     out = decode_sum(c, g, xs.shape[-1], xs.dtype)
-    lost = R.lost(xs, decode_rows(c, buf, xs.shape[-1], xs.dtype))
+    lost = R.lost(xs, decode_rows(c, buf, xs.shape[-1], xs.dtype)) if residual else None
     outs.append((out, lost) if residual else out)
   return outs
 
